@@ -1,0 +1,158 @@
+"""fxray.metrics against independent references.
+
+The references are re-derived here the way empyrical / quantstats write them
+(pandas, simple returns and wealth for drawdowns, scipy.stats for moments) so
+that a shared mistake in units or conventions would show up as a mismatch.
+"""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from fxray import metrics
+
+ANN = 252
+
+
+def _daily(seed, n=300, mu=4e-4, sigma=1e-2, fat=False):
+    rng = np.random.default_rng(seed)
+    if fat:  # skewed, fat-tailed: exercises the moment terms of PSR
+        return mu + sigma * (rng.standard_t(4, n) - 0.5 * rng.exponential(1.0, n))
+    return rng.normal(mu, sigma, n)
+
+
+# --- empyrical / quantstats-style references -----------------------------------
+
+def ref_sharpe(r):
+    s = pd.Series(r)
+    return s.mean() / s.std() * np.sqrt(ANN)  # pandas std: ddof=1
+
+
+def ref_sortino(r):
+    s = pd.Series(r)
+    downside = np.sqrt((s[s < 0] ** 2).sum() / len(s))  # quantstats
+    return s.mean() / downside * np.sqrt(ANN)
+
+
+def ref_max_drawdown_fraction(log_r):
+    """empyrical: wealth from SIMPLE returns, starting value prepended."""
+    simple = pd.Series(np.expm1(log_r))
+    wealth = pd.concat([pd.Series([1.0]), (1 + simple).cumprod()], ignore_index=True)
+    return ((wealth - wealth.cummax()) / wealth.cummax()).min()
+
+
+def ref_calmar(log_r):
+    simple = np.expm1(log_r)
+    ending = np.prod(1 + simple)
+    annual = ending ** (ANN / len(simple)) - 1  # empyrical annual_return
+    return annual / abs(ref_max_drawdown_fraction(log_r))
+
+
+def ref_psr(r, sr_star):
+    sr = np.mean(r) / np.std(r, ddof=1)
+    g3 = stats.skew(r)
+    g4 = stats.kurtosis(r, fisher=False)
+    z = (sr - sr_star) * np.sqrt(len(r) - 1) / np.sqrt(1 - g3 * sr + (g4 - 1) / 4 * sr ** 2)
+    return stats.norm.cdf(z)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("fat", [False, True])
+def test_ratios_match_reference(seed, fat):
+    r = _daily(seed, fat=fat)
+    assert metrics.sharpe(r) == pytest.approx(ref_sharpe(r), rel=1e-12)
+    assert metrics.sortino(r) == pytest.approx(ref_sortino(r), rel=1e-12)
+    assert math.expm1(metrics.max_drawdown(r)) == pytest.approx(ref_max_drawdown_fraction(r), rel=1e-10)
+    assert metrics.calmar(r) == pytest.approx(ref_calmar(r), rel=1e-10)
+    for sr_star in (0.0, 0.02, -0.01):
+        assert metrics.probabilistic_sharpe(r, sr_star) == pytest.approx(ref_psr(r, sr_star), abs=1e-12)
+
+
+def test_max_drawdown_by_hand():
+    # log equity 0 -> .1 -> -.1 -> .05 -> -.15 -> .3: deepest fall .1 -> -.15 = -.25
+    r = [0.1, -0.2, 0.15, -0.2, 0.45]
+    assert metrics.max_drawdown(r) == pytest.approx(-0.25)
+    assert metrics.max_drawdown([-0.1, 0.05]) == pytest.approx(-0.1)  # day-one loss counts
+    assert metrics.max_drawdown([0.1, 0.2]) == 0.0
+    assert metrics.max_drawdown([]) == 0.0
+
+
+def test_edge_cases_are_zero_not_nan():
+    for f in (metrics.sharpe, metrics.sortino, metrics.calmar, metrics.probabilistic_sharpe):
+        assert f([]) == 0.0
+        assert f([0.01]) == 0.0
+        assert f([0.0] * 10) == 0.0
+    assert metrics.sharpe([0.001] * 10) == 0.0   # std is rounding noise -> treated as 0
+    assert metrics.sortino([0.01, 0.02]) == 0.0  # no downside (empyrical: inf)
+    assert metrics.psr_from_stats(0.1, 0.0, 3.0, 1) == 0.0
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        metrics.sharpe([0.1, float("nan")])
+    with pytest.raises(ValueError, match="1-D"):
+        metrics.summarize(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="n_trials"):
+        metrics.expected_max_sharpe(0, 1.0)
+
+
+def test_psr_normal_case_is_lo_standard_error():
+    # Normal returns (g3 = 0, g4 = 3): PSR = Phi(SR sqrt(T-1) / sqrt(1 + SR^2/2)) (Lo 2002).
+    sr, t = 0.08, 500
+    expected = stats.norm.cdf(sr * math.sqrt(t - 1) / math.sqrt(1 + sr ** 2 / 2))
+    assert metrics.psr_from_stats(sr, 0.0, 3.0, t) == pytest.approx(expected, abs=1e-15)
+
+
+def test_dsr_numerical_example():
+    # The DSR paper's (Bailey & Lopez de Prado 2014) numerical example, re-derived by hand:
+    # 100 trials, annualised Sharpe variance 1/2, best annualised SR 2.5, T = 1250 daily
+    # returns, skew -3, kurtosis 10, 250 days a year -> SR0 = 0.1132 per day, DSR = 0.9004.
+    sr0 = metrics.expected_max_sharpe(100, 0.5 / 250)
+    assert sr0 == pytest.approx(0.1132, abs=5e-5)
+    dsr = metrics.psr_from_stats(2.5 / math.sqrt(250), -3.0, 10.0, 1250, sr0)
+    assert dsr == pytest.approx(0.9004, abs=5e-5)
+
+
+def test_deflated_is_psr_at_expected_max():
+    r = _daily(7, fat=True)
+    sr0 = metrics.expected_max_sharpe(50, 0.03 ** 2)
+    assert metrics.deflated_sharpe(r, 50, 0.03 ** 2) == pytest.approx(ref_psr(r, sr0), abs=1e-12)
+    assert metrics.deflated_sharpe(r, 1, 0.03 ** 2) == pytest.approx(ref_psr(r, 0.0), abs=1e-12)
+    # more trials -> a higher bar -> a lower DSR
+    assert metrics.deflated_sharpe(r, 1000, 0.03 ** 2) < metrics.deflated_sharpe(r, 10, 0.03 ** 2)
+
+
+@pytest.mark.parametrize("n_trials", [10, 100, 1000])
+def test_expected_max_sharpe_monte_carlo(n_trials):
+    # E[max of N iid N(0, V)]: the formula is an approximation, within ~2% for N >= 10.
+    var = 0.04
+    rng = np.random.default_rng(n_trials)
+    mc = rng.normal(0.0, math.sqrt(var), (4000, n_trials)).max(axis=1).mean()
+    assert metrics.expected_max_sharpe(n_trials, var) == pytest.approx(mc, rel=0.03)
+    assert metrics.expected_max_sharpe(1, var) == 0.0
+
+
+def test_bar_stats_by_hand():
+    position = [0, 1, 1, -1, -1, 0, 1]
+    net = [0.0, 0.2, -0.1, 0.3, 0.0, -0.2, 0.1]
+    turnover, n_trades, hit_rate = metrics.bar_stats(position, net)
+    assert turnover == pytest.approx((0 + 1 + 0 + 2 + 0 + 1 + 1) / 7)
+    assert n_trades == 4
+    assert hit_rate == pytest.approx(3 / 5)  # in market on 5 bars, net > 0 on 3 (0.0 is no hit)
+    assert metrics.bar_stats([0, 0], [0.0, 0.0]) == (0.0, 0, 0.0)
+    assert metrics.bar_stats([], []) == (0.0, 0, 0.0)
+    assert metrics.bar_stats([1, 1], [0.1, 0.1], initial_position=1)[1] == 0
+
+
+def test_summarize_bundles_and_flattens():
+    r = _daily(3)
+    m = metrics.summarize(r, turnover=0.25, n_trades=12, hit_rate=0.5)
+    assert m.sharpe == metrics.sharpe(r) and m.sortino == metrics.sortino(r)
+    assert m.max_drawdown == metrics.max_drawdown(r) and m.calmar == metrics.calmar(r)
+    assert m.total_return == pytest.approx(r.sum()) and m.n_days == len(r)
+    assert (m.turnover, m.n_trades, m.hit_rate) == (0.25, 12, 0.5)
+    d = m.to_dict("val/")
+    assert d["val/sharpe"] == m.sharpe and d["val/n_days"] == float(len(r)) and len(d) == 9
