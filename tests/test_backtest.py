@@ -1,0 +1,192 @@
+"""fxray.backtest: the parallel scan against a plain loop over bars, on every device we have."""
+
+import numpy as np
+import pytest
+import torch
+
+from fxray import backtest as bt
+from fxray import metrics
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+# --- the plain reference: one bar at a time ------------------------------------
+
+def reference(q, returns, day, cost):
+    """Positions, net returns, daily sums and bar stats by a loop, as the DESIGN states them."""
+    q, returns, day = q.tolist(), np.asarray(returns, np.float64), day.tolist()
+    position, net, daily = [], [], []
+    prev, last_day = 0, None
+    for t in range(len(returns)):
+        row = q[t][prev + 1]
+        best = 0
+        for a in (1, 2):          # first maximum wins ties
+            if row[a] > row[best]:
+                best = a
+        p = best - 1
+        net.append(p * returns[t] - cost * abs(p - prev))
+        if day[t] != last_day:    # a new day with bars
+            daily.append(0.0)
+            last_day = day[t]
+        daily[-1] += net[-1]
+        position.append(p)
+        prev = p
+    position, net = np.array(position), np.array(net)
+    changes = np.abs(np.diff(position, prepend=0))
+    n_in = (position != 0).sum()
+    stats = dict(turnover=changes.mean(), n_trades=int((changes > 0).sum()),
+                 hit_rate=((position != 0) & (net > 0)).sum() / n_in if n_in else 0.0)
+    return position, net, np.array(daily), stats
+
+
+def random_window(seed, n_bars, ties):
+    rng = np.random.default_rng(seed)
+    if ties:   # few distinct values: many equal maxima
+        q = rng.integers(0, 3, (n_bars, 3, 3)).astype(np.float32)
+    else:
+        q = rng.normal(size=(n_bars, 3, 3)).astype(np.float32)
+    returns = rng.normal(0, 1e-3, n_bars).astype(np.float32)
+    # day breaks at random bars, some skipping days (weekends) or repeating none
+    breaks = rng.random(n_bars) < rng.choice([0.002, 0.05, 0.5])
+    day = 19000 + np.cumsum(breaks * rng.integers(1, 4, n_bars))
+    cost = float(rng.choice([0.0, 1e-4, 5e-4]))
+    return q, returns, day.astype(np.int64), cost
+
+
+def to_device(device, *arrays):
+    return [torch.as_tensor(a, device=device) for a in arrays]
+
+
+def assert_metrics_close(m, daily, stats):
+    expected = metrics.summarize(daily, **stats)
+    for name in ("sharpe", "sortino", "max_drawdown", "calmar", "total_return"):
+        assert getattr(m, name) == pytest.approx(getattr(expected, name), rel=1e-4, abs=1e-9), name
+    assert m.turnover == pytest.approx(expected.turnover, rel=1e-12)
+    assert (m.n_trades, m.n_days) == (expected.n_trades, expected.n_days)
+    assert m.hit_rate == pytest.approx(expected.hit_rate, rel=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", range(24))
+def test_scan_matches_loop(device, seed):
+    rng = np.random.default_rng(1000 + seed)
+    n_bars = int(rng.choice([1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 255, 256, 257, 1000, 4097]))
+    q, returns, day, cost = random_window(seed, n_bars, ties=seed % 2 == 0)
+    position, net, daily, stats = reference(q, returns, day, cost)
+
+    result = bt.backtest(*to_device(device, q, returns, day), cost)
+    assert result.position.device.type == device and result.net_returns.device.type == device
+    assert result.position.dtype == torch.int8
+    np.testing.assert_array_equal(result.position.cpu().numpy(), position)
+    np.testing.assert_allclose(result.net_returns.cpu().numpy(), net, rtol=0, atol=1e-9)
+    # float32 per-bar arithmetic: ~1e-10 a bar, summed over up to 4K bars a day
+    np.testing.assert_allclose(result.daily_returns, daily, rtol=0, atol=1e-7)
+    assert_metrics_close(result.metrics, daily, stats)
+
+
+def test_hand_example():
+    # prev index 0 = short, 1 = flat, 2 = long; each row's argmax is the new position index.
+    q = torch.zeros(4, 3, 3)
+    q[0, 1, 2] = 1.0   # from flat: go long
+    q[1, 2, 0] = 1.0   # from long: flip short
+    q[2, 0, 0] = 1.0   # from short: stay short
+    q[2, 1, 2] = 1.0   #   (from flat it would go long: not taken)
+    q[3, 0, 1] = 1.0   # from short: go flat
+    returns = torch.tensor([0.01, -0.02, 0.03, 0.04])
+    day = torch.tensor([5, 5, 7, 7])
+    result = bt.backtest(q, returns, day, cost=0.001)
+    assert result.position.tolist() == [1, -1, -1, 0]
+    expected_net = [0.01 - 0.001, 0.02 - 0.002, -0.03, 0.0 - 0.001]
+    np.testing.assert_allclose(result.net_returns.numpy(), expected_net, atol=1e-8)
+    np.testing.assert_allclose(result.daily_returns, [0.027, -0.031], atol=1e-8)
+    m = result.metrics
+    assert (m.n_trades, m.n_days) == (3, 2)
+    assert m.turnover == pytest.approx((1 + 2 + 0 + 1) / 4)
+    assert m.hit_rate == pytest.approx(2 / 3)
+
+
+def test_ties_take_the_first_action():
+    # torch.argmax semantics: equal Q-values prefer short, then flat, then long.
+    n_bars = 50
+    day = torch.zeros(n_bars, dtype=torch.int64)
+    returns = torch.full((n_bars,), 1e-3)
+    assert (bt.backtest(torch.zeros(n_bars, 3, 3), returns, day, 0.0).position == -1).all()
+    q = torch.zeros(n_bars, 3, 3)
+    q[:, :, 0] = -1.0  # short is worse; flat and long tie
+    assert (bt.backtest(q, returns, day, 0.0).position == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_baselines(device):
+    _, returns, day, cost = random_window(3, 2000, ties=False)
+    cost = 1e-4
+    r, d = to_device(device, returns, day)
+    base = bt.baselines(r, d, cost)
+    net = returns.astype(np.float64).copy()
+    net[0] -= cost  # buy and hold pays to enter once
+    _, starts = np.unique(day, return_index=True)
+    daily = np.add.reduceat(net, starts)
+    hold = base["buy_and_hold"]
+    assert hold.sharpe == pytest.approx(metrics.sharpe(daily), rel=1e-4)
+    assert hold.total_return == pytest.approx(daily.sum(), rel=1e-4)
+    assert (hold.n_trades, hold.turnover, hold.n_days) == (1, 1 / 2000, len(daily))
+    assert hold.hit_rate == pytest.approx((net > 0).mean())
+    flat = base["flat"]
+    assert (flat.sharpe, flat.total_return, flat.max_drawdown, flat.n_trades) == (0.0, 0.0, 0.0, 0)
+    assert flat.n_days == len(daily)
+
+
+def test_n_days_given_or_counted():
+    q, returns, day, cost = random_window(5, 3000, ties=False)
+    args = to_device("cpu", q, returns, day)
+    n_days = bt.count_days(day)
+    assert n_days == len(np.unique(day)) == bt.count_days(args[2])
+    counted = bt.backtest(*args, cost)
+    given = bt.backtest(*args, cost, n_days=n_days)
+    assert counted.metrics == given.metrics
+    for wrong in (n_days - 1, n_days + 1):
+        with pytest.raises(ValueError, match="distinct days"):
+            bt.backtest(*args, cost, n_days=wrong)
+
+
+def test_bad_input_is_a_clear_error():
+    q, returns, day = torch.zeros(10, 3, 3), torch.zeros(10), torch.zeros(10, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"\(T, 3, 3\)"):
+        bt.backtest(torch.zeros(10, 3), returns, day, 0.0)
+    with pytest.raises(ValueError, match="returns and day"):
+        bt.backtest(q, returns[:9], day, 0.0)
+    with pytest.raises(ValueError, match="empty"):
+        bt.backtest(q[:0], returns[:0], day[:0], 0.0)
+    with pytest.raises(ValueError, match="cost"):
+        bt.backtest(q, returns, day, -1e-4)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        bt.backtest(q, returns, torch.arange(10, 0, -1), 0.0)
+    with pytest.raises(ValueError, match="float"):
+        bt.backtest(q, day, day, 0.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="sync debug mode needs CUDA")
+def test_no_host_sync_before_the_transfer():
+    q, returns, day, cost = random_window(9, 5000, ties=True)
+    q, returns, day = to_device("cuda", q, returns, day)
+    n_days = bt.count_days(day)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        position = bt.greedy_positions(q)
+        bt._device_pack(position, returns, day, cost, n_days)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_scan_is_exact_at_scale():
+    # 500K bars (a long window): the path must satisfy the recursion at every bar,
+    # p_t = argmax_a Q[t, p_{t-1} + 1, a] - 1 from p_-1 = 0, which pins it down uniquely.
+    n_bars = 500_000
+    rng = np.random.default_rng(0)
+    q = torch.as_tensor(rng.normal(size=(n_bars, 3, 3)).astype(np.float32))
+    q[rng.random(n_bars) < 0.3] = 0.0  # all-tie bars too
+    position = bt.greedy_positions(q).numpy().astype(np.int64)
+    step = q.argmax(-1).numpy()  # (T, 3)
+    previous = np.concatenate(([0], position[:-1]))
+    np.testing.assert_array_equal(position, step[np.arange(n_bars), previous + 1] - 1)
+    assert len(np.unique(position)) == 3
