@@ -1,0 +1,196 @@
+"""Q-network, index replay and the two hot functions: `collect` and `learn`.
+
+Both functions only touch persistent tensors in place and never read a value back
+to the host, so the trainer can run them eagerly or capture them once in a CUDA
+graph and replay them: the maths is the same line for line (tests/test_dqn.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fxray.config import DQNConfig
+from fxray.device import DeviceData
+from fxray.env import TradingEnv
+
+N_ACTIONS = 3  # short, flat, long; new position = action - 1
+
+
+class QNetwork(nn.Module):
+    """MLP over [normalised market inputs, one-hot position] -> Q for the 3 actions.
+
+    The position one-hot enters the first layer as a column of its weight
+    (`position_embed`), so Q for all three positions of a bar costs one market
+    projection plus three cheap adds (`q_all`, used by the backtest).
+    """
+
+    def __init__(self, n_inputs: int, hidden: int, depth: int, dueling: bool):
+        super().__init__()
+        self.market_in = nn.Linear(n_inputs, hidden)
+        self.position_embed = nn.Parameter(torch.randn(3, hidden) / (n_inputs + 3) ** 0.5)
+        self.body = nn.Sequential(*[m for _ in range(depth - 1) for m in (nn.Linear(hidden, hidden), nn.ReLU())])
+        self.dueling = dueling
+        self.head = nn.Linear(hidden, N_ACTIONS + (1 if dueling else 0))
+
+    def _q(self, h: torch.Tensor) -> torch.Tensor:
+        out = self.head(self.body(torch.relu(h)))
+        if not self.dueling:
+            return out
+        value, adv = out[..., :1], out[..., 1:]
+        return value + adv - adv.mean(-1, keepdim=True)
+
+    def forward(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """market (..., n_inputs) float32, position (...) in {-1,0,1} -> Q (..., 3)."""
+        return self._q(self.market_in(market) + self.position_embed[position + 1])
+
+    def q_all(self, market: torch.Tensor) -> torch.Tensor:
+        """Q for every previous position: market (T, n_inputs) -> (T, 3 positions, 3 actions)."""
+        h = self.market_in(market)  # (T, H)
+        return self._q(h.unsqueeze(1) + self.position_embed)  # (T, 3, H) -> (T, 3, 3)
+
+
+def epsilon(cfg: DQNConfig, step: torch.Tensor, total_steps: int) -> torch.Tensor:
+    """Linear decay from eps_start to eps_end over eps_decay of all steps (device scalar)."""
+    decay_steps = max(cfg.eps_decay * total_steps, 1.0)
+    frac = (1.0 - step.to(torch.float32) / decay_steps).clamp(0.0, 1.0)
+    return cfg.eps_end + (cfg.eps_start - cfg.eps_end) * frac
+
+
+class Replay:
+    """Ring of the last `buffer_steps` collect steps x num_envs transitions, as indices.
+
+    Row i % S holds collect step i of every env: the bar t, the position p before
+    acting, the action a, the reward and whether the episode ended there. A sample
+    (i, env) rebuilds states from the resident dataset and forms the n-step return
+    from rows i .. i+n-1 of the same env, cut at an episode end.
+    """
+
+    def __init__(self, cfg: DQNConfig, num_envs: int, device):
+        S, B = cfg.buffer_steps, num_envs
+        self.S, self.B, self.n, self.gamma = S, B, cfg.n_step, cfg.gamma
+        self.t = torch.zeros(S, B, dtype=torch.int64, device=device)
+        self.position = torch.zeros(S, B, dtype=torch.int64, device=device)
+        self.action = torch.zeros(S, B, dtype=torch.int64, device=device)
+        self.reward = torch.zeros(S, B, dtype=torch.float32, device=device)
+        self.done = torch.zeros(S, B, dtype=torch.bool, device=device)
+        self.steps = torch.zeros((), dtype=torch.int64, device=device)  # collect steps written
+        self.discounts = cfg.gamma ** torch.arange(cfg.n_step + 1, dtype=torch.float32, device=device)
+
+    def reset(self) -> None:
+        self.steps.zero_()
+
+    def add(self, t, position, action, reward, done) -> None:
+        row = self.steps % self.S
+        for buf, value in ((self.t, t), (self.position, position), (self.action, action),
+                           (self.reward, reward), (self.done, done)):
+            buf.index_copy_(0, row.view(1), value.unsqueeze(0))
+        self.steps.add_(1)
+
+    def sample_indices(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform (step, env) pairs whose n rows are all written: (batch,), (batch,)."""
+        dev = self.steps.device
+        hi = self.steps - self.n  # last start step with n rows after it (needs steps >= n)
+        lo = (self.steps - self.S).clamp_min(0)
+        u = torch.rand(batch, device=dev)
+        step = lo + (u * (hi - lo + 1).to(torch.float32)).to(torch.int64).clamp_max(hi - lo)
+        env = torch.randint(0, self.B, (batch,), device=dev)
+        return step, env
+
+    def n_step_batch(self, step: torch.Tensor, env: torch.Tensor):
+        """-> t, position, action, return_n, next_t, next_position, discount; each (batch,)."""
+        offsets = torch.arange(self.n, device=step.device)
+        rows = (step.unsqueeze(1) + offsets) % self.S            # (batch, n)
+        envs = env.unsqueeze(1).expand_as(rows)
+        reward, done = self.reward[rows, envs], self.done[rows, envs]
+        # keep step j only if no episode ended at steps 0..j-1
+        ended_before = torch.cumsum(done.to(torch.int64), 1) - done.to(torch.int64)
+        keep = (ended_before == 0).to(torch.float32)              # (batch, n)
+        return_n = (reward * keep * self.discounts[: self.n]).sum(1)
+        k = keep.sum(1).to(torch.int64)                           # steps included, 1..n
+        last_row = rows.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
+        t0 = self.t[rows[:, 0], env]
+        next_position = self.action[last_row, env] - 1
+        return (t0, self.position[rows[:, 0], env], self.action[rows[:, 0], env],
+                return_n, t0 + k, next_position, self.discounts[k])
+
+
+@torch.no_grad()
+def collect(env: TradingEnv, q_network: QNetwork, replay: Replay, eps: torch.Tensor) -> None:
+    """One epsilon-greedy step of every env, written to the replay."""
+    t, position = env.t.clone(), env.position.clone()
+    q = q_network(env.data.states(t), position)                           # (B, 3)
+    explore = torch.rand(env.num_envs, device=t.device) < eps
+    random_action = torch.randint(0, N_ACTIONS, (env.num_envs,), device=t.device)
+    action = torch.where(explore, random_action, q.argmax(1))
+    reward, done = env.step(action)
+    replay.add(t, position, action, reward, done)
+
+
+class Learner:
+    """Online and target networks, Adam, and the Double-DQN n-step update."""
+
+    def __init__(self, cfg: DQNConfig, n_inputs: int, device, capturable: bool):
+        self.cfg = cfg
+        self.q_network = QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling).to(device)
+        self.target_network = QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling).to(device)
+        self.target_network.load_state_dict(self.q_network.state_dict())
+        self.target_network.requires_grad_(False)
+        self.params = list(self.q_network.parameters())
+        self.target_params = list(self.target_network.parameters())
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, capturable=capturable)
+        self.updates = torch.zeros((), dtype=torch.int64, device=device)
+        # epoch accumulators, read once at epoch end
+        self.loss_sum = torch.zeros((), device=device)
+        self.q_abs_max = torch.zeros((), device=device)
+
+    def learn(self, data: DeviceData, replay: Replay, step=None, env=None) -> None:
+        """One gradient step on a replay batch (sampled unless (step, env) are given)."""
+        cfg = self.cfg
+        if step is None:
+            step, env = replay.sample_indices(cfg.batch_size)
+        t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
+        with torch.no_grad():  # Double DQN: online picks, target evaluates
+            next_market = data.states(next_t)
+            next_action = self.q_network(next_market, next_position).argmax(1, keepdim=True)
+            next_q = self.target_network(next_market, next_position).gather(1, next_action).squeeze(1)
+            td_target = return_n * cfg.reward_scale + discount * next_q
+        q = self.q_network(data.states(t), position)
+        q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
+        loss = F.huber_loss(q_sa, td_target, delta=cfg.huber_delta)
+        self.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
+        self.optimizer.step()
+        self.updates.add_(1)
+        with torch.no_grad():
+            if cfg.target_every > 0:
+                weight = (self.updates % cfg.target_every == 0).to(torch.float32)
+            else:
+                weight = torch.full((), cfg.tau, device=q.device)
+            for tp, p in zip(self.target_params, self.params):
+                tp.lerp_(p, weight)
+            self.loss_sum.add_(loss.detach())
+            self.q_abs_max.copy_(torch.maximum(self.q_abs_max, q.detach().abs().max()))
+
+    def reset(self, seed: int) -> None:
+        """Fresh weights (drawn on the CPU from `seed`: same on every device) and optimizer."""
+        cpu_gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=cpu_gen)))
+            fresh = QNetwork(self.q_network.market_in.in_features, self.cfg.hidden, self.cfg.depth, self.cfg.dueling)
+            for p, f in zip(self.params, fresh.parameters()):
+                p.copy_(f)
+            for tp, f in zip(self.target_params, fresh.parameters()):
+                tp.copy_(f)
+        for state in self.optimizer.state.values():  # in place: a captured graph keeps its pointers
+            for v in state.values():
+                if torch.is_tensor(v):
+                    v.zero_()
+        self.updates.zero_()
+        self.reset_accumulators()
+
+    def reset_accumulators(self) -> None:
+        self.loss_sum.zero_()
+        self.q_abs_max.zero_()
