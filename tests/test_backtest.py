@@ -46,6 +46,7 @@ def random_window(seed, n_bars, ties):
     else:
         q = rng.normal(size=(n_bars, 3, 3)).astype(np.float32)
     returns = rng.normal(0, 1e-3, n_bars).astype(np.float32)
+    returns[rng.random(n_bars) < 0.1] = 0.0  # unchanged closes: net 0 is not a hit
     # day breaks at random bars, some skipping days (weekends) or repeating none
     breaks = rng.random(n_bars) < rng.choice([0.002, 0.05, 0.5])
     day = 19000 + np.cumsum(breaks * rng.integers(1, 4, n_bars))
@@ -103,6 +104,15 @@ def test_hand_example():
     assert (m.n_trades, m.n_days) == (3, 2)
     assert m.turnover == pytest.approx((1 + 2 + 0 + 1) / 4)
     assert m.hit_rate == pytest.approx(2 / 3)
+
+
+def test_evaluate_any_path():
+    # hit rate: in-market bars with net > 0; a zero net return is not a hit
+    returns = torch.tensor([0.0, 0.01, -0.01, 0.02])
+    result = bt.evaluate(torch.tensor([1, 1, 0, -1]), returns, torch.zeros(4, dtype=torch.int64), 0.0)
+    assert result.position.dtype == torch.int8
+    assert result.metrics.hit_rate == pytest.approx(1 / 3)
+    np.testing.assert_allclose(result.net_returns.numpy(), [0.0, 0.01, 0.0, -0.02])
 
 
 def test_ties_take_the_first_action():
