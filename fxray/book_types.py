@@ -1,0 +1,148 @@
+"""The two shapes order-flow data takes inside fxray, and the one error it raises.
+
+    BookSnapshots  the top 10 levels of a book after each event that changed them
+    Trades         the trade tape with aggressor side
+
+Both are plain numpy arrays in time order (ns since epoch, UTC, the time the data
+was received). Readers live in `book_dbn.py` / `book_binance.py`; the public entry
+points are in `book.py`.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+
+import numpy as np
+
+N_LEVELS = 10           # levels per side kept in a snapshot
+PRICE_SCALE = 1e9       # DBN fixed-point prices: int64 units of 1e-9
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class BookError(ValueError):
+    """Bad book or trade input; the message is one line naming the file and the record."""
+
+
+@dataclass(frozen=True)
+class BookSnapshots:
+    """Consecutive book states; row n is the book right after event n.
+
+    Empty levels have price -inf (bid) / +inf (ask) and size 0, so the OFI
+    indicator rules (Cont et al. 2014) treat a vanished level as all size removed.
+    """
+
+    ts: np.ndarray      # (n,) int64 ns, non-decreasing
+    bid_px: np.ndarray  # (n, 10) float64 price, best first; -inf where empty
+    bid_sz: np.ndarray  # (n, 10) float64 resting size (contracts / base units)
+    ask_px: np.ndarray  # (n, 10) float64 price, best first; +inf where empty
+    ask_sz: np.ndarray  # (n, 10) float64
+    reset: np.ndarray   # (n,) bool: book rebuilt here (snapshot, clear, new file): no flow across it
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @staticmethod
+    def concat(parts) -> "BookSnapshots":
+        """One BookSnapshots from many (e.g. all chunks of a `BookStream`)."""
+        parts = list(parts)
+        if not parts:
+            return empty_snapshots()
+        return BookSnapshots(*(np.concatenate([getattr(p, f) for p in parts])
+                               for f in ("ts", "bid_px", "bid_sz", "ask_px", "ask_sz", "reset")))
+
+    def select(self, rows) -> "BookSnapshots":
+        return BookSnapshots(self.ts[rows], self.bid_px[rows], self.bid_sz[rows],
+                             self.ask_px[rows], self.ask_sz[rows], self.reset[rows])
+
+
+def empty_snapshots() -> BookSnapshots:
+    z = np.zeros((0, N_LEVELS))
+    return BookSnapshots(np.zeros(0, np.int64), z, z, z.copy(), z.copy(), np.zeros(0, bool))
+
+
+@dataclass(frozen=True)
+class Trades:
+    """The trade tape, in time order."""
+
+    ts: np.ndarray        # (T,) int64 ns receive time, non-decreasing
+    price: np.ndarray     # (T,) float64
+    size: np.ndarray      # (T,) float64 contracts / base units
+    side: np.ndarray      # (T,) int8: +1 buyer was the aggressor, -1 seller, 0 unknown (e.g. auction)
+    segments: np.ndarray  # (S, 2) int64 [start, end] ns spans the source files cover (one per file)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @staticmethod
+    def concat(parts) -> "Trades":
+        parts = list(parts)
+        if not parts:
+            return Trades(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int8),
+                          np.zeros((0, 2), np.int64))
+        return Trades(*(np.concatenate([getattr(p, f) for p in parts])
+                        for f in ("ts", "price", "size", "side", "segments")))
+
+
+# --- reading bytes -------------------------------------------------------------------------
+
+def iter_bytes(path: str, block: int = 1 << 22):
+    """Decompressed bytes of `path` (zstd, gzip or plain, told by magic bytes), in blocks.
+
+    A zstd file whose last frame is incomplete raises BookError: the zstd library's
+    stream reader returns the partial data silently, so we track frames ourselves.
+    """
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise BookError(f"{path}: cannot open ({e.strerror})") from None
+    with f:
+        magic = f.read(4)
+        f.seek(0)
+        if magic == ZSTD_MAGIC:
+            import zstandard  # the `book` extra; imported only for .zst input
+
+            dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
+            while comp := f.read(block):
+                try:
+                    while comp:
+                        fed = True
+                        if out := dobj.decompress(comp):
+                            yield out
+                        comp = b""
+                        if dobj.eof:  # frame done; a file may hold several frames
+                            comp = dobj.unused_data
+                            dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
+                except zstandard.ZstdError as e:
+                    raise BookError(f"{path}: corrupt zstd data ({e})") from None
+            if fed:
+                raise BookError(f"{path}: truncated zstd stream (last frame incomplete)")
+        elif magic[:2] == GZIP_MAGIC:
+            with gzip.open(f) as g:
+                try:
+                    while chunk := g.read(block):
+                        yield chunk
+                except (EOFError, OSError) as e:
+                    raise BookError(f"{path}: truncated or corrupt gzip data ({e})") from None
+        else:
+            while chunk := f.read(block):
+                yield chunk
+
+
+class ByteReader:
+    """read(n) -> exactly n bytes, fewer only at the end of the data."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._it = iter_bytes(path)
+        self._pending = b""
+
+    def read(self, n: int) -> bytes:
+        parts, have = [self._pending], len(self._pending)
+        while have < n and (nxt := next(self._it, None)) is not None:
+            parts.append(nxt)
+            have += len(nxt)
+        data = b"".join(parts)
+        out, self._pending = data[:n], data[n:]
+        return out
