@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,16 +94,21 @@ def write(path, ts, features, ofi=None, targets=None, *, feature_names, ofi_name
     Nothing is left at `path` (nor a temp file beside it) if anything fails.
     """
     path = Path(path)
-    ts = np.asarray(ts, dtype=np.int64)
+    ts = _as_array(path, "ts", ts, np.int64)
+    if ts.ndim != 1:
+        raise CacheError(f"{path}: ts must be 1-D, got shape {ts.shape}")
     n = len(ts)
-    features = np.asarray(features, dtype=np.float32)
-    ofi = np.zeros((n, N_OFI), np.float32) if ofi is None else np.asarray(ofi, np.float32)
-    targets = np.asarray(targets, dtype=np.float64)
+    features = _as_array(path, "features", features, np.float32)
+    ofi = np.zeros((n, N_OFI), np.float32) if ofi is None else _as_array(path, "ofi", ofi, np.float32)
+    targets = _as_array(path, "targets", targets, np.float64)
     arrays = {"ts": ts, "features": features, "ofi": ofi, "targets": targets}
     _check_arrays(str(path), arrays)
     if len(feature_names) != N_FEATURES or len(ofi_names) != N_OFI:
         raise CacheError(f"{path}: need {N_FEATURES} feature names and {N_OFI} ofi names, "
                          f"got {len(feature_names)} and {len(ofi_names)}")
+    reserved = sorted(set(extra_meta or {}) & set(REQUIRED_META))
+    if reserved:
+        raise CacheError(f"{path}: extra_meta may not set reserved key(s) {', '.join(reserved)}")
     digest = content_hash(ts, features, ofi, targets)
     meta = {
         "fxray.version": FORMAT_VERSION,
@@ -123,7 +128,9 @@ def write(path, ts, features, ofi=None, targets=None, *, feature_names, ofi_name
         "targets": _fixed_list(targets, len(TARGET_NAMES)),
     }).replace_schema_metadata(meta)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Not mkstemp: its 0600 mode would survive the rename; os.open applies the umask.
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             with ipc.new_file(f, table.schema) as w:  # uncompressed: mmap gives zero-copy views
@@ -149,11 +156,15 @@ def open(path, *, check_values: bool = True) -> Market:  # noqa: A001 - mirrors 
         raise CacheError(f"{path}: no such file (make one with `python -m fxray.data synth|build`)")
     try:
         source = pa.memory_map(path, "r")
+        mapped = source.read_buffer()  # the whole mapping, zero-copy: views must point into it
         reader = ipc.open_file(source)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+    except (pa.ArrowException, OSError) as e:
         raise CacheError(f"{path}: not an Arrow IPC file or truncated ({_first_line(e)})") from None
     schema = reader.schema
-    raw_meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+    try:
+        raw_meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+    except UnicodeDecodeError:
+        raise CacheError(f"{path}: schema metadata is not utf-8") from None
     missing = [k for k in REQUIRED_META if k not in raw_meta]
     if missing:
         raise CacheError(f"{path}: not an fxcache: schema metadata lacks {', '.join(missing)}")
@@ -171,19 +182,22 @@ def open(path, *, check_values: bool = True) -> Market:  # noqa: A001 - mirrors 
                          "(write it with fxray.cache.write)")
     try:
         batch = reader.get_batch(0)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+    except (pa.ArrowException, OSError) as e:
         raise CacheError(f"{path}: truncated or corrupt record batch ({_first_line(e)})") from None
     cols = {}
     for name, (_, width) in COLUMNS.items():
         col = batch.column(name)
-        if col.null_count:
-            raise CacheError(f"{path}: column {name!r} has {col.null_count} nulls")
-        if width is None:
-            cols[name] = col.to_numpy(zero_copy_only=True)
-        else:
-            flat = col.values.to_numpy(zero_copy_only=True)
-            flat = flat[col.offset * width:(col.offset + len(col)) * width]
-            cols[name] = flat.reshape(len(col), width)
+        values = col if width is None else col.values.slice(col.offset * width, len(col) * width)
+        nulls = col.null_count or values.null_count
+        if nulls:
+            raise CacheError(f"{path}: column {name!r} has {nulls} nulls")
+        data = values.buffers()[1]
+        if data is not None and data.size and not (
+                mapped.address <= data.address <= mapped.address + mapped.size - data.size):
+            raise CacheError(f"{path}: column {name!r} is not stored plainly in the file "
+                             "(compressed?); rewrite it with fxray.cache.write")
+        flat = values.to_numpy(zero_copy_only=True)
+        cols[name] = flat if width is None else flat.reshape(len(col), width)
     if check_values:
         _check_values(path, cols)
     return Market(path=path, meta=meta, **cols)
@@ -199,6 +213,9 @@ def _check_schema(path: str, schema: pa.Schema) -> None:
     if missing:
         raise CacheError(f"{path}: missing column(s) {', '.join(missing)} "
                          f"(an fxcache has {', '.join(COLUMNS)})")
+    repeated = [c for c in COLUMNS if schema.names.count(c) > 1]
+    if repeated:
+        raise CacheError(f"{path}: column(s) {', '.join(repeated)} appear more than once")
     for name, (vtype, width) in COLUMNS.items():
         t = schema.field(name).type
         if width is None:
@@ -211,10 +228,25 @@ def _check_schema(path: str, schema: pa.Schema) -> None:
             raise CacheError(f"{path}: column {name!r} is {t}, expected {want}")
 
 
+def _as_array(path, name: str, values, dtype) -> np.ndarray:
+    try:
+        a = np.asarray(values)
+        if name == "ts":
+            # float64 cannot hold ns since epoch exactly (53-bit mantissa): refuse, don't round.
+            if a.dtype.kind == "M":
+                a = a.astype("datetime64[ns]")
+            elif a.dtype.kind not in "iu":
+                raise CacheError(f"{path}: ts must be integer ns since epoch, got dtype {a.dtype}")
+        return a.astype(dtype, copy=False)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, CacheError):
+            raise
+        raise CacheError(f"{path}: {name} is not convertible to {np.dtype(dtype)} "
+                         f"({_first_line(e)})") from None
+
+
 def _check_arrays(path: str, arrays: dict) -> None:
     n = len(arrays["ts"])
-    if arrays["ts"].ndim != 1:
-        raise CacheError(f"{path}: ts must be 1-D, got shape {arrays['ts'].shape}")
     for name, (_, width) in COLUMNS.items():
         if width is not None and arrays[name].shape != (n, width):
             raise CacheError(f"{path}: {name} must have shape ({n}, {width}), "
@@ -235,9 +267,14 @@ def _check_values(path: str, cols: dict) -> None:
     for name in ("features", "ofi", "targets"):
         a = cols[name]
         # A sum propagates NaN/Inf in one pass with no temporary; only on a hit do we
-        # pay for locating the first bad row.
-        if not np.isfinite(a.sum(dtype=np.float64)):
-            bad = ~np.isfinite(a)
-            row, colno = np.argwhere(bad)[0] if bad.any() else (-1, -1)
+        # pay for locating the first bad row (a hit can also be an overflow of huge
+        # finite values, which is not an error).
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = a.sum(dtype=np.float64)
+        if not np.isfinite(total):
+            bad = np.argwhere(~np.isfinite(a))
+            if len(bad) == 0:
+                continue
+            row, colno = bad[0]
             raise CacheError(f"{path}: column {name!r} has NaN/Inf (first at row {row}, "
                              f"element {colno}); fix the source bars or features")
