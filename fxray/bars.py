@@ -51,7 +51,10 @@ from fxray import cache
 from fxray.features import FEATURE_NAMES, MAX_LOOKBACK, compute_features
 
 FORMATS = ("auto", "csv", "parquet", "histdata", "lean")
-DEFAULT_OFI_NAMES = tuple(f"ofi_{i}" for i in range(8))  # replaced by the order-book module
+try:  # the order-book module's column names, so zero and real OFI columns are named alike
+    from fxray.book_features import OFI_NAMES as DEFAULT_OFI_NAMES
+except ImportError:  # pragma: no cover - bar-only checkouts
+    DEFAULT_OFI_NAMES = tuple(f"ofi_{i}" for i in range(8))
 MIN_BARS_AFTER_WARMUP = 10
 _CLOSE_TS = ("timestamp_utc", "timestamp", "ts", "datetime", "date_time", "time", "date",
              "close_time", "ts_close", "time_close", "bar_end")
@@ -115,8 +118,9 @@ def build_cache(bars: Bars, out, *, instrument: str, source: str, bar: str = "1m
                 ofi=None, ofi_names=DEFAULT_OFI_NAMES) -> str:
     """Compute the 42 features, drop the first MAX_LOOKBACK rows (warm-up) and write an
     fxcache at `out`; targets = OHLC. `ofi`: (N, 8) aligned with the bars, or None (zeros).
-    Returns the content hash."""
-    n, where = len(bars.ts), bars.source or str(out)
+    `bars`: a Bars, or anything with ts/open/high/low/close/volume (e.g. fxray.book's bars
+    from trades). Returns the content hash."""
+    n, where = len(bars.ts), getattr(bars, "source", "") or str(out)
     need = MAX_LOOKBACK + MIN_BARS_AFTER_WARMUP
     if n < need:
         _fail(where, f"{n} bars, need at least {need} ({MAX_LOOKBACK} feature warm-up + "
@@ -131,7 +135,8 @@ def build_cache(bars: Bars, out, *, instrument: str, source: str, bar: str = "1m
     return cache.write(out, bars.ts[keep], features[keep], None if ofi is None else ofi[keep],
                        targets, feature_names=FEATURE_NAMES, ofi_names=ofi_names,
                        instrument=instrument, bar=bar, source=source,
-                       extra_meta={"warmup_bars_dropped": MAX_LOOKBACK, "bars.stats": bars.stats})
+                       extra_meta={"warmup_bars_dropped": MAX_LOOKBACK,
+                                   "bars.stats": getattr(bars, "stats", {})})
 
 
 # --- format detection --------------------------------------------------------------------

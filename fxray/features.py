@@ -13,7 +13,10 @@ Conventions
   (1 - alpha)^k has fallen below ~1e-3 (Wilder 14: ~94 bars after its seed; EMA 26:
   ~90 bars), so a feature at t >= L_j barely depends on where the history started.
   `MAX_LOOKBACK` = max L_j; cache builders drop the first MAX_LOOKBACK rows and the
-  walk-forward embargo uses it.
+  walk-forward embargo uses it. The CUSUM state is path-dependent by design (AFML): it
+  forgets its start only at its first floor or reset, so started 120 bars back it
+  matches the full-history state ~97% of the time on the shared data (the 60-bar event
+  count ~75%); every other feature is within ~1e-2 of its std (tests check both).
 - Oscillators whose neutral value is not 0 are centred (RSI -> (RSI - 50)/50,
   %B -> %B - 1/2, ...). +DI, -DI and ADX stay in Wilder's points (0..100): 0 is
   neutral for them and `fxray.device` reads raw ADX (index 40) as fold difficulty.
