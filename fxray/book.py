@@ -58,13 +58,14 @@ class BookStream:
     previous day's snapshot file); each Binance file is its own snapshot + diffs.
     """
 
-    def __init__(self, paths: Sequence[str], instrument_id: int | None = None,
-                 out_rows: int = 1 << 16):
+    def __init__(self, paths: Sequence[str], instrument_id: int | None = None, *,
+                 out_rows: int = 1 << 16, chunk_records: int = book_dbn.CHUNK_RECORDS):
         self.paths = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
         if not self.paths:
             raise BookError("load_book: no files given")
         self.instrument_id = instrument_id
-        self.out_rows = out_rows
+        self.out_rows = out_rows            # max rows per yielded chunk
+        self.chunk_records = chunk_records  # DBN records decoded per step
         self.segments = np.zeros((0, 2), np.int64)
         self.stats: dict = {}
 
@@ -76,7 +77,7 @@ class BookStream:
             if file_format(path) == "dbn":
                 dbn = book_dbn.DbnFile(path)
                 chunks, end = book_dbn.iter_book(dbn, st, stats, self.instrument_id,
-                                                 self.out_rows), dbn.end
+                                                 self.out_rows, self.chunk_records), dbn.end
             else:
                 chunks, end = book_binance.iter_book(path, st, stats, self.out_rows), None
             stats.pop("end", None)

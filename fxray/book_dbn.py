@@ -129,12 +129,13 @@ def _check_sorted(path: str, ts: np.ndarray, index: int, last_ts: int | None) ->
 
 # --- book ----------------------------------------------------------------------------------
 
-def iter_book(dbn: DbnFile, st: dict, stats: dict, instrument_id=None, out_rows: int = 1 << 16):
+def iter_book(dbn: DbnFile, st: dict, stats: dict, instrument_id=None, out_rows: int = 1 << 16,
+              chunk_records: int = CHUNK_RECORDS):
     """Yield BookSnapshots from an MBO or MBP-10 file; `st` is the engine state (persists)."""
     dbn.require(BOOK_SCHEMAS, "an order book")
     if dbn.schema == "mbp-10":
         first = True
-        for _, rec in dbn.chunks(instrument_id):
+        for _, rec in dbn.chunks(instrument_id, chunk_records):
             stats["messages"] += len(rec)
             snap = _mbp10_snapshots(rec, first)
             first = first and len(snap) == 0
@@ -142,7 +143,7 @@ def iter_book(dbn: DbnFile, st: dict, stats: dict, instrument_id=None, out_rows:
                 yield snap
         return
     st["state"][eng.IN_SNAP] = 0  # a new file starts a new snapshot run
-    for _, rec in dbn.chunks(instrument_id):
+    for _, rec in dbn.chunks(instrument_id, chunk_records):
         stats["messages"] += len(rec)
         cols = (rec["ts_recv"].view(np.int64), rec["order_id"], rec["price"], rec["size"],
                 rec["flags"], rec["action"], rec["side"])

@@ -29,11 +29,12 @@ EMPTY_KEY = np.iinfo(np.int64).min                   # key of an absent level in
 # slots of the int64 `state` vector that persists across calls
 NB, NA, IN_SNAP, RESET, SYNCED, PREV_TS, UNKNOWN, EVENTS = range(8)
 N_STATE = 8
+LEVEL_CAPACITY = 1024  # initial price levels per side; grown by doubling when needed
 
 
 def new_state() -> dict:
     """Fresh book state: level arrays, last emitted top 10, counters, order map."""
-    cap = 1024
+    cap = LEVEL_CAPACITY
     return {
         "bid_keys": np.zeros(cap, np.int64), "bid_sizes": np.zeros(cap),
         "ask_keys": np.zeros(cap, np.int64), "ask_sizes": np.zeros(cap),
