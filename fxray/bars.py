@@ -153,7 +153,7 @@ def _detect(path: Path) -> str:
         return "parquet"
     if name.endswith(".zip"):
         return "lean"
-    if not name.endswith((".csv", ".csv.gz", ".gz", ".tsv")):
+    if not name.endswith((".csv", ".gz")):
         _fail(path, "unknown bar file format (expected .csv, .csv.gz, .parquet or a Lean "
                     "*_trade.zip); pass fmt=csv|parquet|histdata|lean")
     opener = gzip.open if name.endswith(".gz") else open
@@ -200,6 +200,8 @@ def _read_table_file(path: Path, fmt: str, tz: str | None) -> dict:
     prices = {k: next((cols[a] for a in aliases if a in cols), None) for k, aliases in _PRICE.items()}
     missing = [k for k, v in prices.items() if v is None] + ([] if ts_name else ["timestamp"])
     if missing:
+        if not any(ch.isalpha() for ch in "".join(table.column_names).replace("e", "")):
+            _fail(path, "no header line (first row is data); add one: timestamp_utc,open,high,low,close,volume")
         _fail(path, f"missing column(s) {', '.join(missing)}; found {', '.join(table.column_names)} "
                     "(need timestamp_utc (or timestamp/time), open, high, low, close[, volume])")
     if table.num_rows == 0:
@@ -306,11 +308,13 @@ def _to_utc_ns(path, col: pa.Array, name: str, tz: str) -> np.ndarray:
         ns = col.cast(pa.timestamp("ns", t.tz)).cast(pa.int64()).to_numpy()
         return ns if t.tz else _localize(path, ns, tz)  # aware stamps are instants already
     if pa.types.is_integer(t) or pa.types.is_floating(t):
-        x = col.cast(pa.float64()).to_numpy()
+        x = col.to_numpy(zero_copy_only=False)
         med = float(np.median(np.abs(x)))  # epoch unit by magnitude: 1e9 s ~ 2001
-        scale = 1e9 if med < 1e11 else 1e6 if med < 1e14 else 1e3 if med < 1e17 else 1.0
-        if pa.types.is_integer(t) and scale == 1.0:
-            return col.cast(pa.int64()).to_numpy()
+        scale = 10**9 if med < 1e11 else 10**6 if med < 1e14 else 10**3 if med < 1e17 else 1
+        if pa.types.is_integer(t):
+            return x.astype(np.int64) * scale  # exact: ns fit int64 until 2262
+        if not np.isfinite(x).all():
+            _fail(path, f"non-finite epoch value in column {name!r}; fill or drop those rows")
         return np.round(x * scale).astype(np.int64)
     _fail(path, f"column {name!r} has type {t}, not a timestamp; use ISO 8601 or epoch numbers")
 
