@@ -32,7 +32,7 @@ def iter_lines(path: str, kinds: tuple):
     Lines of other kinds (e.g. 66k bookTicker lines in a 94k-line capture) are skipped
     after a substring test: no int or JSON parsing. The last item is (lines, "eof", None, b"").
     """
-    tail, lineno, last = b"", 0, None
+    tail, lineno, last, last_line = b"", 0, None, 0
     blocks = iter_bytes(path)
     while True:
         block = next(blocks, None)
@@ -45,9 +45,9 @@ def iter_lines(path: str, kinds: tuple):
                 continue
             ts, js = _split(path, lineno, raw)
             if last is not None and ts < last:
-                raise BookError(f"{path}: line {lineno}: local time {ts} is earlier than the "
-                                f"line before it ({last}); lines must be in arrival order")
-            last = ts
+                raise BookError(f"{path}: line {lineno}: local time {ts} is earlier than line "
+                                f"{last_line} ({last}); lines must be in arrival order")
+            last, last_line = ts, lineno
             yield lineno, kind, ts, js
         if block is None:
             yield lineno, "eof", None, b""  # always last: lets callers count every line

@@ -103,12 +103,13 @@ def iter_bytes(path: str, block: int = 1 << 22):
         if magic == ZSTD_MAGIC:
             import zstandard  # the `book` extra; imported only for .zst input
 
-            dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
+            dobj, fed, done = zstandard.ZstdDecompressor().decompressobj(), False, 0
             while comp := f.read(block):
                 try:
                     while comp:
                         fed = True
                         if out := dobj.decompress(comp):
+                            done += len(out)
                             yield out
                         comp = b""
                         if dobj.eof:  # frame done; a file may hold several frames
@@ -117,7 +118,8 @@ def iter_bytes(path: str, block: int = 1 << 22):
                 except zstandard.ZstdError as e:
                     raise BookError(f"{path}: corrupt zstd data ({e})") from None
             if fed:
-                raise BookError(f"{path}: truncated zstd stream (last frame incomplete)")
+                raise BookError(f"{path}: truncated zstd stream: last frame incomplete after "
+                                f"{done} decompressed bytes")
         elif magic[:2] == GZIP_MAGIC:
             with gzip.open(f) as g:
                 try:
