@@ -106,7 +106,7 @@ def load_bars(path, fmt: str = "auto", tz: str | None = None) -> Bars:
         if not files:
             _fail(path, "directory has no bar files (.csv, .csv.gz, .parquet, Lean *_trade.zip)")
         parts = [_read_file(p, fmt, tz) for p in files]
-        raw = {k: np.concatenate([p[k] for p in parts]) for k in ("ts", "open", "high", "low", "close")}
+        raw = {k: np.concatenate([p[k] for p in parts]) for k in ("ts", *_PRICE)}
         vols = [p["volume"] if p["volume"] is not None else np.zeros(len(p["ts"])) for p in parts]
         raw["volume"] = None if all(p["volume"] is None for p in parts) else np.concatenate(vols)
     else:
@@ -128,7 +128,7 @@ def build_cache(bars: Bars, out, *, instrument: str, source: str, bar: str = "1m
     if ofi is not None:
         ofi = np.asarray(ofi, np.float32)
         if ofi.shape != (n, cache.N_OFI):
-            _fail(where, f"ofi has shape {ofi.shape}, expected ({n}, {cache.N_OFI}) aligned with the bars")
+            _fail(where, f"ofi has shape {ofi.shape}, expected ({n}, {cache.N_OFI}) (aligned to bars)")
     features = compute_features(bars.ts, bars.open, bars.high, bars.low, bars.close, bars.volume)
     keep = slice(MAX_LOOKBACK, None)
     targets = np.stack([bars.open, bars.high, bars.low, bars.close], axis=1)[keep]
@@ -201,7 +201,8 @@ def _read_table_file(path: Path, fmt: str, tz: str | None) -> dict:
     missing = [k for k, v in prices.items() if v is None] + ([] if ts_name else ["timestamp"])
     if missing:
         if not any(ch.isalpha() for ch in "".join(table.column_names).replace("e", "")):
-            _fail(path, "no header line (first row is data); add one: timestamp_utc,open,high,low,close,volume")
+            _fail(path, "no header line (the first row is data); add "
+                        "timestamp_utc,open,high,low,close,volume")
         _fail(path, f"missing column(s) {', '.join(missing)}; found {', '.join(table.column_names)} "
                     "(need timestamp_utc (or timestamp/time), open, high, low, close[, volume])")
     if table.num_rows == 0:
@@ -241,7 +242,8 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
         _fail(path, "Lean quote bars are not supported; load the matching *_trade.zip")
     m = re.match(r"(\d{8})_", path.name)
     if not m:
-        _fail(path, "Lean zip names start with the date (YYYYMMDD_trade.zip); rename it or pass another fmt")
+        _fail(path, "Lean zip names start with the date (YYYYMMDD_trade.zip); rename it "
+                    "or pass another fmt")
     try:
         with zipfile.ZipFile(path) as z:
             members = [(i.filename, z.read(i)) for i in z.infolist() if not i.is_dir()]
@@ -257,7 +259,8 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
         table = _read_csv(f"{path}!{member}", pa.BufferReader(data),
                           read_options=pcsv.ReadOptions(column_names=names))
         if table.num_columns != 6:
-            _fail(f"{path}!{member}", f"expected 6 columns (ms,open,high,low,close,volume), got {table.num_columns}")
+            _fail(f"{path}!{member}", f"expected 6 columns (ms,open,high,low,close,volume), "
+                                      f"got {table.num_columns}")
         vol = _numeric(f"{path}!{member}", table, "volume")
         if best is None or np.nansum(vol) > best[0]:
             best = (np.nansum(vol), member, table)
@@ -265,7 +268,8 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
         _fail(path, "no trade-bar CSV inside the zip")
     _, member, table = best
     period_ns = 1 * _NS if "_second_" in member else 60 * _NS  # Lean stamps the bar's open
-    day = np.datetime64(f"{m.group(1)[:4]}-{m.group(1)[4:6]}-{m.group(1)[6:]}", "ns").astype(np.int64)
+    d = m.group(1)
+    day = np.datetime64(f"{d[:4]}-{d[4:6]}-{d[6:]}", "ns").astype(np.int64)  # midnight, data tz
     ms = _numeric(f"{path}!{member}", table, "ms")
     local = day + ms.astype(np.int64) * 10**6
     out = {k: _numeric(f"{path}!{member}", table, k) for k in names[1:]}
@@ -280,7 +284,8 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
 
 def _numeric(path, table: pa.Table, name: str) -> np.ndarray:
     col = table[name].combine_chunks()
-    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_null(col.type)):
+    t = col.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)):
         first = next((v for v in col.to_pylist() if v not in (None, "")), None)
         _fail(path, f"column {name!r} is not numeric (e.g. {first!r}); fix or remove those rows")
     return col.cast(pa.float64()).to_numpy(zero_copy_only=False)  # nulls -> NaN
@@ -301,7 +306,8 @@ def _to_utc_ns(path, col: pa.Array, name: str, tz: str) -> np.ndarray:
             _fail(path, f"unparseable timestamp {first!r} in column {name!r}; use ISO 8601 "
                         "(YYYY-MM-DD HH:MM:SS[Z]) or epoch seconds/ms/us/ns")
     if col.null_count:
-        _fail(path, f"{col.null_count} empty timestamp(s) in column {name!r}; fill or drop those rows")
+        _fail(path, f"{col.null_count} empty timestamp(s) in column {name!r}; "
+                    "fill or drop those rows")
     if pa.types.is_date(t):
         col, t = col.cast(pa.timestamp("s")), pa.timestamp("s")
     if pa.types.is_timestamp(t):
@@ -357,7 +363,8 @@ def _clean(path: Path, raw: dict) -> Bars:
     if len(ts) == 0:
         _fail(path, f"no valid bars ({n_read} rows read, none with finite positive prices)")
     o, h, l, c = o[keep], h[keep], l[keep], c[keep]
-    hi, lo = np.maximum(np.maximum(o, c), np.maximum(h, l)), np.minimum(np.minimum(o, c), np.minimum(h, l))
+    hi = np.maximum(np.maximum(o, c), np.maximum(h, l))
+    lo = np.minimum(np.minimum(o, c), np.minimum(h, l))
     repaired = int(np.count_nonzero((hi != h) | (lo != l)))
     if v is not None:
         v = np.asarray(v, np.float64)[keep]

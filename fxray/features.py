@@ -36,6 +36,7 @@ from scipy.signal import lfilter
 
 _W, _A, _BB, _P, _AFML, _LD = ("Wilder 1978", "Appel 1979", "Bollinger 2001",
                               "Parkinson 1980", "Lopez de Prado 2018 (AFML)", "-")
+_CU, _EA = _AFML + " 2.5.2.1", "Easley et al. 2012 (bar flavour)"
 # (name, formula, lookback in bars, source); rows t < lookback are 0.
 FEATURE_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("ret_1", "ln(C_t / C_{t-1})", 1, _LD),
@@ -63,14 +64,14 @@ FEATURE_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("macd", "(EMA12(C) - EMA26(C)) / C_t; EMAs seeded at the first close", 100, _A),
     ("macd_signal", "EMA9(MACD) / C_t", 110, _A),
     ("macd_hist", "(MACD - EMA9(MACD)) / C_t", 110, _A),
-    ("bb_pctb_20", "%B - 1/2, %B = (C - lower)/(upper - lower), SMA20 +- 2 sigma20 (ddof 0)", 19, _BB),
+    ("bb_pctb_20", "%B - 1/2; %B = (C - lower)/(upper - lower), SMA20 +- 2 sigma (ddof 0)", 19, _BB),
     ("bb_width_20", "(upper - lower) / SMA20 = 4 sigma20 / SMA20", 19, _BB),
-    ("cusum_event", "+1 / -1 on a CUSUM up / down event at t, else 0; h_t = 5 rv_60", 60, _AFML + " 2.5.2.1"),
-    ("cusum_up", "S+_t / h_t after reset, in [0, 1]", 60, _AFML + " 2.5.2.1"),
-    ("cusum_down", "S-_t / h_t after reset, in [-1, 0]", 60, _AFML + " 2.5.2.1"),
+    ("cusum_event", "+1 / -1 on a CUSUM up / down event at t, else 0; h_t = 5 rv_60", 60, _CU),
+    ("cusum_up", "S+_t / h_t after reset, in [0, 1]", 60, _CU),
+    ("cusum_down", "S-_t / h_t after reset, in [-1, 0]", 60, _CU),
     ("cusum_rate_60", "number of CUSUM events (either side) in the last 60 bars / 60", 119, _AFML),
     ("vol_rel_60", "ln((V_t + m) / (2 m)), m = mean V over 60 bars (0 if m = 0)", 59, _LD),
-    ("vol_imb_20", "sum sign(C - O) V / sum V over 20 bars (0 if no volume)", 19, "Easley et al. 2012 (bar flavour)"),
+    ("vol_imb_20", "sum sign(C - O) V / sum V over 20 bars (0 if no volume)", 19, _EA),
     ("vwap_dev_60", "ln(C_t / VWAP60), VWAP of (H + L + C)/3 (0 if no volume)", 59, _LD),
     ("tod_sin", "sin(2 pi x time of day of the bar close, UTC)", 0, _LD),
     ("tod_cos", "cos(2 pi x time of day of the bar close, UTC)", 0, _LD),
@@ -168,7 +169,8 @@ def rsi(close, n: int = 14, *, seed: str = "sma") -> np.ndarray:
     d = np.diff(c, prepend=c[:1])  # d_0 = 0
     gain, loss = np.maximum(d, 0.0), np.maximum(-d, 0.0)
     if seed == "sma":
-        start, g0, l0 = n, gain[1:n + 1].mean() if len(c) > n else 0.0, loss[1:n + 1].mean() if len(c) > n else 0.0
+        start = n
+        g0, l0 = (gain[1:n + 1].mean(), loss[1:n + 1].mean()) if len(c) > n else (0.0, 0.0)
     elif seed == "zero":
         start, g0, l0 = 0, 0.0, 0.0
     else:
@@ -359,7 +361,7 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
         put(f"rv_{w}", rv[w])
         put(f"pk_{w}", np.sqrt(np.maximum(_rolling_sum(pk2, w, cs_pk2) / w, 0.0)))
     both = (rv[10] > 0) & (rv[60] > 0)
-    put("rv_ratio", np.where(both, np.log(np.where(both, rv[10], 1.0) / np.where(both, rv[60], 1.0)), 0.0))
+    put("rv_ratio", np.where(both, np.log(_ratio(rv[10], np.where(both, rv[60], 0.0), 1.0)), 0.0))
 
     # --- trend, oscillators ---
     cs_c = np.cumsum(c)
@@ -391,7 +393,7 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
     if v is not None and v.any():
         vsum60 = _rolling_sum(v, 60)
         m60 = vsum60 / 60.0
-        put("vol_rel_60", np.where(m60 > 0, np.log(_ratio(v + m60, 2.0 * m60, where_zero=1.0)), 0.0))
+        put("vol_rel_60", np.log(_ratio(v + m60, 2.0 * m60, where_zero=1.0)))  # 0 where m60 = 0
         put("vol_imb_20", _ratio(_rolling_sum(np.sign(c - o) * v, 20), _rolling_sum(v, 20)))
         vwap = _ratio(_rolling_sum((h + l + c) / 3.0 * v, 60), vsum60)
         put("vwap_dev_60", np.where(vwap > 0, lc - np.log(np.where(vwap > 0, vwap, 1.0)), 0.0))

@@ -38,12 +38,20 @@ def write_csv(path: Path, text: str) -> Path:
 
 
 def ohlc_rows(n, start="2024-03-04T00:01:00", step_s=60):
+    """n rows of (naive ISO stamp, open, high, low, close, volume) one step apart."""
     t0 = np.datetime64(start, "s")
     rows = []
     for i in range(n):
         c = 100 + np.sin(i / 7) + i * 0.01
-        rows.append((str(t0 + np.timedelta64(i * step_s, "s")).replace("T", " "), c - 0.05, c + 0.2, c - 0.2, c, 10 + i % 5))
+        stamp = str(t0 + np.timedelta64(i * step_s, "s")).replace("T", " ")
+        rows.append((stamp, c - 0.05, c + 0.2, c - 0.2, c, 10 + i % 5))
     return rows
+
+
+def csv_text(header, rows, stamp=lambda r: r[0], volume=True):
+    body = "".join(f"{stamp(r)},{r[1]},{r[2]},{r[3]},{r[4]}" + (f",{r[5]}" if volume else "") + "\n"
+                   for r in rows)
+    return header + "\n" + body
 
 
 # --- the shared real data ------------------------------------------------------------------
@@ -100,15 +108,18 @@ def test_build_cache_on_shared_bars(tmp_path, path):
 def test_header_csv_variants_agree(tmp_path):
     rows = ohlc_rows(5)
     want = utc("2024-03-04T00:01") + MIN * np.arange(5)
-    epoch = want // 10**9
+    epoch = dict(zip((r[0] for r in rows), want // 10**9))
+    iso_t = (lambda r: r[0].replace(" ", "T"))
     variants = {
-        "iso.csv": "timestamp_utc,open,high,low,close,volume\n" + "".join(f"{r[0]},{r[1]},{r[2]},{r[3]},{r[4]},{r[5]}\n" for r in rows),
-        "isoz.csv": "Timestamp,Open,High,Low,Close,Volume\n" + "".join(f"{r[0].replace(' ', 'T')}Z,{r[1]},{r[2]},{r[3]},{r[4]},{r[5]}\n" for r in rows),
-        "offset.csv": "time,o,h,l,c\n" + "".join(f"{r[0].replace(' ', 'T')}+01:00,{r[1]},{r[2]},{r[3]},{r[4]}\n" for r in rows),
-        "secs.csv": "ts,open,high,low,close\n" + "".join(f"{e},{r[1]},{r[2]},{r[3]},{r[4]}\n" for e, r in zip(epoch, rows)),
-        "ms.csv": "ts,open,high,low,close\n" + "".join(f"{e * 1000},{r[1]},{r[2]},{r[3]},{r[4]}\n" for e, r in zip(epoch, rows)),
-        "ns.csv": "ts,open,high,low,close\n" + "".join(f"{e * 10**9},{r[1]},{r[2]},{r[3]},{r[4]}\n" for e, r in zip(epoch, rows)),
-        "opentime.csv": "open_time,open,high,low,close\n" + "".join(f"{(e - 60) * 1000},{r[1]},{r[2]},{r[3]},{r[4]}\n" for e, r in zip(epoch, rows)),
+        "iso.csv": csv_text("timestamp_utc,open,high,low,close,volume", rows),
+        "isoz.csv": csv_text("Timestamp,Open,High,Low,Close,Volume", rows, lambda r: iso_t(r) + "Z"),
+        "offset.csv": csv_text("time,o,h,l,c", rows, lambda r: iso_t(r) + "+01:00", volume=False),
+        "secs.csv": csv_text("ts,open,high,low,close", rows, lambda r: epoch[r[0]], volume=False),
+        "ms.csv": csv_text("ts,open,high,low,close", rows, lambda r: epoch[r[0]] * 1000, volume=False),
+        "ns.csv": csv_text("ts,open,high,low,close", rows, lambda r: epoch[r[0]] * 10**9, volume=False),
+        # stamped at the open (Binance-style ms): one bar later is the close
+        "opentime.csv": csv_text("open_time,open,high,low,close", rows,
+                                 lambda r: (epoch[r[0]] - 60) * 1000, volume=False),
     }
     for name, text in variants.items():
         b = load_bars(write_csv(tmp_path / name, text))
@@ -121,8 +132,7 @@ def test_header_csv_variants_agree(tmp_path):
 
 
 def test_gzip_parquet_and_directory(tmp_path):
-    text = "timestamp_utc,open,high,low,close,volume\n" + "".join(
-        f"{r[0]},{r[1]},{r[2]},{r[3]},{r[4]},{r[5]}\n" for r in ohlc_rows(300))
+    text = csv_text("timestamp_utc,open,high,low,close,volume", ohlc_rows(300))
     plain = load_bars(write_csv(tmp_path / "a.csv", text))
     with gzip.open(tmp_path / "b.csv.gz", "wt") as f:
         f.write(text)
@@ -137,7 +147,8 @@ def test_gzip_parquet_and_directory(tmp_path):
     d.mkdir()
     lines = text.splitlines()
     write_csv(d / "1.csv", "\n".join(lines[:151]) + "\n")
-    write_csv(d / "2.csv", lines[0] + "\n" + lines[150].replace(",10", ",99", 1) + "\n" + "\n".join(lines[151:]) + "\n")
+    second = [lines[0], lines[150].replace(",10", ",99", 1), *lines[151:]]
+    write_csv(d / "2.csv", "\n".join(second) + "\n")
     write_csv(d / "README.md", "not bars")
     both = load_bars(d)
     assert np.array_equal(both.ts, plain.ts) and both.stats["dropped_duplicate_ts"] == 1
@@ -201,20 +212,23 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     zbuf = io.BytesIO()
     with zipfile.ZipFile(zbuf, "w") as z:
         z.writestr("x.csv", "0,1,1,1,1,1\n")
+    head, row = "timestamp,open,high,low,close\n", "2024-01-01 00:00:00"
     cases = [
-        ("missing.csv", "timestamp,open,high,close\n2024-01-01 00:00:00,1,1,1\n", {}, "missing column(s) low"),
+        ("missing.csv", "timestamp,open,high,close\n2024-01-01 00:00:00,1,1,1\n", {},
+         "missing column(s) low"),
         ("nots.csv", "open,high,low,close\n1,1,1,1\n", {}, "missing column(s) timestamp"),
         ("nohead.csv", "2024-01-01 00:00:00,1.5,1.6,1.4,1.5,3\n", {}, "no header line"),
-        ("badts.csv", "timestamp,open,high,low,close\nyesterday,1,1,1,1\n", {}, "unparseable timestamp 'yesterday'"),
+        ("badts.csv", head + "yesterday,1,1,1,1\n", {}, "unparseable timestamp 'yesterday'"),
         ("empty.csv", "", {}, "empty file"),
-        ("header.csv", "timestamp,open,high,low,close\n", {}, "no rows"),
-        ("text.csv", "timestamp,open,high,low,close\n2024-01-01 00:00:00,1,1,1,abc\n", {}, "column 'close' is not numeric"),
-        ("allbad.csv", "timestamp,open,high,low,close\n2024-01-01 00:00:00,0,0,0,0\n", {}, "no valid bars"),
+        ("header.csv", head, {}, "no rows"),
+        ("text.csv", head + row + ",1,1,1,abc\n", {}, "column 'close' is not numeric"),
+        ("allbad.csv", head + row + ",0,0,0,0\n", {}, "no valid bars"),
         ("bars.xlsx", "whatever", {}, "unknown bar file format"),
         ("x.csv", "t,o,h,l,c\n", {"fmt": "excel"}, "unknown format 'excel'"),
         ("nothere.csv", None, {}, "no such file"),
-        ("tz.csv", "timestamp,open,high,low,close\n2024-01-01 00:00:00,1,1,1,1\n", {"tz": "Mars/Olympus"}, "time zone 'Mars/Olympus'"),
-        ("hd.csv", "20170102 020000;1;1;1;1;0\n2017-01-02 02:01;1;1;1;1;0\n", {}, "unparseable HistData time"),
+        ("tz.csv", head + row + ",1,1,1,1\n", {"tz": "Mars/Olympus"}, "time zone 'Mars/Olympus'"),
+        ("hd.csv", "20170102 020000;1;1;1;1;0\n2017-01-02 02:01;1;1;1;1;0\n", {},
+         "unparseable HistData time"),
         ("20240101_quote.zip", zbuf.getvalue(), {}, "quote bars are not supported"),
         ("trades.zip", zbuf.getvalue(), {}, "start with the date"),
         ("20240101_trade.zip", b"PK not really a zip", {}, "not a readable zip"),

@@ -200,6 +200,7 @@ def test_hand_computed_features():
     x = compute_features(ts, o, h, l, c, v).astype(np.float64)
     t = 321
     r = np.diff(np.log(c))
+    w60 = slice(t - 59, t + 1)
     expect = {
         "ret_5": np.log(c[t] / c[t - 5]),
         "hl_range": np.log(h[t] / l[t]),
@@ -209,7 +210,7 @@ def test_hand_computed_features():
         "rv_10": np.sqrt(np.mean(r[t - 10:t] ** 2)),
         "pk_30": np.sqrt(np.mean(np.log(h[t - 29:t + 1] / l[t - 29:t + 1]) ** 2) / (4 * np.log(2))),
         "ma_dev_20": np.log(c[t] / c[t - 19:t + 1].mean()),
-        "donchian_60": (c[t] - l[t - 59:t + 1].min()) / (h[t - 59:t + 1].max() - l[t - 59:t + 1].min()) - 0.5,
+        "donchian_60": (c[t] - l[w60].min()) / (h[w60].max() - l[w60].min()) - 0.5,
         "bb_width_20": 4 * c[t - 19:t + 1].std() / c[t - 19:t + 1].mean(),
         "vol_imb_20": (np.sign(c - o) * v)[t - 19:t + 1].sum() / v[t - 19:t + 1].sum(),
         "vol_rel_60": np.log((v[t] + v[t - 59:t + 1].mean()) / (2 * v[t - 59:t + 1].mean())),
