@@ -17,6 +17,9 @@ are applied at the snapshot's time (the book is only known from then on).
 from __future__ import annotations
 
 import json
+import re
+import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,29 +29,37 @@ from fxray.book_types import PRICE_SCALE, BookError, BookSnapshots, Trades, iter
 DIFFS_PER_CHUNK = 1 << 15
 
 
+_MARKERS = {"snapshot": rb"lastUpdateId", "diff": rb"@depth", "trade": rb"@trade"}
+
+
 def iter_lines(path: str, kinds: tuple):
     """(line_number, kind, local_ns, json_text) for lines of the given kinds, in time order.
 
-    Lines of other kinds (e.g. 66k bookTicker lines in a 94k-line capture) are skipped
-    after a substring test: no int or JSON parsing. The last item is (lines, "eof", None, b"").
+    One C-level regex scan per block finds the wanted lines (a kind's marker within a
+    line's first 72 bytes), so the many other lines (66k bookTickers in a 94k-line
+    capture) cost no Python at all. The last item is (lines, "eof", None, b"").
     """
+    wanted = re.compile(rb"^[^\n]{0,72}?(?:" + b"|".join(_MARKERS[k] for k in kinds) + rb")[^\n]*",
+                        re.M)
     tail, lineno, last, last_line = b"", 0, None, 0
     blocks = iter_bytes(path)
     while True:
         block = next(blocks, None)
-        lines = (tail + (block or b"\n")).split(b"\n")
-        tail = lines.pop()
-        for raw in lines:
-            lineno += 1
-            kind = _kind(raw)
-            if kind not in kinds:
-                continue
+        data = tail + (block if block is not None else b"\n")
+        cut = data.rfind(b"\n") + 1  # complete lines only; the rest waits for the next block
+        data, tail = data[:cut], data[cut:]
+        pos = 0
+        for m in wanted.finditer(data):
+            lineno += data.count(b"\n", pos, m.start()) + 1
+            pos = m.end() + 1
+            raw = m.group()
             ts, js = _split(path, lineno, raw)
             if last is not None and ts < last:
                 raise BookError(f"{path}: line {lineno}: local time {ts} is earlier than line "
                                 f"{last_line} ({last}); lines must be in arrival order")
             last, last_line = ts, lineno
-            yield lineno, kind, ts, js
+            yield lineno, _kind(raw), ts, js
+        lineno += data.count(b"\n", pos)
         if block is None:
             yield lineno, "eof", None, b""  # always last: lets callers count every line
             return
@@ -82,27 +93,71 @@ def _kind(raw: bytes) -> str:
     return "other" if head.strip() else "blank"
 
 
+class Diff(NamedTuple):
+    """One depth diff: update-id range and its levels as cleaned text 'px,qty,px,qty,...'."""
+
+    U: int
+    u: int
+    pu: int
+    n_bid: int
+    bids: bytes
+    n_ask: int
+    asks: bytes
+
+
+_IDS = re.compile(rb'"U":(\d+),"u":(\d+),"pu":(\d+)')
+
+
+def _levels_text(seg: bytes) -> tuple[int, bytes]:
+    """'[["1.5","2"],["1.4","3"]]' -> (2, b'1.5,2,1.4,3')."""
+    if seg == b"[]":
+        return 0, b""
+    return seg.count(b"],[") + 1, seg.translate(None, b'[]" ')
+
+
+def _levels_json(levels: list) -> tuple[int, bytes]:
+    return len(levels), ",".join(f"{p},{q}" for p, q in levels).encode()
+
+
+def parse_diff(path: str, lineno: int, js: bytes) -> Diff:
+    """A depth diff from the canonical Binance layout by byte search (3-4x faster than JSON,
+    which dominates a capture's cost); anything else falls back to the JSON parser."""
+    m = _IDS.search(js)
+    ib = js.find(b'"b":[')
+    ia = js.find(b',"a":[', ib)
+    if m and ib > 0 and ia > 0:
+        a_end = ia + 7 if js[ia + 6:ia + 7] == b"]" else js.find(b"]]", ia) + 2
+        if js[a_end:].strip() == b"}}":
+            U, u, pu = (int(x) for x in m.groups())
+            return Diff(U, u, pu, *_levels_text(js[ib + 4:ia]), *_levels_text(js[ia + 5:a_end]))
+    d = _parse(path, lineno, js)["data"]
+    return Diff(int(d["U"]), int(d["u"]), int(d["pu"]), *_levels_json(d["b"]), *_levels_json(d["a"]))
+
+
 class _Levels:
     """Level updates of a batch of book events (one event = the snapshot or one diff)."""
 
     def __init__(self):
-        self.ts, self.n_bid, self.n_ask, self.pairs = [], [], [], []
+        self.ts, self.counts, self.texts = [], [], []
 
-    def add_event(self, ts: int, bids: list, asks: list) -> None:
+    def add_event(self, ts: int, n_bid: int, bids: bytes, n_ask: int, asks: bytes) -> None:
         self.ts.append(ts)
-        self.n_bid.append(len(bids))
-        self.n_ask.append(len(asks))
-        self.pairs += bids
-        self.pairs += asks
+        self.counts += (n_bid, n_ask)
+        self.texts += [t for t in (bids, asks) if t]
 
-    def arrays(self):
+    def arrays(self, path: str):
         """(ts, offsets, is_bid, price key in 1e-9 units, qty) for `levels_apply`."""
-        n_bid, n_ask = np.array(self.n_bid, np.int64), np.array(self.n_ask, np.int64)
-        offsets = np.r_[0, np.cumsum(n_bid + n_ask)]
-        is_bid = np.repeat(np.tile([True, False], len(n_bid)), np.column_stack([n_bid, n_ask]).ravel())
-        # numpy parses the decimal strings in C; x 1e9 then rint is exact up to 9 decimals
-        pq = np.array(self.pairs, dtype=np.float64).reshape(-1, 2)
-        key = np.rint(pq[:, 0] * PRICE_SCALE).astype(np.int64)
+        counts = np.array(self.counts, np.int64)           # (2 * events,) bid, ask, bid, ...
+        offsets = np.r_[0, np.cumsum(counts.reshape(-1, 2).sum(1))]
+        is_bid = np.repeat(np.tile([True, False], len(self.ts)), counts)
+        with warnings.catch_warnings():  # a malformed number ends the parse early: checked below
+            warnings.simplefilter("ignore", DeprecationWarning)
+            flat = np.fromstring(b",".join(self.texts), sep=",")  # C-speed decimal parsing
+        if len(flat) != 2 * counts.sum():
+            raise BookError(f"{path}: a depth level is not a [price, qty] pair of numbers "
+                            f"(parsed {len(flat)} numbers, expected {2 * counts.sum()})")
+        pq = flat.reshape(-1, 2)
+        key = np.rint(pq[:, 0] * PRICE_SCALE).astype(np.int64)  # exact up to 9 decimals
         return np.array(self.ts, np.int64), offsets, is_bid, key, pq[:, 1].copy()
 
 
@@ -112,7 +167,7 @@ class _Sync:
     def __init__(self, path: str, st: dict):
         self.path, self.st = path, st
         self.batch = _Levels()
-        self.buffered = []       # (lineno, data) of diffs seen before the snapshot
+        self.buffered = []       # (lineno, Diff) seen before the snapshot
         self.snap_line = None    # line of the snapshot, once seen
         self.last_id = None      # its lastUpdateId
         self.last_u = None       # final update id of the last applied diff
@@ -124,23 +179,23 @@ class _Sync:
         snap = _parse(self.path, lineno, js)
         self.snap_line, self.last_id = lineno, int(snap["lastUpdateId"])
         eng.clear_book(self.st)
-        self.batch.add_event(ts, snap["bids"], snap["asks"])
+        self.batch.add_event(ts, *_levels_json(snap["bids"]), *_levels_json(snap["asks"]))
         for b_line, d in self.buffered:  # buffered diffs apply at the snapshot's time
             self._apply(b_line, ts, d)
         self.buffered = []
 
     def diff(self, lineno: int, ts: int, js: bytes) -> None:
-        d = _parse(self.path, lineno, js)["data"]
+        d = parse_diff(self.path, lineno, js)
         if self.snap_line is None:
             self.buffered.append((lineno, d))
         else:
             self._apply(lineno, ts, d)
 
-    def _apply(self, lineno: int, ts: int, d: dict) -> None:
-        if self.last_u is None and d["u"] < self.last_id:
+    def _apply(self, lineno: int, ts: int, d: Diff) -> None:
+        if self.last_u is None and d.u < self.last_id:
             return  # older than the snapshot: Binance says drop it
         self.last_u = _check_diff(self.path, lineno, d, self.last_u, self.last_id)
-        self.batch.add_event(ts, d["b"], d["a"])
+        self.batch.add_event(ts, d.n_bid, d.bids, d.n_ask, d.asks)
 
 
 def iter_book(path: str, st: dict, stats: dict, out_rows: int = 1 << 16):
@@ -166,26 +221,23 @@ def iter_book(path: str, st: dict, stats: dict, out_rows: int = 1 << 16):
     yield from _run(path, sync.batch, st, out_rows)
 
 
-def _check_diff(path: str, lineno: int, d: dict, last_u, last_id: int) -> int:
+def _check_diff(path: str, lineno: int, d: Diff, last_u, last_id: int) -> int:
     """Binance's continuity rules; returns the diff's final update id."""
     if last_u is None:
-        if not d["U"] <= last_id <= d["u"]:
+        if not d.U <= last_id <= d.u:
             raise BookError(f"{path}: line {lineno}: first diff after the snapshot has "
-                            f"U={d['U']} u={d['u']}, which does not bridge lastUpdateId={last_id} "
+                            f"U={d.U} u={d.u}, which does not bridge lastUpdateId={last_id} "
                             "(diffs missing between snapshot and stream)")
-    elif d["pu"] != last_u:
-        raise BookError(f"{path}: line {lineno}: depth diff pu={d['pu']} does not continue the "
+    elif d.pu != last_u:
+        raise BookError(f"{path}: line {lineno}: depth diff pu={d.pu} does not continue the "
                         f"previous diff's u={last_u} (sequence gap); recapture or split the file here")
-    return d["u"]
+    return d.u
 
 
 def _run(path: str, batch: _Levels, st: dict, out_rows: int):
     if not batch.ts:
         return
-    try:
-        ts, offsets, is_bid, key, qty = batch.arrays()
-    except ValueError as e:
-        raise BookError(f"{path}: a depth level is not a [price, qty] pair of numbers ({e})") from None
+    ts, offsets, is_bid, key, qty = batch.arrays(path)
     e = 0
     while e < len(ts):
         out = eng.new_output(min(out_rows, len(ts) - e + 2))
