@@ -266,15 +266,14 @@ def _check_values(path: str, cols: dict) -> None:
                              f"({ts[i - 1]} then {ts[i]}); sort and deduplicate the bars")
     for name in ("features", "ofi", "targets"):
         a = cols[name]
-        # A sum propagates NaN/Inf in one pass with no temporary; only on a hit do we
-        # pay for locating the first bad row (a hit can also be an overflow of huge
-        # finite values, which is not an error).
-        with np.errstate(over="ignore", invalid="ignore"):
-            total = a.sum(dtype=np.float64)
-        if not np.isfinite(total):
-            bad = np.argwhere(~np.isfinite(a))
-            if len(bad) == 0:
-                continue
-            row, colno = bad[0]
+        # A sum in the column's own dtype propagates NaN/Inf in one SIMD pass with no
+        # temporary; only when it is not finite (a bad value, or an overflow of huge
+        # but finite values) do we pay for the exact elementwise check.
+        if np.isfinite(a.sum()):
+            continue
+        bad_rows = np.flatnonzero(~np.isfinite(a).all(axis=1))
+        if len(bad_rows):
+            row = int(bad_rows[0])
+            colno = int(np.flatnonzero(~np.isfinite(a[row]))[0])
             raise CacheError(f"{path}: column {name!r} has NaN/Inf (first at row {row}, "
                              f"element {colno}); fix the source bars or features")

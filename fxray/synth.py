@@ -150,7 +150,17 @@ def cache_dir() -> Path:
 
 
 def default_path(spec: SynthSpec) -> Path:
-    return cache_dir() / f"synth-v{GENERATOR_VERSION}-seed{spec.seed}-{spec.n_bars}.fxcache"
+    """Keyed by generator version, seed, size and a digest of everything else that shapes
+    the file (the other parameters, the feature set, the format), so no stale file is reused."""
+    import hashlib
+    import json
+
+    from fxray import cache
+    from fxray.features import FEATURE_NAMES, MAX_LOOKBACK
+
+    key = json.dumps([asdict(spec), FEATURE_NAMES, MAX_LOOKBACK, cache.FORMAT_VERSION], default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return cache_dir() / f"synth-v{GENERATOR_VERSION}-seed{spec.seed}-{spec.n_bars}-{digest}.fxcache"
 
 
 def ensure_default(spec: SynthSpec = SynthSpec(), log=print) -> Path:

@@ -153,7 +153,7 @@ class Trainer:
             t2 = time.perf_counter()
             train_s, eval_s = train_s + (t1 - t0), eval_s + (t2 - t1)
             curve.append({"epoch": epoch, "loss": loss, "q_max": q_max, "val_sharpe": val.sharpe,
-                          "epoch_s": t2 - t0, "eps": eps})
+                          "epoch_s": t2 - t0, "train_s": t1 - t0, "val_s": t2 - t1, "eps": eps})
             if log:
                 log(f"fold {fold.k} epoch {epoch}: loss {loss:.4f}  val sharpe {val.sharpe:+.2f}  "
                     f"eps {eps:.2f}  {t2 - t0:.2f}s")

@@ -1,0 +1,182 @@
+"""fxray benchmarks: data path and the fold trainer, printed as one table.
+
+    python scripts/bench.py                          # everything, sizes of the issue goals
+    python scripts/bench.py --sections trainer --device cuda --json bench.json
+    python scripts/bench.py --bars 100000 --val-bars 20000 --steps 20 --envs 256 --batch 1024   # CPU smoke
+
+Rows (goals from the issues, for one H200):
+  data    open+validate of an N-bar fxcache (<= 50 ms), feature build (>= 1M bars/s, one core),
+          synth generation of 1M bars
+  trainer one-time upload (<= 100 ms), fold switch (<= 10 ms), one epoch = `steps` learner steps at
+          `batch` + one env step of `envs` agents per learner step + greedy backtest over `val-bars`
+          (<= 0.3 s), env steps/s, gradient samples/s, host syncs inside an epoch (0);
+          with CUDA graphs and without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fxray import cache  # noqa: E402
+from fxray.config import DQNConfig  # noqa: E402
+from fxray.device import DeviceData  # noqa: E402
+from fxray.folds import Fold  # noqa: E402
+from fxray.trainer import Trainer  # noqa: E402
+
+SB3_ENV_STEPS_S = 9.1e3        # Stable-Baselines3 DQN, same problem, same H200 (issue 3)
+SB3_GRAD_SAMPLES_S = 1.13e6
+
+
+def best_of(fn, repeat=5):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench_data(args, rows, tmp: Path) -> Path:
+    from fxray.features import compute_features
+    from fxray.synth import SynthSpec, simulate, to_cache
+
+    t0 = time.perf_counter()
+    m = simulate(SynthSpec(n_bars=1_000_000, seed=0))
+    rows.append(("data", "synth simulate 1M bars", time.perf_counter() - t0, "s", ""))
+    torch.set_num_threads(1)
+    sec = best_of(lambda: compute_features(m.ts, m.open, m.high, m.low, m.close, m.volume), 3)
+    rows.append(("data", "feature build 1M bars (one core)", 1e6 / sec, "bars/s", ">= 1M bars/s"))
+    path = tmp / f"bench-{args.bars}.fxcache"
+    t0 = time.perf_counter()
+    to_cache(SynthSpec(n_bars=args.bars, seed=0), path)
+    rows.append(("data", f"synth -> fxcache, {args.bars:,} bars", time.perf_counter() - t0, "s", ""))
+    cache.open(path)  # page cache warm, as on a second run
+    rows.append(("data", f"open+validate {args.bars:,} bars", best_of(lambda: cache.open(path)) * 1e3,
+                 "ms", "<= 50 ms"))
+    rows.append(("data", f"open (structure only) {args.bars:,} bars",
+                 best_of(lambda: cache.open(path, check_values=False)) * 1e3, "ms", ""))
+    torch.set_num_threads(os.cpu_count() or 1)
+    return path
+
+
+def count_syncs_in_epoch(trainer: Trainer, steps: int) -> int | str:
+    """0 if `steps` hot steps run under sync_debug_mode='error' (any sync raises), else 'n/a'."""
+    if trainer.data.device.type != "cuda":
+        return "n/a (cpu)"
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(steps):
+            trainer.graph.replay() if trainer.graph is not None else trainer._step()
+        return 0
+    except RuntimeError as e:
+        return f"sync: {str(e).splitlines()[0][:60]}"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def bench_trainer(args, rows, path: Path) -> None:
+    dev = torch.device(args.device)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    market = cache.open(path)
+    if dev.type == "cuda":  # a first CUDA context + allocator warm-up is not the upload
+        torch.empty(1, device=dev)
+        DeviceData({k: v[:1000] for k, v in {"ts": market.ts, "features": market.features,
+                                            "ofi": market.ofi, "close": market.close}.items()}, dev)
+        sync()
+    t0 = time.perf_counter()
+    data = DeviceData(market, dev)
+    sync()
+    rows.append(("trainer", f"upload {market.n_bars:,} bars", (time.perf_counter() - t0) * 1e3, "ms",
+                 "<= 100 ms"))
+    n = market.n_bars
+    val = min(args.val_bars, n // 4)
+    folds = [Fold(0, (0, n // 2), (n // 2 + 100, n // 2 + 100 + val), (n - val, n)),
+             Fold(1, (n // 4, 3 * n // 4), (3 * n // 4 + 100, 3 * n // 4 + 100 + val), (n - val, n))]
+    for graphs in ([True, False] if dev.type == "cuda" else [False]):
+        cfg = DQNConfig(num_envs=args.envs, batch_size=args.batch, steps_per_epoch=args.steps,
+                        buffer_steps=max(64, 2 * args.n_step + 2), hidden=256, depth=2, dueling=True,
+                        n_step=args.n_step, epochs=args.epochs, patience=args.epochs, graphs=graphs)
+        tag = "graphs" if graphs and dev.type == "cuda" else "eager"
+        trainer = Trainer(data, cfg)
+        t0 = time.perf_counter()
+        result = trainer.run_fold(folds[0], seed=0)  # includes the one-time graph capture
+        first = time.perf_counter() - t0
+        switch = []
+        for f in (folds[1], folds[0], folds[1]):
+            t0 = time.perf_counter()
+            trainer._begin(f, seed=1)
+            sync()
+            switch.append(time.perf_counter() - t0)
+        result = trainer.run_fold(folds[1], seed=1)
+        epoch = float(np.median([c["epoch_s"] for c in result.curve]))
+        train_only = float(np.median([c["train_s"] for c in result.curve]))
+        val_s = float(np.median([c["val_s"] for c in result.curve]))
+        rows.append(("trainer", f"[{tag}] first fold incl. setup/capture ({result.epochs_run} ep)", first, "s", ""))
+        rows.append(("trainer", f"[{tag}] fold switch", min(switch) * 1e3, "ms", "<= 10 ms"))
+        rows.append(("trainer", f"[{tag}] epoch: {args.steps} x batch {args.batch} + {args.envs} envs + val {val:,}",
+                     epoch, "s", "<= 0.3 s"))
+        rows.append(("trainer", f"[{tag}]   of which val backtest", val_s, "s", ""))
+        rows.append(("trainer", f"[{tag}] env steps/s", args.steps * args.envs / train_only, "steps/s",
+                     f">= {1000 * SB3_ENV_STEPS_S:.3g} (1000x SB3)"))
+        rows.append(("trainer", f"[{tag}] gradient samples/s", args.steps * args.batch / train_only, "samples/s",
+                     f">= {10 * SB3_GRAD_SAMPLES_S:.3g} (10x SB3)"))
+        rows.append(("trainer", f"[{tag}] host syncs inside an epoch", count_syncs_in_epoch(trainer, args.steps),
+                     "", "0"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sections", default="data,trainer")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bars", type=int, default=4_000_000)
+    p.add_argument("--val-bars", type=int, default=500_000)
+    p.add_argument("--steps", type=int, default=488, help="learner steps per epoch")
+    p.add_argument("--batch", type=int, default=8192)
+    p.add_argument("--envs", type=int, default=4096)
+    p.add_argument("--n-step", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--cache", type=Path, help="reuse this fxcache instead of generating one")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    sections = set(args.sections.split(","))
+    rows: list[tuple] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.cache
+        if "data" in sections:
+            path = bench_data(args, rows, Path(tmp))
+        if path is None:
+            from fxray.synth import SynthSpec, to_cache
+
+            path = Path(tmp) / "bench.fxcache"
+            to_cache(SynthSpec(n_bars=args.bars, seed=0), path)
+        if "trainer" in sections:
+            bench_trainer(args, rows, path)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    print(f"fxray bench  {time.strftime('%Y-%m-%d')}  torch {torch.__version__}  device {args.device} "
+          f"({gpu})  cpu {platform.processor() or platform.machine()} x{os.cpu_count()}")
+    print(f"{'section':<8} {'what':<62} {'value':>12} {'unit':<10} goal")
+    for section, what, value, unit, goal in rows:
+        v = f"{value:>12.4g}" if isinstance(value, (int, float)) else f"{str(value):>12}"
+        print(f"{section:<8} {what:<62} {v} {unit:<10} {goal}")
+    if args.json:
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__,
+                                         "args": {k: str(v) for k, v in vars(args).items()},
+                                         "rows": [dict(zip(("section", "what", "value", "unit", "goal"), r))
+                                                  for r in rows]}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

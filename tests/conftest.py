@@ -1,0 +1,32 @@
+"""Shared fixtures: small synthetic markets written once per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED_DATA = Path(os.environ.get("FXRAY_SHARED_DATA", SHARED / "data"))
+
+# Tests run on the CPU with a fixed thread count: results do not depend on the box.
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def synth_cache(tmp_path_factory) -> Path:
+    """60k bars (~8 weeks of a 24x5 market) of the planted-signal market, seed 0."""
+    from fxray.synth import SynthSpec, to_cache
+
+    path = tmp_path_factory.mktemp("synth") / "synth60k.fxcache"
+    to_cache(SynthSpec(n_bars=60_000, seed=0), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,146 @@
+"""CUDA-only checks: graphed == eager maths, CPU == GPU maths. Skipped without a GPU.
+
+Run on the GPU machine: `python -m pytest -q tests/test_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fxray import cache
+from fxray.config import DQNConfig
+from fxray.device import DeviceData
+from fxray.dqn import Learner, Replay, collect, epsilon
+from fxray.env import TradingEnv
+from fxray.folds import FoldSpec, make_folds
+from fxray.trainer import Trainer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+CFG = DQNConfig(hidden=64, num_envs=64, batch_size=256, buffer_steps=64, episode_len=50,
+                steps_per_epoch=60, epochs=3, patience=3)
+
+
+def filled_replay(data, cfg, steps=40, seed=0):
+    torch.manual_seed(seed)
+    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
+    replay = Replay(cfg, cfg.num_envs, data.device)
+    env.reset()
+    learner = Learner(cfg, data.n_inputs, data.device, capturable=False)
+    learner.reset(seed)
+    for _ in range(steps):
+        collect(env, learner.q_network, replay, torch.tensor(1.0, device=data.device))
+    return replay
+
+
+def test_graphed_learn_equals_eager_on_the_same_batches(synth_cache):
+    """Capture Learner.learn on static index tensors; replay it against the eager call."""
+    market = cache.open(synth_cache)
+    data = DeviceData(market, "cuda")
+    data.set_fold(make_folds(market.ts, FoldSpec())[0])
+    replay = filled_replay(data, CFG)
+    eager = Learner(CFG, data.n_inputs, "cuda", capturable=True)
+    graphed = Learner(CFG, data.n_inputs, "cuda", capturable=True)
+    eager.reset(0)
+    graphed.reset(0)
+    batches = [replay.sample_indices(CFG.batch_size) for _ in range(30)]
+    static_step, static_env = (b.clone() for b in batches[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up creates Adam state; then reset it in place
+        for _ in range(3):
+            graphed.learn(data, replay, static_step, static_env)
+    torch.cuda.current_stream().wait_stream(side)
+    graphed.reset(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed.learn(data, replay, static_step, static_env)
+    eager.learn(data, replay, *batches[0])  # create eager Adam state the same way
+    eager.reset(0)
+    for step, env in batches:
+        eager.reset_accumulators()
+        graphed.reset_accumulators()
+        eager.learn(data, replay, step, env)
+        static_step.copy_(step)
+        static_env.copy_(env)
+        graph.replay()
+        torch.testing.assert_close(graphed.loss_sum, eager.loss_sum, rtol=1e-5, atol=1e-6)
+    for p, q in zip(graphed.params, eager.params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    for p, q in zip(graphed.target_params, eager.target_params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_graphed_fold_equals_eager_fold(synth_cache):
+    """The whole fold, graphs on vs off, same seed: same losses and metrics (RNG is graph-safe)."""
+    market = cache.open(synth_cache)
+    data = DeviceData(market, "cuda")
+    fold = make_folds(market.ts, FoldSpec())[0]
+    on = Trainer(data, CFG.replace(graphs=True)).run_fold(fold, seed=5)
+    off = Trainer(data, CFG.replace(graphs=False)).run_fold(fold, seed=5)
+    assert on.epochs_run == off.epochs_run
+    np.testing.assert_allclose([c["loss"] for c in on.curve], [c["loss"] for c in off.curve], rtol=2e-3)
+    np.testing.assert_allclose([c["val_sharpe"] for c in on.curve], [c["val_sharpe"] for c in off.curve],
+                               rtol=2e-2, atol=0.05)
+
+
+def test_cpu_and_gpu_evaluate_the_same_weights_alike(synth_cache):
+    """Same weights (drawn on the CPU from the seed) -> same greedy backtest on both devices."""
+    market = cache.open(synth_cache)
+    fold = make_folds(market.ts, FoldSpec())[1]
+    results = {}
+    for dev in ("cpu", "cuda"):
+        trainer = Trainer(DeviceData(market, dev), CFG)
+        trainer._begin(fold, seed=11)
+        results[dev] = (trainer.evaluate(fold.val).metrics, trainer.q_all(fold.val).cpu())
+    torch.testing.assert_close(results["cuda"][1], results["cpu"][1], rtol=1e-4, atol=1e-4)
+    for k in ("sharpe", "total_return", "turnover"):
+        assert getattr(results["cuda"][0], k) == pytest.approx(getattr(results["cpu"][0], k), rel=1e-3, abs=1e-6)
+
+
+def test_cpu_and_gpu_learn_step_alike(synth_cache):
+    market = cache.open(synth_cache)
+    fold = make_folds(market.ts, FoldSpec())[0]
+    learners, losses = {}, {}
+    cpu_data = DeviceData(market, "cpu")
+    cpu_data.set_fold(fold)
+    replay_cpu = filled_replay(cpu_data, CFG)
+    batches = [replay_cpu.sample_indices(CFG.batch_size) for _ in range(10)]
+    for dev in ("cpu", "cuda"):
+        data = DeviceData(market, dev)
+        data.set_fold(fold)
+        replay = Replay(CFG, CFG.num_envs, dev)
+        for name in ("t", "position", "action", "reward", "done", "steps"):
+            getattr(replay, name).copy_(getattr(replay_cpu, name))
+        learner = Learner(CFG, data.n_inputs, dev, capturable=False)
+        learner.reset(3)
+        for step, env in batches:
+            learner.learn(data, replay, step.to(dev), env.to(dev))
+        learners[dev], losses[dev] = learner, float(learner.loss_sum)
+    assert losses["cuda"] == pytest.approx(losses["cpu"], rel=1e-3)
+    for p, q in zip(learners["cuda"].params, learners["cpu"].params):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-3, atol=1e-4)
+
+
+def test_gpu_fold_learns_like_cpu(synth_cache):
+    """Different RNG streams, same problem: both devices find the planted signal."""
+    market = cache.open(synth_cache)
+    fold = make_folds(market.ts, FoldSpec(max_folds=1))[0]
+    cfg = DQNConfig()
+    gpu = Trainer(DeviceData(market, "cuda"), cfg).run_fold(fold, seed=0)
+    cpu = Trainer(DeviceData(market, "cpu"), cfg).run_fold(fold, seed=0)
+    assert gpu.test["sharpe"] > 0.5 * cpu.test["sharpe"] > 0
+
+
+def test_no_host_sync_inside_an_epoch(synth_cache):
+    market = cache.open(synth_cache)
+    trainer = Trainer(DeviceData(market, "cuda"), CFG)
+    trainer.run_fold(make_folds(market.ts, FoldSpec())[0], seed=0)  # captures the graph
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(CFG.steps_per_epoch):
+            trainer.graph.replay()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -1,0 +1,250 @@
+"""The fold trainer: dataset on device, env, index replay, DQN, learning on the planted market."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fxray import cache
+from fxray.backtest import evaluate
+from fxray.config import ConfigError, DQNConfig, field_docs
+from fxray.device import DeviceData
+from fxray.dqn import Learner, QNetwork, Replay, collect, epsilon
+from fxray.env import TradingEnv
+from fxray.folds import Fold, FoldSpec, make_folds
+from fxray.synth import SynthSpec, oracle_positions, simulate
+from fxray.trainer import Trainer, load_checkpoint, train_fold
+
+FOLDS = FoldSpec(train="20d", val="5d", test="5d")
+TINY = DQNConfig(hidden=32, num_envs=16, batch_size=64, buffer_steps=32, episode_len=20,
+                 steps_per_epoch=20, epochs=2, patience=2)
+
+
+def random_arrays(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    ts = (1_700_000_000 + 60 * np.arange(1, n + 1)).astype(np.int64) * 10**9
+    close = 100 * np.exp(np.cumsum(rng.normal(0, 1e-3, n)))
+    return {"ts": ts, "features": rng.normal(3, 2, (n, 42)).astype(np.float32),
+            "ofi": rng.normal(0, 1, (n, 8)).astype(np.float32), "close": close}
+
+
+# --- device ---------------------------------------------------------------------------
+
+def test_device_returns_days_and_train_only_normalisation():
+    arrays = random_arrays()
+    data = DeviceData(arrays)
+    np.testing.assert_allclose(data.returns[:-1].numpy(), np.diff(np.log(arrays["close"])), rtol=1e-6)
+    assert float(data.returns[-1]) == 0.0
+    assert np.array_equal(data.day.numpy(), arrays["ts"] // (86400 * 10**9))
+    fold = Fold(0, (100, 1100), (1200, 1800), (1900, 2500))
+    ptr = data.x.data_ptr()
+    data.set_fold(fold)
+    x = np.concatenate([arrays["features"], arrays["ofi"]], 1)[100:1100]
+    np.testing.assert_allclose(data.mean.numpy(), x.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(1 / data.inv_std.numpy(), x.std(0), rtol=1e-4)
+    assert data.x.data_ptr() == ptr  # a fold switch copies nothing
+    # no look-ahead: bars outside the train slice do not move the statistics
+    arrays2 = {k: v.copy() for k, v in arrays.items()}
+    arrays2["features"][1100:] += 1000.0
+    arrays2["features"][:100] -= 1000.0
+    data2 = DeviceData(arrays2)
+    data2.set_fold(fold)
+    assert torch.equal(data.mean, data2.mean) and torch.equal(data.inv_std, data2.inv_std)
+
+
+def test_device_constant_column_does_not_divide_by_zero():
+    arrays = random_arrays()
+    arrays["ofi"][:] = 0.0
+    data = DeviceData(arrays)
+    data.set_fold(Fold(0, (0, 1000), (1100, 1500), (1600, 2000)))
+    s = data.states(torch.arange(10))
+    assert torch.isfinite(s).all() and torch.equal(s[:, 42:], torch.zeros(10, 8))
+
+
+def test_device_accepts_an_opened_cache(synth_cache):
+    market = cache.open(synth_cache)
+    data = DeviceData(market)
+    assert data.n_bars == market.n_bars and data.n_inputs == 50
+    np.testing.assert_array_equal(data.x[:5].numpy(), np.concatenate([market.features[:5], market.ofi[:5]], 1))
+
+
+# --- env --------------------------------------------------------------------------------
+
+def test_env_reward_and_resets_stay_in_the_train_range():
+    data = DeviceData(random_arrays())
+    data.set_fold(Fold(0, (500, 900), (1000, 1500), (1600, 2000)))
+    env = TradingEnv(data, num_envs=64, episode_len=7, cost=3e-4)
+    torch.manual_seed(0)
+    env.reset()
+    for _ in range(200):
+        t, p = env.t.clone(), env.position.clone()
+        assert ((t >= 500) & (t <= 898)).all()
+        action = torch.randint(0, 3, (64,))
+        reward, done = env.step(action)
+        new_p = action - 1
+        expected = new_p * data.returns[t] - 3e-4 * (new_p - p).abs()
+        torch.testing.assert_close(reward, expected)
+        cont = ~done
+        assert torch.equal(env.t[cont], t[cont] + 1) and torch.equal(env.position[cont], new_p[cont])
+        assert (env.ep_step[done] == 0).all()
+
+
+# --- replay: n-step returns against a per-transition reference ---------------------------
+
+def test_replay_n_step_matches_a_plain_reference():
+    cfg = DQNConfig(n_step=3, gamma=0.8, buffer_steps=40, num_envs=5)
+    data = DeviceData(random_arrays())
+    data.set_fold(Fold(0, (0, 1000), (1100, 1500), (1600, 2000)))
+    env = TradingEnv(data, num_envs=5, episode_len=4, cost=1e-4)
+    replay = Replay(cfg, 5, "cpu")
+    torch.manual_seed(1)
+    env.reset()
+    log = []  # per step: (t, p, a, r, done) for every env, kept in full (no ring)
+    for _ in range(90):  # more than buffer_steps: the ring wraps
+        t, p = env.t.clone(), env.position.clone()
+        a = torch.randint(0, 3, (5,))
+        r, d = env.step(a)
+        replay.add(t, p, a, r, d)
+        log.append((t, p, a, r, d))
+    step, envi = replay.sample_indices(500)
+    assert int(step.min()) >= 90 - 40 and int(step.max()) <= 90 - 3
+    got = replay.n_step_batch(step, envi)
+    for j in range(500):
+        i, e = int(step[j]), int(envi[j])
+        ret, k = 0.0, 0
+        for m in range(3):
+            t, p, a, r, d = (x[e] for x in log[i + m])
+            ret += 0.8**m * float(r)
+            k += 1
+            if bool(d):
+                break
+        last_a = int(log[i + k - 1][2][e])
+        want = (int(log[i][0][e]), int(log[i][1][e]), int(log[i][2][e]), ret,
+                int(log[i][0][e]) + k, last_a - 1, 0.8**k)
+        have = tuple(float(x[j]) for x in got)
+        assert np.allclose(have, want, rtol=1e-5, atol=1e-9), (j, have, want)
+
+
+# --- network and learner ---------------------------------------------------------------
+
+def test_q_all_equals_forward_for_each_position():
+    torch.manual_seed(0)
+    net = QNetwork(50, 32, 3, dueling=True)
+    x = torch.randn(100, 50)
+    qa = net.q_all(x)
+    for p in (-1, 0, 1):
+        torch.testing.assert_close(qa[:, p + 1], net(x, torch.full((100,), p)))
+
+
+def test_epsilon_schedule_decays_linearly_then_holds():
+    cfg = DQNConfig(eps_start=1.0, eps_end=0.1, eps_decay=0.5)
+    eps = [float(epsilon(cfg, torch.tensor(s), 1000)) for s in (0, 250, 500, 900)]
+    assert eps == pytest.approx([1.0, 0.55, 0.1, 0.1])
+
+
+def test_learner_reset_is_deterministic_and_device_independent():
+    a = Learner(TINY, 50, "cpu", capturable=False)
+    b = Learner(TINY, 50, "cpu", capturable=False)
+    a.reset(7)
+    b.reset(7)
+    for p, q in zip(a.params, b.params):
+        assert torch.equal(p, q)
+    b.reset(8)
+    assert any(not torch.equal(p, q) for p, q in zip(a.params, b.params))
+
+
+# --- the trainer -------------------------------------------------------------------------
+
+def test_same_seed_same_fold_is_bitwise_repeatable_on_cpu(synth_cache):
+    market = cache.open(synth_cache)
+    data = DeviceData(market)
+    fold = make_folds(market.ts, FOLDS)[0]
+    trainer = Trainer(data, TINY)
+    r1, r2 = trainer.run_fold(fold, seed=3), trainer.run_fold(fold, seed=3)
+    assert [c["loss"] for c in r1.curve] == [c["loss"] for c in r2.curve]
+    assert r1.val == r2.val and r1.test == r2.test
+    r3 = train_fold(data, fold, TINY, seed=4)
+    assert [c["loss"] for c in r3.curve] != [c["loss"] for c in r1.curve]
+
+
+def test_divergence_is_a_status_not_an_exception(synth_cache):
+    data = DeviceData(cache.open(synth_cache))
+    fold = make_folds(cache.open(synth_cache).ts, FOLDS)[0]
+    cfg = TINY.replace(reward_scale=1e36, huber_delta=1e36)  # Q overflows float32 at once
+    result = train_fold(data, fold, cfg, seed=0)
+    assert result.status == "diverged" and result.best_epoch == -1 and result.test == {}
+    assert result.baselines["buy_and_hold"]["n_days"] > 0  # the fold still reports its baselines
+
+
+def test_checkpoint_round_trip(synth_cache, tmp_path):
+    data = DeviceData(cache.open(synth_cache))
+    fold = make_folds(cache.open(synth_cache).ts, FOLDS)[1]
+    result = train_fold(data, fold, TINY, seed=0, checkpoint_dir=tmp_path)
+    tensors, meta = load_checkpoint(result.checkpoint)
+    assert meta["fold"] == fold.as_dict() and meta["test"] == result.test
+    assert DQNConfig.from_dict(meta["config"]) == TINY
+    net = QNetwork(50, TINY.hidden, TINY.depth, TINY.dueling)
+    net.load_state_dict(tensors)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fold1.json", "fold1.safetensors"]
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"^dqn\.gamma: 1\.5 must be a number in \[0, 1\]$"):
+        DQNConfig(gamma=1.5)
+    with pytest.raises(ConfigError, match="dqn.hidden"):
+        DQNConfig(hidden=0)
+    with pytest.raises(ConfigError, match="unknown key.*widht"):
+        DQNConfig.from_dict({"widht": 3})
+    with pytest.raises(ConfigError, match="dqn.dtype"):
+        DQNConfig(dtype="float16")
+    docs = field_docs()
+    assert set(docs) == set(DQNConfig().as_dict()) and all(docs.values())
+
+
+# --- learning, not just running -------------------------------------------------------------
+
+def oracle_sharpe(market_spec: SynthSpec, data: DeviceData, window, cost) -> float:
+    from fxray.features import MAX_LOOKBACK
+
+    m = simulate(market_spec, market_spec.n_bars + MAX_LOOKBACK)
+    a, b = window[0] + MAX_LOOKBACK, window[1] - 1 + MAX_LOOKBACK  # cache row i = simulated bar i + warm-up
+    # bar t's return is driven by flow[t] and sigma[t+1]
+    pos = oracle_positions(m.flow[a:b], market_spec.beta, cost, m.sigma[a + 1:b + 1])
+    s, e = window[0], window[1] - 1
+    res = evaluate(torch.from_numpy(pos.astype(np.int64)), data.returns[s:e], data.day[s:e], cost,
+                   n_days=data.count_days(s, e))
+    return res.metrics.sharpe
+
+
+def test_default_config_learns_the_planted_signal_in_every_fold(synth_cache):
+    market = cache.open(synth_cache)
+    data = DeviceData(market)
+    cfg = DQNConfig()  # the default size
+    folds = make_folds(market.ts, FoldSpec(train="20d", val="5d", test="5d", max_folds=2))
+    trainer = Trainer(data, cfg)
+    for fold in folds:
+        result = trainer.run_fold(fold, seed=fold.k)
+        oracle = oracle_sharpe(SynthSpec(n_bars=60_000, seed=0), data, fold.test, cfg.cost)
+        assert oracle > 5, "the planted signal should be worth trading"
+        assert result.status == "ok"
+        assert result.test["sharpe"] >= 0.5 * oracle, (fold.k, result.test["sharpe"], oracle)
+
+
+def test_shuffled_returns_control_does_not_look_profitable(synth_cache, tmp_path):
+    """Same features, returns permuted: the signal is gone, so must be the profit."""
+    market = cache.open(synth_cache)
+    rng = np.random.default_rng(0)
+    r = np.diff(np.log(market.close))
+    close = market.close[0] * np.exp(np.concatenate([[0.0], np.cumsum(rng.permutation(r))]))
+    arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "close": close}
+    cfg = DQNConfig()
+    fold = make_folds(market.ts, FoldSpec(train="20d", val="5d", test="20d", max_folds=1))[0]
+    control = train_fold(DeviceData(arrays), fold, cfg, seed=0)
+    real = train_fold(DeviceData(market), fold, cfg, seed=0)
+    assert real.test["sharpe"] > 8
+    assert control.test["sharpe"] < 0.2 * real.test["sharpe"], (control.test, real.test)
+    assert control.test["total_return"] < 0.2 * real.test["total_return"]
+    assert math.isfinite(control.test["sharpe"])
