@@ -1,0 +1,145 @@
+"""fxray.experiment: the shipped files load; every bad input is one line naming file and key."""
+
+from pathlib import Path
+
+import pytest
+
+from fxray import experiment as E
+from fxray.config import DQNConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = """\
+name: t
+data: {synth: {n_bars: 20000, seed: 1}}
+folds: {train: 6d, val: 2d, test: 2d, max_folds: 2}
+dqn: {epochs: 2, hidden: 32}
+search:
+  lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}
+  gamma: {type: uniform, low: 0.8, high: 0.99}
+  hidden: {type: choice, values: [32, 64]}
+  n_step: {type: randint, low: 1, high: 5}
+sweep: {trials: 3, grace_folds: 2}
+cpu: {dqn: {epochs: 1}, folds: {max_folds: 1}}
+"""
+
+
+def write(tmp_path, text, name="x.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error(path, profile="gpu") -> str:
+    with pytest.raises(E.ExperimentError) as info:
+        E.load(path, profile)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: "), msg
+    return msg
+
+
+@pytest.mark.parametrize("name", ["default", "smoke", "eurusd_2017q1"])
+@pytest.mark.parametrize("profile", ["gpu", "cpu"])
+def test_shipped_experiments_load(name, profile):
+    exp = E.load(ROOT / "experiments" / f"{name}.yaml", profile)
+    assert exp.name == name and exp.search and exp.sweep.cpu_per_trial > 0
+    space = exp.space()
+    assert set(space) == {p.name for p in exp.search}
+
+
+def test_good_file_and_cpu_profile(tmp_path):
+    path = write(tmp_path, GOOD)
+    gpu, cpu = E.load(path, "gpu"), E.load(path, "cpu")
+    assert (gpu.dqn.epochs, cpu.dqn.epochs) == (2, 1)
+    assert (gpu.folds.max_folds, cpu.folds.max_folds) == (2, 1)
+    assert gpu.dqn.hidden == cpu.dqn.hidden == 32 and gpu.synth.seed == 1
+    assert gpu.dqn == DQNConfig().replace(epochs=2, hidden=32)
+    space = gpu.space()
+    assert space["lr"].log and not space["gamma"].log
+    assert (space["n_step"].low, space["n_step"].high) == (1, 5)  # inclusive bounds
+    assert space["hidden"].choices == (32, 64)
+    assert gpu.trial_config({"lr": 1e-3}).lr == 1e-3
+    over = E.load(path, "gpu", {"sweep.trials": 9, "name": "other"})
+    assert (over.sweep.trials, over.name) == (9, "other")
+
+
+def test_missing_file(tmp_path):
+    assert "no such experiment file" in error(tmp_path / "nope.yaml")
+
+
+def test_bad_yaml(tmp_path):
+    msg = error(write(tmp_path, "name: t\nsearch: {lr: [1, 2\n"))
+    assert "not valid YAML" in msg and "line" in msg
+
+
+def test_unknown_top_level_key(tmp_path):
+    msg = error(write(tmp_path, GOOD + "sweeep: {}\n"))
+    assert "sweeep: unknown key" in msg and "search" in msg
+
+
+def test_unknown_dqn_key(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("epochs: 2,", "epochz: 2,")))
+    assert "dqn.epochz: unknown key" in msg and "epochs" in msg
+
+
+def test_unknown_key_in_cpu_section_fails_on_gpu_too(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("dqn: {epochs: 1}", "dqn: {epoch: 1}")), "gpu")
+    assert "cpu.dqn.epoch: unknown key" in msg
+
+
+def test_bad_range_loguniform_low(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("low: 1.0e-4", "low: 0")))
+    assert "search.lr.low: 0 must be > 0" in msg
+
+
+def test_bad_range_low_above_high(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("low: 0.8, high: 0.99", "low: 0.9, high: 0.5")))
+    assert "search.gamma.high" in msg and "must be > low" in msg
+
+
+def test_bad_range_outside_config_limits(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("low: 0.8, high: 0.99", "low: 0.8, high: 1.5")))
+    assert "search.gamma.high: 1.5 must be a number in [0, 1]" in msg
+
+
+def test_bad_value_from_cpu_section_is_named_there(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("dqn: {epochs: 1}", "dqn: {epochs: 0}")), "cpu")
+    assert "cpu.dqn.epochs: 0 must be an integer >= 1" in msg
+
+
+def test_bad_type(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("epochs: 2,", "epochs: two,")))
+    assert "dqn.epochs: 'two' must be an integer" in msg
+
+
+def test_bad_type_bool(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("hidden: 32}", "hidden: 32, dueling: 1}")))
+    assert "dqn.dueling: 1 must be true or false" in msg
+
+
+def test_bad_search_type_and_field(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("type: uniform", "type: normal")))
+    assert "search.gamma.type: 'normal' must be one of" in msg
+    msg = error(write(tmp_path, GOOD.replace("  n_step:", "  nstep:")))
+    assert "search.nstep: not a DQNConfig field" in msg
+
+
+def test_int_search_needs_integers(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("low: 1, high: 5", "low: 1.5, high: 5")))
+    assert "search.n_step.low: 1.5 must be an integer" in msg
+
+
+def test_bad_sweep_values(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("sweep: {trials: 3", "sweep: {cpu_per_trial: 0, trials: 3")))
+    assert "sweep.cpu_per_trial: 0 must be in (0, 64]" in msg
+    msg = error(write(tmp_path, GOOD.replace("sweep: {trials: 3", "sweep: {trials: 0")))
+    assert "sweep.trials: 0 must be >= 1" in msg
+
+
+def test_bad_folds(tmp_path):
+    msg = error(write(tmp_path, GOOD.replace("train: 6d", "train: 6 days")))
+    assert "folds.train" in msg and "duration" in msg
+
+
+def test_not_a_mapping(tmp_path):
+    assert "must be a mapping" in error(write(tmp_path, "- a\n- b\n"))
+    assert "dqn: must be a mapping" in error(write(tmp_path, "dqn: [1]\n"))
