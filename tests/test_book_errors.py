@@ -11,7 +11,7 @@ pytest.importorskip("databento_dbn")
 pytest.importorskip("numba")
 zstandard = pytest.importorskip("zstandard")
 
-from fxray import cache  # noqa: E402
+from fxray import book_dbn, cache  # noqa: E402
 from fxray.book import (OFI_NAMES, BookError, bars_from_trades, load_book, load_trades,  # noqa: E402
                         ofi_features)
 
@@ -101,6 +101,22 @@ def test_mixed_record_types(tmp_path, shared_data):
     bad = tmp_path / "mixed.mbo.dbn"
     bad.write_bytes(bytes(raw))
     fails(tmp_path, bad, r"record 1 has rtype 0x00")
+
+
+def test_two_instruments_need_a_choice(tmp_path, shared_data):
+    raw = bytearray((shared_data / FIX.format("mbo")).read_bytes())
+    start = 8 + int.from_bytes(raw[4:8], "little")
+    first_id = int.from_bytes(raw[start + 4:start + 8], "little")
+    raw[start + 56 + 4:start + 56 + 8] = (first_id + 1).to_bytes(4, "little")  # record 1: another
+    bad = tmp_path / "two.mbo.dbn"
+    bad.write_bytes(bytes(raw))
+    fails(tmp_path, bad, rf"record 1 is instrument {first_id + 1}, record 0 is {first_id}: "
+          r"pass instrument_id=")
+    for iid in (first_id, first_id + 1):  # naming one reads just its record
+        dbn = book_dbn.DbnFile(str(bad))
+        assert [len(rec) for _, rec in dbn.chunks(instrument_id=iid)] == [1]
+    load_book(str(bad), instrument_id=first_id).collect()
+    load_trades(str(bad), instrument_id=first_id)
 
 
 # --- Binance -------------------------------------------------------------------------------
