@@ -176,8 +176,11 @@ def book_pass(chunks, bar_ts, starts, p: OfiParams):
         e[reset] = 0.0
         k, inside = assign(snap.ts, bar_ts, starts)
         depth = (snap.bid_sz[:, :L].sum(1) + snap.ask_sz[:, :L].sum(1)) / (2 * L)
-        for row, w in enumerate((e[:, 0], e.sum(1), depth, np.ones(len(snap)))):
-            sums[row] += np.bincount(k[inside], w[inside], minlength=N)
+        if inside.any():  # bincount over this chunk's bar range only: O(chunk), not O(N)
+            kk = k[inside]
+            k0, k1 = kk[0], kk[-1] + 1  # events are in time order, so bars are too
+            for row, w in enumerate((e[:, 0], e.sum(1), depth, np.ones(len(snap)))):
+                sums[row, k0:k1] += np.bincount(kk - k0, w[inside], minlength=k1 - k0)
         # bars closing in [first row, last row of this chunk): the last state <= close is here;
         # bars closing at/after the last row are settled by the next chunk or the final carry
         lo = np.searchsorted(bar_ts, comb.ts[0], "left")

@@ -85,7 +85,7 @@ def test_record_layouts_match_databento_decoder(shared_data, schema):
 def plain_mbo_states(rec):
     """A deliberately simple MBO book (dicts, sort at each event) -> top-10 after each event."""
     orders, levels = {}, {66: defaultdict(int), 65: defaultdict(int)}
-    states, in_snap = [], False
+    states, in_snap, prev_ts = [], False, 0
 
     def emit(ts):
         bids = sorted((p for p, q in levels[66].items() if q > 0), reverse=True)[:10]
