@@ -46,25 +46,34 @@ def cmd_synth(args) -> dict:
 def cmd_build(args) -> dict:
     from fxray import bars as bars_mod
 
-    if args.bars is None and not args.trades:
-        raise ValueError("build: give --bars FILE_OR_DIR, or --trades FILE to build bars from trades")
+    if args.bars is None and not (args.trades or args.book):
+        raise ValueError("build: give --bars FILE_OR_DIR, or --trades/--book FILE to build bars from trades")
     t0 = time.perf_counter()
     ofi = coverage = None
+    trades = None
+    if args.trades or args.book:
+        from fxray import book
+
+        # MBO / MBP-10 / Binance book files carry the trade tape too
+        trades = book.load_trades([str(p) for p in (args.trades or args.book)])
     if args.bars is not None:
         bars = bars_mod.load_bars(args.bars, fmt=args.format, tz=args.tz)
         source = str(args.bars)
     else:
-        from fxray import book
-
-        bars = book.bars_from_trades(book.load_trades(args.trades), bar=args.bar)
-        source = ",".join(map(str, args.trades))
-    if args.book or args.trades:
-        from fxray import book
-
-        ofi, coverage = book.ofi_for_bars(bars.ts, book_paths=args.book or [], trade_paths=args.trades or [])
+        bars = book.bars_from_trades(trades, args.bar)
+        source = "trades:" + ",".join(map(str, args.trades or args.book))
+    if trades is not None:
+        book_stream = book.load_book([str(p) for p in args.book]) if args.book else None
+        ofi, coverage = book.ofi_features(bars.ts, book=book_stream, trades=trades)
         source += " + book:" + ",".join(map(str, (args.book or []) + (args.trades or [])))
-    instrument = args.instrument or Path(str(args.bars or args.trades[0])).name.split(".")[0]
-    digest = bars_mod.build_cache(bars, args.out, instrument=instrument, source=source, bar=args.bar, ofi=ofi)
+    instrument = args.instrument or Path(str(args.bars or (args.trades or args.book)[0])).name.split(".")[0]
+    names = {}
+    if ofi is not None:
+        from fxray.book import OFI_NAMES
+
+        names = {"ofi_names": OFI_NAMES}
+    digest = bars_mod.build_cache(bars, args.out, instrument=instrument, source=source, bar=args.bar,
+                                  ofi=ofi, **names)
     market = cache.open(args.out)
     seconds = time.perf_counter() - t0
     covered = float(np.mean(coverage)) if coverage is not None else 0.0

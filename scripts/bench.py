@@ -134,6 +134,21 @@ def bench_trainer(args, rows, path: Path) -> None:
                      f">= {10 * SB3_GRAD_SAMPLES_S:.3g} (10x SB3)"))
         rows.append(("trainer", f"[{tag}] host syncs inside an epoch", count_syncs_in_epoch(trainer, args.steps),
                      "", "0"))
+        if args.profile and not graphs:
+            profile_step(trainer, args.profile)
+
+
+def profile_step(trainer: Trainer, out: Path) -> None:
+    """Kernel table of 20 eager hot steps (where the time of a step goes), written to `out`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        for _ in range(20):
+            trainer._step()
+        trainer.data.synchronize()
+    key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    out.write_text(prof.key_averages().table(sort_by=key, row_limit=40))
 
 
 def main(argv=None) -> int:
@@ -149,6 +164,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--cache", type=Path, help="reuse this fxcache instead of generating one")
     p.add_argument("--json", type=Path)
+    p.add_argument("--profile", type=Path, help="write a kernel table of 20 eager steps here")
     args = p.parse_args(argv)
     sections = set(args.sections.split(","))
     rows: list[tuple] = []
