@@ -1,0 +1,327 @@
+"""MLflow, written by the driver only: one parent run per sweep, one child run per trial.
+
+    experiment (from the experiment file's `name`)
+      parent run "sweep <name>"     tags: dataset hash, experiment, git commit, fold ranges
+        |                           artifacts: experiment.yaml, folds.csv, equity.png, best_checkpoint/
+        +- child run per trial      tag mlflow.parentRunId, fxray.trial_id; params: the full DQNConfig
+                                    metrics per fold (step = fold k): val_sharpe, test_sharpe, ...
+                                    summary: mean_val_sharpe, mean_test_sharpe, folds_done
+
+Why the driver: trials run in many processes, and many processes writing one
+sqlite file lock it. The Tune callback below runs in the driver; trials only
+`tune.report`. Runs are found again by tags, so a resumed sweep never gives a
+trial a second run nor a fold a second point.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+FOLD_METRICS = ("val_sharpe", "test_sharpe", "val_sortino", "test_sortino", "val_max_drawdown",
+                "test_max_drawdown", "val_turnover", "test_turnover", "test_total_return",
+                "bh_test_sharpe", "epochs", "fold_time_s", "mean_val_sharpe", "mean_test_sharpe")
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI, else an ABSOLUTE sqlite file in the cwd (Tune moves trials' cwd)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class Tracker:
+    """The sweep's parent run and its children, looked up by tag (idempotent on resume)."""
+
+    def __init__(self, uri: str, experiment: str, parent_run_id: str | None = None,
+                 sweep_tags: dict | None = None, run_name: str | None = None):
+        self.client = MlflowClient(uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            artifacts = None
+            if uri.startswith("sqlite:///"):  # artifacts beside the db, not in whatever cwd we are in
+                artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / experiment).as_uri()
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
+        else:
+            self.experiment_id = exp.experiment_id
+        if parent_run_id is None:
+            run = self.client.create_run(self.experiment_id, tags=sweep_tags or {}, run_name=run_name)
+            parent_run_id = run.info.run_id
+        else:
+            self.client.update_run(parent_run_id, status="RUNNING")
+        self.parent_run_id = parent_run_id
+        self.sweep_tags = sweep_tags or {}
+        self.children: dict[str, str] = {}     # trial id -> run id
+        self.finished: set[str] = set()        # trial ids whose run has ended
+        self.steps: dict[str, set] = {}        # run id -> folds already logged
+        for run in self.child_runs():
+            tid = run.data.tags.get("fxray.trial_id")
+            self.children[tid] = run.info.run_id
+            if run.info.status in ("FINISHED", "FAILED"):
+                self.finished.add(tid)
+
+    def child_runs(self) -> list:
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs(
+                [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'",
+                max_results=1000, page_token=token)
+            runs += list(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def _child(self, trial_id: str, name: str, params: dict) -> str:
+        if trial_id in self.children:
+            return self.children[trial_id]
+        tags = {**self.sweep_tags, "mlflow.parentRunId": self.parent_run_id, "fxray.trial_id": trial_id}
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
+        run_id = run.info.run_id
+        self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(params.items())])
+        self.children[trial_id] = run_id
+        return run_id
+
+    def log_fold(self, trial_id: str, name: str, params: dict, record: dict) -> None:
+        """One fold of one trial, step = fold k; a fold already logged (a resumed trial) is skipped."""
+        if trial_id in self.finished:
+            return
+        run_id = self._child(trial_id, name, params)
+        if run_id not in self.steps:
+            hist = self.client.get_metric_history(run_id, "val_sharpe")
+            self.steps[run_id] = {m.step for m in hist}
+        step = int(record["fold"])
+        if step in self.steps[run_id]:
+            return
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(record[k]), now, step) for k in FOLD_METRICS if k in record]
+        self.client.log_batch(run_id, metrics=metrics)
+        self.steps[run_id].add(step)
+
+    def end_trial(self, trial_id: str, summary: dict, status: str = "FINISHED") -> None:
+        if trial_id in self.finished or trial_id not in self.children:
+            return
+        run_id = self.children[trial_id]
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()
+                                               if isinstance(v, (int, float))])
+        self.client.set_terminated(run_id, status)
+        self.finished.add(trial_id)
+
+    def end_sweep(self, status: str, summary: dict | None = None, artifacts: list | None = None) -> None:
+        """Summary metrics and artifacts [(dir in the run or None, local file)] on the parent; end it."""
+        run_id = self.parent_run_id
+        if summary:
+            now = int(time.time() * 1000)
+            self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()
+                                                   if isinstance(v, (int, float))],
+                                  tags=[RunTag(f"fxray.best.{k}", str(v)) for k, v in summary.items()
+                                        if not isinstance(v, (int, float))])
+        for dest, local in artifacts or []:
+            if Path(local).exists():
+                self.client.log_artifact(run_id, str(local), artifact_path=dest)
+        self.client.set_terminated(run_id, status)
+
+
+def open_sweep(sweep: dict) -> Tracker:
+    """The Tracker of a sweep described by its sweep.json (parent run created on first use)."""
+    m = sweep["mlflow"]
+    return Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"),
+                   run_name=f"sweep {sweep['experiment']}")
+
+
+class MlflowCallback(Callback):
+    """Tune callback in the driver: per-fold metrics into the trial's child run.
+
+    It holds only the storage path: Tune pickles callbacks into the run's state
+    and `Tuner.restore` brings back that copy, so everything live (the client,
+    the parent run id) is rebuilt in `setup` from <storage>/sweep.json.
+    """
+
+    def __init__(self, storage: str):
+        self.storage = storage
+        self.tracker = None
+        self.base: dict = {}
+
+    def __getstate__(self):
+        return {"storage": self.storage, "tracker": None, "base": {}}
+
+    def setup(self, **info):
+        sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
+        self.tracker, self.base = open_sweep(sweep), sweep["base"]
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if "fold" in result:
+            self.tracker.log_fold(trial.trial_id, trial_label(trial.trial_id),
+                                  {**self.base, **trial.config}, result)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._end(trial, "FINISHED")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._end(trial, "FAILED")
+
+    def _end(self, trial, status):
+        last = trial.last_result or {}
+        self.tracker.end_trial(trial.trial_id, {k: last[k] for k in ("mean_val_sharpe", "mean_test_sharpe",
+                                                                     "folds_done") if k in last}, status)
+
+
+def trial_label(trial_id: str) -> str:
+    """'a1b2c_00007' -> 'trial-a1b2c-00007' (Tune's run prefix keeps rounds apart)."""
+    return "trial-" + trial_id.replace("_", "-")
+
+
+# --- artifacts -----------------------------------------------------------------------
+
+def equity_png(path, daily_by_fold: list[tuple[int, list]], title: str) -> Path:
+    """Equity (start 1) over the concatenated test windows of one trial; folds shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    start, level = 0, 0.0
+    for i, (k, daily) in enumerate(daily_by_fold):
+        log_eq = level + np.concatenate([[0.0], np.cumsum(daily)])  # daily log returns add
+        x = np.arange(start, start + len(log_eq))
+        ax.plot(x, np.exp(log_eq), color="tab:blue")
+        if i % 2:
+            ax.axvspan(x[0], x[-1], color="0.92")
+        ax.text(x[0], ax.get_ylim()[1], f" f{k}", va="top", fontsize=7)
+        start, level = x[-1], log_eq[-1]
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set(title=title, xlabel="test day (folds concatenated)", ylabel="equity")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+# --- the sweep's fold records (folds.jsonl, written by the driver) ---------------------
+
+def load_records(storage) -> dict:
+    """{(trial_id, fold): record} from folds.jsonl; a fold logged twice keeps its last line."""
+    path, out = Path(storage) / "folds.jsonl", {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                out[(rec["trial_id"], rec["fold"])] = rec
+    return out
+
+
+def trials_table(records: dict) -> dict:
+    """{trial_id: {"config", "folds": [records in fold order], "mean_val_sharpe", ...}}."""
+    trials: dict = {}
+    for (tid, _), rec in sorted(records.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        t = trials.setdefault(tid, {"trial_id": tid, "config": rec["config"], "folds": []})
+        t["folds"].append(rec)
+    for t in trials.values():
+        f = t["folds"]
+        t["folds_done"] = len(f)
+        t["mean_val_sharpe"] = sum(r["val_sharpe"] for r in f) / len(f)
+        t["mean_test_sharpe"] = sum(r["test_sharpe"] for r in f) / len(f)
+    return trials
+
+
+def best_trial(records: dict, n_folds: int | None = None) -> dict:
+    """Highest mean val Sharpe, among trials that ran every fold when any did."""
+    trials = list(trials_table(records).values())
+    full = [t for t in trials if n_folds and t["folds_done"] >= n_folds]
+    return max(full or trials, key=lambda t: t["mean_val_sharpe"])
+
+
+def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_s: float,
+                  json_path=None, top: int = 10) -> dict:
+    """folds.csv, equity.png and results.json in the run directory (and --json), the top
+    table on stdout; returns the parent run's summary metrics and artifacts."""
+    storage, n_folds = Path(storage), len(sweep["folds"])
+    trials = trials_table(records)
+    if not trials:
+        print("no trial finished a fold")
+        return {"mlflow_summary": {}, "artifacts": [(None, storage / "experiment.yaml")]}
+    best = best_trial(records, n_folds)
+    names = sorted({k for t in trials.values() for k in t["config"]})
+    # --- fold table: one row per trial x fold -------------------------------------
+    cols = ["trial", "fold", *RECORD_COLS, *names]
+    with open(storage / "folds.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for t in trials.values():
+            for r in t["folds"]:
+                w.writerow([trial_label(t["trial_id"]), r["fold"], *(r.get(c, "") for c in RECORD_COLS),
+                            *(t["config"].get(n, "") for n in names)])
+    equity = equity_png(storage / "equity.png", [(r["fold"], r.get("test_daily_returns", []))
+                                                  for r in best["folds"]],
+                        f"{sweep['experiment']}: best trial {trial_label(best['trial_id'])} on its test windows")
+    # --- results.json -------------------------------------------------------------------
+    def fold_json(r):
+        out = {k: r.get(k) for k in ("fold", "status", "epochs", "best_epoch", "worker", "checkpoint",
+                                      "bh_test_sharpe", "adx")}
+        for w in ("val", "test"):
+            out[w] = {k[len(w) + 1:]: v for k, v in r.items() if k.startswith(w + "_") and k != "test_daily_returns"}
+        out["timings"] = {k: r.get(k) for k in ("fold_switch_s", "train_s", "eval_s", "fold_time_s")}
+        out["test_daily_returns"] = r.get("test_daily_returns", [])
+        return out
+
+    results = {
+        "experiment": sweep["experiment"], "profile": sweep["profile"], "storage": str(storage),
+        "data": sweep["data"], "folds": sweep["folds"], "base_config": sweep["base"],
+        "rounds": sweep["rounds"], "wall_s": wall_s, "workers": worker_stats, "n_trials": len(trials),
+        "trials": [{"trial_id": t["trial_id"], "config": {**sweep["base"], **t["config"]},
+                    "sampled": t["config"], "folds_done": t["folds_done"],
+                    "stopped_early": t["folds_done"] < n_folds, "mean_val_sharpe": t["mean_val_sharpe"],
+                    "mean_test_sharpe": t["mean_test_sharpe"], "folds": [fold_json(r) for r in t["folds"]]}
+                   for t in trials.values()],
+        "best": {"config": {**sweep["base"], **best["config"]}, "sampled": best["config"],
+                 **{k: best[k] for k in ("trial_id", "folds_done", "mean_val_sharpe", "mean_test_sharpe")}},
+    }
+    text = json.dumps(results, indent=1)
+    (storage / "results.json").write_text(text)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(text)
+    # --- the top table ------------------------------------------------------------------
+    ranked = sorted(trials.values(), key=lambda t: (t["folds_done"] >= n_folds, t["mean_val_sharpe"]),
+                    reverse=True)[:top]
+    print(f"\ntop {len(ranked)} of {len(trials)} trials by mean val Sharpe ({n_folds} folds; "
+          f"fewer = stopped by ASHA); wall time {wall_s / 60:.1f} min")
+    print(f"  {'trial':<20} {'folds':>5} {'val':>7} {'test':>7}  " + "  ".join(f"{n:>10}" for n in names))
+    for t in ranked:
+        print(f"  {trial_label(t['trial_id']):<20} {t['folds_done']:>5} {t['mean_val_sharpe']:>+7.2f} "
+              f"{t['mean_test_sharpe']:>+7.2f}  " + "  ".join(f"{fmt(t['config'].get(n)):>10}" for n in names))
+    best_fold = max(best["folds"], key=lambda r: r["val_sharpe"])
+    ckpt = best_fold.get("checkpoint") or ""
+    artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
+    if ckpt:
+        artifacts += [("best_checkpoint", ckpt), ("best_checkpoint", Path(ckpt).with_suffix(".json"))]
+    summary = {"best_mean_val_sharpe": best["mean_val_sharpe"], "best_mean_test_sharpe": best["mean_test_sharpe"],
+               "n_trials": len(trials), "wall_s": wall_s, "trial_id": best["trial_id"]}
+    return {"mlflow_summary": summary, "artifacts": artifacts}
+
+
+RECORD_COLS = ("val_sharpe", "test_sharpe", "mean_val_sharpe", "val_sortino", "test_sortino",
+               "val_max_drawdown", "test_max_drawdown", "val_turnover", "test_turnover",
+               "test_total_return", "bh_test_sharpe", "epochs", "best_epoch", "status", "worker",
+               "fold_time_s", "train_s", "eval_s", "fold_switch_s", "checkpoint")
+
+
+def fmt(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)

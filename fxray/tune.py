@@ -1,0 +1,432 @@
+"""Sweep DQN hyperparameters over walk-forward folds: Ray Tune + Optuna TPE + ASHA + MLflow.
+
+    python -m fxray.tune --trials 64                                   # the embedded market
+    python -m fxray.tune --experiment experiments/smoke.yaml           # tiny, < 2 min on a CPU
+    python -m fxray.tune --experiment experiments/X.yaml --data X.fxcache --address auto
+    python -m fxray.tune --resume                                      # finish an interrupted sweep
+
+Each trial is a plain function that walks the folds in time order on a leased
+FoldWorker and calls `tune.report` after each fold; the objective is the
+running mean of val Sharpe (comparable across fold counts, as ASHA stops trials
+early). The run directory (default ./runs/<experiment name>) holds:
+
+    sweep.json        what ran: experiment, data hash, folds, base config, MLflow ids, rounds
+    experiment.yaml   a copy of the experiment file (what --resume uses)
+    optuna.db         the Optuna study (RDB storage, fixed study name): resumable, extensible
+    tune*/            Tune's experiment state (Tuner.restore), one directory per round
+    folds.jsonl       one line per finished fold, written by the driver
+    checkpoints/      best weights per trial and fold (safetensors + JSON), written by workers
+    folds.csv, equity.png, results.json   written at the end
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+from ray import tune
+
+from fxray import experiment as expmod
+from fxray.cache import CacheError
+from fxray.config import ConfigError
+from fxray.folds import FoldError
+from fxray.workers import Workers
+
+STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
+DEFAULT_EXPERIMENT = "experiments/default.yaml"
+METRIC_KEYS = ("sharpe", "sortino", "max_drawdown", "calmar", "total_return", "turnover",
+               "n_trades", "hit_rate", "n_days")
+
+
+# --- the trial (runs in a Tune trial process: no torch, no CUDA, no MLflow) ----------
+
+def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
+    """Train the sampled config on every fold, in time order, reporting after each."""
+    logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" per fold is noise
+    trial_id = tune.get_context().get_trial_id()
+    cfg = {**job["base"], **config}
+    done: list[dict] = []
+    ckpt = tune.get_checkpoint()  # a restored trial continues after its last reported fold
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            done = json.loads(Path(d, "folds.json").read_text())
+    checkpoint_dir = os.path.join(job["checkpoints"], trial_id)
+    with workers.lease(trial_id) as worker:
+        for fold in job["folds"][len(done):]:
+            result = workers.train_fold(worker, cfg, fold, job["seed"], checkpoint_dir)
+            record = fold_record(result)
+            done.append({"val_sharpe": record["val_sharpe"], "test_sharpe": record["test_sharpe"]})
+            record["folds_done"] = len(done)
+            record["mean_val_sharpe"] = sum(d["val_sharpe"] for d in done) / len(done)
+            record["mean_test_sharpe"] = sum(d["test_sharpe"] for d in done) / len(done)
+            with tempfile.TemporaryDirectory() as d:
+                Path(d, "folds.json").write_text(json.dumps(done))
+                tune.report(record, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def fold_record(r: dict) -> dict:
+    """A FoldResult dict -> the flat metrics a trial reports. A fold with no finished
+    epoch (diverged at once) scores 0.0, the Sharpe of staying flat: finite, comparable."""
+    rec = {"fold": r["fold"]["k"], "status": r["status"], "epochs": r["epochs_run"],
+           "best_epoch": r["best_epoch"], "worker": r.get("worker", -1), "checkpoint": r["checkpoint"] or "",
+           "fold_time_s": r["timings"].get("total_s", 0.0),
+           **{k: r["timings"].get(k, 0.0) for k in ("fold_switch_s", "train_s", "eval_s")},
+           "bh_test_sharpe": r["baselines"].get("buy_and_hold", {}).get("sharpe", 0.0),
+           "adx": r["adx"] if math.isfinite(r["adx"]) else 0.0,
+           "test_daily_returns": list(r["test_daily_returns"])}
+    for window in ("val", "test"):
+        for k in METRIC_KEYS:
+            rec[f"{window}_{k}"] = float(r[window].get(k, 0.0))
+    return rec
+
+
+# --- the driver's view of progress ---------------------------------------------------
+
+class SweepLog(tune.Callback):
+    """A progress line per finished fold, and every fold appended to <storage>/folds.jsonl.
+
+    Also returns a lease to the pool when a trial ends or is retried (a trial process
+    that died inside a fold cannot return it itself). Holds only the storage path:
+    Tune pickles callbacks into its state, `setup` rebuilds the rest.
+    """
+
+    def __init__(self, storage: str):
+        self.storage = storage
+
+    def __getstate__(self):
+        return {"storage": self.storage}
+
+    def setup(self, **info):
+        from fxray.tracking import load_records
+
+        self.sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
+        self.records = load_records(self.storage)
+        self.total = self.sweep["rounds"][-1]["trials"] * len(self.sweep["folds"])
+        self.session_folds, self.t0 = 0, time.time()
+        self.pool = ray.get_actor(self.sweep["pool"])
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        from fxray.tracking import best_trial, trial_label
+
+        if "fold" not in result:
+            return
+        rec = {k: v for k, v in result.items() if k in RECORD_KEYS or k.startswith(("val_", "test_"))}
+        rec.update(trial_id=trial.trial_id, config=trial.config, t=time.time())
+        with open(Path(self.storage) / "folds.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.records[(trial.trial_id, rec["fold"])] = rec
+        self.session_folds += 1
+        round_trials = {t.trial_id for t in trials}
+        done = sum(1 for (tid, _) in self.records if tid in round_trials)
+        best = best_trial(self.records)
+        elapsed = time.time() - self.t0
+        eta = (self.total - done) * elapsed / self.session_folds
+        n_folds = len(self.sweep["folds"])
+        print(f"[{done:>4}/{self.total} folds {fmt_s(elapsed)}, ETA <= {fmt_s(eta)}] "
+              f"{trial_label(trial.trial_id)} fold {rec['fold'] + 1}/{n_folds}: "
+              f"val {rec['val_sharpe']:+.2f} test {rec['test_sharpe']:+.2f} "
+              f"mean val {result['mean_val_sharpe']:+.2f}  | best {best['mean_val_sharpe']:+.2f} "
+              f"({trial_label(best['trial_id'])})", flush=True)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.pool.release.remote(trial.trial_id)
+
+    on_trial_error = on_trial_recover = on_trial_complete
+
+
+RECORD_KEYS = ("fold", "status", "epochs", "best_epoch", "worker", "checkpoint", "fold_time_s",
+               "fold_switch_s", "train_s", "eval_s", "bh_test_sharpe", "adx", "folds_done",
+               "mean_val_sharpe", "mean_test_sharpe")
+
+
+def fmt_s(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# --- the driver ------------------------------------------------------------------------
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m fxray.tune", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiment", help=f"experiment YAML (default {DEFAULT_EXPERIMENT})")
+    p.add_argument("--data", help="an fxcache; overrides the experiment's data.path")
+    p.add_argument("--trials", type=positive_int, help="trials to run (default: the file's sweep.trials)")
+    p.add_argument("--seed", type=int, help="TPE sampler and training seed (default: sweep.seed)")
+    p.add_argument("--workers-per-gpu", type=positive_int, help="FoldWorkers per GPU (num_gpus = 1/K each)")
+    p.add_argument("--cpu-workers", type=positive_int, help="FoldWorkers on a cluster without GPUs "
+                   "(default: one per CPU)")
+    p.add_argument("--name", help="MLflow experiment and run-directory name (default: the file's name)")
+    p.add_argument("--storage", help="run directory (default: ./runs/<name>)")
+    p.add_argument("--resume", action="store_true", help="finish the interrupted sweep in --storage")
+    p.add_argument("--address", help="join a running Ray cluster ('auto'); default: start one here")
+    p.add_argument("--num-cpus", type=positive_int, help="local Ray: logical CPUs (default: all)")
+    p.add_argument("--num-gpus", type=int, help="local Ray: logical GPUs (default: detected)")
+    p.add_argument("--profile", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="apply the file's cpu: overrides (auto: when the cluster has no GPU)")
+    p.add_argument("--json", help="write per-trial, per-fold results here")
+    return p.parse_args(argv)
+
+
+def positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 1")
+    return v
+
+
+class UsageError(ValueError):
+    """A bad flag combination or run directory state; one line, exit code 2."""
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (expmod.ExperimentError, UsageError, CacheError, FoldError, ConfigError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"fxray.tune: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fxray.tune: interrupted before the sweep started; nothing to resume", file=sys.stderr)
+        return 130
+
+
+def run(args) -> int:
+    from fxray import cache, synth
+    from fxray.folds import make_folds
+
+    t_start = time.time()
+    overrides = {k: v for k, v in (("sweep.trials", args.trials), ("sweep.seed", args.seed),
+                                   ("sweep.workers_per_gpu", args.workers_per_gpu),
+                                   ("name", args.name)) if v is not None}
+    file, storage, sweep = locate(args, overrides)
+    exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
+    data_path = args.data or (sweep and sweep["data"]["path"]) or exp.data_path
+    if args.data and sweep and Path(args.data).absolute() != Path(sweep["data"]["path"]):
+        raise UsageError(f"--data {args.data}: this sweep ran on {sweep['data']['path']}; "
+                         "use --storage DIR for a new sweep")
+    if data_path and not Path(data_path).exists():
+        where = "--data" if args.data else f"{file}: data.path"
+        raise UsageError(f"{where}: {data_path} does not exist (build it with `python -m fxray.data build`)")
+
+    start_ray(args)
+    gpus = ray.cluster_resources().get("GPU", 0)
+    profile = sweep["profile"] if sweep else (args.profile if args.profile != "auto"
+                                              else ("gpu" if gpus >= 1 else "cpu"))
+    exp = expmod.load(file, profile, overrides)
+    if not data_path:
+        data_path = str(synth.ensure_default(exp.synth, log=print))
+    market = cache.open(data_path)
+    try:
+        folds = [f.as_dict() for f in make_folds(market.ts, exp.folds)]
+    except FoldError as e:
+        raise UsageError(f"{file}: folds: {e} ({data_path})") from None
+    if sweep and sweep["data"]["content_hash"] != market.content_hash:
+        raise UsageError(f"{data_path}: its contents changed since the sweep started "
+                         f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
+    resources = ray.cluster_resources()
+    from fxray.workers import plan_workers, put_market, start_workers
+
+    try:
+        plan = plan_workers(resources, exp.sweep.workers_per_gpu, exp.sweep.cpu_per_trial, args.cpu_workers)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    trials = exp.sweep.trials
+    print(f"{profile.upper()} profile: {trials} trials x {len(folds)} folds x {exp.dqn.epochs} epochs "
+          f"x {exp.dqn.steps_per_epoch} steps ({exp.dqn.num_envs} envs, batch {exp.dqn.batch_size}) "
+          f"on {plan.describe()}; data {data_path} ({market.n_bars:,} bars)", flush=True)
+
+    sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
+    from fxray import tracking
+
+    tracker = tracking.open_sweep(sweep)
+    if sweep["mlflow"].get("parent_run_id") is None:
+        sweep["mlflow"]["parent_run_id"] = tracker.parent_run_id
+        write_sweep(storage, sweep)
+
+    t0 = time.time()
+    arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
+    workers = start_workers(arrays_ref, plan, exp.dqn.dtype, sweep["pool"],
+                            fault=os.environ.get("FXRAY_FAULT_WORKER_EXIT"))
+    print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)
+    job = {"folds": folds, "base": exp.dqn.as_dict(), "seed": exp.sweep.seed,
+           "checkpoints": str(storage / "checkpoints")}
+    try:
+        make_tuner(storage, sweep, exp, job, workers, resumed=args.resume).fit()
+    except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
+        tracker.end_sweep("FAILED")
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"fxray.tune: the sweep stopped: {type(e).__name__}: {first}\n"
+              f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
+        return 1
+
+    ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
+    unfinished = sweep["rounds"][-1]["trials"] - ended
+    records = tracking.load_records(storage)
+    worker_stats = workers.stats()
+    summary = tracking.write_results(storage, sweep, records, worker_stats, time.time() - t_start, args.json)
+    if unfinished:
+        tracker.end_sweep("KILLED")
+        print(f"interrupted: {unfinished} trial(s) unfinished; resume with: python -m fxray.tune "
+              f"--storage {storage} --resume", file=sys.stderr)
+        return 130
+    sweep["rounds"][-1]["done"] = errors == 0
+    write_sweep(storage, sweep)
+    tracker.end_sweep("FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"],
+                      summary["artifacts"])
+    print(f"results: {storage}\nMLflow:  mlflow ui --backend-store-uri {sweep['mlflow']['uri']} "
+          "(serves on 127.0.0.1:5000)")
+    if errors:
+        print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def locate(args, overrides) -> tuple[str, Path, dict | None]:
+    """(experiment file, run directory, its sweep.json or None). A sweep that exists
+    runs from its saved copy of the experiment file, so a resume is the same sweep."""
+    storage = Path(args.storage).absolute() if args.storage else None
+    sweep = read_sweep(storage) if storage else None
+    if sweep is None:
+        file = args.experiment or default_experiment()
+        storage = storage or (Path("runs") / expmod.load(file, "gpu", overrides).name).absolute()
+        sweep = read_sweep(storage)
+    if args.resume and sweep is None:
+        raise UsageError(f"{storage}: no sweep to resume (no sweep.json); run without --resume")
+    if sweep is None:
+        return file, storage, None
+    saved = storage / "experiment.yaml"
+    if args.experiment and (expmod.read_yaml(args.experiment) is not None  # missing/bad: an error too
+                            and Path(args.experiment).read_text() != saved.read_text()):
+        raise UsageError(f"{args.experiment}: differs from the file this sweep started with ({saved}); "
+                         "use --storage DIR for a new sweep")
+    if not args.resume and not sweep["rounds"][-1]["done"]:
+        raise UsageError(f"{storage}: the last sweep was interrupted; pass --resume to finish it, "
+                         "or --storage DIR to start another")
+    return str(saved), storage, sweep
+
+
+def ended_trials(round_dir: Path) -> tuple[int, int]:
+    """(trials that ended, of which errored) in Tune's SAVED state of a round.
+
+    The saved state, not fit()'s ResultGrid: after Ctrl+C, Tune stops the running
+    trials and marks them TERMINATED in memory, while the state it saved (and that
+    --resume restores) still has them RUNNING."""
+    from ray.tune import ExperimentAnalysis
+    from ray.tune.experiment import Trial
+
+    trials = ExperimentAnalysis(str(round_dir)).trials
+    ended = [t for t in trials if t.status in (Trial.TERMINATED, Trial.ERROR)]
+    return len(ended), sum(t.status == Trial.ERROR for t in ended)
+
+
+def default_experiment() -> str:
+    """experiments/default.yaml of the cwd, else the one beside this package's checkout."""
+    if Path(DEFAULT_EXPERIMENT).exists():
+        return DEFAULT_EXPERIMENT
+    beside = Path(__file__).resolve().parents[1] / DEFAULT_EXPERIMENT
+    return str(beside) if beside.exists() else DEFAULT_EXPERIMENT
+
+
+def read_sweep(storage: Path) -> dict | None:
+    path = storage / "sweep.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_sweep(storage: Path, sweep: dict) -> None:
+    tmp = storage / ".sweep.json.tmp"
+    tmp.write_text(json.dumps(sweep, indent=1))
+    os.replace(tmp, storage / "sweep.json")  # atomic: a reader never sees half a file
+
+
+def start_ray(args) -> None:
+    """Join a cluster (--address) or start a local one; dashboard off, namespace fixed
+    (the driver's callbacks find the worker pool by name)."""
+    # Our SweepLog prints a line per fold: Tune's own tables and its warning about the
+    # per-fold state snapshot (wanted: it makes --resume lose nothing) would drown it.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    kw = dict(namespace="fxray", include_dashboard=False, log_to_driver=True, configure_logging=False)
+    if args.address:
+        ray.init(address=args.address, **kw)
+    else:
+        ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, **kw)
+
+
+def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path, folds, args) -> dict:
+    """Create the run directory (first run) or open a new round (an extension) or keep
+    the last one (a resume). Everything here is validated already: nothing is half-written."""
+    from fxray import tracking
+
+    round_names = [r["name"] for r in sweep["rounds"]] if sweep else []
+    if sweep is None:
+        storage.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(file, storage / "experiment.yaml")
+        tags = {"fxray.experiment": exp.name, "fxray.dataset_hash": market.content_hash,
+                "fxray.profile": profile, "fxray.storage": str(storage),
+                "fxray.folds": json.dumps([[f["k"], f["train"], f["val"], f["test"]] for f in folds])}
+        commit = tracking.git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        sweep = {"experiment": exp.name, "profile": profile, "experiment_file": str(Path(file).absolute()),
+                 "data": {"path": str(Path(data_path).absolute()), "content_hash": market.content_hash,
+                          "n_bars": market.n_bars},
+                 "folds": folds, "base": exp.dqn.as_dict(), "rounds": [],
+                 "pool": "fxray-pool-" + hashlib.sha1(str(storage).encode()).hexdigest()[:10],
+                 "mlflow": {"uri": tracking.tracking_uri(), "experiment": exp.name, "tags": tags}}
+    if not args.resume:
+        name = "tune" if not round_names else f"tune-{len(round_names) + 1}"
+        sweep["rounds"].append({"name": name, "trials": exp.sweep.trials, "seed": exp.sweep.seed,
+                                "done": False, "started": time.time()})
+    write_sweep(storage, sweep)
+    return sweep
+
+
+def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, resumed: bool) -> tune.Tuner:
+    """OptunaSearch (seeded TPE, RDB study) + ASHA over folds; or Tune's saved state, restored."""
+    import optuna
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    trainable = tune.with_resources(tune.with_parameters(fold_trial, job=job, workers=workers),
+                                    {"cpu": exp.sweep.cpu_per_trial})
+    rnd = sweep["rounds"][-1]
+    path = storage / rnd["name"]
+    if resumed and tune.Tuner.can_restore(str(path)):
+        return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+    n_folds = len(job["folds"])
+    searcher = OptunaSearch(
+        space=exp.space(), metric="mean_val_sharpe", mode="max", study_name=STUDY,
+        # one seed per round, so an extension does not replay the first round's draws
+        sampler=optuna.samplers.TPESampler(seed=rnd["seed"] + len(sweep["rounds"]) - 1),
+        storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}"))
+    scheduler = ASHAScheduler(time_attr="training_iteration", max_t=n_folds,
+                              grace_period=min(exp.sweep.grace_folds, n_folds),
+                              reduction_factor=exp.sweep.reduction_factor)
+    from fxray.tracking import MlflowCallback
+
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(metric="mean_val_sharpe", mode="max", search_alg=searcher,
+                                    scheduler=scheduler, num_samples=rnd["trials"],
+                                    max_concurrent_trials=workers.plan.n_workers, reuse_actors=True),
+        run_config=tune.RunConfig(
+            name=rnd["name"], storage_path=str(storage), verbose=0,
+            callbacks=[SweepLog(str(storage)), MlflowCallback(str(storage))],
+            failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

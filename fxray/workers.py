@@ -1,0 +1,238 @@
+"""Ray side of the data flow: the dataset in the object store once, one FoldWorker per GPU.
+
+    driver:  ref = put_market(market)                 once per sweep (copied once per node)
+             workers = start_workers(ref, plan, ...)  BEFORE Tuner.fit(): an actor created inside
+                                                      a trial would join its placement group
+    trial:   with workers.lease(trial_id) as w:       exactly one trial drives a worker at a time
+                 workers.train_fold(w, cfg, fold, seed, ckpt_dir)  -> FoldResult dict
+
+A FoldWorker `ray.get`s the arrays once (zero-copy, read-only) and uploads them
+into one DeviceData for its whole life; it caches a Trainer per config, so the
+folds of a trial reuse networks, replay and the captured CUDA graph. Trials never
+import torch nor touch CUDA (a 0-GPU Ray process can see every GPU). A worker
+that dies is restarted by Ray and reloads from the object store; the trial that
+was using it retries its fold there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+from ray.exceptions import RayActorError
+
+FOLD_RETRIES = 3       # fold calls lost to a dead worker before the trial gives up
+TRAINER_CACHE = 2      # Trainers (networks + replay + graph) a worker keeps, most recent first
+
+
+def put_market(market) -> ray.ObjectRef:
+    """`host_arrays(market)` into the object store, once. Columns are made contiguous
+    first (close is a strided view of targets) so every `ray.get` is zero-copy."""
+    from fxray.device import host_arrays
+
+    arrays = {k: np.ascontiguousarray(v) for k, v in host_arrays(market).items()}
+    return ray.put(arrays)
+
+
+# --- how many workers, with which resources ------------------------------------------
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    kind: str             # "gpu": one actor per 1/K GPU; "cpu": CPU-only actors
+    n_workers: int
+    num_cpus: float       # logical CPUs each worker reserves
+    num_gpus: float       # 1/K in gpu plans, 0 in cpu plans
+    torch_threads: int    # intra-op threads of each worker
+
+    def describe(self) -> str:
+        per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""
+        return (f"{self.n_workers} {self.kind.upper()} worker(s), each {per}{self.num_cpus:g} CPU, "
+                f"{self.torch_threads} torch thread(s)")
+
+
+def plan_workers(resources: dict, workers_per_gpu: int = 1, cpu_per_trial: float = 0.25,
+                 cpu_workers: int | None = None) -> WorkerPlan:
+    """Split the cluster between workers and the trials that drive them (one trial each).
+
+    Trials only wait on workers, but Ray still needs room for their `cpu_per_trial`;
+    a worker gets at most 1 logical CPU, less where the trials would not fit.
+    """
+    cpus, gpus = float(resources.get("CPU", 0)), int(resources.get("GPU", 0))
+    if gpus >= 1:
+        kind, n, num_gpus = "gpu", gpus * workers_per_gpu, 1.0 / workers_per_gpu
+        threads = 1
+    else:
+        kind, num_gpus = "cpu", 0.0
+        n = cpu_workers or max(1, int(cpus))  # one single-threaded worker per core beats one wide one
+        threads = max(1, int(cpus // n))
+    spare = (cpus - n * cpu_per_trial) / n
+    num_cpus = math.floor(min(float(threads if kind == "cpu" else 1), spare) * 100) / 100
+    if num_cpus <= 0 and kind == "cpu":
+        raise ValueError(f"{n} CPU workers and their trials ({cpu_per_trial:g} CPU each) do not fit "
+                         f"in {cpus:g} CPUs: lower sweep.cpu_per_trial or --cpu-workers")
+    return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads)
+
+
+# --- the actor -----------------------------------------------------------------------
+
+@ray.remote(max_restarts=-1, max_task_retries=2)
+class FoldWorker:
+    """One device-resident copy of the dataset and the Trainers that use it."""
+
+    def __init__(self, arrays_ref: list, index: int, torch_threads: int = 1, dtype: str = "float32",
+                 exit_on_call: int = 0):
+        import torch
+
+        from fxray.device import DeviceData
+
+        t0 = time.perf_counter()
+        torch.set_num_threads(torch_threads)
+        # Inside an actor with num_gpus > 0, Ray sets CUDA_VISIBLE_DEVICES: cuda:0 is ours.
+        # Decided by the hardware, not by Ray's (possibly logical) GPU ids.
+        self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        arrays = ray.get(arrays_ref[0])  # zero-copy read-only views into the object store
+        self.data = DeviceData(arrays, device=self.device, dtype=dtype)
+        del arrays  # the device copy is all we need; the views pin nothing afterwards
+        self.index, self.n_loads, self.n_calls, self.n_trainers = index, 1, 0, 0
+        self.load_s = time.perf_counter() - t0
+        with warnings.catch_warnings():  # the property warns about an API it uses internally
+            warnings.simplefilter("ignore")
+            self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        # Fault injection for tests: the first incarnation exits hard on its N-th fold.
+        self.exit_on_call = 0 if self.restarted else exit_on_call
+        self.trainers: OrderedDict = OrderedDict()
+
+    def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir: str | None = None) -> dict:
+        from fxray.config import DQNConfig
+        from fxray.device import DTYPES
+        from fxray.folds import Fold
+        from fxray.trainer import Trainer
+
+        self.n_calls += 1
+        if self.n_calls == self.exit_on_call:
+            os._exit(1)
+        key = json.dumps(config, sort_keys=True)
+        trainer = self.trainers.pop(key, None)
+        if trainer is None:
+            cfg = DQNConfig.from_dict(config)
+            if DTYPES[cfg.dtype] != self.data.dtype:
+                raise ValueError(f"dqn.dtype {cfg.dtype!r} differs from the worker's data "
+                                 f"({self.data.dtype}); the storage dtype is fixed per sweep")
+            trainer = Trainer(self.data, cfg)
+            self.n_trainers += 1
+        self.trainers[key] = trainer
+        while len(self.trainers) > TRAINER_CACHE:
+            self.trainers.popitem(last=False)
+        f = Fold(fold["k"], tuple(fold["train"]), tuple(fold["val"]), tuple(fold["test"]))
+        result = trainer.run_fold(f, seed, checkpoint_dir=checkpoint_dir).as_dict()
+        result["worker"] = self.index
+        return result
+
+    def stats(self) -> dict:
+        return {"index": self.index, "n_loads": self.n_loads, "n_calls": self.n_calls,
+                "n_trainers": self.n_trainers,
+                "restarted": self.restarted, "device": self.device, "load_s": self.load_s,
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
+                "node": ray.get_runtime_context().get_node_id()}
+
+
+# --- leases --------------------------------------------------------------------------
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
+class WorkerPool:
+    """Hands idle worker indices to trials; one owner (a trial id) per worker at a time.
+
+    If it dies (e.g. an OOM kill) it restarts empty: trials holding a lease keep using
+    their worker, and for a while two trials may share one (their calls serialise on
+    the actor: slower, still correct)."""
+
+    def __init__(self, n_workers: int):
+        import asyncio
+
+        self.owner: list[str | None] = [None] * n_workers
+        self.changed = asyncio.Condition()
+
+    async def acquire(self, owner: str, prefer: int | None = None) -> int:
+        async with self.changed:
+            while True:
+                if owner in self.owner:  # a retried call from the same trial keeps its worker
+                    return self.owner.index(owner)
+                idle = [i for i, o in enumerate(self.owner) if o is None]
+                if idle:
+                    i = prefer if prefer in idle else idle[0]
+                    self.owner[i] = owner
+                    return i
+                await self.changed.wait()
+
+    async def release(self, owner: str) -> int:
+        """Free every worker `owner` holds (idempotent: trials and the driver both call it)."""
+        async with self.changed:
+            n = 0
+            for i, o in enumerate(self.owner):
+                if o == owner:
+                    self.owner[i], n = None, n + 1
+            self.changed.notify_all()
+            return n
+
+    async def owners(self) -> list:
+        return list(self.owner)
+
+
+@dataclass
+class Workers:
+    """What a trial needs to reach the pool: picklable handles (passed by tune.with_parameters)."""
+
+    pool: object          # WorkerPool handle
+    handles: list         # FoldWorker handles, index = worker id
+    plan: WorkerPlan
+
+    @contextlib.contextmanager
+    def lease(self, owner: str):
+        """Hold one worker for the duration of the block; released even on ASHA's stop."""
+        index = ray.get(self.pool.acquire.remote(owner))
+        try:
+            yield index
+        finally:
+            with contextlib.suppress(Exception):
+                ray.get(self.pool.release.remote(owner), timeout=30)
+
+    def train_fold(self, index: int, config: dict, fold: dict, seed: int, checkpoint_dir=None) -> dict:
+        """Run one fold on worker `index`; if it died, Ray restarts it and we retry the fold."""
+        for attempt in range(FOLD_RETRIES + 1):
+            try:
+                return ray.get(self.handles[index].train_fold.remote(config, fold, seed, checkpoint_dir))
+            except RayActorError:
+                if attempt == FOLD_RETRIES:
+                    raise
+                time.sleep(1.0 + attempt)  # give Ray time to restart the actor
+
+    def stats(self, timeout: float = 60) -> list[dict]:
+        return ray.get([h.stats.remote() for h in self.handles], timeout=timeout)
+
+
+def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", pool_name: str | None = None,
+                  fault: str | None = None) -> Workers:
+    """Create the pool and its FoldWorkers, and wait until every one has loaded the data.
+
+    `fault` = "WORKER:CALL" (from FXRAY_FAULT_WORKER_EXIT) makes worker WORKER exit
+    hard on its CALL-th fold, once: the crash-recovery tests use it.
+    """
+    exit_on = {}
+    if fault:
+        w, _, n = fault.partition(":")
+        exit_on[int(w)] = int(n)
+    handles = [FoldWorker.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus).remote([arrays_ref], i, plan.torch_threads, dtype,
+                                                    exit_on.get(i, 0))
+               for i in range(plan.n_workers)]
+    # Named, so that the driver's Tune callbacks (rebuilt from pickles on resume) find it.
+    workers = Workers(WorkerPool.options(name=pool_name).remote(plan.n_workers), handles, plan)
+    workers.stats(timeout=600)  # surfaces a load failure here, not in the first trial
+    return workers

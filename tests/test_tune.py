@@ -1,0 +1,153 @@
+"""The sweep CLI end to end, in subprocesses on a real local Ray, Optuna study and MLflow store.
+
+Each CLI run starts its own Ray (about 10 s on a 2-core box) and runs a tiny config.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+TINY = """\
+name: t
+data: {{synth: {{n_bars: 20000, seed: 0}}}}
+folds: {{train: 6d, val: 2d, test: 2d, max_folds: 2}}
+dqn: {{num_envs: 16, batch_size: 64, hidden: 16, buffer_steps: 32, episode_len: 32,
+      epochs: 2, steps_per_epoch: {steps}, patience: 2}}
+search:
+  lr: {{type: loguniform, low: 1.0e-4, high: 3.0e-3}}
+  gamma: {{type: uniform, low: 0.8, high: 0.99}}
+sweep: {{trials: {trials}, seed: 0, grace_folds: 2, reduction_factor: 2, cpu_per_trial: 0.25}}
+"""
+
+
+def setup(tmp_path, trials=4, steps=10):
+    exp = tmp_path / "tiny.yaml"
+    exp.write_text(TINY.format(trials=trials, steps=steps))
+    env = {**os.environ, "FXRAY_CACHE_DIR": str(tmp_path / "cache"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONWARNINGS": "ignore"}
+    env.pop("RAY_ADDRESS", None)
+    return exp, env
+
+
+def cli(args, env, cwd, timeout=300, **kw):
+    cmd = [sys.executable, "-m", "fxray.tune", *map(str, args)]
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def store(tmp_path):
+    """(parent runs, child runs, MlflowClient) of experiment 't'."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("t")
+    runs = client.search_runs([exp.experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    return parents, children, client
+
+
+def study(tmp_path):
+    return optuna.load_study(study_name="fxray", storage=f"sqlite:///{tmp_path / 'runs/t/optuna.db'}")
+
+
+def check_complete_sweep(tmp_path, n_trials):
+    """Exactly one child run per trial with one val_sharpe point per fold; the study agrees."""
+    parents, children, client = store(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent_id = parents[0].info.run_id
+    assert len(children) == n_trials
+    trial_ids = {r.data.tags["fxray.trial_id"] for r in children}
+    assert len(trial_ids) == n_trials
+    for run in children:
+        assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent_id
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
+        assert sorted(steps) == [0, 1], steps
+        assert "lr" in run.data.params and run.data.params["epochs"] == "2"
+        assert run.data.tags["fxray.dataset_hash"] and json.loads(run.data.tags["fxray.folds"])
+    states = [t.state.name for t in study(tmp_path).trials]
+    assert states == ["COMPLETE"] * n_trials, states
+    results = json.loads((tmp_path / "runs/t/results.json").read_text())
+    assert {t["trial_id"] for t in results["trials"]} == trial_ids
+    assert all(t["folds_done"] == 2 for t in results["trials"])
+    artifacts = {a.path for a in client.list_artifacts(parent_id)}
+    assert {"experiment.yaml", "folds.csv", "equity.png", "best_checkpoint"} <= artifacts
+    return results
+
+
+@pytest.mark.slow
+def test_sweep_on_logical_gpus(tmp_path):
+    exp, env = setup(tmp_path, trials=4)
+    out = cli(["--experiment", exp, "--num-cpus", 2, "--num-gpus", 2, "--json", "out.json"], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "GPU profile: 4 trials x 2 folds" in out.stdout
+    assert out.stdout.count(" fold 2/2: ") == 4 and "top 4 of 4 trials" in out.stdout
+    assert "mlflow ui --backend-store-uri" in out.stdout
+    results = check_complete_sweep(tmp_path, 4)
+    assert json.loads((tmp_path / "out.json").read_text()) == results
+    workers = results["workers"]
+    assert len(workers) == 2 and all(w["n_loads"] == 1 and not w["restarted"] for w in workers)
+    assert sorted(w["gpu_ids"][0] for w in workers) == ["0", "1"]
+    assert {w["device"] for w in workers} == {"cpu"}  # logical GPUs: the hardware decides
+    assert sum(w["n_calls"] for w in workers) == 4 * 2
+    assert results["best"]["mean_val_sharpe"] == max(t["mean_val_sharpe"] for t in results["trials"])
+
+
+@pytest.mark.slow
+def test_sweep_survives_a_worker_crash(tmp_path):
+    exp, env = setup(tmp_path, trials=3)
+    env["FXRAY_FAULT_WORKER_EXIT"] = "0:2"  # worker 0 exits hard in the middle of its 2nd fold
+    out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "CPU profile" in out.stdout
+    results = check_complete_sweep(tmp_path, 3)
+    crashed = results["workers"][0]
+    assert crashed["restarted"] and crashed["n_loads"] == 1  # the new process loaded once too
+
+
+@pytest.mark.slow
+def test_interrupt_then_resume(tmp_path):
+    exp, env = setup(tmp_path, trials=6, steps=80)
+    cmd = [sys.executable, "-m", "fxray.tune", "--experiment", str(exp), "--num-cpus", "2"]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folds = tmp_path / "runs/t/folds.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (folds.exists() and folds.read_text().count("\n") >= 2):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # Ctrl+C: Tune saves its state and stops
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "--resume" in err
+    sweep = json.loads((tmp_path / "runs/t/sweep.json").read_text())
+    assert not sweep["rounds"][-1]["done"]
+    again = cli(["--experiment", exp], env, tmp_path)  # not resumed: refused, nothing touched
+    assert again.returncode == 2 and "pass --resume" in again.stderr
+    assert (tmp_path / "runs/t/sweep.json").read_text() == json.dumps(sweep, indent=1)
+    out = cli(["--experiment", exp, "--num-cpus", 2, "--resume"], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    check_complete_sweep(tmp_path, 6)
+
+
+BAD = {
+    "unknown key": (["--experiment", "bad.yaml"], "bad.yaml: dqn.epochz: unknown key"),
+    "missing data": (["--experiment", "tiny.yaml", "--data", "nope.fxcache"], "--data: nope.fxcache does not exist"),
+    "missing file": (["--experiment", "nope.yaml"], "nope.yaml: no such experiment file"),
+    "nothing to resume": (["--experiment", "tiny.yaml", "--resume"], "no sweep to resume"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
+    exp, env = setup(tmp_path)
+    (tmp_path / "bad.yaml").write_text(exp.read_text().replace("epochs: 2", "epochz: 2"))
+    args, expected = BAD[case]
+    out = cli(args, env, tmp_path, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], out.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()

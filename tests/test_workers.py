@@ -1,0 +1,103 @@
+"""fxray.workers on a real local Ray: one load per worker, exclusive leases, restart after a kill."""
+
+import numpy as np
+import pytest
+import ray
+
+from fxray import cache
+from fxray.folds import FoldSpec, make_folds
+from fxray.synth import SynthSpec, to_cache
+from fxray.workers import plan_workers, put_market, start_workers
+
+TINY = {"num_envs": 16, "batch_size": 64, "hidden": 16, "buffer_steps": 32, "episode_len": 32,
+        "epochs": 2, "steps_per_epoch": 10, "patience": 2}
+
+
+def test_plan_cpu_box():
+    plan = plan_workers({"CPU": 2.0}, cpu_per_trial=0.25)
+    assert (plan.kind, plan.n_workers, plan.num_gpus, plan.torch_threads) == ("cpu", 2, 0.0, 1)
+    assert plan.num_cpus == 0.75  # 2 workers x 0.75 + 2 trials x 0.25 = the 2 CPUs
+    wide = plan_workers({"CPU": 8.0}, cpu_per_trial=0.5, cpu_workers=2)
+    assert (wide.n_workers, wide.torch_threads, wide.num_cpus) == (2, 4, 3.5)
+
+
+def test_plan_gpu_box():
+    plan = plan_workers({"CPU": 16.0, "GPU": 2.0}, workers_per_gpu=2)
+    assert (plan.kind, plan.n_workers, plan.num_gpus, plan.num_cpus) == ("gpu", 4, 0.5, 1.0)
+
+
+def test_plan_refuses_what_cannot_fit():
+    with pytest.raises(ValueError, match="do not fit"):
+        plan_workers({"CPU": 1.0}, cpu_per_trial=1.0)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    """Two workers on two LOGICAL GPUs of a CPU box: they must still compute on the CPU."""
+    path = tmp_path_factory.mktemp("w") / "m.fxcache"
+    to_cache(SynthSpec(n_bars=20_000, seed=3), path)
+    market = cache.open(path)
+    folds = [f.as_dict() for f in make_folds(market.ts, FoldSpec("6d", "2d", "2d", max_folds=2))]
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, namespace="fxray-test-workers")
+    try:
+        ref = put_market(market)
+        plan = plan_workers(ray.cluster_resources(), 1, 0.25)
+        yield start_workers(ref, plan, pool_name="test-pool"), ref, folds
+    finally:
+        ray.shutdown()
+
+
+def test_each_worker_loads_once_on_its_own_gpu(pool):
+    workers, ref, _ = pool
+    stats = workers.stats()
+    assert [s["n_loads"] for s in stats] == [1, 1]
+    assert sorted(s["gpu_ids"][0] for s in stats) == ["0", "1"]  # one per (logical) GPU
+    assert {s["device"] for s in stats} == {"cpu"}                # no CUDA here: CPU, not a crash
+    arrays = ray.get(ref)
+    assert not arrays["features"].flags.writeable  # the object store hands out read-only views
+    assert arrays["close"].flags.c_contiguous
+
+
+def test_leases_are_exclusive(pool):
+    workers, _, _ = pool
+    a = ray.get(workers.pool.acquire.remote("trial-a"))
+    b = ray.get(workers.pool.acquire.remote("trial-b", prefer=a))
+    assert {a, b} == {0, 1}
+    assert ray.get(workers.pool.acquire.remote("trial-a")) == a  # same owner, same worker
+    waiting = workers.pool.acquire.remote("trial-c")
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        ray.get(waiting, timeout=0.5)  # both busy: trial-c waits
+    assert ray.get(workers.pool.release.remote("trial-a")) == 1
+    assert ray.get(waiting, timeout=10) == a
+    for owner in ("trial-b", "trial-c", "nobody"):
+        ray.get(workers.pool.release.remote(owner))
+    assert ray.get(workers.pool.owners.remote()) == [None, None]
+
+
+def test_fold_survives_a_killed_worker(pool, tmp_path):
+    workers, _, folds = pool
+    with workers.lease("trial-k") as index:
+        first = workers.train_fold(index, TINY, folds[0], seed=7, checkpoint_dir=str(tmp_path))
+        assert first["status"] == "ok" and first["worker"] == index
+        assert (tmp_path / "fold0.safetensors").exists()
+        ray.kill(workers.handles[index], no_restart=False)  # Ray restarts it from the object store
+        again = workers.train_fold(index, TINY, folds[0], seed=7)
+    stats = workers.stats()[index]
+    assert stats["restarted"] and stats["n_loads"] == 1 and stats["n_calls"] == 1
+    # Same config, seed, fold and thread count: the restarted worker reproduces the fold.
+    assert again["val"]["sharpe"] == pytest.approx(first["val"]["sharpe"], abs=1e-9)
+    np.testing.assert_allclose(again["test_daily_returns"], first["test_daily_returns"], atol=1e-12)
+
+
+def test_trainer_is_reused_within_a_config(pool):
+    workers, _, folds = pool
+    config = {**TINY, "lr": 3e-4}
+    with workers.lease("trial-r") as index:
+        before = workers.stats()[index]
+        for fold in folds:
+            r = workers.train_fold(index, config, fold, seed=1)
+            assert r["fold"]["k"] == fold["k"]
+    after = workers.stats()[index]
+    assert after["n_calls"] == before["n_calls"] + len(folds)
+    assert after["n_trainers"] == before["n_trainers"] + 1  # one Trainer for all folds of a config
+    assert after["n_loads"] == 1
