@@ -14,6 +14,8 @@ A fold exists only if its test window is fully covered by the data
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -28,8 +30,10 @@ class FoldError(ValueError):
 
 def parse_duration(text: str | int | float, key: str = "duration") -> int:
     """'30d', '12h', '90min', '2w' (or a number of days) -> nanoseconds."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
+    if isinstance(text, numbers.Real) and not isinstance(text, (bool, np.bool_)):
         value, unit = float(text), "d"
+        if not math.isfinite(value):
+            raise FoldError(f"{key}: {text!r} is not a finite duration")
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(min|h|d|w)\s*", str(text))
         if not m:
@@ -58,10 +62,16 @@ class FoldSpec:
             parse_duration(getattr(self, key), f"folds.{key}")
         if self.step is not None:
             parse_duration(self.step, "folds.step")
-        if self.embargo is not None and (not isinstance(self.embargo, int) or self.embargo < 1):
+        if self.embargo is not None and not _is_positive_int(self.embargo):
             raise FoldError(f"folds.embargo: {self.embargo!r} must be an integer >= 1 (bars)")
-        if self.max_folds is not None and (not isinstance(self.max_folds, int) or self.max_folds < 1):
+        if self.max_folds is not None and not _is_positive_int(self.max_folds):
             raise FoldError(f"folds.max_folds: {self.max_folds!r} must be an integer >= 1")
+        if not isinstance(self.anchored, (bool, np.bool_)):
+            raise FoldError(f"folds.anchored: {self.anchored!r} must be true or false")
+
+
+def _is_positive_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)) and x >= 1
 
 
 @dataclass(frozen=True)
@@ -95,11 +105,22 @@ def make_folds(ts: np.ndarray, spec: FoldSpec = FoldSpec()) -> list[Fold]:
     """Walk-forward folds over bar close times `ts` (int64 ns, strictly increasing)."""
     spec.validate()
     ts = np.asarray(ts)
+    if ts.dtype.kind == "M":
+        ts = ts.astype("datetime64[ns]").view(np.int64)
+    if ts.ndim != 1 or (ts.size and ts.dtype.kind not in "iu"):
+        raise FoldError(f"ts must be a 1-D array of int64 ns bar close times, got {ts.dtype} "
+                        f"of shape {ts.shape}")
+    ts = ts.astype(np.int64, copy=False)
     train, val, test = (parse_duration(getattr(spec, k)) for k in ("train", "val", "test"))
     step = parse_duration(spec.step, "folds.step") if spec.step is not None else test
     embargo = spec.embargo if spec.embargo is not None else default_embargo()
     if len(ts) == 0:
         raise FoldError("no bars: cannot make folds")
+    # searchsorted on unsorted ts would silently give overlapping, leaking ranges
+    not_increasing = np.flatnonzero(ts[1:] <= ts[:-1])
+    if len(not_increasing):
+        i = int(not_increasing[0]) + 1
+        raise FoldError(f"ts is not strictly increasing at bar {i} ({ts[i - 1]} then {ts[i]})")
     t0, covered = int(ts[0]), int(ts[-1]) + bar_spacing(ts)
     folds: list[Fold] = []
     k = 0
