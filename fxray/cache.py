@@ -257,14 +257,19 @@ def _check_arrays(path: str, arrays: dict) -> None:
 def _parallel_sum(a: np.ndarray, min_chunk_rows: int = 262_144) -> float:
     """Sum of all elements, row chunks summed on threads (numpy releases the GIL)."""
     n_chunks = min(os.cpu_count() or 1, 16, max(1, len(a) // min_chunk_rows))
+    bounds = np.linspace(0, len(a), n_chunks + 1).astype(int)
+
+    def part(i: int) -> float:
+        with np.errstate(over="ignore", invalid="ignore"):  # per thread: errstate is a contextvar
+            return float(a[bounds[i]:bounds[i + 1]].sum())
+
     if n_chunks == 1:
-        return float(a.sum())
+        return part(0)
     from concurrent.futures import ThreadPoolExecutor
 
-    bounds = np.linspace(0, len(a), n_chunks + 1).astype(int)
     with ThreadPoolExecutor(n_chunks) as pool:
-        parts = pool.map(lambda i: float(a[bounds[i]:bounds[i + 1]].sum()), range(n_chunks))
-        return float(sum(parts))
+        with np.errstate(over="ignore", invalid="ignore"):
+            return float(np.sum(list(pool.map(part, range(n_chunks)))))
 
 
 def _check_values(path: str, cols: dict) -> None:

@@ -156,11 +156,28 @@ def test_datetime64_ts_is_stored_as_ns(tmp_path):
     np.testing.assert_array_equal(cache.open(tmp_path / "m.fxcache").ts, want)
 
 
+@pytest.mark.filterwarnings("error")  # and no overflow RuntimeWarning either
 def test_huge_finite_values_are_not_mistaken_for_inf(tmp_path):
     arrays = make_arrays(4)
-    arrays["targets"][:] = 1e308  # their float64 sum overflows; each value is finite
+    arrays["targets"][:] = 1e308  # their sum overflows; each value is finite
+    arrays["features"][:] = 3e38
+    arrays["ofi"][:, ::2], arrays["ofi"][:, 1::2] = 3e38, -3e38
     write(tmp_path / "m.fxcache", arrays)
-    np.testing.assert_array_equal(cache.open(tmp_path / "m.fxcache").targets, arrays["targets"])
+    m = cache.open(tmp_path / "m.fxcache")
+    for name, want in arrays.items():
+        np.testing.assert_array_equal(getattr(m, name), want, err_msg=name)
+
+
+@pytest.mark.parametrize("row", [0, 299_999, 300_000, 599_999])
+def test_non_finite_value_found_in_any_row_of_a_long_column(tmp_path, row):
+    """Long columns are scanned in chunks (on threads): no chunk edge may be skipped."""
+    n = 600_000
+    arrays = {"ts": np.arange(n, dtype=np.int64), "features": np.zeros((n, 42), np.float32),
+              "ofi": np.zeros((n, 8), np.float32), "targets": np.ones((n, 4))}
+    arrays["ofi"][row, 7] = np.inf
+    with pytest.raises(CacheError) as err:
+        write(tmp_path / "m.fxcache", arrays)
+    assert_one_line(err, tmp_path / "m.fxcache", "'ofi'", f"row {row}", "element 7")
 
 
 def test_written_file_respects_umask(tmp_path):
