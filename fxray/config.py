@@ -57,17 +57,19 @@ class DQNConfig:
     cost: float = 1e-5
     """cost per unit of position change, in return units (half-spread + fees)"""
     # --- schedule ------------------------------------------------------------------
-    epochs: int = 8
+    epochs: int = 6
     """max epochs per fold"""
     steps_per_epoch: int = 200
     """collect steps per epoch (each followed by updates_per_step learner steps)"""
-    patience: int = 3
+    patience: int = 2
     """stop after this many epochs without a better val Sharpe"""
     # --- execution -----------------------------------------------------------------
     dtype: str = "float32"
     """storage precision of features on device: float32 or bfloat16"""
     graphs: bool = True
     """capture collect+learn in a CUDA graph (CUDA only; same maths as eager)"""
+    matmul: str = "tf32"
+    """float32 matmuls on CUDA: tf32 (tensor cores, ~1e-3 relative error) or fp32 (exact)"""
 
     def __post_init__(self):
         self.validate()
@@ -95,6 +97,8 @@ class DQNConfig:
             raise ConfigError(f"dqn.target_every: {self.target_every!r} must be an integer >= 0")
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"dqn.dtype: {self.dtype!r} must be 'float32' or 'bfloat16'")
+        if self.matmul not in ("tf32", "fp32"):
+            raise ConfigError(f"dqn.matmul: {self.matmul!r} must be 'tf32' or 'fp32'")
         if self.eps_end > self.eps_start:
             raise ConfigError(f"dqn.eps_end: {self.eps_end} must be <= eps_start ({self.eps_start})")
         if self.buffer_steps <= self.n_step:

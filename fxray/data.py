@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     b = sub.add_parser("build", help="build an fxcache from bar files (and order-book / trade files)")
     b.add_argument("--bars", type=Path, help="a bar file or a directory of them")
     b.add_argument("--format", default="auto", help="auto, csv, histdata, lean, parquet")
-    b.add_argument("--tz", default="UTC", help="time zone of naive timestamps (HistData: Etc/GMT+5)")
+    b.add_argument("--tz", default=None, help="time zone of naive timestamps (default: the format's own: UTC; HistData Etc/GMT+5)")
     b.add_argument("--instrument", help="instrument name stored in the cache (default: from the file name)")
     b.add_argument("--book", type=Path, nargs="+", help="order-book files: Databento MBO/MBP-10 DBN, Binance depth")
     b.add_argument("--trades", type=Path, nargs="+", help="trade files (DBN trades/MBO, Binance)")

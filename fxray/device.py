@@ -54,30 +54,30 @@ def _readonly_ok():
         yield
 
 
-def _upload_rows(dst: torch.Tensor, src: torch.Tensor, chunk_rows: int = 1 << 19) -> None:
-    """dst.copy_(src) for a host src, in row chunks on several threads and streams.
+def _upload_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) for a host src, at DMA speed where the host pages can be pinned.
 
-    A pageable host-to-device copy runs at the speed of one host memcpy into the
-    driver's staging buffer; chunks on parallel threads overlap those copies.
+    A pageable host-to-device copy runs at the speed of one host memcpy through the
+    driver's staging buffer (~7 GB/s). Page-locking the source in place
+    (cudaHostRegister, read-only: it is the fxcache's mmap or Ray's object store)
+    lets the copy engine read it directly. If the pages cannot be registered, fall
+    back to the plain copy.
     """
-    n = src.shape[0]
-    if dst.device.type != "cuda" or n <= chunk_rows:
+    big = src.numel() * src.element_size() >= 1 << 26
+    if dst.device.type != "cuda" or not big:
         dst.copy_(src)
         return
-    from concurrent.futures import ThreadPoolExecutor
-
-    starts = range(0, n, chunk_rows)
-    streams = [torch.cuda.Stream(dst.device) for _ in range(min(8, len(starts)))]
-
-    def copy(i_start):
-        i, start = i_start
-        with torch.cuda.stream(streams[i % len(streams)]):
-            dst[start:start + chunk_rows].copy_(src[start:start + chunk_rows], non_blocking=True)
-
-    with ThreadPoolExecutor(len(streams)) as pool:
-        list(pool.map(copy, enumerate(starts)))
-    for s in streams:
-        torch.cuda.current_stream(dst.device).wait_stream(s)
+    cudart = torch.cuda.cudart()
+    ptr, size = src.data_ptr(), src.numel() * src.element_size()
+    read_only = 8  # cudaHostRegisterReadOnly: the mapping is PROT_READ
+    if int(cudart.cudaHostRegister(ptr, size, read_only)) != 0:
+        dst.copy_(src)
+        return
+    try:
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.current_stream(dst.device).synchronize()  # before the pages are unpinned
+    finally:
+        cudart.cudaHostUnregister(ptr)
 
 
 class DeviceData:

@@ -109,9 +109,14 @@ class Replay:
         rows = (step.unsqueeze(1) + offsets) % self.S            # (batch, n)
         envs = env.unsqueeze(1).expand_as(rows)
         reward, done = self.reward[rows, envs], self.done[rows, envs]
-        # keep step j only if no episode ended at steps 0..j-1
-        ended_before = torch.cumsum(done.to(torch.int64), 1) - done.to(torch.int64)
-        keep = (ended_before == 0).to(torch.float32)              # (batch, n)
+        # keep step j only if no episode ended at steps 0..j-1 (an unrolled scan over the
+        # n <= ~10 columns: torch.cumsum over a tiny inner dim is a slow kernel on CUDA)
+        alive = torch.ones_like(reward[:, 0])
+        keep_cols = []
+        for j in range(self.n):
+            keep_cols.append(alive)
+            alive = alive * (~done[:, j]).to(torch.float32)
+        keep = torch.stack(keep_cols, 1)                          # (batch, n)
         return_n = (reward * keep * self.discounts[: self.n]).sum(1)
         k = keep.sum(1).to(torch.int64)                           # steps included, 1..n
         last_row = rows.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
@@ -156,15 +161,19 @@ class Learner:
         if step is None:
             step, env = replay.sample_indices(cfg.batch_size)
         t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
-        with torch.no_grad():  # Double DQN: online picks, target evaluates
-            next_market = data.states(next_t)
-            next_action = self.q_network(next_market, next_position).argmax(1, keepdim=True)
-            next_q = self.target_network(next_market, next_position).gather(1, next_action).squeeze(1)
+        B = t.shape[0]
+        # One online forward over [s, s_next] (2B rows): at these sizes a step is bound by
+        # kernel launches, not flops, so one pass of twice the rows is nearly free.
+        market = data.states(torch.cat([t, next_t]))                      # (2B, n_inputs)
+        q_both = self.q_network(market, torch.cat([position, next_position]))  # (2B, 3)
+        q = q_both[:B]
+        with torch.no_grad():  # Double DQN: online picks the next action, target evaluates it
+            next_action = q_both[B:].argmax(1, keepdim=True)
+            next_q = self.target_network(market[B:], next_position).gather(1, next_action).squeeze(1)
             td_target = return_n * cfg.reward_scale + discount * next_q
-        q = self.q_network(data.states(t), position)
         q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
         loss = F.huber_loss(q_sa, td_target, delta=cfg.huber_delta)
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad(set_to_none=True)  # backward writes grads instead of adding
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
         self.optimizer.step()

@@ -123,6 +123,8 @@ class Trainer:
     # --- one fold ----------------------------------------------------------------------
     def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None) -> FoldResult:
         cfg, sync = self.cfg, self.data.synchronize
+        # matmul precision is process-wide in torch: set it for whichever trainer runs now
+        torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
         t_start = time.perf_counter()
         self._begin(fold, seed)
         sync()

@@ -20,7 +20,7 @@ from fxray.trainer import Trainer
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CFG = DQNConfig(hidden=64, num_envs=64, batch_size=256, buffer_steps=64, episode_len=50,
-                steps_per_epoch=60, epochs=3, patience=3)
+                steps_per_epoch=60, epochs=3, patience=3, matmul="fp32")  # exact maths to compare
 
 
 def filled_replay(data, cfg, steps=40, seed=0):
@@ -101,6 +101,7 @@ def test_cpu_and_gpu_evaluate_the_same_weights_alike(synth_cache):
 
 
 def test_cpu_and_gpu_learn_step_alike(synth_cache):
+    torch.backends.cuda.matmul.allow_tf32 = False  # Learner alone: no trainer sets it
     market = cache.open(synth_cache)
     fold = make_folds(market.ts, FoldSpec())[0]
     learners, losses = {}, {}
