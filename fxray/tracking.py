@@ -8,9 +8,13 @@
                                     summary: mean_val_sharpe, mean_test_sharpe, folds_done
 
 Why the driver: trials run in many processes, and many processes writing one
-sqlite file lock it. The Tune callback below runs in the driver; trials only
+sqlite file lock it. The Tune callbacks below run in the driver; trials only
 `tune.report`. Runs are found again by tags, so a resumed sweep never gives a
 trial a second run nor a fold a second point.
+
+Also here, driver-side too: `SweepLog` (a progress line per fold, and every fold
+appended to <run dir>/folds.jsonl) and the end-of-sweep files built from those
+records (folds.csv, equity.png, results.json, the top-trials table).
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import ray
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
+
+from fxray.workers import pool_name
 
 FOLD_METRICS = ("val_sharpe", "test_sharpe", "val_sortino", "test_sortino", "val_max_drawdown",
                 "test_max_drawdown", "val_turnover", "test_turnover", "test_total_return",
@@ -145,7 +152,8 @@ def open_sweep(sweep: dict) -> Tracker:
 
 
 class MlflowCallback(Callback):
-    """Tune callback in the driver: per-fold metrics into the trial's child run.
+    """Tune callback in the driver: per-fold metrics into the trial's child run, logged
+    when the fold's checkpoint is registered (see SweepLog.on_checkpoint).
 
     It holds only the storage path: Tune pickles callbacks into the run's state
     and `Tuner.restore` brings back that copy, so everything live (the client,
@@ -164,7 +172,8 @@ class MlflowCallback(Callback):
         sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
         self.tracker, self.base = open_sweep(sweep), sweep["base"]
 
-    def on_trial_result(self, iteration, trials, trial, result, **info):
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        result = trial.last_result  # the fold whose checkpoint Tune just registered (see SweepLog)
         if "fold" in result:
             self.tracker.log_fold(trial.trial_id, trial_label(trial.trial_id),
                                   {**self.base, **trial.config}, result)
@@ -182,8 +191,73 @@ class MlflowCallback(Callback):
 
 
 def trial_label(trial_id: str) -> str:
-    """'a1b2c_00007' -> 'trial-a1b2c-00007' (Tune's run prefix keeps rounds apart)."""
+    """Tune's trial id 'a1b2c3d4' -> 'trial-a1b2c3d4' (the MLflow run name)."""
     return "trial-" + trial_id.replace("_", "-")
+
+
+# --- progress: a line per fold, and folds.jsonl ---------------------------------------
+
+class SweepLog(Callback):
+    """A progress line per finished fold, and every fold appended to <storage>/folds.jsonl.
+
+    Also returns a lease to the pool when a trial ends or is retried (a trial process
+    that died inside a fold cannot return it itself). Holds only the storage path:
+    Tune pickles callbacks into its state, `setup` rebuilds the rest.
+    """
+
+    def __init__(self, storage: str):
+        self.storage = storage
+
+    def __getstate__(self):
+        return {"storage": self.storage}
+
+    def setup(self, **info):
+        self.sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
+        self.records = load_records(self.storage)
+        self.total = self.sweep["rounds"][-1]["trials"] * len(self.sweep["folds"])
+        self.session_folds, self.t0 = 0, time.time()
+        self.pool = ray.get_actor(pool_name(Path(self.storage)))
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        # Not on_trial_result: Tune registers a report's checkpoint a moment after the
+        # result. A fold logged only once its checkpoint is in Tune's state is a fold a
+        # resumed trial will not train again: folds.jsonl and MLflow see it exactly once.
+        # (The trial is blocked in tune.report until then, so last_result is this fold.)
+        result = trial.last_result
+        if "fold" not in result:
+            return
+        rec = {k: v for k, v in result.items() if k in RECORD_KEYS or k.startswith(("val_", "test_"))}
+        rec.update(trial_id=trial.trial_id, config=trial.config, t=time.time())
+        with open(Path(self.storage) / "folds.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.records[(trial.trial_id, rec["fold"])] = rec
+        self.session_folds += 1
+        round_trials = {t.trial_id for t in trials}
+        done = sum(1 for (tid, _) in self.records if tid in round_trials)
+        best = best_trial(self.records, len(self.sweep["folds"]))
+        elapsed = time.time() - self.t0
+        eta = (self.total - done) * elapsed / self.session_folds
+        n_folds = len(self.sweep["folds"])
+        print(f"[{done:>4}/{self.total} folds {fmt_s(elapsed)}, ETA <= {fmt_s(eta)}] "
+              f"{trial_label(trial.trial_id)} fold {rec['fold'] + 1}/{n_folds}: "
+              f"val {rec['val_sharpe']:+.2f} test {rec['test_sharpe']:+.2f} "
+              f"mean val {result['mean_val_sharpe']:+.2f}  | best {best['mean_val_sharpe']:+.2f} "
+              f"({trial_label(best['trial_id'])})", flush=True)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.pool.release.remote(trial.trial_id)
+
+    on_trial_error = on_trial_recover = on_trial_complete
+
+
+RECORD_KEYS = ("fold", "status", "epochs", "best_epoch", "worker", "checkpoint", "fold_time_s",
+               "fold_switch_s", "train_s", "eval_s", "bh_test_sharpe", "adx", "folds_done",
+               "mean_val_sharpe", "mean_test_sharpe")
+
+
+def fmt_s(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 # --- artifacts -----------------------------------------------------------------------
@@ -197,15 +271,17 @@ def equity_png(path, daily_by_fold: list[tuple[int, list]], title: str) -> Path:
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(9, 4))
-    start, level = 0, 0.0
+    start, level, starts = 0, 0.0, []
     for i, (k, daily) in enumerate(daily_by_fold):
         log_eq = level + np.concatenate([[0.0], np.cumsum(daily)])  # daily log returns add
         x = np.arange(start, start + len(log_eq))
         ax.plot(x, np.exp(log_eq), color="tab:blue")
         if i % 2:
             ax.axvspan(x[0], x[-1], color="0.92")
-        ax.text(x[0], ax.get_ylim()[1], f" f{k}", va="top", fontsize=7)
+        starts.append((k, x[0]))
         start, level = x[-1], log_eq[-1]
+    for k, x0 in starts:  # labels at the top, in axes coordinates: the y range is final now
+        ax.annotate(f"fold {k}", (x0, 0.97), xycoords=("data", "axes fraction"), fontsize=7, va="top")
     ax.axhline(1.0, color="0.5", lw=0.8)
     ax.set(title=title, xlabel="test day (folds concatenated)", ylabel="equity")
     fig.tight_layout()
@@ -270,7 +346,7 @@ def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_
                             *(t["config"].get(n, "") for n in names)])
     equity = equity_png(storage / "equity.png", [(r["fold"], r.get("test_daily_returns", []))
                                                   for r in best["folds"]],
-                        f"{sweep['experiment']}: best trial {trial_label(best['trial_id'])} on its test windows")
+                        f"{sweep['experiment']}: best {trial_label(best['trial_id'])} on its test windows")
     # --- results.json -------------------------------------------------------------------
     def fold_json(r):
         out = {k: r.get(k) for k in ("fold", "status", "epochs", "best_epoch", "worker", "checkpoint",

@@ -22,7 +22,6 @@ early). The run directory (default ./runs/<experiment name>) holds:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import math
@@ -40,7 +39,7 @@ from fxray import experiment as expmod
 from fxray.cache import CacheError
 from fxray.config import ConfigError
 from fxray.folds import FoldError
-from fxray.workers import Workers
+from fxray.workers import Workers, pool_name
 
 STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
 DEFAULT_EXPERIMENT = "experiments/default.yaml"
@@ -88,70 +87,6 @@ def fold_record(r: dict) -> dict:
         for k in METRIC_KEYS:
             rec[f"{window}_{k}"] = float(r[window].get(k, 0.0))
     return rec
-
-
-# --- the driver's view of progress ---------------------------------------------------
-
-class SweepLog(tune.Callback):
-    """A progress line per finished fold, and every fold appended to <storage>/folds.jsonl.
-
-    Also returns a lease to the pool when a trial ends or is retried (a trial process
-    that died inside a fold cannot return it itself). Holds only the storage path:
-    Tune pickles callbacks into its state, `setup` rebuilds the rest.
-    """
-
-    def __init__(self, storage: str):
-        self.storage = storage
-
-    def __getstate__(self):
-        return {"storage": self.storage}
-
-    def setup(self, **info):
-        from fxray.tracking import load_records
-
-        self.sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
-        self.records = load_records(self.storage)
-        self.total = self.sweep["rounds"][-1]["trials"] * len(self.sweep["folds"])
-        self.session_folds, self.t0 = 0, time.time()
-        self.pool = ray.get_actor(self.sweep["pool"])
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        from fxray.tracking import best_trial, trial_label
-
-        if "fold" not in result:
-            return
-        rec = {k: v for k, v in result.items() if k in RECORD_KEYS or k.startswith(("val_", "test_"))}
-        rec.update(trial_id=trial.trial_id, config=trial.config, t=time.time())
-        with open(Path(self.storage) / "folds.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        self.records[(trial.trial_id, rec["fold"])] = rec
-        self.session_folds += 1
-        round_trials = {t.trial_id for t in trials}
-        done = sum(1 for (tid, _) in self.records if tid in round_trials)
-        best = best_trial(self.records)
-        elapsed = time.time() - self.t0
-        eta = (self.total - done) * elapsed / self.session_folds
-        n_folds = len(self.sweep["folds"])
-        print(f"[{done:>4}/{self.total} folds {fmt_s(elapsed)}, ETA <= {fmt_s(eta)}] "
-              f"{trial_label(trial.trial_id)} fold {rec['fold'] + 1}/{n_folds}: "
-              f"val {rec['val_sharpe']:+.2f} test {rec['test_sharpe']:+.2f} "
-              f"mean val {result['mean_val_sharpe']:+.2f}  | best {best['mean_val_sharpe']:+.2f} "
-              f"({trial_label(best['trial_id'])})", flush=True)
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self.pool.release.remote(trial.trial_id)
-
-    on_trial_error = on_trial_recover = on_trial_complete
-
-
-RECORD_KEYS = ("fold", "status", "epochs", "best_epoch", "worker", "checkpoint", "fold_time_s",
-               "fold_switch_s", "train_s", "eval_s", "bh_test_sharpe", "adx", "folds_done",
-               "mean_val_sharpe", "mean_test_sharpe")
-
-
-def fmt_s(s: float) -> str:
-    s = int(max(s, 0))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 # --- the driver ------------------------------------------------------------------------
@@ -204,7 +139,6 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     from fxray import cache, synth
-    from fxray.folds import make_folds
 
     t_start = time.time()
     overrides = {k: v for k, v in (("sweep.trials", args.trials), ("sweep.seed", args.seed),
@@ -220,21 +154,22 @@ def run(args) -> int:
         where = "--data" if args.data else f"{file}: data.path"
         raise UsageError(f"{where}: {data_path} does not exist (build it with `python -m fxray.data build`)")
 
+    market = cache.open(data_path) if data_path else None  # a bad file fails here, before Ray
+    if market is not None:
+        make_fold_dicts(file, exp, market)
+        if sweep and sweep["data"]["content_hash"] != market.content_hash:
+            raise UsageError(f"{data_path}: its contents changed since the sweep started "
+                             f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
+
     start_ray(args)
     gpus = ray.cluster_resources().get("GPU", 0)
     profile = sweep["profile"] if sweep else (args.profile if args.profile != "auto"
                                               else ("gpu" if gpus >= 1 else "cpu"))
     exp = expmod.load(file, profile, overrides)
-    if not data_path:
+    if market is None:
         data_path = str(synth.ensure_default(exp.synth, log=print))
-    market = cache.open(data_path)
-    try:
-        folds = [f.as_dict() for f in make_folds(market.ts, exp.folds)]
-    except FoldError as e:
-        raise UsageError(f"{file}: folds: {e} ({data_path})") from None
-    if sweep and sweep["data"]["content_hash"] != market.content_hash:
-        raise UsageError(f"{data_path}: its contents changed since the sweep started "
-                         f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
+        market = cache.open(data_path)
+    folds = make_fold_dicts(file, exp, market)
     resources = ray.cluster_resources()
     from fxray.workers import plan_workers, put_market, start_workers
 
@@ -247,6 +182,11 @@ def run(args) -> int:
           f"x {exp.dqn.steps_per_epoch} steps ({exp.dqn.num_envs} envs, batch {exp.dqn.batch_size}) "
           f"on {plan.describe()}; data {data_path} ({market.n_bars:,} bars)", flush=True)
 
+    t0 = time.time()
+    arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
+    workers = start_workers(arrays_ref, plan, exp.dqn.dtype, pool_name(storage),
+                            fault=os.environ.get("FXRAY_FAULT_WORKER_EXIT"))
+    # while the workers import torch and load the data: the run directory and MLflow
     sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
     from fxray import tracking
 
@@ -254,11 +194,7 @@ def run(args) -> int:
     if sweep["mlflow"].get("parent_run_id") is None:
         sweep["mlflow"]["parent_run_id"] = tracker.parent_run_id
         write_sweep(storage, sweep)
-
-    t0 = time.time()
-    arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
-    workers = start_workers(arrays_ref, plan, exp.dqn.dtype, sweep["pool"],
-                            fault=os.environ.get("FXRAY_FAULT_WORKER_EXIT"))
+    workers.stats(timeout=600)  # every worker has loaded the data (a load error surfaces here)
     print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)
     job = {"folds": folds, "base": exp.dqn.as_dict(), "seed": exp.sweep.seed,
            "checkpoints": str(storage / "checkpoints")}
@@ -291,6 +227,15 @@ def run(args) -> int:
         print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
         return 1
     return 0
+
+
+def make_fold_dicts(file, exp, market) -> list[dict]:
+    from fxray.folds import make_folds
+
+    try:
+        return [f.as_dict() for f in make_folds(market.ts, exp.folds)]
+    except FoldError as e:
+        raise UsageError(f"{file}: folds: {e} ({market.path})") from None
 
 
 def locate(args, overrides) -> tuple[str, Path, dict | None]:
@@ -383,7 +328,6 @@ def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path,
                  "data": {"path": str(Path(data_path).absolute()), "content_hash": market.content_hash,
                           "n_bars": market.n_bars},
                  "folds": folds, "base": exp.dqn.as_dict(), "rounds": [],
-                 "pool": "fxray-pool-" + hashlib.sha1(str(storage).encode()).hexdigest()[:10],
                  "mlflow": {"uri": tracking.tracking_uri(), "experiment": exp.name, "tags": tags}}
     if not args.resume:
         name = "tune" if not round_names else f"tune-{len(round_names) + 1}"
@@ -414,7 +358,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
     scheduler = ASHAScheduler(time_attr="training_iteration", max_t=n_folds,
                               grace_period=min(exp.sweep.grace_folds, n_folds),
                               reduction_factor=exp.sweep.reduction_factor)
-    from fxray.tracking import MlflowCallback
+    from fxray.tracking import MlflowCallback, SweepLog
 
     return tune.Tuner(
         trainable,

@@ -17,6 +17,7 @@ was using it retries its fold there.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -218,9 +219,15 @@ class Workers:
         return ray.get([h.stats.remote() for h in self.handles], timeout=timeout)
 
 
+def pool_name(storage) -> str:
+    """The WorkerPool's actor name: one per run directory, found again by the callbacks."""
+    return "fxray-pool-" + hashlib.sha1(str(storage).encode()).hexdigest()[:10]
+
+
 def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", pool_name: str | None = None,
                   fault: str | None = None) -> Workers:
-    """Create the pool and its FoldWorkers, and wait until every one has loaded the data.
+    """Create the pool and its FoldWorkers (they load the data in the background:
+    `workers.stats()` waits for them).
 
     `fault` = "WORKER:CALL" (from FXRAY_FAULT_WORKER_EXIT) makes worker WORKER exit
     hard on its CALL-th fold, once: the crash-recovery tests use it.
@@ -233,6 +240,4 @@ def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", pool_nam
                                                     exit_on.get(i, 0))
                for i in range(plan.n_workers)]
     # Named, so that the driver's Tune callbacks (rebuilt from pickles on resume) find it.
-    workers = Workers(WorkerPool.options(name=pool_name).remote(plan.n_workers), handles, plan)
-    workers.stats(timeout=600)  # surfaces a load failure here, not in the first trial
-    return workers
+    return Workers(WorkerPool.options(name=pool_name).remote(plan.n_workers), handles, plan)

@@ -15,6 +15,8 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
+from fxray.synth import SynthSpec, to_cache
+
 TINY = """\
 name: t
 data: {{synth: {{n_bars: 20000, seed: 0}}}}
@@ -99,25 +101,31 @@ def test_sweep_on_logical_gpus(tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_survives_a_worker_crash(tmp_path):
+def test_worker_crash_then_extend(tmp_path):
     exp, env = setup(tmp_path, trials=3)
     env["FXRAY_FAULT_WORKER_EXIT"] = "0:2"  # worker 0 exits hard in the middle of its 2nd fold
     out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "CPU profile" in out.stdout
+    assert "CPU profile: 3 trials x 2 folds" in out.stdout
     results = check_complete_sweep(tmp_path, 3)
     crashed = results["workers"][0]
     assert crashed["restarted"] and crashed["n_loads"] == 1  # the new process loaded once too
+    # The sweep finished: running it again adds a round of trials to the same study and parent run.
+    del env["FXRAY_FAULT_WORKER_EXIT"]
+    out = cli(["--experiment", exp, "--num-cpus", 2, "--trials", 1], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = check_complete_sweep(tmp_path, 4)
+    assert [r["name"] for r in results["rounds"]] == ["tune", "tune-2"]
 
 
 @pytest.mark.slow
 def test_interrupt_then_resume(tmp_path):
-    exp, env = setup(tmp_path, trials=6, steps=80)
+    exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
     cmd = [sys.executable, "-m", "fxray.tune", "--experiment", str(exp), "--num-cpus", "2"]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     folds = tmp_path / "runs/t/folds.jsonl"
     deadline = time.time() + 180
-    while time.time() < deadline and not (folds.exists() and folds.read_text().count("\n") >= 2):
+    while time.time() < deadline and not (folds.exists() and folds.read_text().count("\n") >= 1):
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)  # Ctrl+C: Tune saves its state and stops
     _, err = proc.communicate(timeout=120)
@@ -130,24 +138,63 @@ def test_interrupt_then_resume(tmp_path):
     assert (tmp_path / "runs/t/sweep.json").read_text() == json.dumps(sweep, indent=1)
     out = cli(["--experiment", exp, "--num-cpus", 2, "--resume"], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    check_complete_sweep(tmp_path, 6)
+    check_complete_sweep(tmp_path, 4)
+    # a resumed trial continues after its last reported fold: no fold is trained twice
+    assert folds.read_text().count("\n") == 4 * 2
 
 
 BAD = {
     "unknown key": (["--experiment", "bad.yaml"], "bad.yaml: dqn.epochz: unknown key"),
+    "bad range": (["--experiment", "range.yaml"], "range.yaml: search.lr.low: 0 must be > 0"),
     "missing data": (["--experiment", "tiny.yaml", "--data", "nope.fxcache"], "--data: nope.fxcache does not exist"),
+    "not an fxcache": (["--experiment", "tiny.yaml", "--data", "junk.fxcache"], "junk.fxcache: not an Arrow IPC"),
+    "data too short": (["--experiment", "long.yaml", "--data", "short.fxcache"], "long.yaml: folds: data too short"),
     "missing file": (["--experiment", "nope.yaml"], "nope.yaml: no such experiment file"),
     "nothing to resume": (["--experiment", "tiny.yaml", "--resume"], "no sweep to resume"),
+    "bad flag": (["--experiment", "tiny.yaml", "--trials", "0"], "argument --trials: 0 must be >= 1"),
 }
 
 
-@pytest.mark.parametrize("case", BAD)
-def test_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
+def bad_inputs(tmp_path):
     exp, env = setup(tmp_path)
     (tmp_path / "bad.yaml").write_text(exp.read_text().replace("epochs: 2", "epochz: 2"))
-    args, expected = BAD[case]
-    out = cli(args, env, tmp_path, timeout=60)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], out.stderr
+    (tmp_path / "range.yaml").write_text(exp.read_text().replace("low: 1.0e-4", "low: 0"))
+    (tmp_path / "long.yaml").write_text(exp.read_text().replace("train: 6d", "train: 60d"))
+    (tmp_path / "junk.fxcache").write_bytes(b"not arrow" * 100)
+    if not (tmp_path / "short.fxcache").exists():
+        to_cache(SynthSpec(n_bars=3000, seed=0), tmp_path / "short.fxcache")
+    return env
+
+
+def assert_nothing_written(tmp_path):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, case):
+    """In-process through main(argv): every refusal happens before Ray or MLflow start."""
+    from fxray.tune import main
+
+    env = bad_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    args, expected = BAD[case]
+    if case == "bad flag":  # argparse exits 2 itself, after its usage line
+        with pytest.raises(SystemExit, match="2"):
+            main(args)
+    else:
+        assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert expected in lines[-1], lines
+    if case != "bad flag":
+        assert len(lines) == 1
+    assert_nothing_written(tmp_path)
+
+
+def test_bad_input_through_the_real_cli(tmp_path):
+    env = bad_inputs(tmp_path)
+    out = cli(["--experiment", "bad.yaml"], env, tmp_path, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip() == "fxray.tune: error: " + "bad.yaml: dqn.epochz: unknown key; known: " + \
+        out.stderr.split("known: ")[1].strip()
+    assert_nothing_written(tmp_path)

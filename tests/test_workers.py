@@ -42,7 +42,9 @@ def pool(tmp_path_factory):
     try:
         ref = put_market(market)
         plan = plan_workers(ray.cluster_resources(), 1, 0.25)
-        yield start_workers(ref, plan, pool_name="test-pool"), ref, folds
+        workers = start_workers(ref, plan, pool_name="test-pool")
+        workers.stats()  # loaded
+        yield workers, ref, folds
     finally:
         ray.shutdown()
 
