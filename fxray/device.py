@@ -55,29 +55,9 @@ def _readonly_ok():
 
 
 def _upload_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst.copy_(src) for a host src, at DMA speed where the host pages can be pinned.
-
-    A pageable host-to-device copy runs at the speed of one host memcpy through the
-    driver's staging buffer (~7 GB/s). Page-locking the source in place
-    (cudaHostRegister, read-only: it is the fxcache's mmap or Ray's object store)
-    lets the copy engine read it directly. If the pages cannot be registered, fall
-    back to the plain copy.
-    """
-    big = src.numel() * src.element_size() >= 1 << 26
-    if dst.device.type != "cuda" or not big:
-        dst.copy_(src)
-        return
-    cudart = torch.cuda.cudart()
-    ptr, size = src.data_ptr(), src.numel() * src.element_size()
-    read_only = 8  # cudaHostRegisterReadOnly: the mapping is PROT_READ
-    if int(cudart.cudaHostRegister(ptr, size, read_only)) != 0:
-        dst.copy_(src)
-        return
-    try:
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.current_stream(dst.device).synchronize()  # before the pages are unpinned
-    finally:
-        cudart.cudaHostUnregister(ptr)
+    """dst.copy_(src) from host views. (Page-locking the mmap in place with
+    cudaHostRegister hung on the H200 machine: docs/benchmarks.md.)"""
+    dst.copy_(src)
 
 
 class DeviceData:
