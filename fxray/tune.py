@@ -133,7 +133,8 @@ def main(argv=None) -> int:
         print(f"fxray.tune: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("fxray.tune: interrupted before the sweep started; nothing to resume", file=sys.stderr)
+        print("fxray.tune: interrupted (if it had made its run directory, --resume continues it)",
+              file=sys.stderr)
         return 130
 
 
@@ -177,10 +178,11 @@ def run(args) -> int:
         plan = plan_workers(resources, exp.sweep.workers_per_gpu, exp.sweep.cpu_per_trial, args.cpu_workers)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    trials = exp.sweep.trials
+    trials = sweep["rounds"][-1]["trials"] if args.resume else exp.sweep.trials
     print(f"{profile.upper()} profile: {trials} trials x {len(folds)} folds x {exp.dqn.epochs} epochs "
           f"x {exp.dqn.steps_per_epoch} steps ({exp.dqn.num_envs} envs, batch {exp.dqn.batch_size}) "
-          f"on {plan.describe()}; data {data_path} ({market.n_bars:,} bars)", flush=True)
+          f"on {plan.describe()}; data {data_path} ({market.n_bars:,} bars)"
+          + (" -- resuming" if args.resume else ""), flush=True)
 
     t0 = time.time()
     arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
@@ -188,15 +190,21 @@ def run(args) -> int:
                             fault=os.environ.get("FXRAY_FAULT_WORKER_EXIT"))
     # while the workers import torch and load the data: the run directory and MLflow
     sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
-    from fxray import tracking
+    try:
+        from fxray import tracking
 
-    tracker = tracking.open_sweep(sweep)
-    if sweep["mlflow"].get("parent_run_id") is None:
-        sweep["mlflow"]["parent_run_id"] = tracker.parent_run_id
-        write_sweep(storage, sweep)
-    workers.stats(timeout=600)  # every worker has loaded the data (a load error surfaces here)
+        tracker = tracking.open_sweep(sweep)
+        if sweep["mlflow"].get("parent_run_id") is None:
+            sweep["mlflow"]["parent_run_id"] = tracker.parent_run_id
+            write_sweep(storage, sweep)
+        workers.stats(timeout=600)  # every worker has loaded the data (a load error surfaces here)
+    except KeyboardInterrupt:
+        print(f"fxray.tune: interrupted; resume with: python -m fxray.tune --storage {storage} --resume",
+              file=sys.stderr)
+        return 130
     print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)
-    job = {"folds": folds, "base": exp.dqn.as_dict(), "seed": exp.sweep.seed,
+    # what a resumed round trains with is what it started with, whatever the flags say now
+    job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
            "checkpoints": str(storage / "checkpoints")}
     try:
         make_tuner(storage, sweep, exp, job, workers, resumed=args.resume).fit()
@@ -302,6 +310,9 @@ def start_ray(args) -> None:
     # per-fold state snapshot (wanted: it makes --resume lose nothing) would drown it.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Tune's default TensorBoard logger imports tensorboardX, which imports torch into the
+    # driver (~10 s on the GPU machines): make_tuner asks for the JSON and CSV loggers only.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     kw = dict(namespace="fxray", include_dashboard=False, log_to_driver=True, configure_logging=False)
     if args.address:
         ray.init(address=args.address, **kw)
@@ -340,6 +351,7 @@ def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path,
 def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, resumed: bool) -> tune.Tuner:
     """OptunaSearch (seeded TPE, RDB study) + ASHA over folds; or Tune's saved state, restored."""
     import optuna
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
@@ -367,7 +379,8 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
                                     max_concurrent_trials=workers.plan.n_workers, reuse_actors=True),
         run_config=tune.RunConfig(
             name=rnd["name"], storage_path=str(storage), verbose=0,
-            callbacks=[SweepLog(str(storage)), MlflowCallback(str(storage))],
+            callbacks=[SweepLog(str(storage)), MlflowCallback(str(storage)),
+                       JsonLoggerCallback(), CSVLoggerCallback()],
             failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
 

@@ -35,12 +35,15 @@ TRAINER_CACHE = 2      # Trainers (networks + replay + graph) a worker keeps, mo
 
 
 def put_market(market) -> ray.ObjectRef:
-    """`host_arrays(market)` into the object store, once. Columns are made contiguous
-    first (close is a strided view of targets) so every `ray.get` is zero-copy."""
-    from fxray.device import host_arrays
+    """The arrays of `fxray.device.host_arrays(market)` into the object store, once.
 
-    arrays = {k: np.ascontiguousarray(v) for k, v in host_arrays(market).items()}
-    return ray.put(arrays)
+    Built here rather than by calling host_arrays, so that the driver never imports
+    torch (~10 s on the GPU machines); tests/test_workers.py checks both agree.
+    Columns are made contiguous (close is a strided view of targets; the others are
+    already, and are not copied) so every `ray.get` is zero-copy.
+    """
+    arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "close": market.close}
+    return ray.put({k: np.ascontiguousarray(v) for k, v in arrays.items()})
 
 
 # --- how many workers, with which resources ------------------------------------------

@@ -5,6 +5,7 @@ import pytest
 import ray
 
 from fxray import cache
+from fxray.device import host_arrays
 from fxray.folds import FoldSpec, make_folds
 from fxray.synth import SynthSpec, to_cache
 from fxray.workers import plan_workers, put_market, start_workers
@@ -44,13 +45,13 @@ def pool(tmp_path_factory):
         plan = plan_workers(ray.cluster_resources(), 1, 0.25)
         workers = start_workers(ref, plan, pool_name="test-pool")
         workers.stats()  # loaded
-        yield workers, ref, folds
+        yield workers, ref, folds, path
     finally:
         ray.shutdown()
 
 
 def test_each_worker_loads_once_on_its_own_gpu(pool):
-    workers, ref, _ = pool
+    workers, ref, _, _ = pool
     stats = workers.stats()
     assert [s["n_loads"] for s in stats] == [1, 1]
     assert sorted(s["gpu_ids"][0] for s in stats) == ["0", "1"]  # one per (logical) GPU
@@ -58,10 +59,14 @@ def test_each_worker_loads_once_on_its_own_gpu(pool):
     arrays = ray.get(ref)
     assert not arrays["features"].flags.writeable  # the object store hands out read-only views
     assert arrays["close"].flags.c_contiguous
+    host = host_arrays(cache.open(pool[3]))
+    assert arrays.keys() == host.keys()  # put_market builds what DeviceData reads
+    for k in host:
+        np.testing.assert_array_equal(arrays[k], host[k])
 
 
 def test_leases_are_exclusive(pool):
-    workers, _, _ = pool
+    workers, _, _, _ = pool
     a = ray.get(workers.pool.acquire.remote("trial-a"))
     b = ray.get(workers.pool.acquire.remote("trial-b", prefer=a))
     assert {a, b} == {0, 1}
@@ -77,7 +82,7 @@ def test_leases_are_exclusive(pool):
 
 
 def test_fold_survives_a_killed_worker(pool, tmp_path):
-    workers, _, folds = pool
+    workers, _, folds, _ = pool
     with workers.lease("trial-k") as index:
         first = workers.train_fold(index, TINY, folds[0], seed=7, checkpoint_dir=str(tmp_path))
         assert first["status"] == "ok" and first["worker"] == index
@@ -92,7 +97,7 @@ def test_fold_survives_a_killed_worker(pool, tmp_path):
 
 
 def test_trainer_is_reused_within_a_config(pool):
-    workers, _, folds = pool
+    workers, _, folds, _ = pool
     config = {**TINY, "lr": 3e-4}
     with workers.lease("trial-r") as index:
         before = workers.stats()[index]
