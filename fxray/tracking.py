@@ -5,7 +5,8 @@
         |                           artifacts: experiment.yaml, folds.csv, equity.png, best_checkpoint/
         +- child run per trial      tag mlflow.parentRunId, fxray.trial_id; params: the full DQNConfig
                                     metrics per fold (step = fold k): val_sharpe, test_sharpe, ...
-                                    summary: mean_val_sharpe, mean_test_sharpe, folds_done
+                                    summary: the last points of mean_val_sharpe / mean_test_sharpe
+                                    (running means), folds_done, tag fxray.stopped_early
 
 Why the driver: trials run in many processes, and many processes writing one
 sqlite file lock it. The Tune callbacks below run in the driver; trials only
@@ -73,14 +74,17 @@ class Tracker:
             self.client.update_run(parent_run_id, status="RUNNING")
         self.parent_run_id = parent_run_id
         self.sweep_tags = sweep_tags or {}
+        self.trial_tags: dict = {}  # child runs only, set by open_sweep (the round's seed, the data file)
         self.children: dict[str, str] = {}     # trial id -> run id
-        self.finished: set[str] = set()        # trial ids whose run has ended
+        self.finished: set[str] = set()        # trial ids whose run is FINISHED: never touched again
         self.steps: dict[str, set] = {}        # run id -> folds already logged
         for run in self.child_runs():
             tid = run.data.tags.get("fxray.trial_id")
             self.children[tid] = run.info.run_id
-            if run.info.status in ("FINISHED", "FAILED"):
+            if run.info.status == "FINISHED":
                 self.finished.add(tid)
+            elif run.info.status != "RUNNING":  # a FAILED trial that --resume retries: same run
+                self.client.update_run(run.info.run_id, status="RUNNING")
 
     def child_runs(self) -> list:
         runs, token = [], None
@@ -96,7 +100,8 @@ class Tracker:
     def _child(self, trial_id: str, name: str, params: dict) -> str:
         if trial_id in self.children:
             return self.children[trial_id]
-        tags = {**self.sweep_tags, "mlflow.parentRunId": self.parent_run_id, "fxray.trial_id": trial_id}
+        tags = {**self.sweep_tags, **self.trial_tags, "mlflow.parentRunId": self.parent_run_id,
+                "fxray.trial_id": trial_id}
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
         run_id = run.info.run_id
         self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(params.items())])
@@ -114,20 +119,27 @@ class Tracker:
         step = int(record["fold"])
         if step in self.steps[run_id]:
             return
+        if "test_daily_returns" in record:  # out-of-sample days: fxray.compare's DSR and equity curves
+            # before the metrics: a crash in between re-logs the fold on resume (this file is overwritten)
+            self.client.log_dict(run_id, {"fold": step, "test_daily_returns": list(record["test_daily_returns"])},
+                                 f"test_daily_returns/fold{step}.json")
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(record[k]), now, step) for k in FOLD_METRICS if k in record]
         self.client.log_batch(run_id, metrics=metrics)
         self.steps[run_id].add(step)
 
-    def end_trial(self, trial_id: str, summary: dict, status: str = "FINISHED") -> None:
+    def end_trial(self, trial_id: str, folds_done: int, n_folds: int, status: str = "FINISHED") -> None:
+        """End a child run. Its summary is the last point of mean_val_sharpe / mean_test_sharpe
+        (the running means, logged per fold); folds_done < n_folds means ASHA stopped it."""
         if trial_id in self.finished or trial_id not in self.children:
             return
         run_id = self.children[trial_id]
-        now = int(time.time() * 1000)
-        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()
-                                               if isinstance(v, (int, float))])
+        self.client.log_batch(run_id, metrics=[Metric("folds_done", folds_done, int(time.time() * 1000),
+                                                      max(folds_done - 1, 0))],
+                              tags=[RunTag("fxray.stopped_early", str(folds_done < n_folds).lower())])
         self.client.set_terminated(run_id, status)
-        self.finished.add(trial_id)
+        if status == "FINISHED":
+            self.finished.add(trial_id)
 
     def end_sweep(self, status: str, summary: dict | None = None, artifacts: list | None = None) -> None:
         """Summary metrics and artifacts [(dir in the run or None, local file)] on the parent; end it."""
@@ -147,8 +159,12 @@ class Tracker:
 def open_sweep(sweep: dict) -> Tracker:
     """The Tracker of a sweep described by its sweep.json (parent run created on first use)."""
     m = sweep["mlflow"]
-    return Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"),
-                   run_name=f"sweep {sweep['experiment']}")
+    tracker = Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"),
+                      run_name=f"sweep {sweep['experiment']}")
+    # what `python -m fxray.train --from-run` needs to retrain a trial: its round's training
+    # seed (an extension round may have another) and the data file the sweep read
+    tracker.trial_tags = {"fxray.seed": str(sweep["rounds"][-1]["seed"]), "fxray.data_path": sweep["data"]["path"]}
+    return tracker
 
 
 class MlflowCallback(Callback):
@@ -162,15 +178,13 @@ class MlflowCallback(Callback):
 
     def __init__(self, storage: str):
         self.storage = storage
-        self.tracker = None
-        self.base: dict = {}
 
     def __getstate__(self):
-        return {"storage": self.storage, "tracker": None, "base": {}}
+        return {"storage": self.storage}
 
     def setup(self, **info):
         sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
-        self.tracker, self.base = open_sweep(sweep), sweep["base"]
+        self.tracker, self.base, self.n_folds = open_sweep(sweep), sweep["base"], len(sweep["folds"])
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         result = trial.last_result  # the fold whose checkpoint Tune just registered (see SweepLog)
@@ -185,9 +199,8 @@ class MlflowCallback(Callback):
         self._end(trial, "FAILED")
 
     def _end(self, trial, status):
-        last = trial.last_result or {}
-        self.tracker.end_trial(trial.trial_id, {k: last[k] for k in ("mean_val_sharpe", "mean_test_sharpe",
-                                                                     "folds_done") if k in last}, status)
+        folds_done = (trial.last_result or {}).get("folds_done", 0)
+        self.tracker.end_trial(trial.trial_id, folds_done, self.n_folds, status)
 
 
 def trial_label(trial_id: str) -> str:

@@ -164,14 +164,14 @@ class WorkerPool:
         self.owner: list[str | None] = [None] * n_workers
         self.changed = asyncio.Condition()
 
-    async def acquire(self, owner: str, prefer: int | None = None) -> int:
+    async def acquire(self, owner: str) -> int:
+        """The index of a worker now leased to `owner`; waits while all are busy."""
         async with self.changed:
             while True:
                 if owner in self.owner:  # a retried call from the same trial keeps its worker
                     return self.owner.index(owner)
-                idle = [i for i, o in enumerate(self.owner) if o is None]
-                if idle:
-                    i = prefer if prefer in idle else idle[0]
+                if None in self.owner:
+                    i = self.owner.index(None)
                     self.owner[i] = owner
                     return i
                 await self.changed.wait()
@@ -227,7 +227,7 @@ def pool_name(storage) -> str:
     return "fxray-pool-" + hashlib.sha1(str(storage).encode()).hexdigest()[:10]
 
 
-def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", pool_name: str | None = None,
+def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: str | None = None,
                   fault: str | None = None) -> Workers:
     """Create the pool and its FoldWorkers (they load the data in the background:
     `workers.stats()` waits for them).
@@ -239,8 +239,10 @@ def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", pool_nam
     if fault:
         w, _, n = fault.partition(":")
         exit_on[int(w)] = int(n)
-    handles = [FoldWorker.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus).remote([arrays_ref], i, plan.torch_threads, dtype,
-                                                    exit_on.get(i, 0))
+    # The ref travels inside a list so that the actor's own ray.get is the one load we count.
+    handles = [FoldWorker.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus)
+               .remote([arrays_ref], i, plan.torch_threads, dtype, exit_on.get(i, 0))
                for i in range(plan.n_workers)]
-    # Named, so that the driver's Tune callbacks (rebuilt from pickles on resume) find it.
-    return Workers(WorkerPool.options(name=pool_name).remote(plan.n_workers), handles, plan)
+    # Named (see pool_name), so that the driver's Tune callbacks, rebuilt from pickles on
+    # resume, find it.
+    return Workers(WorkerPool.options(name=name).remote(plan.n_workers), handles, plan)

@@ -17,6 +17,9 @@ from mlflow.tracking import MlflowClient
 
 from fxray.synth import SynthSpec, to_cache
 
+# mlflow's sqlalchemy store warns about its own use of a deprecated loader; not ours to fix
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
 TINY = """\
 name: t
 data: {{synth: {{n_bars: 20000, seed: 0}}}}
@@ -76,6 +79,10 @@ def check_complete_sweep(tmp_path, n_trials):
     assert states == ["COMPLETE"] * n_trials, states
     results = json.loads((tmp_path / "runs/t/results.json").read_text())
     assert {t["trial_id"] for t in results["trials"]} == trial_ids
+    by_id = {r.data.tags["fxray.trial_id"]: r for r in children}
+    for t in results["trials"]:  # MLflow's summary (last point of the running mean) = results.json
+        assert by_id[t["trial_id"]].data.metrics["mean_val_sharpe"] == pytest.approx(t["mean_val_sharpe"])
+        assert by_id[t["trial_id"]].data.metrics["folds_done"] == 2
     assert all(t["folds_done"] == 2 for t in results["trials"])
     artifacts = {a.path for a in client.list_artifacts(parent_id)}
     assert {"experiment.yaml", "folds.csv", "equity.png", "best_checkpoint"} <= artifacts

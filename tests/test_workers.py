@@ -43,7 +43,7 @@ def pool(tmp_path_factory):
     try:
         ref = put_market(market)
         plan = plan_workers(ray.cluster_resources(), 1, 0.25)
-        workers = start_workers(ref, plan, pool_name="test-pool")
+        workers = start_workers(ref, plan, name="test-pool")
         workers.stats()  # loaded
         yield workers, ref, folds, path
     finally:
@@ -68,7 +68,7 @@ def test_each_worker_loads_once_on_its_own_gpu(pool):
 def test_leases_are_exclusive(pool):
     workers, _, _, _ = pool
     a = ray.get(workers.pool.acquire.remote("trial-a"))
-    b = ray.get(workers.pool.acquire.remote("trial-b", prefer=a))
+    b = ray.get(workers.pool.acquire.remote("trial-b"))
     assert {a, b} == {0, 1}
     assert ray.get(workers.pool.acquire.remote("trial-a")) == a  # same owner, same worker
     waiting = workers.pool.acquire.remote("trial-c")
