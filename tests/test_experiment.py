@@ -143,3 +143,23 @@ def test_bad_folds(tmp_path):
 def test_not_a_mapping(tmp_path):
     assert "must be a mapping" in error(write(tmp_path, "- a\n- b\n"))
     assert "dqn: must be a mapping" in error(write(tmp_path, "dqn: [1]\n"))
+
+
+def test_eurusd_example_makes_its_folds_on_the_real_bars(shared_data, tmp_path):
+    """The real-data example, on the fxcache its header says how to build."""
+    from fxray import bars, cache
+    from fxray.folds import make_folds
+
+    src = shared_data / "bars" / "eurusd_m1_2017q1"
+    if not src.exists():
+        pytest.skip(f"{src} not found")
+    out = tmp_path / "eurusd.fxcache"
+    bars.build_cache(bars.load_bars(src, "histdata", tz="Etc/GMT+5"), out, instrument="EURUSD",
+                     source="histdata")
+    ts = cache.open(out).ts
+    for profile, n_folds in (("gpu", 8), ("cpu", 3)):
+        exp = E.load(ROOT / "experiments" / "eurusd_2017q1.yaml", profile)
+        assert exp.data_path == "eurusd.fxcache"
+        folds = make_folds(ts, exp.folds)
+        assert len(folds) == n_folds
+        assert all(b.test[0] >= a.test[1] for a, b in zip(folds, folds[1:]))  # step = test: no overlap
