@@ -5,15 +5,21 @@
     python -m fxray.train --set lr=1e-3 --set hidden=128 --json result.json
     # tiny CPU run (seconds):
     python -m fxray.train --synth-bars 60000 --set steps_per_epoch=50 --epochs 2 --folds 0
+    # re-train a sweep's trial from MLflow (config, folds, data hash, seed) and check its Sharpe:
+    python -m fxray.train --from-run 20ed2998c1e44394887c65ed43ac6c64 --device cpu
 
 A line per epoch (loss, val Sharpe, epoch time), then a per-fold table: val and
 test Sharpe of the selected epoch against buy-and-hold and flat on the test window.
+With --from-run, also the logged against the reproduced per-fold Sharpe (exit 1 if they
+differ by more than --tolerance; 0 = bitwise, what a CPU run gives).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,7 +30,7 @@ import torch
 from fxray import cache
 from fxray.config import DQNConfig
 from fxray.device import DeviceData
-from fxray.folds import FoldSpec, make_folds
+from fxray.folds import Fold, FoldSpec, make_folds
 from fxray.trainer import Trainer
 
 
@@ -111,11 +117,22 @@ def fold_table(results: list[dict]) -> str:
 def run(args) -> dict:
     device = resolve_device(args.device)
     args.device = device
-    data_path, spec, cfg, name = load_setup(args)
+    origin = load_run(args) if args.from_run else None
+    if origin:
+        data_path, spec, cfg, name = origin["data_path"], None, origin["config"], f"MLflow run {args.from_run}"
+    else:
+        data_path, spec, cfg, name = load_setup(args)
     t0 = time.perf_counter()
     market = cache.open(data_path)
-    folds = make_folds(market.ts, spec)
-    chosen = parse_folds(args.folds, len(folds))
+    if origin:
+        if market.content_hash != origin["dataset_hash"]:
+            raise ValueError(f"{data_path}: content hash {market.content_hash} differs from the data run "
+                             f"{args.from_run} trained on ({origin['dataset_hash']}); pass --data with that file")
+        folds = origin["folds"]
+        chosen = [k for k in parse_folds(args.folds, len(folds)) if k in origin["logged"]["val_sharpe"]]
+    else:
+        folds = make_folds(market.ts, spec)
+        chosen = parse_folds(args.folds, len(folds))
     data = DeviceData(market, device, dtype=cfg.dtype)
     t_load = time.perf_counter() - t0
     print(f"fxray.train: {name} on {data_path} ({market.n_bars:,} bars), {len(chosen)}/{len(folds)} folds, "
@@ -124,16 +141,110 @@ def run(args) -> dict:
     trainer = Trainer(data, cfg)
     results = []
     for k in chosen:
-        ckpt = args.checkpoint_dir / f"seed{args.seed}" if args.checkpoint_dir else None
-        r = trainer.run_fold(folds[k], seed=args.seed + k, log=lambda s: print(s, flush=True),
-                             checkpoint_dir=ckpt)
+        seed = origin["seed"] if origin else args.seed + k  # a sweep trains every fold with its seed
+        ckpt = args.checkpoint_dir / f"seed{seed if origin else args.seed}" if args.checkpoint_dir else None
+        r = trainer.run_fold(folds[k], seed=seed, log=lambda s: print(s, flush=True), checkpoint_dir=ckpt)
         results.append(r.as_dict())
     print(fold_table(results))
-    return {"experiment": name, "data": str(data_path), "content_hash": market.content_hash,
-            "device": device, "seed": args.seed, "config": cfg.as_dict(), "fold_spec": spec.__dict__,
-            "folds": results, "timings": {"load_s": t_load, "total_s": time.perf_counter() - t0},
-            "mean_val_sharpe": float(np.nanmean([r["val"].get("sharpe", np.nan) for r in results])),
-            "mean_test_sharpe": float(np.nanmean([r["test"].get("sharpe", np.nan) for r in results]))}
+    out = {"experiment": name, "data": str(data_path), "content_hash": market.content_hash,
+           "device": device, "seed": origin["seed"] if origin else args.seed, "config": cfg.as_dict(),
+           "fold_spec": spec.__dict__ if spec else None,
+           "folds": results, "timings": {"load_s": t_load, "total_s": time.perf_counter() - t0},
+           "mean_val_sharpe": float(np.nanmean([r["val"].get("sharpe", np.nan) for r in results])),
+           "mean_test_sharpe": float(np.nanmean([r["test"].get("sharpe", np.nan) for r in results]))}
+    if origin:
+        out["from_run"] = check_reproduced(args.from_run, origin["logged"], results, args.tolerance)
+    return out
+
+
+# --- --from-run: a logged sweep trial, trained again ----------------------------------------
+
+def load_run(args) -> dict:
+    """Config, folds, seed, data file and logged per-fold Sharpe of an fxray trial run in MLflow.
+
+    MLflow is imported here only: the rest of fxray.train runs without it.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    run_id = args.from_run
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise ValueError(f"--tracking-uri {uri}: no such sqlite file")
+    client = MlflowClient(uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ValueError(f"--from-run {run_id}: no such run in {uri}") from None
+    tags = run.data.tags
+    missing = [t for t in ("mlflow.parentRunId", "fxray.folds", "fxray.dataset_hash") if t not in tags]
+    if missing:
+        raise ValueError(f"--from-run {run_id}: not an fxray sweep trial (no tag {', '.join(missing)})")
+    if "fxray.seed" in tags:
+        seed = int(tags["fxray.seed"])
+    elif args.seed is not None:
+        seed = args.seed
+    else:
+        raise ValueError(f"--from-run {run_id}: the run has no fxray.seed tag; pass --seed (its sweep.seed)")
+    data_path = args.data or tags.get("fxray.data_path") or sweep_data_path(tags.get("fxray.storage"))
+    if data_path is None or not Path(data_path).exists():
+        raise ValueError(f"--from-run {run_id}: its data file {data_path or '(not recorded)'} is not here; "
+                         "pass --data with a copy of it")
+    folds = [Fold(k, tuple(tr), tuple(va), tuple(te)) for k, tr, va, te in json.loads(tags["fxray.folds"])]
+    logged = {m: {p.step: p.value for p in client.get_metric_history(run_id, m)} for m in ("val_sharpe", "test_sharpe")}
+    return {"config": config_from_params(run.data.params, run_id), "folds": folds, "seed": seed,
+            "data_path": data_path, "dataset_hash": tags["fxray.dataset_hash"], "logged": logged}
+
+
+def sweep_data_path(storage: str | None) -> str | None:
+    """The data file in <run dir>/sweep.json (runs logged before the fxray.data_path tag)."""
+    sweep = Path(storage) / "sweep.json" if storage else None
+    return json.loads(sweep.read_text())["data"]["path"] if sweep and sweep.exists() else None
+
+
+def config_from_params(params: dict, run_id: str) -> DQNConfig:
+    """The DQNConfig a trial logged as MLflow params (strings), with its exact Python types:
+    str(float) round-trips bit for bit; an int given to a float field stays an int."""
+    types = {f.name: f.type for f in dataclasses.fields(DQNConfig)}  # "int", "float", "bool", "str"
+    values = {}
+    for key, text in params.items():
+        kind = types.get(key, "str")  # an unknown key: DQNConfig.from_dict names it
+        try:
+            if kind == "bool":
+                if text.lower() not in ("true", "false"):
+                    raise ValueError(text)
+                values[key] = text.lower() == "true"
+            elif kind == "int" or (kind == "float" and text.lstrip("-").isdigit()):
+                values[key] = int(text)
+            else:
+                values[key] = float(text) if kind == "float" else text
+        except ValueError:
+            raise ValueError(f"--from-run {run_id}: param {key}={text!r} is not a valid {kind}") from None
+    return DQNConfig.from_dict(values, where=f"--from-run {run_id}: params")
+
+
+def check_reproduced(run_id: str, logged: dict, results: list[dict], tolerance: float) -> dict:
+    """Logged vs re-trained per-fold Sharpe, as the sweep reports them (no finished epoch: 0.0)."""
+    rows, diff = [], 0.0
+    print(f"{'fold':>4} {'logged val':>14} {'now val':>14} {'logged test':>14} {'now test':>14}  same")
+    for r in results:
+        k, row = r["fold"]["k"], {"fold": r["fold"]["k"]}
+        for w in ("val", "test"):
+            row[f"logged_{w}_sharpe"] = logged[f"{w}_sharpe"].get(k)
+            row[f"{w}_sharpe"] = float(r[w].get("sharpe", 0.0))
+            if row[f"logged_{w}_sharpe"] is None:
+                diff = float("inf")  # a fold whose test Sharpe was never logged cannot be checked
+            else:
+                diff = max(diff, abs(row[f"{w}_sharpe"] - row[f"logged_{w}_sharpe"]))
+        row["bitwise"] = all(row[f"logged_{w}_sharpe"] == row[f"{w}_sharpe"] for w in ("val", "test"))
+        rows.append(row)
+        cells = [row[c] for c in ("logged_val_sharpe", "val_sharpe", "logged_test_sharpe", "test_sharpe")]
+        print(f"{k:>4} " + " ".join("n/a".rjust(14) if v is None else f"{v:>+14.8f}" for v in cells)
+              + f"  {'yes' if row['bitwise'] else 'NO'}")
+    ok = bool(rows) and diff <= tolerance
+    verdict = ("bitwise" if all(r["bitwise"] for r in rows) else f"within {tolerance:g}") if ok else "NOT"
+    print(f"run {run_id}: {len(rows)} fold(s) reproduced {verdict}" + ("" if ok else f" (max |diff| {diff:.3g})"))
+    return {"run_id": run_id, "folds": rows, "max_abs_diff": diff, "tolerance": tolerance, "reproduced": ok}
 
 
 def main(argv=None) -> int:
@@ -144,12 +255,25 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, help="max epochs per fold (overrides the config)")
     p.add_argument("--folds", help="fold numbers, e.g. 0,2 (default: all)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--seed", type=int, default=0, help="fold k trains with seed + k")
+    p.add_argument("--seed", type=int, help="fold k trains with seed + k (default 0; with --from-run: "
+                   "the run's seed, used for every fold as in the sweep)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a DQNConfig field")
     p.add_argument("--synth-bars", type=int, help="size of the synthetic market when no --data")
     p.add_argument("--checkpoint-dir", type=Path, help="write each fold's best weights here (safetensors + JSON)")
     p.add_argument("--json", type=Path, help="write per-fold metrics, config and timings as JSON")
+    p.add_argument("--from-run", metavar="RUN_ID", help="re-train an MLflow trial run of a sweep: its config, "
+                   "folds, seed and data (content hash checked); compare its per-fold Sharpe")
+    p.add_argument("--tracking-uri", help="MLflow store of --from-run (default: $MLFLOW_TRACKING_URI, "
+                   "else sqlite:///./mlflow.db)")
+    p.add_argument("--tolerance", type=float, default=0.0, help="--from-run: max |Sharpe difference| that "
+                   "counts as reproduced (default 0: bitwise, as on CPU)")
     args = p.parse_args(argv)
+    if args.from_run and (args.set or args.epochs is not None or args.experiment or args.synth_bars):
+        print("error: --from-run takes its config from the run: drop --set/--epochs/--experiment/--synth-bars",
+              file=sys.stderr)
+        return 2
+    if not args.from_run and args.seed is None:
+        args.seed = 0
     try:
         result = run(args)
     except (ValueError, OSError) as e:
@@ -159,7 +283,7 @@ def main(argv=None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=float))
         print(f"wrote {args.json}")
-    return 0
+    return 1 if "from_run" in result and not result["from_run"]["reproduced"] else 0
 
 
 if __name__ == "__main__":
