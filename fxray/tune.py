@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -37,7 +38,7 @@ from ray import tune
 
 from fxray import experiment as expmod
 from fxray.cache import CacheError
-from fxray.config import ConfigError
+from fxray.config import ConfigError, DQNConfig
 from fxray.folds import FoldError
 from fxray.workers import Workers, pool_name
 
@@ -54,6 +55,7 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" per fold is noise
     trial_id = tune.get_context().get_trial_id()
     cfg = {**job["base"], **config}
+    DQNConfig.from_dict(cfg)  # a sampled combination the config rejects fails here, not on a worker
     done: list[dict] = []
     ckpt = tune.get_checkpoint()  # a restored trial continues after its last reported fold
     if ckpt is not None:
@@ -145,6 +147,9 @@ def run(args) -> int:
     overrides = {k: v for k, v in (("sweep.trials", args.trials), ("sweep.seed", args.seed),
                                    ("sweep.workers_per_gpu", args.workers_per_gpu),
                                    ("name", args.name)) if v is not None}
+    if args.address and (args.num_cpus or args.num_gpus is not None):
+        raise UsageError("--num-cpus/--num-gpus size a local Ray; with --address the cluster's own "
+                         "resources are used: drop one of them")
     file, storage, sweep = locate(args, overrides)
     exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
     data_path = args.data or (sweep and sweep["data"]["path"]) or exp.data_path
@@ -315,7 +320,18 @@ def start_ray(args) -> None:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     kw = dict(namespace="fxray", include_dashboard=False, log_to_driver=True, configure_logging=False)
     if args.address:
-        ray.init(address=args.address, **kw)
+        host, _, port = args.address.rpartition(":")
+        if host and port.isdigit():  # Ray retries a dead address for minutes: probe it first
+            try:
+                socket.create_connection((host, int(port)), timeout=5).close()
+            except OSError as e:
+                raise UsageError(f"--address {args.address}: nothing answers there ({e.strerror or e}); "
+                                 "is the cluster up (ray status)?") from None
+        try:
+            ray.init(address=args.address, **kw)
+        except (ConnectionError, RuntimeError) as e:
+            raise UsageError(f"--address {args.address}: cannot join the Ray cluster "
+                             f"({str(e).strip().splitlines()[0]}); is it up (ray status)?") from None
     else:
         ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, **kw)
 

@@ -158,6 +158,9 @@ BAD = {
     "data too short": (["--experiment", "long.yaml", "--data", "short.fxcache"], "long.yaml: folds: data too short"),
     "missing file": (["--experiment", "nope.yaml"], "nope.yaml: no such experiment file"),
     "nothing to resume": (["--experiment", "tiny.yaml", "--resume"], "no sweep to resume"),
+    "dead address": (["--experiment", "tiny.yaml", "--address", "127.0.0.1:1"], "nothing answers there"),
+    "address and local sizes": (["--experiment", "tiny.yaml", "--address", "auto", "--num-cpus", "2"],
+                                "--num-cpus/--num-gpus size a local Ray"),
     "bad flag": (["--experiment", "tiny.yaml", "--trials", "0"], "argument --trials: 0 must be >= 1"),
 }
 
