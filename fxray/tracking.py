@@ -134,8 +134,8 @@ class Tracker:
         if trial_id in self.finished or trial_id not in self.children:
             return
         run_id = self.children[trial_id]
-        self.client.log_batch(run_id, metrics=[Metric("folds_done", folds_done, int(time.time() * 1000),
-                                                      max(folds_done - 1, 0))],
+        last = Metric("folds_done", folds_done, int(time.time() * 1000), max(folds_done - 1, 0))
+        self.client.log_batch(run_id, metrics=[last],
                               tags=[RunTag("fxray.stopped_early", str(folds_done < n_folds).lower())])
         self.client.set_terminated(run_id, status)
         if status == "FINISHED":
@@ -361,15 +361,6 @@ def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_
                                                   for r in best["folds"]],
                         f"{sweep['experiment']}: best {trial_label(best['trial_id'])} on its test windows")
     # --- results.json -------------------------------------------------------------------
-    def fold_json(r):
-        out = {k: r.get(k) for k in ("fold", "status", "epochs", "best_epoch", "worker", "checkpoint",
-                                      "bh_test_sharpe", "adx")}
-        for w in ("val", "test"):
-            out[w] = {k[len(w) + 1:]: v for k, v in r.items() if k.startswith(w + "_") and k != "test_daily_returns"}
-        out["timings"] = {k: r.get(k) for k in ("fold_switch_s", "train_s", "eval_s", "fold_time_s")}
-        out["test_daily_returns"] = r.get("test_daily_returns", [])
-        return out
-
     results = {
         "experiment": sweep["experiment"], "profile": sweep["profile"], "storage": str(storage),
         "data": sweep["data"], "folds": sweep["folds"], "base_config": sweep["base"],
@@ -377,7 +368,7 @@ def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_
         "trials": [{"trial_id": t["trial_id"], "config": {**sweep["base"], **t["config"]},
                     "sampled": t["config"], "folds_done": t["folds_done"],
                     "stopped_early": t["folds_done"] < n_folds, "mean_val_sharpe": t["mean_val_sharpe"],
-                    "mean_test_sharpe": t["mean_test_sharpe"], "folds": [fold_json(r) for r in t["folds"]]}
+                    "mean_test_sharpe": t["mean_test_sharpe"], "folds": [_fold_json(r) for r in t["folds"]]}
                    for t in trials.values()],
         "best": {"config": {**sweep["base"], **best["config"]}, "sampled": best["config"],
                  **{k: best[k] for k in ("trial_id", "folds_done", "mean_val_sharpe", "mean_test_sharpe")}},
@@ -387,7 +378,31 @@ def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(text)
-    # --- the top table ------------------------------------------------------------------
+    print_top(trials, names, n_folds, wall_s, top)
+    best_fold = max(best["folds"], key=lambda r: r["val_sharpe"])
+    ckpt = best_fold.get("checkpoint") or ""
+    artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
+    if ckpt:
+        artifacts += [("best_checkpoint", ckpt), ("best_checkpoint", Path(ckpt).with_suffix(".json"))]
+    summary = {"best_mean_val_sharpe": best["mean_val_sharpe"], "n_trials": len(trials),
+               "best_mean_test_sharpe": best["mean_test_sharpe"], "wall_s": wall_s, "trial_id": best["trial_id"]}
+    return {"mlflow_summary": summary, "artifacts": artifacts}
+
+
+def _fold_json(r: dict) -> dict:
+    """A folds.jsonl record -> results.json's fold: val/test metric dicts, timings."""
+    out = {k: r.get(k) for k in ("fold", "status", "epochs", "best_epoch", "worker", "checkpoint",
+                                  "bh_test_sharpe", "adx")}
+    for w in ("val", "test"):
+        out[w] = {k[len(w) + 1:]: v for k, v in r.items()
+                  if k.startswith(w + "_") and k != "test_daily_returns"}
+    out["timings"] = {k: r.get(k) for k in ("fold_switch_s", "train_s", "eval_s", "fold_time_s")}
+    out["test_daily_returns"] = r.get("test_daily_returns", [])
+    return out
+
+
+def print_top(trials: dict, names: list, n_folds: int, wall_s: float, top: int) -> None:
+    """The best trials (those that ran every fold first), with their sampled values."""
     ranked = sorted(trials.values(), key=lambda t: (t["folds_done"] >= n_folds, t["mean_val_sharpe"]),
                     reverse=True)[:top]
     print(f"\ntop {len(ranked)} of {len(trials)} trials by mean val Sharpe ({n_folds} folds; "
@@ -396,14 +411,6 @@ def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_
     for t in ranked:
         print(f"  {trial_label(t['trial_id']):<20} {t['folds_done']:>5} {t['mean_val_sharpe']:>+7.2f} "
               f"{t['mean_test_sharpe']:>+7.2f}  " + "  ".join(f"{fmt(t['config'].get(n)):>10}" for n in names))
-    best_fold = max(best["folds"], key=lambda r: r["val_sharpe"])
-    ckpt = best_fold.get("checkpoint") or ""
-    artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
-    if ckpt:
-        artifacts += [("best_checkpoint", ckpt), ("best_checkpoint", Path(ckpt).with_suffix(".json"))]
-    summary = {"best_mean_val_sharpe": best["mean_val_sharpe"], "best_mean_test_sharpe": best["mean_test_sharpe"],
-               "n_trials": len(trials), "wall_s": wall_s, "trial_id": best["trial_id"]}
-    return {"mlflow_summary": summary, "artifacts": artifacts}
 
 
 RECORD_COLS = ("val_sharpe", "test_sharpe", "mean_val_sharpe", "val_sortino", "test_sortino",
