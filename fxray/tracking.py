@@ -74,6 +74,7 @@ class Tracker:
             self.client.update_run(parent_run_id, status="RUNNING")
         self.parent_run_id = parent_run_id
         self.sweep_tags = sweep_tags or {}
+        self.child_tags: dict = {}             # extra tags of the children created from now on
         self.trial_tags: dict = {}  # child runs only, set by open_sweep (the round's seed, the data file)
         self.children: dict[str, str] = {}     # trial id -> run id
         self.finished: set[str] = set()        # trial ids whose run is FINISHED: never touched again

@@ -75,6 +75,7 @@ def check_complete_sweep(tmp_path, n_trials):
         assert sorted(steps) == [0, 1], steps
         assert "lr" in run.data.params and run.data.params["epochs"] == "2"
         assert run.data.tags["fxray.dataset_hash"] and json.loads(run.data.tags["fxray.folds"])
+        assert run.data.tags["fxray.seed"] == "0" and Path(run.data.tags["fxray.data_path"]).is_file()
     states = [t.state.name for t in study(tmp_path).trials]
     assert states == ["COMPLETE"] * n_trials, states
     results = json.loads((tmp_path / "runs/t/results.json").read_text())
