@@ -30,6 +30,8 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
+from fxray.cluster import check_object_store
+
 FOLD_RETRIES = 3       # fold calls lost to a dead worker before the trial gives up
 TRAINER_CACHE = 2      # Trainers (networks + replay + graph) a worker keeps, most recent first
 
@@ -43,7 +45,9 @@ def put_market(market) -> ray.ObjectRef:
     already, and are not copied) so every `ray.get` is zero-copy.
     """
     arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "close": market.close}
-    return ray.put({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+    arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    check_object_store(arrays, market.path)  # every node's store must hold a copy: fail now, not hang
+    return ray.put(arrays)
 
 
 # --- how many workers, with which resources ------------------------------------------
