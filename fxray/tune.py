@@ -38,6 +38,7 @@ from ray import tune
 
 from fxray import experiment as expmod
 from fxray.cache import CacheError
+from fxray.cluster import ObjectStoreError, trial_resources
 from fxray.config import ConfigError, DQNConfig
 from fxray.folds import FoldError
 from fxray.workers import Workers, pool_name
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         return run(args)
-    except (expmod.ExperimentError, UsageError, CacheError, FoldError, ConfigError) as e:
+    except (expmod.ExperimentError, UsageError, CacheError, FoldError, ConfigError, ObjectStoreError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"fxray.tune: error: {msg}", file=sys.stderr)
         return 2
@@ -372,7 +373,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
     from ray.tune.search.optuna import OptunaSearch
 
     trainable = tune.with_resources(tune.with_parameters(fold_trial, job=job, workers=workers),
-                                    {"cpu": exp.sweep.cpu_per_trial})
+                                    trial_resources(exp.sweep.cpu_per_trial))  # on the head if multi-node
     rnd = sweep["rounds"][-1]
     path = storage / rnd["name"]
     if resumed and tune.Tuner.can_restore(str(path)):
