@@ -6,17 +6,10 @@
     python -m fxray.tune --resume                                      # finish an interrupted sweep
 
 Each trial is a plain function that walks the folds in time order on a leased
-FoldWorker and calls `tune.report` after each fold; the objective is the
-running mean of val Sharpe (comparable across fold counts, as ASHA stops trials
-early). The run directory (default ./runs/<experiment name>) holds:
-
-    sweep.json        what ran: experiment, data hash, folds, base config, MLflow ids, rounds
-    experiment.yaml   a copy of the experiment file (what --resume uses)
-    optuna.db         the Optuna study (RDB storage, fixed study name): resumable, extensible
-    tune*/            Tune's experiment state (Tuner.restore), one directory per round
-    folds.jsonl       one line per finished fold, written by the driver
-    checkpoints/      best weights per trial and fold (safetensors + JSON), written by workers
-    folds.csv, equity.png, results.json   written at the end
+FoldWorker and calls `tune.report` after each fold; the objective is the running
+mean of val Sharpe (comparable across fold counts, as ASHA stops trials early).
+The run directory (default ./runs/<experiment name>), resume, extension rounds
+and the MLflow layout are described in docs/tune.md.
 """
 
 from __future__ import annotations
@@ -24,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import shutil
 import socket
@@ -41,12 +33,10 @@ from fxray.cache import CacheError
 from fxray.cluster import ObjectStoreError, trial_resources
 from fxray.config import ConfigError, DQNConfig
 from fxray.folds import FoldError
-from fxray.workers import Workers, pool_name
+from fxray.workers import Workers, fold_record, pool_name
 
 STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
 DEFAULT_EXPERIMENT = "experiments/default.yaml"
-METRIC_KEYS = ("sharpe", "sortino", "max_drawdown", "calmar", "total_return", "turnover",
-               "n_trades", "hit_rate", "n_days")
 
 
 # --- the trial (runs in a Tune trial process: no torch, no CUDA, no MLflow) ----------
@@ -74,22 +64,6 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
             with tempfile.TemporaryDirectory() as d:
                 Path(d, "folds.json").write_text(json.dumps(done))
                 tune.report(record, checkpoint=tune.Checkpoint.from_directory(d))
-
-
-def fold_record(r: dict) -> dict:
-    """A FoldResult dict -> the flat metrics a trial reports. A fold with no finished
-    epoch (diverged at once) scores 0.0, the Sharpe of staying flat: finite, comparable."""
-    rec = {"fold": r["fold"]["k"], "status": r["status"], "epochs": r["epochs_run"],
-           "best_epoch": r["best_epoch"], "worker": r.get("worker", -1), "checkpoint": r["checkpoint"] or "",
-           "fold_time_s": r["timings"].get("total_s", 0.0),
-           **{k: r["timings"].get(k, 0.0) for k in ("fold_switch_s", "train_s", "eval_s")},
-           "bh_test_sharpe": r["baselines"].get("buy_and_hold", {}).get("sharpe", 0.0),
-           "adx": r["adx"] if math.isfinite(r["adx"]) else 0.0,
-           "test_daily_returns": list(r["test_daily_returns"])}
-    for window in ("val", "test"):
-        for k in METRIC_KEYS:
-            rec[f"{window}_{k}"] = float(r[window].get(k, 0.0))
-    return rec
 
 
 # --- the driver ------------------------------------------------------------------------
@@ -231,6 +205,9 @@ def run(args) -> int:
         print(f"interrupted: {unfinished} trial(s) unfinished; resume with: python -m fxray.tune "
               f"--storage {storage} --resume", file=sys.stderr)
         return 130
+    orphans = close_orphans(storage)
+    if orphans:
+        print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (no Tune trial ran them)")
     sweep["rounds"][-1]["done"] = errors == 0
     write_sweep(storage, sweep)
     tracker.end_sweep("FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"],
@@ -288,6 +265,21 @@ def ended_trials(round_dir: Path) -> tuple[int, int]:
     trials = ExperimentAnalysis(str(round_dir)).trials
     ended = [t for t in trials if t.status in (Trial.TERMINATED, Trial.ERROR)]
     return len(ended), sum(t.status == Trial.ERROR for t in ended)
+
+
+def close_orphans(storage: Path) -> int:
+    """Mark FAIL the study's trials still RUNNING once every Tune trial of the round ended.
+
+    Only a hard kill (SIGKILL, a second Ctrl+C) makes them: the searcher asked Optuna
+    for a trial after Tune's last state snapshot, so the restored sweep never runs it."""
+    import optuna
+
+    study = optuna.load_study(study_name=STUDY, storage=optuna.storages.RDBStorage(
+        f"sqlite:///{storage / 'optuna.db'}"))
+    running = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
+    for t in running:
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    return len(running)
 
 
 def default_experiment() -> str:

@@ -226,6 +226,26 @@ class Workers:
         return ray.get([h.stats.remote() for h in self.handles], timeout=timeout)
 
 
+METRIC_KEYS = ("sharpe", "sortino", "max_drawdown", "calmar", "total_return", "turnover",
+               "n_trades", "hit_rate", "n_days")
+
+
+def fold_record(r: dict) -> dict:
+    """A FoldResult dict -> the flat metrics a trial reports. A fold with no finished
+    epoch (diverged at once) scores 0.0, the Sharpe of staying flat: finite, comparable."""
+    rec = {"fold": r["fold"]["k"], "status": r["status"], "epochs": r["epochs_run"],
+           "best_epoch": r["best_epoch"], "worker": r.get("worker", -1), "checkpoint": r["checkpoint"] or "",
+           "fold_time_s": r["timings"].get("total_s", 0.0),
+           **{k: r["timings"].get(k, 0.0) for k in ("fold_switch_s", "train_s", "eval_s")},
+           "bh_test_sharpe": r["baselines"].get("buy_and_hold", {}).get("sharpe", 0.0),
+           "adx": r["adx"] if math.isfinite(r["adx"]) else 0.0,
+           "test_daily_returns": list(r["test_daily_returns"])}
+    for window in ("val", "test"):
+        for k in METRIC_KEYS:
+            rec[f"{window}_{k}"] = float(r[window].get(k, 0.0))
+    return rec
+
+
 def pool_name(storage) -> str:
     """The WorkerPool's actor name: one per run directory, found again by the callbacks."""
     return "fxray-pool-" + hashlib.sha1(str(storage).encode()).hexdigest()[:10]

@@ -151,6 +151,18 @@ def test_interrupt_then_resume(tmp_path):
     assert folds.read_text().count("\n") == 4 * 2
 
 
+def test_close_orphans(tmp_path):
+    """A trial asked after Tune's last snapshot (a hard kill) is closed, the others kept."""
+    from fxray.tune import STUDY, close_orphans
+
+    study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    study.tell(study.ask(), 1.0)
+    study.ask()  # the orphan
+    assert close_orphans(tmp_path) == 1
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL"]
+    assert close_orphans(tmp_path) == 0
+
+
 BAD = {
     "unknown key": (["--experiment", "bad.yaml"], "bad.yaml: dqn.epochz: unknown key"),
     "bad range": (["--experiment", "range.yaml"], "range.yaml: search.lr.low: 0 must be > 0"),
