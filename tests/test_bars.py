@@ -6,6 +6,8 @@ import io
 import zipfile
 from pathlib import Path
 
+from conftest import SHARED_DATA
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,7 +17,7 @@ from fxray import cache
 from fxray.bars import Bars, BarsError, DEFAULT_OFI_NAMES, build_cache, load_bars
 from fxray.features import FEATURE_NAMES, MAX_LOOKBACK
 
-DATA = Path("/work/shared/data/bars")
+DATA = SHARED_DATA / "bars"
 SIXE = DATA / "6EH4.XCME_1min_bars_20240101_20240131.csv.gz"
 EURUSD = DATA / "eurusd_m1_2017q1"
 ES = DATA / "es_lean_minute"

@@ -3,14 +3,16 @@ no look-ahead, warm-up, scale invariance, the CUSUM fast path against the plain 
 
 from pathlib import Path
 
+from conftest import SHARED_DATA
+
 import numpy as np
 import pytest
 
 from fxray import features as F
 from fxray.features import (ADX_INDEX, FEATURE_NAMES, LOOKBACKS, MAX_LOOKBACK, compute_features)
 
-REFS = Path("/work/shared/data/refs")
-SIXE = Path("/work/shared/data/bars/6EH4.XCME_1min_bars_20240101_20240131.csv.gz")
+REFS = SHARED_DATA / "refs"
+SIXE = SHARED_DATA / "bars/6EH4.XCME_1min_bars_20240101_20240131.csv.gz"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "features.md"
 MIN_NS = 60 * 10**9
 COL = {name: j for j, name in enumerate(FEATURE_NAMES)}
