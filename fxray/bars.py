@@ -36,7 +36,6 @@ Every bad input raises `BarsError`, one line naming the file and the fix.
 from __future__ import annotations
 
 import gzip
-import os
 import re
 import zipfile
 from dataclasses import dataclass, field

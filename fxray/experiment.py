@@ -301,3 +301,14 @@ def _deep_merge(base: dict, over: dict) -> dict:
         nested = isinstance(v, dict) and isinstance(out.get(k), (dict, type(None)))
         out[k] = _deep_merge(out.get(k) or {}, v) if nested else v
     return out
+
+
+DEFAULT_EXPERIMENT = "experiments/default.yaml"
+
+
+def default_experiment() -> str:
+    """experiments/default.yaml of the cwd, else the one beside this package's checkout."""
+    if Path(DEFAULT_EXPERIMENT).exists():
+        return DEFAULT_EXPERIMENT
+    beside = Path(__file__).resolve().parents[1] / DEFAULT_EXPERIMENT
+    return str(beside) if beside.exists() else DEFAULT_EXPERIMENT

@@ -30,7 +30,7 @@ import torch
 from fxray import cache
 from fxray.config import DQNConfig
 from fxray.device import DeviceData
-from fxray.folds import Fold, FoldSpec, make_folds
+from fxray.folds import Fold, make_folds
 from fxray.trainer import Trainer
 
 
@@ -70,13 +70,6 @@ def parse_folds(text: str | None, n: int) -> list[int]:
     return ks
 
 
-def _default_experiment() -> str:
-    # TODO(lead): move beside fxray.experiment.load once the runner lands, shared with tune.py
-    here = Path("experiments/default.yaml")
-    beside = Path(__file__).resolve().parents[1] / here
-    return str(here if here.exists() else beside)
-
-
 def load_setup(args):
     """(market path, FoldSpec, DQNConfig, experiment name) from the CLI and the experiment file.
 
@@ -85,9 +78,9 @@ def load_setup(args):
     from fxray import experiment as exp_mod
     from fxray import synth
 
-    file = args.experiment or _default_experiment()
+    file = args.experiment or exp_mod.default_experiment()
     profile = "cpu" if args.device == "cpu" else "gpu"
-    overrides = {f"data.synth.n_bars": args.synth_bars} if args.synth_bars else {}
+    overrides = {"data.synth.n_bars": args.synth_bars} if args.synth_bars else {}
     exp = exp_mod.load(file, profile, overrides)
     sets = parse_sets(args.set or [])
     if args.epochs is not None:

@@ -22,7 +22,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from fxray.backtest import backtest, baselines

@@ -36,7 +36,6 @@ from fxray.folds import FoldError
 from fxray.workers import Workers, fold_record, pool_name
 
 STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
-DEFAULT_EXPERIMENT = "experiments/default.yaml"
 
 
 # --- the trial (runs in a Tune trial process: no torch, no CUDA, no MLflow) ----------
@@ -71,7 +70,7 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m fxray.tune", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experiment", help=f"experiment YAML (default {DEFAULT_EXPERIMENT})")
+    p.add_argument("--experiment", help=f"experiment YAML (default {expmod.DEFAULT_EXPERIMENT})")
     p.add_argument("--data", help="an fxcache; overrides the experiment's data.path")
     p.add_argument("--trials", type=positive_int, help="trials to run (default: the file's sweep.trials)")
     p.add_argument("--seed", type=int, help="TPE sampler and training seed (default: sweep.seed)")
@@ -235,7 +234,7 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
     storage = Path(args.storage).absolute() if args.storage else None
     sweep = read_sweep(storage) if storage else None
     if sweep is None:
-        file = args.experiment or default_experiment()
+        file = args.experiment or expmod.default_experiment()
         storage = storage or (Path("runs") / expmod.load(file, "gpu", overrides).name).absolute()
         sweep = read_sweep(storage)
     if args.resume and sweep is None:
@@ -280,14 +279,6 @@ def close_orphans(storage: Path) -> int:
     for t in running:
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)
     return len(running)
-
-
-def default_experiment() -> str:
-    """experiments/default.yaml of the cwd, else the one beside this package's checkout."""
-    if Path(DEFAULT_EXPERIMENT).exists():
-        return DEFAULT_EXPERIMENT
-    beside = Path(__file__).resolve().parents[1] / DEFAULT_EXPERIMENT
-    return str(beside) if beside.exists() else DEFAULT_EXPERIMENT
 
 
 def read_sweep(storage: Path) -> dict | None:

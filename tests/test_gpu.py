@@ -12,7 +12,7 @@ import torch
 from fxray import cache
 from fxray.config import DQNConfig
 from fxray.device import DeviceData
-from fxray.dqn import Learner, Replay, collect, epsilon
+from fxray.dqn import Learner, Replay, collect
 from fxray.env import TradingEnv
 from fxray.folds import FoldSpec, make_folds
 from fxray.trainer import Trainer

@@ -12,7 +12,7 @@ from fxray import cache
 from fxray.backtest import evaluate
 from fxray.config import ConfigError, DQNConfig, field_docs
 from fxray.device import DeviceData
-from fxray.dqn import Learner, QNetwork, Replay, collect, epsilon
+from fxray.dqn import Learner, QNetwork, Replay, epsilon
 from fxray.env import TradingEnv
 from fxray.folds import Fold, FoldSpec, make_folds
 from fxray.synth import SynthSpec, oracle_positions, simulate
