@@ -68,6 +68,8 @@ class DQNConfig:
     """storage precision of features on device: float32 or bfloat16"""
     graphs: bool = True
     """capture collect+learn in a CUDA graph (CUDA only; same maths as eager)"""
+    compile: bool = False
+    """torch.compile the TD loss (forward + backward fused by Inductor; same maths, slower start)"""
     matmul: str = "tf32"
     """float32 matmuls on CUDA: tf32 (tensor cores, ~1e-3 relative error) or fp32 (exact)"""
 

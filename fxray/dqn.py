@@ -150,16 +150,18 @@ class Learner:
         self.params = list(self.q_network.parameters())
         self.target_params = list(self.target_network.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, capturable=capturable)
+        # Inductor fuses the loss's forward and backward into fewer kernels (compiled once,
+        # on the first call; inside a CUDA graph capture its kernels are recorded like any other)
+        self.loss_fn = torch.compile(self.td_loss) if cfg.compile else self.td_loss
         self.updates = torch.zeros((), dtype=torch.int64, device=device)
         # epoch accumulators, read once at epoch end
         self.loss_sum = torch.zeros((), device=device)
         self.q_abs_max = torch.zeros((), device=device)
 
-    def learn(self, data: DeviceData, replay: Replay, step=None, env=None) -> None:
-        """One gradient step on a replay batch (sampled unless (step, env) are given)."""
+    def td_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor):
+        """Huber TD loss of the batch (step, env) and max |Q| over it: the maths of an update
+        (no randomness, no side effects: what `cfg.compile` hands to torch.compile)."""
         cfg = self.cfg
-        if step is None:
-            step, env = replay.sample_indices(cfg.batch_size)
         t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
         B = t.shape[0]
         # One online forward over [s, s_next] (2B rows): at these sizes a step is bound by
@@ -172,7 +174,14 @@ class Learner:
             next_q = self.target_network(market[B:], next_position).gather(1, next_action).squeeze(1)
             td_target = return_n * cfg.reward_scale + discount * next_q
         q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
-        loss = F.huber_loss(q_sa, td_target, delta=cfg.huber_delta)
+        return F.huber_loss(q_sa, td_target, delta=cfg.huber_delta), q.detach().abs().max()
+
+    def learn(self, data: DeviceData, replay: Replay, step=None, env=None) -> None:
+        """One gradient step on a replay batch (sampled unless (step, env) are given)."""
+        cfg = self.cfg
+        if step is None:
+            step, env = replay.sample_indices(cfg.batch_size)
+        loss, q_max = self.loss_fn(data, replay, step, env)
         self.optimizer.zero_grad(set_to_none=True)  # backward writes grads instead of adding
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
@@ -186,7 +195,7 @@ class Learner:
             else:
                 torch._foreach_lerp_(self.target_params, self.params, cfg.tau)
             self.loss_sum.add_(loss.detach())
-            self.q_abs_max.copy_(torch.maximum(self.q_abs_max, q.detach().abs().max()))
+            self.q_abs_max.copy_(torch.maximum(self.q_abs_max, q_max))
 
     def reset(self, seed: int) -> None:
         """Fresh weights (drawn on the CPU from `seed`: same on every device) and optimizer."""

@@ -104,38 +104,50 @@ def bench_trainer(args, rows, path: Path) -> None:
     val = min(args.val_bars, n // 4)
     folds = [Fold(0, (0, n // 2), (n // 2 + 100, n // 2 + 100 + val), (n - val, n)),
              Fold(1, (n // 4, 3 * n // 4), (3 * n // 4 + 100, 3 * n // 4 + 100 + val), (n - val, n))]
-    for graphs in ([True, False] if dev.type == "cuda" else [False]):
+    variants = [("graphs", True, False), ("graphs+compile", True, True), ("eager", False, False)]
+    for tag, graphs, compiled in (variants if dev.type == "cuda" else variants[2:]):
+        if compiled and not args.compile:
+            continue
         cfg = DQNConfig(num_envs=args.envs, batch_size=args.batch, steps_per_epoch=args.steps,
                         buffer_steps=max(64, 2 * args.n_step + 2), hidden=256, depth=2, dueling=True,
-                        n_step=args.n_step, epochs=args.epochs, patience=args.epochs, graphs=graphs)
-        tag = "graphs" if graphs and dev.type == "cuda" else "eager"
-        trainer = Trainer(data, cfg)
+                        n_step=args.n_step, epochs=args.epochs, patience=args.epochs, graphs=graphs,
+                        compile=compiled)
+        try:
+            bench_variant(args, rows, data, folds, cfg, tag, sync)
+        except Exception as e:  # a variant that fails is a row, not the end of the table
+            rows.append(("trainer", f"[{tag}] FAILED", str(e).splitlines()[0][:60] if str(e) else type(e).__name__,
+                         "", ""))
+
+
+def bench_variant(args, rows, data, folds, cfg, tag, sync) -> None:
+    val = folds[0].val[1] - folds[0].val[0]
+    trainer = Trainer(data, cfg)
+    t0 = time.perf_counter()
+    result = trainer.run_fold(folds[0], seed=0)  # includes the one-time graph capture
+    first = time.perf_counter() - t0
+    switch = []
+    for f in (folds[1], folds[0], folds[1]):
         t0 = time.perf_counter()
-        result = trainer.run_fold(folds[0], seed=0)  # includes the one-time graph capture
-        first = time.perf_counter() - t0
-        switch = []
-        for f in (folds[1], folds[0], folds[1]):
-            t0 = time.perf_counter()
-            trainer._begin(f, seed=1)
-            sync()
-            switch.append(time.perf_counter() - t0)
-        result = trainer.run_fold(folds[1], seed=1)
-        epoch = float(np.median([c["epoch_s"] for c in result.curve]))
-        train_only = float(np.median([c["train_s"] for c in result.curve]))
-        val_s = float(np.median([c["val_s"] for c in result.curve]))
-        rows.append(("trainer", f"[{tag}] first fold incl. setup/capture ({result.epochs_run} ep)", first, "s", ""))
-        rows.append(("trainer", f"[{tag}] fold switch", min(switch) * 1e3, "ms", "<= 10 ms"))
-        rows.append(("trainer", f"[{tag}] epoch: {args.steps} x batch {args.batch} + {args.envs} envs + val {val:,}",
-                     epoch, "s", "<= 0.3 s"))
-        rows.append(("trainer", f"[{tag}]   of which val backtest", val_s, "s", ""))
-        rows.append(("trainer", f"[{tag}] env steps/s", args.steps * args.envs / train_only, "steps/s",
-                     f">= {1000 * SB3_ENV_STEPS_S:.3g} (1000x SB3)"))
-        rows.append(("trainer", f"[{tag}] gradient samples/s", args.steps * args.batch / train_only, "samples/s",
-                     f">= {10 * SB3_GRAD_SAMPLES_S:.3g} (10x SB3)"))
-        rows.append(("trainer", f"[{tag}] host syncs inside an epoch", count_syncs_in_epoch(trainer, args.steps),
-                     "", "0"))
-        if args.profile and not graphs:
-            profile_step(trainer, args.profile)
+        trainer._begin(f, seed=1)
+        sync()
+        switch.append(time.perf_counter() - t0)
+    result = trainer.run_fold(folds[1], seed=1)
+    epoch = float(np.median([c["epoch_s"] for c in result.curve]))
+    train_only = float(np.median([c["train_s"] for c in result.curve]))
+    val_s = float(np.median([c["val_s"] for c in result.curve]))
+    rows.append(("trainer", f"[{tag}] first fold incl. setup/capture ({result.epochs_run} ep)", first, "s", ""))
+    rows.append(("trainer", f"[{tag}] fold switch", min(switch) * 1e3, "ms", "<= 10 ms"))
+    rows.append(("trainer", f"[{tag}] epoch: {args.steps} x batch {args.batch} + {args.envs} envs + val {val:,}",
+                 epoch, "s", "<= 0.3 s"))
+    rows.append(("trainer", f"[{tag}]   of which val backtest", val_s, "s", ""))
+    rows.append(("trainer", f"[{tag}] env steps/s", args.steps * args.envs / train_only, "steps/s",
+                 f">= {1000 * SB3_ENV_STEPS_S:.3g} (1000x SB3)"))
+    rows.append(("trainer", f"[{tag}] gradient samples/s", args.steps * args.batch / train_only, "samples/s",
+                 f">= {10 * SB3_GRAD_SAMPLES_S:.3g} (10x SB3)"))
+    rows.append(("trainer", f"[{tag}] host syncs inside an epoch", count_syncs_in_epoch(trainer, args.steps),
+                 "", "0"))
+    if args.profile and not cfg.graphs:
+        profile_step(trainer, args.profile)
 
 
 def profile_step(trainer: Trainer, out: Path) -> None:
@@ -165,6 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--cache", type=Path, help="reuse this fxcache instead of generating one")
     p.add_argument("--json", type=Path)
     p.add_argument("--profile", type=Path, help="write a kernel table of 20 eager steps here")
+    p.add_argument("--compile", action="store_true", help="also measure graphs + torch.compile'd loss")
     args = p.parse_args(argv)
     sections = set(args.sections.split(","))
     rows: list[tuple] = []

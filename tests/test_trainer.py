@@ -12,7 +12,7 @@ from fxray import cache
 from fxray.backtest import evaluate
 from fxray.config import ConfigError, DQNConfig, field_docs
 from fxray.device import DeviceData
-from fxray.dqn import Learner, QNetwork, Replay, epsilon
+from fxray.dqn import Learner, QNetwork, Replay, collect, epsilon
 from fxray.env import TradingEnv
 from fxray.folds import Fold, FoldSpec, make_folds
 from fxray.synth import SynthSpec, oracle_positions, simulate
@@ -248,3 +248,27 @@ def test_shuffled_returns_control_does_not_look_profitable(synth_cache, tmp_path
     assert control.test["sharpe"] < 0.2 * real.test["sharpe"], (control.test, real.test)
     assert control.test["total_return"] < 0.2 * real.test["total_return"]
     assert math.isfinite(control.test["sharpe"])
+
+
+def test_compiled_loss_is_the_same_maths_as_eager():
+    """cfg.compile (torch.compile of the TD loss) changes speed, not the updates."""
+    data = DeviceData(random_arrays())
+    data.set_fold(Fold(0, (0, 1500), (1600, 2200), (2300, 2900)))
+    cfg = TINY.replace(n_step=2)
+    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
+    replay = Replay(cfg, cfg.num_envs, "cpu")
+    torch.manual_seed(0)
+    env.reset()
+    for _ in range(20):
+        collect(env, QNetwork(50, 8, 1, False), replay, torch.tensor(1.0))
+    batches = [replay.sample_indices(cfg.batch_size) for _ in range(4)]
+    learners = {}
+    for compiled in (False, True):
+        learner = Learner(cfg.replace(compile=compiled), 50, "cpu", capturable=False)
+        learner.reset(1)
+        for step, envi in batches:
+            learner.learn(data, replay, step, envi)
+        learners[compiled] = learner
+    torch.testing.assert_close(learners[True].loss_sum, learners[False].loss_sum, rtol=1e-5, atol=1e-6)
+    for p, q in zip(learners[True].params, learners[False].params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
