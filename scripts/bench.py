@@ -71,6 +71,19 @@ def bench_data(args, rows, tmp: Path) -> Path:
     return path
 
 
+def bench_upload(args, rows, path: Path) -> None:
+    """Best of 5 uploads of the whole cache (after one warm-up upload)."""
+    dev = torch.device(args.device)
+    market = cache.open(path)
+    DeviceData(market, dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+
+    def upload():
+        DeviceData(market, dev)
+        sync()
+    rows.append(("upload", f"upload {market.n_bars:,} bars, best of 5", best_of(upload) * 1e3, "ms", "<= 100 ms"))
+
+
 def count_syncs_in_epoch(trainer: Trainer, steps: int) -> int | str:
     """0 if `steps` hot steps run under sync_debug_mode='error' (any sync raises), else 'n/a'."""
     if trainer.data.device.type != "cuda":
@@ -190,6 +203,8 @@ def main(argv=None) -> int:
 
             path = Path(tmp) / "bench.fxcache"
             to_cache(SynthSpec(n_bars=args.bars, seed=0), path)
+        if "upload" in sections:
+            bench_upload(args, rows, path)
         if "trainer" in sections:
             bench_trainer(args, rows, path)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
