@@ -1,7 +1,7 @@
 """The dataset resident on one device, uploaded once; per-fold stats on device.
 
-The upload copies the host columns (zero-copy mmap or Ray object-store views)
-straight into device tensors: no staging copy of the dataset on the host.
+The upload streams the host columns (zero-copy mmap or Ray object-store views)
+through two small pinned buffers into device tensors: never a whole host copy.
 
 `DeviceData` holds, for all N bars of an fxcache:
     x        (N, 50)  features ++ ofi, float32 or bfloat16 (raw, not normalised)
