@@ -114,9 +114,10 @@ def load_bars(path, fmt: str = "auto", tz: str | None = None) -> Bars:
 
 
 def build_cache(bars: Bars, out, *, instrument: str, source: str, bar: str = "1min",
-                ofi=None, ofi_names=DEFAULT_OFI_NAMES) -> str:
+                ofi=None, ofi_names=DEFAULT_OFI_NAMES, extra_meta: dict | None = None) -> str:
     """Compute the 42 features, drop the first MAX_LOOKBACK rows (warm-up) and write an
-    fxcache at `out`; targets = OHLC. `ofi`: (N, 8) aligned with the bars, or None (zeros).
+    fxcache at `out`; targets = OHLC. `ofi`: (N, 8) aligned with the bars, or None (zeros);
+    `extra_meta` adds schema metadata (e.g. the synthetic market's parameters).
     `bars`: a Bars, or anything with ts/open/high/low/close/volume (e.g. fxray.book's bars
     from trades). Returns the content hash."""
     n, where = len(bars.ts), getattr(bars, "source", "") or str(out)
@@ -135,7 +136,7 @@ def build_cache(bars: Bars, out, *, instrument: str, source: str, bar: str = "1m
                        targets, feature_names=FEATURE_NAMES, ofi_names=ofi_names,
                        instrument=instrument, bar=bar, source=source,
                        extra_meta={"warmup_bars_dropped": MAX_LOOKBACK,
-                                   "bars.stats": getattr(bars, "stats", {})})
+                                   "bars.stats": getattr(bars, "stats", {}), **(extra_meta or {})})
 
 
 # --- format detection --------------------------------------------------------------------

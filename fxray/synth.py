@@ -130,19 +130,14 @@ def oracle_positions(flow: np.ndarray, beta: float, cost: float, sigma: float | 
 
 
 def to_cache(spec: SynthSpec, out) -> str:
-    """Simulate, compute the bar features, drop their warm-up and write an fxcache."""
-    from fxray import cache
-    from fxray.features import FEATURE_NAMES, MAX_LOOKBACK, compute_features
+    """Simulate, compute the bar features, drop their warm-up and write an fxcache
+    (through the same builder as real bars: `fxray.bars.build_cache`)."""
+    from fxray.bars import build_cache
+    from fxray.features import MAX_LOOKBACK
 
-    m = simulate(spec, spec.n_bars + MAX_LOOKBACK)
-    features = compute_features(m.ts, m.open, m.high, m.low, m.close, m.volume)
-    keep = slice(MAX_LOOKBACK, None)
-    targets = np.stack([m.open, m.high, m.low, m.close], axis=1)[keep]
-    return cache.write(
-        out, m.ts[keep], features[keep], m.ofi[keep], targets,
-        feature_names=FEATURE_NAMES, ofi_names=SYNTH_OFI_NAMES,
-        instrument="SYNTH", bar="1min", source=f"fxray.synth v{GENERATOR_VERSION}",
-        extra_meta={"synth": asdict(spec), "synth.warmup": MAX_LOOKBACK})
+    m = simulate(spec, spec.n_bars + MAX_LOOKBACK)  # cache row i = simulated bar i + MAX_LOOKBACK
+    return build_cache(m, out, instrument="SYNTH", source=f"fxray.synth v{GENERATOR_VERSION}", bar="1min",
+                       ofi=m.ofi, ofi_names=SYNTH_OFI_NAMES, extra_meta={"synth": asdict(spec)})
 
 
 def cache_dir() -> Path:
