@@ -67,13 +67,8 @@ def cmd_build(args) -> dict:
         ofi, coverage = book.ofi_features(bars.ts, book=book_stream, trades=trades)
         source += " + book:" + ",".join(map(str, (args.book or []) + (args.trades or [])))
     instrument = args.instrument or Path(str(args.bars or (args.trades or args.book)[0])).name.split(".")[0]
-    names = {}
-    if ofi is not None:
-        from fxray.book import OFI_NAMES
-
-        names = {"ofi_names": OFI_NAMES}
-    digest = bars_mod.build_cache(bars, args.out, instrument=instrument, source=source, bar=args.bar,
-                                  ofi=ofi, **names)
+    # build_cache names the ofi columns with fxray.book's OFI_NAMES (zeros or real alike)
+    digest = bars_mod.build_cache(bars, args.out, instrument=instrument, source=source, bar=args.bar, ofi=ofi)
     market = cache.open(args.out)
     seconds = time.perf_counter() - t0
     covered = float(np.mean(coverage)) if coverage is not None else 0.0
