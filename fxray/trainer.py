@@ -38,7 +38,7 @@ EVAL_CHUNK = 262_144  # bars per Q-network forward in evaluation (bounds activat
 @dataclass
 class FoldResult:
     fold: dict                 # Fold.as_dict()
-    status: str                # "ok" | "diverged"
+    status: str                # "ok" | "diverged" | "cancelled" (stop() said so; not evaluated)
     best_epoch: int            # 0-based; -1 if no epoch finished
     epochs_run: int
     val: dict                  # metrics of the best epoch on the val window
@@ -120,7 +120,9 @@ class Trainer:
                         self.cfg.cost, n_days=self.data.count_days(start, end))
 
     # --- one fold ----------------------------------------------------------------------
-    def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None) -> FoldResult:
+    def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None, stop=None) -> FoldResult:
+        """`stop()`, asked before each epoch, ends the fold at once with status "cancelled"
+        (a sweep uses it for a fold it started ahead of a trial that is then stopped)."""
         cfg, sync = self.cfg, self.data.synchronize
         # matmul precision is process-wide in torch: set it for whichever trainer runs now
         torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
@@ -134,6 +136,10 @@ class Trainer:
         best_sharpe, best_epoch, bad_epochs, status = -math.inf, -1, 0, "ok"
         best_val, curve, train_s, eval_s = None, [], 0.0, 0.0
         for epoch in range(cfg.epochs):
+            if stop is not None and stop():
+                return FoldResult(fold=fold.as_dict(), status="cancelled", best_epoch=-1, epochs_run=len(curve),
+                                  val={}, test={}, baselines={}, curve=curve,
+                                  timings={"total_s": time.perf_counter() - t_start})
             t0 = time.perf_counter()
             self.learner.reset_accumulators()
             for _ in range(cfg.steps_per_epoch):

@@ -15,6 +15,7 @@ and the MLflow layout are described in docs/tune.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -52,9 +53,13 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
         with ckpt.as_directory() as d:
             done = json.loads(Path(d, "folds.json").read_text())
     checkpoint_dir = os.path.join(job["checkpoints"], trial_id)
-    with workers.lease(trial_id) as worker:
-        for fold in job["folds"][len(done):]:
-            result = workers.train_fold(worker, cfg, fold, job["seed"], checkpoint_dir)
+    todo = job["folds"][len(done):]
+    # the next fold trains while this one is reported; closing cancels it if ASHA stops us
+    with workers.lease(trial_id) as worker, \
+            contextlib.closing(workers.run_folds(worker, cfg, todo, job["seed"], checkpoint_dir)) as results:
+        for result in results:
+            if results.consumed == len(todo):  # the last fold is in: free the worker before reporting
+                workers.release(trial_id)
             record = fold_record(result)
             done.append({"val_sharpe": record["val_sharpe"], "test_sharpe": record["test_sharpe"]})
             record["folds_done"] = len(done)
@@ -154,7 +159,8 @@ def run(args) -> int:
     from fxray.workers import plan_workers, put_market, start_workers
 
     try:
-        plan = plan_workers(resources, exp.sweep.workers_per_gpu, exp.sweep.cpu_per_trial, args.cpu_workers)
+        plan = plan_workers(resources, exp.sweep.workers_per_gpu, exp.sweep.cpu_per_trial, args.cpu_workers,
+                            exp.sweep.trials_per_worker)
     except ValueError as e:
         raise UsageError(str(e)) from None
     trials = sweep["rounds"][-1]["trials"] if args.resume else exp.sweep.trials
@@ -198,7 +204,8 @@ def run(args) -> int:
     unfinished = sweep["rounds"][-1]["trials"] - ended
     records = tracking.load_records(storage)
     worker_stats = workers.stats()
-    summary = tracking.write_results(storage, sweep, records, worker_stats, time.time() - t_start, args.json)
+    summary = tracking.write_results(storage, sweep, records, worker_stats, time.time() - t_start, args.json,
+                                     started=t_start)
     if unfinished:
         tracker.end_sweep("KILLED")
         print(f"interrupted: {unfinished} trial(s) unfinished; resume with: python -m fxray.tune "
@@ -376,7 +383,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
         trainable,
         tune_config=tune.TuneConfig(metric="mean_val_sharpe", mode="max", search_alg=searcher,
                                     scheduler=scheduler, num_samples=rnd["trials"],
-                                    max_concurrent_trials=workers.plan.n_workers, reuse_actors=True),
+                                    max_concurrent_trials=workers.plan.n_trials, reuse_actors=True),
         run_config=tune.RunConfig(
             name=rnd["name"], storage_path=str(storage), verbose=0,
             callbacks=[SweepLog(str(storage)), MlflowCallback(str(storage)),

@@ -4,11 +4,14 @@
              workers = start_workers(ref, plan, ...)  BEFORE Tuner.fit(): an actor created inside
                                                       a trial would join its placement group
     trial:   with workers.lease(trial_id) as w:       exactly one trial drives a worker at a time
-                 workers.train_fold(w, cfg, fold, seed, ckpt_dir)  -> FoldResult dict
+                 for result in workers.run_folds(w, cfg, folds, seed, ckpt_dir):  -> FoldResult dicts
 
 A FoldWorker `ray.get`s the arrays once (zero-copy, read-only) and uploads them
 into one DeviceData for its whole life; it caches a Trainer per config, so the
-folds of a trial reuse networks, replay and the captured CUDA graph. Trials never
+folds of a trial reuse networks, replay and the captured CUDA graph. A trial keeps
+the next fold queued on its worker while it reports the last one, so the device
+does not wait for Tune's round trip; a trial that is stopped cancels the fold it
+queued (it ends at its next epoch boundary, status "cancelled"). Trials never
 import torch nor touch CUDA (a 0-GPU Ray process can see every GPU). A worker
 that dies is restarted by Ray and reloads from the object store; the trial that
 was using it retries its fold there.
@@ -22,6 +25,7 @@ import json
 import math
 import os
 import time
+import uuid
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -59,17 +63,25 @@ class WorkerPlan:
     num_cpus: float       # logical CPUs each worker reserves
     num_gpus: float       # 1/K in gpu plans, 0 in cpu plans
     torch_threads: int    # intra-op threads of each worker
+    n_trials: int = 0     # Tune trials in flight (max_concurrent_trials); 0 = n_workers
+
+    def __post_init__(self):
+        if self.n_trials == 0:
+            object.__setattr__(self, "n_trials", self.n_workers)
 
     def describe(self) -> str:
         per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""
         return (f"{self.n_workers} {self.kind.upper()} worker(s), each {per}{self.num_cpus:g} CPU, "
-                f"{self.torch_threads} torch thread(s)")
+                f"{self.torch_threads} torch thread(s); {self.n_trials} trials in flight")
 
 
 def plan_workers(resources: dict, workers_per_gpu: int = 1, cpu_per_trial: float = 0.25,
-                 cpu_workers: int | None = None) -> WorkerPlan:
-    """Split the cluster between workers and the trials that drive them (one trial each).
+                 cpu_workers: int | None = None, trials_per_worker: int = 1) -> WorkerPlan:
+    """Split the cluster between workers and the trials that drive them.
 
+    `trials_per_worker` trials are in flight per worker: one holds its lease, the
+    others have been started by Tune and wait for it, so a worker goes from one
+    trial to the next without waiting for Tune's trial turnover (~0.1 s).
     Trials only wait on workers, but Ray still needs room for their `cpu_per_trial`;
     a worker gets at most 1 logical CPU, less where the trials would not fit.
     """
@@ -81,19 +93,25 @@ def plan_workers(resources: dict, workers_per_gpu: int = 1, cpu_per_trial: float
         kind, num_gpus = "cpu", 0.0
         n = cpu_workers or max(1, int(cpus))  # one single-threaded worker per core beats one wide one
         threads = max(1, int(cpus // n))
-    spare = (cpus - n * cpu_per_trial) / n
+    n_trials = n * trials_per_worker
+    spare = (cpus - n_trials * cpu_per_trial) / n
     num_cpus = math.floor(min(float(threads if kind == "cpu" else 1), spare) * 100) / 100
     if num_cpus <= 0 and kind == "cpu":
-        raise ValueError(f"{n} CPU workers and their trials ({cpu_per_trial:g} CPU each) do not fit "
-                         f"in {cpus:g} CPUs: lower sweep.cpu_per_trial or --cpu-workers")
-    return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads)
+        raise ValueError(f"{n} CPU workers and their {n_trials} trials ({cpu_per_trial:g} CPU each) do not "
+                         f"fit in {cpus:g} CPUs: lower sweep.cpu_per_trial, sweep.trials_per_worker or "
+                         "--cpu-workers")
+    return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads, n_trials)
 
 
 # --- the actor -----------------------------------------------------------------------
 
-@ray.remote(max_restarts=-1, max_task_retries=2)
+@ray.remote(max_restarts=-1, max_task_retries=2, concurrency_groups={"control": 1})
 class FoldWorker:
-    """One device-resident copy of the dataset and the Trainers that use it."""
+    """One device-resident copy of the dataset and the Trainers that use it.
+
+    `train_fold` runs in the default group (one at a time, in submission order);
+    `cancel` and `stats` run in their own thread, so they answer while a fold trains.
+    """
 
     def __init__(self, arrays_ref: list, index: int, torch_threads: int = 1, dtype: str = "float32",
                  exit_on_call: int = 0):
@@ -117,16 +135,37 @@ class FoldWorker:
         # Fault injection for tests: the first incarnation exits hard on its N-th fold.
         self.exit_on_call = 0 if self.restarted else exit_on_call
         self.trainers: OrderedDict = OrderedDict()
+        self.cancelled: set = set()   # tokens whose queued folds are no longer wanted
+        self.calls: list = []         # per call: [start, end (unix s), token, fold k, status]
+        self.running: list | None = None  # [start, token, fold k] of the fold training now
 
-    def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir: str | None = None) -> dict:
+    def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir: str | None = None,
+                   token: str | None = None) -> dict:
+        """Train `config` on `fold`. A fold whose `token` was cancelled returns status
+        "cancelled" (at once if not started, else at its next epoch boundary)."""
+        t0 = time.time()
+        self.n_calls += 1
+        if self.n_calls == self.exit_on_call:
+            os._exit(1)
+        if token is not None and token in self.cancelled:
+            result = {"status": "cancelled", "fold": fold, "epochs_run": 0, "timings": {"total_s": 0.0}}
+        else:
+            self.running = [t0, token, fold["k"]]
+            try:
+                result = self._train(config, fold, seed, checkpoint_dir,
+                                     stop=(lambda: token in self.cancelled) if token is not None else None)
+            finally:
+                self.running = None
+        result["worker"] = self.index
+        self.calls.append([t0, time.time(), token, fold["k"], result["status"]])
+        return result
+
+    def _train(self, config, fold, seed, checkpoint_dir, stop) -> dict:
         from fxray.config import DQNConfig
         from fxray.device import DTYPES
         from fxray.folds import Fold
         from fxray.trainer import Trainer
 
-        self.n_calls += 1
-        if self.n_calls == self.exit_on_call:
-            os._exit(1)
         key = json.dumps(config, sort_keys=True)
         trainer = self.trainers.pop(key, None)
         if trainer is None:
@@ -140,13 +179,17 @@ class FoldWorker:
         while len(self.trainers) > TRAINER_CACHE:
             self.trainers.popitem(last=False)
         f = Fold(fold["k"], tuple(fold["train"]), tuple(fold["val"]), tuple(fold["test"]))
-        result = trainer.run_fold(f, seed, checkpoint_dir=checkpoint_dir).as_dict()
-        result["worker"] = self.index
-        return result
+        return trainer.run_fold(f, seed, checkpoint_dir=checkpoint_dir, stop=stop).as_dict()
 
+    @ray.method(concurrency_group="control")
+    def cancel(self, token: str) -> None:
+        """Folds queued or running under `token` end early (their trial was stopped)."""
+        self.cancelled.add(token)
+
+    @ray.method(concurrency_group="control")
     def stats(self) -> dict:
         return {"index": self.index, "n_loads": self.n_loads, "n_calls": self.n_calls,
-                "n_trainers": self.n_trainers,
+                "n_trainers": self.n_trainers, "calls": list(self.calls), "running": self.running,
                 "restarted": self.restarted, "device": self.device, "load_s": self.load_s,
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
                 "node": ray.get_runtime_context().get_node_id()}
@@ -209,21 +252,71 @@ class Workers:
         try:
             yield index
         finally:
-            with contextlib.suppress(Exception):
-                ray.get(self.pool.release.remote(owner), timeout=30)
+            self.release(owner)
+
+    def release(self, owner: str) -> None:
+        """Return `owner`'s worker to the pool (idempotent; a trial may do it before its block ends)."""
+        with contextlib.suppress(Exception):
+            ray.get(self.pool.release.remote(owner), timeout=30)
 
     def train_fold(self, index: int, config: dict, fold: dict, seed: int, checkpoint_dir=None) -> dict:
-        """Run one fold on worker `index`; if it died, Ray restarts it and we retry the fold."""
+        """Run one fold on worker `index` (see run_folds)."""
+        return next(self.run_folds(index, config, [fold], seed, checkpoint_dir))
+
+    def run_folds(self, index: int, config: dict, folds: list, seed: int, checkpoint_dir=None) -> "FoldStream":
+        """The folds' results in order, the next fold always queued on the worker (see FoldStream)."""
+        return FoldStream(self.handles[index], config, folds, seed, checkpoint_dir)
+
+    def stats(self, timeout: float = 60) -> list[dict]:
+        return ray.get([h.stats.remote() for h in self.handles], timeout=timeout)
+
+
+class FoldStream:
+    """Iterate the results of `folds` on one worker, in order, while the worker is kept
+    one fold ahead: the next fold is queued before this one is handed over, so the
+    device does not wait for the caller's round trip (a trial's tune.report).
+
+    Submits the first two folds at once. If the worker died, Ray restarts it and the
+    fold is submitted again. `close()` (a trial stopped inside tune.report closes it
+    via contextlib.closing) cancels what is still queued: the running fold ends at its
+    next epoch boundary, so the worker is free for the next trial."""
+
+    def __init__(self, handle, config: dict, folds: list, seed: int, checkpoint_dir=None):
+        self.handle, self.folds, self.token = handle, list(folds), uuid.uuid4().hex
+        self.args = (config, seed, checkpoint_dir)
+        self.queued = [self._submit(f) for f in self.folds[:2]]
+        self.consumed = 0
+
+    def _submit(self, fold: dict):
+        config, seed, checkpoint_dir = self.args
+        return self.handle.train_fold.remote(config, fold, seed, checkpoint_dir, self.token)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        i = self.consumed
+        if i >= len(self.folds):
+            raise StopIteration
         for attempt in range(FOLD_RETRIES + 1):
             try:
-                return ray.get(self.handles[index].train_fold.remote(config, fold, seed, checkpoint_dir))
+                result = ray.get(self.queued[i])
+                break
             except RayActorError:
                 if attempt == FOLD_RETRIES:
                     raise
                 time.sleep(1.0 + attempt)  # give Ray time to restart the actor
+                self.queued[i] = self._submit(self.folds[i])
+        self.consumed = i + 1
+        if i + 2 < len(self.folds):
+            self.queued.append(self._submit(self.folds[i + 2]))
+        return result
 
-    def stats(self, timeout: float = 60) -> list[dict]:
-        return ray.get([h.stats.remote() for h in self.handles], timeout=timeout)
+    def close(self) -> None:
+        if len(self.queued) > self.consumed:
+            with contextlib.suppress(Exception):
+                self.handle.cancel.remote(self.token)
+            self.queued = self.queued[:self.consumed]
 
 
 METRIC_KEYS = ("sharpe", "sortino", "max_drawdown", "calmar", "total_return", "turnover",

@@ -2,45 +2,82 @@
 
     python scripts/sweep_report.py runs/default/results.json [more.json ...]
 
-Prints, per sweep: wall time, trials/hour, workers (GPUs), the share of
-worker-seconds spent inside `train_fold` (training + evaluation on the device),
-and the mean non-training time per trial (dispatch, leasing, reporting, Ray/Tune
-bookkeeping and idle tail, per worker slot): an upper bound of the per-trial
-overhead.
+Each FoldWorker logs every call it served (start, end, trial token, fold, status),
+so the report splits each worker's share of the wall time into:
+
+  training      inside train_fold for folds that counted (the device working for the sweep)
+  cancelled     folds started ahead of a trial that ASHA then stopped (wasted device time)
+  startup       driver start -> the first fold (Ray, data into the object store, workers
+                importing torch and uploading the data, MLflow tables)
+  between       gaps between two trials on one worker: the per-trial dispatch overhead
+                (trial end, Optuna tell/ask, Tune's trial start, the lease)
+  within        gaps between two folds of one trial (reporting; ~0 once folds are queued)
+  tail          the last fold's end -> results written
+
+and prints the per-trial dispatch gap (mean, median, p90).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 
 def report(path: str) -> dict:
     r = json.loads(open(path).read())
-    workers = max(len(r.get("workers") or []), 1)
-    gpus = sum(1 for w in r.get("workers") or [] if "cuda" in str(w.get("device", "")))
-    fold_s = sum(f["timings"].get("fold_time_s") or 0.0 for t in r["trials"] for f in t["folds"])
-    n_folds = sum(len(t["folds"]) for t in r["trials"])
+    workers = r.get("workers") or []
+    n_workers = max(len(workers), 1)
     wall = r["wall_s"]
-    busy = fold_s / (wall * workers)
-    idle_per_trial = (wall * workers - fold_s) / max(r["n_trials"], 1)
-    return {"path": path, "experiment": r["experiment"], "profile": r["profile"], "trials": r["n_trials"],
-            "folds_trained": n_folds, "workers": workers, "gpu_workers": gpus, "wall_s": wall,
-            "trials_per_hour": 3600 * r["n_trials"] / wall, "worker_busy_share": busy,
-            "non_training_s_per_trial": idle_per_trial, "best_mean_val_sharpe": r["best"]["mean_val_sharpe"],
-            "best_mean_test_sharpe": r["best"]["mean_test_sharpe"]}
+    out = {"path": path, "experiment": r["experiment"], "profile": r["profile"], "trials": r["n_trials"],
+           "folds_trained": sum(len(t["folds"]) for t in r["trials"]), "workers": n_workers,
+           "gpu_workers": sum(1 for w in workers if "cuda" in str(w.get("device", ""))),
+           "wall_s": wall, "trials_per_hour": 3600 * r["n_trials"] / wall,
+           "best_mean_val_sharpe": r["best"]["mean_val_sharpe"],
+           "best_mean_test_sharpe": r["best"]["mean_test_sharpe"]}
+    calls = [w.get("calls") or [] for w in workers]
+    if not any(calls) or r.get("started") is None:  # results.json from before the call log
+        fold_s = sum(f["timings"].get("fold_time_s") or 0.0 for t in r["trials"] for f in t["folds"])
+        out["training_share"] = fold_s / (wall * n_workers)
+        return out
+    start, end = r["started"], r["started"] + wall
+    parts = dict.fromkeys(("training", "cancelled", "startup", "between", "within", "tail"), 0.0)
+    dispatch = []
+    for log in calls:
+        log = sorted(log)
+        if not log:
+            parts["startup"] += wall
+            continue
+        parts["startup"] += log[0][0] - start
+        parts["tail"] += end - log[-1][1]
+        for t0, t1, _token, _k, status in log:
+            parts["cancelled" if status == "cancelled" else "training"] += t1 - t0
+        for prev, cur in zip(log, log[1:]):
+            gap = max(cur[0] - prev[1], 0.0)
+            if cur[2] == prev[2]:
+                parts["within"] += gap
+            else:
+                parts["between"] += gap
+                dispatch.append(gap)
+    for k, v in parts.items():
+        out[f"{k}_share"] = v / (wall * n_workers)
+    first = min(c[0] for log in calls for c in log)
+    last = max(c[1] for log in calls for c in log)
+    out["training_share_after_startup"] = parts["training"] / ((last - first) * n_workers)
+    out["cancelled_folds"] = sum(1 for log in calls for c in log if c[4] == "cancelled")
+    if dispatch:
+        dispatch.sort()
+        out["dispatch_gap_mean_s"] = statistics.fmean(dispatch)
+        out["dispatch_gap_median_s"] = statistics.median(dispatch)
+        out["dispatch_gap_p90_s"] = dispatch[int(0.9 * (len(dispatch) - 1))]
+    return out
 
 
 def main(argv=None) -> int:
-    rows = [report(p) for p in (argv or sys.argv[1:])]
-    keys = ["experiment", "profile", "trials", "folds_trained", "workers", "gpu_workers", "wall_s",
-            "trials_per_hour", "worker_busy_share", "non_training_s_per_trial", "best_mean_val_sharpe",
-            "best_mean_test_sharpe"]
-    for row in rows:
-        print(row["path"])
-        for k in keys:
-            v = row[k]
-            print(f"  {k:<26} {v:.3f}" if isinstance(v, float) else f"  {k:<26} {v}")
+    for row in (report(p) for p in (argv or sys.argv[1:])):
+        print(row.pop("path"))
+        for k, v in row.items():
+            print(f"  {k:<30} {v:.3f}" if isinstance(v, float) else f"  {k:<30} {v}")
     return 0
 
 

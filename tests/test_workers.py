@@ -108,3 +108,59 @@ def test_trainer_is_reused_within_a_config(pool):
     assert after["n_calls"] == before["n_calls"] + len(folds)
     assert after["n_trainers"] == before["n_trainers"] + 1  # one Trainer for all folds of a config
     assert after["n_loads"] == 1
+
+
+def wait_for(predicate, timeout=60.0):
+    import time
+
+    end = time.time() + timeout
+    while time.time() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+def test_run_folds_keeps_the_next_fold_queued(pool):
+    workers, _, folds, _ = pool
+    config = {**TINY, "lr": 5e-4}
+    with workers.lease("trial-p") as index:
+        plain = [workers.train_fold(index, config, f, seed=2) for f in folds]
+        n0 = workers.stats()[index]["n_calls"]
+        results = workers.run_folds(index, config, folds, seed=2)
+        first = next(results)
+        # the caller has not asked for fold 2, yet the worker trains it already
+        wait_for(lambda: workers.stats()[index]["n_calls"] == n0 + 2)
+        rest = list(results)
+    piped = [first, *rest]
+    assert [r["fold"]["k"] for r in piped] == [f["k"] for f in folds]
+    for a, b in zip(plain, piped):  # the same folds, the same numbers, only earlier
+        assert a["status"] == b["status"] == "ok"
+        assert a["val"] == b["val"] and a["test"] == b["test"]
+
+
+def test_closing_run_folds_cancels_what_it_queued(pool):
+    workers, _, folds, _ = pool
+    long = {**TINY, "epochs": 400, "patience": 1000, "lr": 7e-4}  # minutes if not cancelled
+    with workers.lease("trial-c") as index:
+        n0 = len(workers.stats()[index]["calls"])
+        results = workers.run_folds(index, long, folds, seed=3)
+        wait_for(lambda: (workers.stats()[index]["running"] or [0, 0, -1])[2] == folds[0]["k"])
+        results.close()  # what a trial stopped inside tune.report does, via contextlib.closing
+        stats = wait_for(lambda: (lambda s: s if len(s["calls"]) == n0 + 2 else None)(workers.stats()[index]))
+    # the running fold ended at an epoch boundary, the queued one never started
+    assert [c[4] for c in stats["calls"][n0:]] == ["cancelled", "cancelled"]
+    assert stats["running"] is None
+    after = workers.train_fold(index, TINY, folds[0], seed=7)  # the worker serves the next trial
+    assert after["status"] == "ok"
+
+
+def test_plan_counts_the_trials_in_flight():
+    plan = plan_workers({"CPU": 2.0}, cpu_per_trial=0.25, trials_per_worker=2)
+    assert (plan.n_workers, plan.n_trials) == (2, 4)
+    assert plan.num_cpus == 0.5  # 2 workers x 0.5 + 4 waiting/leasing trials x 0.25 = the 2 CPUs
+    gpu = plan_workers({"CPU": 16.0, "GPU": 2.0}, trials_per_worker=3)
+    assert (gpu.n_workers, gpu.n_trials, gpu.num_cpus) == (2, 6, 1.0)
+    with pytest.raises(ValueError, match="trials_per_worker"):
+        plan_workers({"CPU": 1.0}, cpu_per_trial=0.25, trials_per_worker=4)
