@@ -69,7 +69,8 @@ def trial_resources(cpu_per_trial: float) -> dict:
     and since Ray 2.7 a trial on another node that reports a checkpoint into a local
     (non-shared) storage path fails ("Unable to set up cluster storage"). Trials only
     wait on FoldWorkers (no torch, no CUDA), so the head's CPUs carry them all:
-    concurrent trials = FoldWorkers, each `cpu_per_trial` CPUs of the head.
+    concurrent trials = FoldWorkers x sweep.trials_per_worker, each `cpu_per_trial`
+    CPUs of the head.
     """
     res = {"cpu": cpu_per_trial}
     if len(node_stores()) > 1:

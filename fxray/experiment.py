@@ -46,6 +46,7 @@ class SweepSpec:
     reduction_factor: float = 2.0  # ASHA: keep ~1/rf of the trials at each rung
     workers_per_gpu: int = 1      # FoldWorker actors per GPU (each gets num_gpus = 1/K)
     cpu_per_trial: float = 0.25   # logical CPUs reserved by a trial process (it only waits)
+    trials_per_worker: int = 2    # trials in flight per worker: one trains, the rest wait for its lease
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,7 @@ def _build(file, profile, d, raw, where) -> Experiment:
     for key, ok, rule in (("trials", sweep.trials >= 1, ">= 1"), ("grace_folds", sweep.grace_folds >= 1, ">= 1"),
                           ("reduction_factor", sweep.reduction_factor > 1, "> 1"),
                           ("workers_per_gpu", sweep.workers_per_gpu >= 1, ">= 1"),
+                          ("trials_per_worker", sweep.trials_per_worker >= 1, ">= 1"),
                           ("cpu_per_trial", 0 < sweep.cpu_per_trial <= 64, "in (0, 64] (Ray refuses 0)")):
         if not ok:
             fail(f"sweep.{key}", f"{getattr(sweep, key)!r} must be {rule}")

@@ -133,6 +133,8 @@ def test_bad_sweep_values(tmp_path):
     assert "sweep.cpu_per_trial: 0 must be in (0, 64]" in msg
     msg = error(write(tmp_path, GOOD.replace("sweep: {trials: 3", "sweep: {trials: 0")))
     assert "sweep.trials: 0 must be >= 1" in msg
+    msg = error(write(tmp_path, GOOD.replace("sweep: {trials: 3", "sweep: {trials_per_worker: 0, trials: 3")))
+    assert "sweep.trials_per_worker: 0 must be >= 1" in msg
 
 
 def test_bad_folds(tmp_path):
