@@ -121,7 +121,7 @@ class Trainer:
 
     # --- one fold ----------------------------------------------------------------------
     def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None, stop=None) -> FoldResult:
-        """`stop()`, asked before each epoch, ends the fold at once with status "cancelled"
+        """`stop()`, asked before every step, ends the fold at once with status "cancelled"
         (a sweep uses it for a fold it started ahead of a trial that is then stopped)."""
         cfg, sync = self.cfg, self.data.synchronize
         # matmul precision is process-wide in torch: set it for whichever trainer runs now
@@ -136,13 +136,13 @@ class Trainer:
         best_sharpe, best_epoch, bad_epochs, status = -math.inf, -1, 0, "ok"
         best_val, curve, train_s, eval_s = None, [], 0.0, 0.0
         for epoch in range(cfg.epochs):
-            if stop is not None and stop():
-                return FoldResult(fold=fold.as_dict(), status="cancelled", best_epoch=-1, epochs_run=len(curve),
-                                  val={}, test={}, baselines={}, curve=curve,
-                                  timings={"total_s": time.perf_counter() - t_start})
             t0 = time.perf_counter()
             self.learner.reset_accumulators()
             for _ in range(cfg.steps_per_epoch):
+                if stop is not None and stop():  # a host-side flag: no device sync
+                    return FoldResult(fold=fold.as_dict(), status="cancelled", best_epoch=-1,
+                                      epochs_run=len(curve), val={}, test={}, baselines={}, curve=curve,
+                                      timings={"total_s": time.perf_counter() - t_start})
                 self.graph.replay() if self.graph is not None else self._step()
             # host sync: the epoch's loss, |Q| max and epsilon, three scalars
             loss_sum, q_max, eps = torch.stack([

@@ -173,6 +173,8 @@ def run(args) -> int:
     arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
     workers = start_workers(arrays_ref, plan, exp.dqn.dtype, pool_name(storage),
                             fault=os.environ.get("FXRAY_FAULT_WORKER_EXIT"))
+    for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
+        handle.warmup.remote(exp.dqn.as_dict(), folds[0])
     # while the workers import torch and load the data: the run directory and MLflow
     sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
     try:

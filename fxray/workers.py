@@ -160,6 +160,17 @@ class FoldWorker:
         self.calls.append([t0, time.time(), token, fold["k"], result["status"]])
         return result
 
+    def warmup(self, config: dict, fold: dict) -> None:
+        """One short fold of `config` (one epoch of a few steps), so that the one-time
+        costs of a fresh device process (kernel loading, cuBLAS handles, the first graph
+        capture: seconds on the H200) are paid while Tune starts its first trials, not
+        inside the first trial. Logged as a call with status "warmup"."""
+        t0 = time.time()
+        small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
+        self._train(small, fold, 0, None, None)
+        self.trainers.pop(json.dumps(small, sort_keys=True), None)  # never used again
+        self.calls.append([t0, time.time(), None, fold["k"], "warmup"])
+
     def _train(self, config, fold, seed, checkpoint_dir, stop) -> dict:
         from fxray.config import DQNConfig
         from fxray.device import DTYPES

@@ -7,8 +7,10 @@ so the report splits each worker's share of the wall time into:
 
   training      inside train_fold for folds that counted (the device working for the sweep)
   cancelled     folds started ahead of a trial that ASHA then stopped (wasted device time)
-  startup       driver start -> the first fold (Ray, data into the object store, workers
-                importing torch and uploading the data, MLflow tables)
+  warmup        the short fold each worker runs at start (one-time kernel loading, cuBLAS,
+                first graph capture), while Tune starts its first trials
+  startup       driver start -> the first trial's fold, less warmup (Ray, data into the
+                object store, workers importing torch and uploading, MLflow, Tune start)
   between       gaps between two trials on one worker: the per-trial dispatch overhead
                 (trial end, Optuna tell/ask, Tune's trial start, the lease)
   within        gaps between two folds of one trial (reporting; ~0 once folds are queued)
@@ -41,7 +43,7 @@ def report(path: str) -> dict:
         out["training_share"] = fold_s / (wall * n_workers)
         return out
     start, end = r["started"], r["started"] + wall
-    parts = dict.fromkeys(("training", "cancelled", "startup", "between", "within", "tail"), 0.0)
+    parts = dict.fromkeys(("training", "cancelled", "warmup", "startup", "between", "within", "tail"), 0.0)
     dispatch = []
     for log in calls:
         log = sorted(log)
@@ -51,17 +53,19 @@ def report(path: str) -> dict:
         parts["startup"] += log[0][0] - start
         parts["tail"] += end - log[-1][1]
         for t0, t1, _token, _k, status in log:
-            parts["cancelled" if status == "cancelled" else "training"] += t1 - t0
+            parts[status if status in ("cancelled", "warmup") else "training"] += t1 - t0
         for prev, cur in zip(log, log[1:]):
             gap = max(cur[0] - prev[1], 0.0)
-            if cur[2] == prev[2]:
+            if prev[4] == "warmup":
+                parts["startup"] += gap
+            elif cur[2] == prev[2]:
                 parts["within"] += gap
             else:
                 parts["between"] += gap
                 dispatch.append(gap)
     for k, v in parts.items():
         out[f"{k}_share"] = v / (wall * n_workers)
-    first = min(c[0] for log in calls for c in log)
+    first = min(c[0] for log in calls for c in log if c[4] != "warmup")
     last = max(c[1] for log in calls for c in log)
     out["training_share_after_startup"] = parts["training"] / ((last - first) * n_workers)
     out["cancelled_folds"] = sum(1 for log in calls for c in log if c[4] == "cancelled")

@@ -164,3 +164,12 @@ def test_plan_counts_the_trials_in_flight():
     assert (gpu.n_workers, gpu.n_trials, gpu.num_cpus) == (2, 6, 1.0)
     with pytest.raises(ValueError, match="trials_per_worker"):
         plan_workers({"CPU": 1.0}, cpu_per_trial=0.25, trials_per_worker=4)
+
+
+def test_warmup_runs_a_short_fold_and_logs_it(pool):
+    workers, _, folds, _ = pool
+    handle = workers.handles[0]
+    n0 = len(workers.stats()[0]["calls"])
+    ray.get(handle.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[0]))
+    call = workers.stats()[0]["calls"][n0]
+    assert call[2:] == [None, folds[0]["k"], "warmup"] and call[1] >= call[0]

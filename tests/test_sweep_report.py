@@ -1,0 +1,38 @@
+"""scripts/sweep_report.py: the wall-time split of a sweep from its workers' call logs."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("sweep_report", Path(__file__).parents[1] / "scripts/sweep_report.py")
+sweep_report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sweep_report)
+
+
+def test_split_of_a_hand_made_sweep(tmp_path):
+    # wall 0..20 s, two workers. w0: warmup 2-4, trial a folds 5-7 and 7.5-9, trial b 9.1-12
+    # (cancelled 12-12.2), trial c 12.3-18. w1: trial d 6-19.
+    calls0 = [[102, 104, None, 0, "warmup"], [105, 107, "a", 0, "ok"], [107.5, 109, "a", 1, "ok"],
+              [109.1, 112, "b", 0, "ok"], [112, 112.2, "b", 1, "cancelled"], [112.3, 118, "c", 0, "ok"]]
+    calls1 = [[106, 119, "d", 0, "ok"]]
+    results = {"experiment": "x", "profile": "gpu", "n_trials": 4, "wall_s": 20.0, "started": 100.0,
+               "trials": [{"folds": [{}]}] * 4, "best": {"mean_val_sharpe": 1.0, "mean_test_sharpe": 0.5},
+               "workers": [{"device": "cuda:0", "calls": calls0}, {"device": "cuda:0", "calls": calls1}]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    r = sweep_report.report(str(path))
+    total = 2 * 20.0
+    training = (2 + 1.5 + 2.9 + 5.7) + 13
+    assert r["training_share"] == pytest.approx(training / total)
+    assert r["cancelled_share"] == pytest.approx(0.2 / total)
+    assert r["warmup_share"] == pytest.approx(2 / total)
+    assert r["startup_share"] == pytest.approx((2 + 1 + 6) / total)   # w0: 2 + gap after warmup 1; w1: 6
+    assert r["within_share"] == pytest.approx(0.5 / total)
+    assert r["between_share"] == pytest.approx((0.1 + 0.1) / total)  # a->b, b(cancelled)->c
+    assert r["tail_share"] == pytest.approx((2 + 1) / total)
+    parts = [r[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
+    assert sum(parts) == pytest.approx(1.0)
+    assert r["dispatch_gap_mean_s"] == pytest.approx(0.1) and r["cancelled_folds"] == 1
+    assert r["gpu_workers"] == 2 and r["trials_per_hour"] == pytest.approx(4 * 3600 / 20)
