@@ -7,6 +7,8 @@ graph and replay them: the maths is the same line for line (tests/test_dqn.py).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -138,10 +140,56 @@ def collect(env: TradingEnv, q_network: QNetwork, replay: Replay, eps: torch.Ten
     replay.add(t, position, action, reward, done)
 
 
+class Adam:
+    """Adam (Kingma & Ba, 2015) over a fixed list of parameters, state kept in place.
+
+    The update of `torch.optim.Adam` (no weight decay, no amsgrad), without its class:
+    building a torch.optim optimizer imports torch._dynamo, ~4 s in a fresh process on
+    the GPU machine, paid by every sweep worker before its first fold. On CUDA the step
+    is torch's fused Adam kernel (one launch for all parameters) with the step count on
+    device, so it can be captured in a CUDA graph; on the CPU, the same per-element
+    formula as torch.optim.Adam's default. tests/test_dqn.py (CPU) and
+    tests/test_gpu.py (CUDA) check it against torch.optim.Adam.
+    """
+
+    def __init__(self, params: list, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.exp_avg = [torch.zeros_like(p) for p in params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
+        self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in params]
+        self.fused = params[0].device.type == "cuda"
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None  # backward then writes the gradient instead of adding to one
+
+    @torch.no_grad()
+    def step(self) -> None:
+        beta1, beta2 = self.betas
+        grads = [p.grad for p in self.params]
+        torch._foreach_add_(self.steps, 1.0)
+        if self.fused:
+            torch._fused_adam_(self.params, grads, self.exp_avg, self.exp_avg_sq, [], self.steps,
+                               lr=self.lr, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=self.eps,
+                               amsgrad=False, maximize=False)
+            return
+        t = float(self.steps[0])  # a CPU tensor: reading it is no device sync
+        bias1, bias2_sqrt = 1 - beta1 ** t, math.sqrt(1 - beta2 ** t)
+        for p, g, m, v in zip(self.params, grads, self.exp_avg, self.exp_avg_sq):
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.addcdiv_(m, (v.sqrt() / bias2_sqrt).add_(self.eps), value=-self.lr / bias1)
+
+    def reset(self) -> None:
+        """Forget moments and step count, in place (a captured graph keeps its pointers)."""
+        for t in (*self.exp_avg, *self.exp_avg_sq, *self.steps):
+            t.zero_()
+
+
 class Learner:
     """Online and target networks, Adam, and the Double-DQN n-step update."""
 
-    def __init__(self, cfg: DQNConfig, n_inputs: int, device, capturable: bool):
+    def __init__(self, cfg: DQNConfig, n_inputs: int, device):
         self.cfg = cfg
         self.q_network = QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling).to(device)
         self.target_network = QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling).to(device)
@@ -149,9 +197,7 @@ class Learner:
         self.target_network.requires_grad_(False)
         self.params = list(self.q_network.parameters())
         self.target_params = list(self.target_network.parameters())
-        # on CUDA: capturable (step count on device, graph-safe) and fused (one kernel for
-        # all parameters instead of a dozen multi-tensor launches per step)
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, capturable=capturable, fused=capturable)
+        self.optimizer = Adam(self.params, lr=cfg.lr)  # fused and graph-safe on CUDA
         # Inductor fuses the loss's forward and backward into fewer kernels (compiled once,
         # on the first call; inside a CUDA graph capture its kernels are recorded like any other)
         self.loss_fn = torch.compile(self.td_loss) if cfg.compile else self.td_loss
@@ -184,7 +230,7 @@ class Learner:
         if step is None:
             step, env = replay.sample_indices(cfg.batch_size)
         loss, q_max = self.loss_fn(data, replay, step, env)
-        self.optimizer.zero_grad(set_to_none=True)  # backward writes grads instead of adding
+        self.optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
         self.optimizer.step()
@@ -209,10 +255,7 @@ class Learner:
                 p.copy_(f)
             for tp, f in zip(self.target_params, fresh.parameters()):
                 tp.copy_(f)
-        for state in self.optimizer.state.values():  # in place: a captured graph keeps its pointers
-            for v in state.values():
-                if torch.is_tensor(v):
-                    v.zero_()
+        self.optimizer.reset()
         self.updates.zero_()
         self.reset_accumulators()
 

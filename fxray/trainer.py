@@ -63,8 +63,8 @@ class Trainer:
         self.use_graph = cfg.graphs and dev.type == "cuda"
         self.env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
         self.replay = Replay(cfg, cfg.num_envs, dev)
-        # capturable Adam on every CUDA run, graphed or not: the same optimizer arithmetic
-        self.learner = Learner(cfg, data.n_inputs, dev, capturable=dev.type == "cuda")
+        # the same (fused, graph-safe) Adam on every CUDA run, graphed or not
+        self.learner = Learner(cfg, data.n_inputs, dev)
         self.global_step = torch.zeros((), dtype=torch.int64, device=dev)
         self.total_steps = cfg.epochs * cfg.steps_per_epoch
         self.warmup = cfg.n_step + 1  # collect steps before the first update

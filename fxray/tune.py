@@ -26,8 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import ray
-from ray import tune
+_T_IMPORT = time.time()
+import ray  # noqa: E402
+from ray import tune  # noqa: E402
 
 from fxray import experiment as expmod
 from fxray.cache import CacheError
@@ -37,6 +38,7 @@ from fxray.folds import FoldError
 from fxray.workers import Workers, fold_record, pool_name
 
 STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
+IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
 
 
 # --- the trial (runs in a Tune trial process: no torch, no CUDA, no MLflow) ----------
@@ -146,7 +148,9 @@ def run(args) -> int:
             raise UsageError(f"{data_path}: its contents changed since the sweep started "
                              f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
 
+    phases = {"ray_tune_import_s": IMPORT_S, "validated": time.time()}  # unix times of the start-up steps, for results.json
     start_ray(args)
+    phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
     profile = sweep["profile"] if sweep else (args.profile if args.profile != "auto"
                                               else ("gpu" if gpus >= 1 else "cpu"))
@@ -175,6 +179,7 @@ def run(args) -> int:
                             fault=os.environ.get("FXRAY_FAULT_WORKER_EXIT"))
     for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
         handle.warmup.remote(exp.dqn.as_dict(), folds[0])
+    phases["workers_created"] = time.time()
     # while the workers import torch and load the data: the run directory and MLflow
     sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
     try:
@@ -184,12 +189,13 @@ def run(args) -> int:
         if sweep["mlflow"].get("parent_run_id") is None:
             sweep["mlflow"]["parent_run_id"] = tracker.parent_run_id
             write_sweep(storage, sweep)
-        workers.stats(timeout=600)  # every worker has loaded the data (a load error surfaces here)
     except KeyboardInterrupt:
         print(f"fxray.tune: interrupted; resume with: python -m fxray.tune --storage {storage} --resume",
               file=sys.stderr)
         return 130
-    print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)
+    # Tune starts its trial processes while the workers still load and warm up (seconds
+    # each); a trial's first fold waits on its worker. A worker that cannot load stops it.
+    watch_workers(workers, t0, phases)
     # what a resumed round trains with is what it started with, whatever the flags say now
     job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
            "checkpoints": str(storage / "checkpoints")}
@@ -202,12 +208,17 @@ def run(args) -> int:
               f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
 
+    if WORKER_FAILURE:
+        tracker.end_sweep("FAILED")
+        print(f"fxray.tune: error: a FoldWorker could not load the data: {WORKER_FAILURE[0]}\n"
+              f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
+        return 1
     ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
     unfinished = sweep["rounds"][-1]["trials"] - ended
     records = tracking.load_records(storage)
     worker_stats = workers.stats()
     summary = tracking.write_results(storage, sweep, records, worker_stats, time.time() - t_start, args.json,
-                                     started=t_start)
+                                     started=t_start, phases=phases)
     if unfinished:
         tracker.end_sweep("KILLED")
         print(f"interrupted: {unfinished} trial(s) unfinished; resume with: python -m fxray.tune "
@@ -226,6 +237,38 @@ def run(args) -> int:
         print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
         return 1
     return 0
+
+
+WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by WorkersFailed
+
+
+class WorkersFailed(tune.Stopper):
+    """Ends the whole sweep as soon as a FoldWorker failed to load (module state, so the
+    stopper itself pickles into Tune's experiment state)."""
+
+    def __call__(self, trial_id, result) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return bool(WORKER_FAILURE)
+
+
+def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
+    """In a thread: wait until every worker has loaded the data, then say so; on a load
+    error remember its first line (WorkersFailed then stops the sweep)."""
+    import threading
+
+    def wait():
+        try:
+            workers.stats(timeout=600)
+        except Exception as e:  # noqa: BLE001 (any failure to start is reported the same way)
+            text = str(e).strip()
+            WORKER_FAILURE.append(text.splitlines()[-1] if text else type(e).__name__)
+            return
+        phases["workers_ready"] = time.time()
+        print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)
+
+    threading.Thread(target=wait, name="fxray-watch-workers", daemon=True).start()
 
 
 def make_fold_dicts(file, exp, market) -> list[dict]:
@@ -387,7 +430,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
                                     scheduler=scheduler, num_samples=rnd["trials"],
                                     max_concurrent_trials=workers.plan.n_trials, reuse_actors=True),
         run_config=tune.RunConfig(
-            name=rnd["name"], storage_path=str(storage), verbose=0,
+            name=rnd["name"], storage_path=str(storage), verbose=0, stop=WorkersFailed(),
             callbacks=[SweepLog(str(storage)), MlflowCallback(str(storage)),
                        JsonLoggerCallback(), CSVLoggerCallback()],
             failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold

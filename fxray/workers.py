@@ -120,6 +120,8 @@ class FoldWorker:
         from fxray.device import DeviceData
 
         t0 = time.perf_counter()
+        if exit_on_call < 0:  # fault injection (tests): this worker cannot load
+            raise RuntimeError(f"worker {index}: injected load failure (FXRAY_FAULT_WORKER_EXIT)")
         torch.set_num_threads(torch_threads)
         # Inside an actor with num_gpus > 0, Ray sets CUDA_VISIBLE_DEVICES: cuda:0 is ours.
         # Decided by the hardware, not by Ray's (possibly logical) GPU ids.
@@ -361,12 +363,13 @@ def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: st
     `workers.stats()` waits for them).
 
     `fault` = "WORKER:CALL" (from FXRAY_FAULT_WORKER_EXIT) makes worker WORKER exit
-    hard on its CALL-th fold, once: the crash-recovery tests use it.
+    hard on its CALL-th fold, once: the crash-recovery tests use it. "WORKER:load"
+    makes its constructor raise (a worker that cannot load the data).
     """
     exit_on = {}
     if fault:
         w, _, n = fault.partition(":")
-        exit_on[int(w)] = int(n)
+        exit_on[int(w)] = -1 if n == "load" else int(n)
     # The ref travels inside a list so that the actor's own ray.get is the one load we count.
     handles = [FoldWorker.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus)
                .remote([arrays_ref], i, plan.torch_threads, dtype, exit_on.get(i, 0))

@@ -16,7 +16,9 @@ so the report splits each worker's share of the wall time into:
   within        gaps between two folds of one trial (reporting; ~0 once folds are queued)
   tail          the last fold's end -> results written
 
-and prints the per-trial dispatch gap (mean, median, p90).
+and prints the per-trial dispatch gap (mean, median, p90) and when the start-up
+milestones happened (validated, ray_up, workers_created, workers_ready, first
+trial fold; seconds after the run's clock started).
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ def report(path: str) -> dict:
     for k, v in parts.items():
         out[f"{k}_share"] = v / (wall * n_workers)
     first = min(c[0] for log in calls for c in log if c[4] != "warmup")
+    # start-up milestones, seconds after the run's clock started (Ray/Tune imports are before it)
+    for k, v in (r.get("phases") or {}).items():
+        out[f"t_{k}"] = v if k.endswith("_s") else v - start
+    out["t_first_trial_fold"] = first - start
     last = max(c[1] for log in calls for c in log)
     out["training_share_after_startup"] = parts["training"] / ((last - first) * n_workers)
     out["cancelled_folds"] = sum(1 for log in calls for c in log if c[4] == "cancelled")

@@ -28,11 +28,19 @@ def filled_replay(data, cfg, steps=40, seed=0):
     env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
     replay = Replay(cfg, cfg.num_envs, data.device)
     env.reset()
-    learner = Learner(cfg, data.n_inputs, data.device, capturable=False)
+    learner = Learner(cfg, data.n_inputs, data.device)
     learner.reset(seed)
     for _ in range(steps):
         collect(env, learner.q_network, replay, torch.tensor(1.0, device=data.device))
     return replay
+
+
+def test_fused_adam_is_torch_adam_on_cuda():
+    from test_trainer import adam_against_torch  # tests/ is on sys.path under pytest
+
+    ours, ref = adam_against_torch("cuda", fused=True, capturable=True)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
 
 
 def test_upload_through_pinned_staging_is_exact(synth_cache):
@@ -55,8 +63,8 @@ def test_graphed_learn_equals_eager_on_the_same_batches(synth_cache):
     data = DeviceData(market, "cuda")
     data.set_fold(make_folds(market.ts, FoldSpec())[0])
     replay = filled_replay(data, CFG)
-    eager = Learner(CFG, data.n_inputs, "cuda", capturable=True)
-    graphed = Learner(CFG, data.n_inputs, "cuda", capturable=True)
+    eager = Learner(CFG, data.n_inputs, "cuda")
+    graphed = Learner(CFG, data.n_inputs, "cuda")
     eager.reset(0)
     graphed.reset(0)
     batches = [replay.sample_indices(CFG.batch_size) for _ in range(30)]
@@ -129,7 +137,7 @@ def test_cpu_and_gpu_learn_step_alike(synth_cache):
         replay = Replay(CFG, CFG.num_envs, dev)
         for name in ("t", "position", "action", "reward", "done", "steps"):
             getattr(replay, name).copy_(getattr(replay_cpu, name))
-        learner = Learner(CFG, data.n_inputs, dev, capturable=False)
+        learner = Learner(CFG, data.n_inputs, dev)
         learner.reset(3)
         for step, env in batches:
             learner.learn(data, replay, step.to(dev), env.to(dev))

@@ -12,7 +12,7 @@ from fxray import cache
 from fxray.backtest import evaluate
 from fxray.config import ConfigError, DQNConfig, field_docs
 from fxray.device import DeviceData
-from fxray.dqn import Learner, QNetwork, Replay, collect, epsilon
+from fxray.dqn import Adam, Learner, QNetwork, Replay, collect, epsilon
 from fxray.env import TradingEnv
 from fxray.folds import Fold, FoldSpec, make_folds
 from fxray.synth import SynthSpec, oracle_positions, simulate
@@ -139,6 +139,35 @@ def test_q_all_equals_forward_for_each_position():
         torch.testing.assert_close(qa[:, p + 1], net(x, torch.full((100,), p)))
 
 
+def adam_against_torch(device: str, steps: int = 6, **torch_kw) -> tuple[list, list]:
+    """Parameters after `steps` updates by fxray's Adam and by torch.optim.Adam from the
+    same start and the same gradients (including a reset in the middle)."""
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(7, 5, generator=gen), torch.randn(5, generator=gen), torch.randn(3, 1, generator=gen)]
+    grads = [[torch.randn(p.shape, generator=gen) for p in start] for _ in range(steps)]
+    ours = [p.clone().to(device).requires_grad_() for p in start]
+    ref = [p.clone().to(device).requires_grad_() for p in start]
+    opt = Adam(ours, lr=3e-3)
+    ref_opt = torch.optim.Adam(ref, lr=3e-3, **torch_kw)
+    for i, g in enumerate(grads):
+        if i == steps // 2:  # fxray resets moments and step count between folds
+            opt.reset()
+            ref_opt = torch.optim.Adam(ref, lr=3e-3, **torch_kw)
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for p, q, gi in zip(ours, ref, g):
+            p.grad, q.grad = gi.to(device), gi.to(device)
+        opt.step()
+        ref_opt.step()
+    return [p.detach().cpu() for p in ours], [p.detach().cpu() for p in ref]
+
+
+def test_adam_is_torch_adam_on_cpu():
+    ours, ref = adam_against_torch("cpu")
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+
+
 def test_epsilon_schedule_decays_linearly_then_holds():
     cfg = DQNConfig(eps_start=1.0, eps_end=0.1, eps_decay=0.5)
     eps = [float(epsilon(cfg, torch.tensor(s), 1000)) for s in (0, 250, 500, 900)]
@@ -146,8 +175,8 @@ def test_epsilon_schedule_decays_linearly_then_holds():
 
 
 def test_learner_reset_is_deterministic_and_device_independent():
-    a = Learner(TINY, 50, "cpu", capturable=False)
-    b = Learner(TINY, 50, "cpu", capturable=False)
+    a = Learner(TINY, 50, "cpu")
+    b = Learner(TINY, 50, "cpu")
     a.reset(7)
     b.reset(7)
     for p, q in zip(a.params, b.params):
@@ -264,7 +293,7 @@ def test_compiled_loss_is_the_same_maths_as_eager():
     batches = [replay.sample_indices(cfg.batch_size) for _ in range(4)]
     learners = {}
     for compiled in (False, True):
-        learner = Learner(cfg.replace(compile=compiled), 50, "cpu", capturable=False)
+        learner = Learner(cfg.replace(compile=compiled), 50, "cpu")
         learner.reset(1)
         for step, envi in batches:
             learner.learn(data, replay, step, envi)

@@ -127,6 +127,17 @@ def test_worker_crash_then_extend(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_worker_that_cannot_load_stops_the_sweep(tmp_path):
+    exp, env = setup(tmp_path, trials=3)
+    env["FXRAY_FAULT_WORKER_EXIT"] = "1:load"  # worker 1's constructor raises
+    out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path, timeout=240)
+    assert out.returncode == 1, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("fxray.tune: error:")]
+    assert len(errors) == 1 and "could not load the data" in errors[0] and "injected load failure" in errors[0]
+    assert "--resume" in out.stderr
+
+
+@pytest.mark.slow
 def test_interrupt_then_resume(tmp_path):
     exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
     cmd = [sys.executable, "-m", "fxray.tune", "--experiment", str(exp), "--num-cpus", "2"]
