@@ -44,16 +44,6 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
-def prime(uri: str) -> None:
-    """Connect to the store once, so that a new sqlite store creates its tables (seconds)
-    now. The sweep calls it in a thread while Ray starts; errors surface later, in
-    open_sweep, where they are reported."""
-    try:
-        MlflowClient(uri).search_experiments(max_results=1)
-    except Exception:  # noqa: BLE001 (reported by open_sweep)
-        pass
-
-
 def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,

@@ -149,7 +149,6 @@ def run(args) -> int:
                              f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
 
     phases = {"ray_tune_import_s": IMPORT_S, "validated": time.time()}  # unix times of the start-up steps, for results.json
-    primer = prime_mlflow(sweep["mlflow"]["uri"] if sweep else None)  # while Ray starts
     start_ray(args)
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
@@ -182,7 +181,6 @@ def run(args) -> int:
         handle.warmup.remote(exp.dqn.as_dict(), folds[0])
     phases["workers_created"] = time.time()
     # while the workers import torch and load the data: the run directory and MLflow
-    primer.join()
     sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
     try:
         from fxray import tracking
@@ -253,21 +251,6 @@ class WorkersFailed(tune.Stopper):
 
     def stop_all(self) -> bool:
         return bool(WORKER_FAILURE)
-
-
-def prime_mlflow(uri: str | None):
-    """A started thread that opens the MLflow store once (a new sqlite store creates its
-    tables: ~4 s on the GPU machine), so that it overlaps with Ray's start."""
-    import threading
-
-    def prime():
-        from fxray import tracking
-
-        tracking.prime(uri or tracking.tracking_uri())
-
-    thread = threading.Thread(target=prime, name="fxray-prime-mlflow", daemon=True)
-    thread.start()
-    return thread
 
 
 def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
