@@ -106,6 +106,19 @@ def test_sweep_on_logical_gpus(tmp_path):
     assert {w["device"] for w in workers} == {"cpu"}  # logical GPUs: the hardware decides
     assert sum(w["n_calls"] for w in workers) == 4 * 2
     assert results["best"]["mean_val_sharpe"] == max(t["mean_val_sharpe"] for t in results["trials"])
+    # every worker warmed up once and logged each fold it served; the report accounts for all the wall
+    for w in workers:
+        assert [c[4] for c in w["calls"]].count("warmup") == 1
+        assert sum(c[4] != "warmup" for c in w["calls"]) == w["n_calls"]
+    assert {"ray_up", "workers_created", "workers_ready"} <= results["phases"].keys()
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweep_report", Path(__file__).parents[1] / "scripts/sweep_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    split = report.report(str(tmp_path / "out.json"))
+    shares = [split[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
+    assert sum(shares) == pytest.approx(1.0) and split["training_share"] > 0
 
 
 @pytest.mark.slow
