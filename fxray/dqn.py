@@ -148,7 +148,7 @@ class Adam:
     the GPU machine, paid by every sweep worker before its first fold. On CUDA the step
     is torch's fused Adam kernel (one launch for all parameters) with the step count on
     device, so it can be captured in a CUDA graph; on the CPU, the same per-element
-    formula as torch.optim.Adam's default. tests/test_dqn.py (CPU) and
+    formula as torch.optim.Adam's default. tests/test_trainer.py (CPU) and
     tests/test_gpu.py (CUDA) check it against torch.optim.Adam.
     """
 

@@ -365,7 +365,8 @@ def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_
     results = {
         "experiment": sweep["experiment"], "profile": sweep["profile"], "storage": str(storage),
         "data": sweep["data"], "folds": sweep["folds"], "base_config": sweep["base"],
-        "rounds": sweep["rounds"], "started": started, "phases": phases or {}, "wall_s": wall_s, "workers": worker_stats, "n_trials": len(trials),
+        "rounds": sweep["rounds"], "started": started, "phases": phases or {}, "wall_s": wall_s,
+        "workers": worker_stats, "n_trials": len(trials),
         "trials": [{"trial_id": t["trial_id"], "config": {**sweep["base"], **t["config"]},
                     "sampled": t["config"], "folds_done": t["folds_done"],
                     "stopped_early": t["folds_done"] < n_folds, "mean_val_sharpe": t["mean_val_sharpe"],

@@ -148,7 +148,8 @@ def run(args) -> int:
             raise UsageError(f"{data_path}: its contents changed since the sweep started "
                              f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
 
-    phases = {"ray_tune_import_s": IMPORT_S, "validated": time.time()}  # unix times of the start-up steps, for results.json
+    # unix times of the start-up steps (and the import time before them), for results.json
+    phases = {"ray_tune_import_s": IMPORT_S, "validated": time.time()}
     start_ray(args)
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
@@ -255,7 +256,7 @@ class WorkersFailed(tune.Stopper):
 
 def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
     """In a thread: wait until every worker has loaded the data, then say so; on a load
-    error remember its first line (WorkersFailed then stops the sweep)."""
+    error remember its last line, where Ray puts the cause (WorkersFailed then stops the sweep)."""
     import threading
 
     def wait():

@@ -11,7 +11,7 @@ into one DeviceData for its whole life; it caches a Trainer per config, so the
 folds of a trial reuse networks, replay and the captured CUDA graph. A trial keeps
 the next fold queued on its worker while it reports the last one, so the device
 does not wait for Tune's round trip; a trial that is stopped cancels the fold it
-queued (it ends at its next epoch boundary, status "cancelled"). Trials never
+queued (it ends at its next step, status "cancelled"). Trials never
 import torch nor touch CUDA (a 0-GPU Ray process can see every GPU). A worker
 that dies is restarted by Ray and reloads from the object store; the trial that
 was using it retries its fold there.
@@ -63,11 +63,7 @@ class WorkerPlan:
     num_cpus: float       # logical CPUs each worker reserves
     num_gpus: float       # 1/K in gpu plans, 0 in cpu plans
     torch_threads: int    # intra-op threads of each worker
-    n_trials: int = 0     # Tune trials in flight (max_concurrent_trials); 0 = n_workers
-
-    def __post_init__(self):
-        if self.n_trials == 0:
-            object.__setattr__(self, "n_trials", self.n_workers)
+    n_trials: int         # Tune trials in flight (max_concurrent_trials)
 
     def describe(self) -> str:
         per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""
@@ -144,7 +140,7 @@ class FoldWorker:
     def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir: str | None = None,
                    token: str | None = None) -> dict:
         """Train `config` on `fold`. A fold whose `token` was cancelled returns status
-        "cancelled" (at once if not started, else at its next epoch boundary)."""
+        "cancelled" (at once if not started, else at its next step)."""
         t0 = time.time()
         self.n_calls += 1
         if self.n_calls == self.exit_on_call:
@@ -292,7 +288,7 @@ class FoldStream:
     Submits the first two folds at once. If the worker died, Ray restarts it and the
     fold is submitted again. `close()` (a trial stopped inside tune.report closes it
     via contextlib.closing) cancels what is still queued: the running fold ends at its
-    next epoch boundary, so the worker is free for the next trial."""
+    next step, so the worker is free for the next trial."""
 
     def __init__(self, handle, config: dict, folds: list, seed: int, checkpoint_dir=None):
         self.handle, self.folds, self.token = handle, list(folds), uuid.uuid4().hex
