@@ -84,9 +84,14 @@ def test_not_a_dbn_or_capture_file(tmp_path):
     fails(tmp_path, bad, r"record 0: neither a DBN file")
 
 
-def test_unsorted_dbn_events(tmp_path, shared_data):
+def mbo_records(shared_data) -> tuple[bytearray, int]:
+    """The ES MBO fixture's bytes (mutable) and the offset of its first record."""
     raw = bytearray((shared_data / FIX.format("mbo")).read_bytes())
-    start = 8 + int.from_bytes(raw[4:8], "little")
+    return raw, 8 + int.from_bytes(raw[4:8], "little")  # 8-byte prefix + metadata length
+
+
+def test_unsorted_dbn_events(tmp_path, shared_data):
+    raw, start = mbo_records(shared_data)
     r0, r1 = raw[start:start + 56], raw[start + 56:start + 112]
     raw[start:start + 112] = r1 + r0  # swap the two records: ts_recv goes backwards
     bad = tmp_path / "swapped.mbo.dbn"
@@ -95,8 +100,7 @@ def test_unsorted_dbn_events(tmp_path, shared_data):
 
 
 def test_mixed_record_types(tmp_path, shared_data):
-    raw = bytearray((shared_data / FIX.format("mbo")).read_bytes())
-    start = 8 + int.from_bytes(raw[4:8], "little")
+    raw, start = mbo_records(shared_data)
     raw[start + 56 + 1] = 0x00  # record 1 claims to be a trade (rtype 0) inside an MBO file
     bad = tmp_path / "mixed.mbo.dbn"
     bad.write_bytes(bytes(raw))
@@ -104,8 +108,7 @@ def test_mixed_record_types(tmp_path, shared_data):
 
 
 def test_two_instruments_need_a_choice(tmp_path, shared_data):
-    raw = bytearray((shared_data / FIX.format("mbo")).read_bytes())
-    start = 8 + int.from_bytes(raw[4:8], "little")
+    raw, start = mbo_records(shared_data)
     first_id = int.from_bytes(raw[start + 4:start + 8], "little")
     raw[start + 56 + 4:start + 56 + 8] = (first_id + 1).to_bytes(4, "little")  # record 1: another
     bad = tmp_path / "two.mbo.dbn"
