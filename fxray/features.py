@@ -31,8 +31,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.ndimage import maximum_filter1d, minimum_filter1d
-from scipy.signal import lfilter
+
+# scipy (~0.6-1 s to import) is imported where it is used: the sweep driver reads
+# FEATURE_NAMES / MAX_LOOKBACK (the default market's cache key) on its start-up path.
 
 _W, _A, _BB, _P, _AFML, _LD = ("Wilder 1978", "Appel 1979", "Bollinger 2001",
                               "Parkinson 1980", "Lopez de Prado 2018 (AFML)", "-")
@@ -109,6 +110,8 @@ def _rolling_sum(x: np.ndarray, w: int, cs: np.ndarray | None = None) -> np.ndar
 
 def _rolling_extreme(x: np.ndarray, w: int, kind: str) -> np.ndarray:
     """max or min of x[t-w+1 .. t] in O(N): scipy's centred filter, shifted to trail."""
+    from scipy.ndimage import maximum_filter1d, minimum_filter1d
+
     out = np.full(len(x), np.nan)
     if len(x) >= w:
         f = maximum_filter1d if kind == "max" else minimum_filter1d
@@ -128,6 +131,8 @@ def _ratio(num: np.ndarray, den: np.ndarray, where_zero: float = 0.0) -> np.ndar
 
 def ema(x, span: float | None = None, *, alpha: float | None = None, init: float | None = None):
     """y_t = alpha x_t + (1 - alpha) y_{t-1}, y_0 = init (default x_0); alpha = 2/(span+1)."""
+    from scipy.signal import lfilter
+
     x = np.asarray(x, np.float64)
     a = 2.0 / (span + 1.0) if alpha is None else float(alpha)
     y = np.empty_like(x)
@@ -145,6 +150,8 @@ def wilder(x, n: int, start: int, seed: float, *, total: bool = False) -> np.nda
     average form: avg_t = ((n-1) avg_{t-1} + x_t)/n;  total=True, the sum form used for
     TR14 / DM14: S_t = S_{t-1} - S_{t-1}/n + x_t (= n x the average form).
     """
+    from scipy.signal import lfilter
+
     x = np.asarray(x, np.float64)
     out = np.full(len(x), np.nan)
     if start < len(x):

@@ -25,12 +25,15 @@ import json
 import os
 import subprocess
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import ray
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
 from ray.tune import Callback
+
+# mlflow (1-2 s to import) is bound here by Tracker(): the sweep driver imports this
+# module on its start-up path and opens MLflow in a thread while Tune starts
+Metric = Param = RunTag = MlflowClient = None
 
 from fxray.workers import pool_name
 
@@ -58,6 +61,10 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str, parent_run_id: str | None = None,
                  sweep_tags: dict | None = None, run_name: str | None = None):
+        global Metric, Param, RunTag, MlflowClient
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.tracking import MlflowClient
+
         self.client = MlflowClient(uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -168,13 +175,59 @@ def open_sweep(sweep: dict) -> Tracker:
     return tracker
 
 
+_OPENING: dict[str, Future] = {}  # run directory -> its Tracker, being opened in a thread
+
+
+def open_sweep_async(storage, sweep: dict, on_open=None, on_error=None) -> Future:
+    """Open the sweep's Tracker in a thread and return its future; `on_open(tracker)` or
+    `on_error(exception)` runs there once it is open or has failed. Importing mlflow,
+    creating a new store's tables, the experiment and the parent run take seconds: Tune
+    starts its trials meanwhile, and MlflowCallback waits for this Tracker at its first
+    use (a trial's first fold)."""
+    def work() -> Tracker:
+        try:
+            tracker = open_sweep(sweep)
+        except Exception as e:
+            if on_error is not None:
+                on_error(e)
+            raise
+        if on_open is not None:
+            on_open(tracker)
+        return tracker
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="fxray-mlflow")
+    future = _OPENING[str(storage)] = pool.submit(work)
+    pool.shutdown(wait=False)
+    return future
+
+
+def sweep_tracker(storage) -> Tracker:
+    """The Tracker that open_sweep_async opened for this run directory (waiting for it),
+    or, where none was started in this process, one opened now from its sweep.json."""
+    future = _OPENING.get(str(storage))
+    if future is None:
+        return open_sweep(json.loads((Path(storage) / "sweep.json").read_text()))
+    return future.result()
+
+
+def check_uri(uri: str) -> None:
+    """A sqlite store whose folder is missing or read-only fails here, before anything
+    starts (the store is opened later, in a thread); other stores are checked on open."""
+    if uri.startswith("sqlite:///"):
+        folder = Path(uri[len("sqlite:///"):]).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise ValueError(f"MLFLOW_TRACKING_URI {uri}: {folder} is not a writable folder; "
+                             "point it at a writable path (or unset it for ./mlflow.db)")
+
+
 class MlflowCallback(Callback):
     """Tune callback in the driver: per-fold metrics into the trial's child run, logged
     when the fold's checkpoint is registered (see SweepLog.on_checkpoint).
 
     It holds only the storage path: Tune pickles callbacks into the run's state
     and `Tuner.restore` brings back that copy, so everything live (the client,
-    the parent run id) is rebuilt in `setup` from <storage>/sweep.json.
+    the parent run id) comes from `sweep_tracker` at first use. Where MLflow could
+    not be opened it logs nothing: fxray.tune's stopper ends the sweep and says why.
     """
 
     def __init__(self, storage: str):
@@ -185,11 +238,20 @@ class MlflowCallback(Callback):
 
     def setup(self, **info):
         sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
-        self.tracker, self.base, self.n_folds = open_sweep(sweep), sweep["base"], len(sweep["folds"])
+        self.base, self.n_folds, self._tracker = sweep["base"], len(sweep["folds"]), None
+
+    @property
+    def tracker(self) -> Tracker | None:
+        if self._tracker is None:
+            try:
+                self._tracker = sweep_tracker(self.storage)
+            except Exception:  # noqa: BLE001 (reported once, by the driver)
+                return None
+        return self._tracker
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         result = trial.last_result  # the fold whose checkpoint Tune just registered (see SweepLog)
-        if "fold" in result:
+        if "fold" in result and self.tracker is not None:
             self.tracker.log_fold(trial.trial_id, trial_label(trial.trial_id),
                                   {**self.base, **trial.config}, result)
 
@@ -200,6 +262,8 @@ class MlflowCallback(Callback):
         self._end(trial, "FAILED")
 
     def _end(self, trial, status):
+        if self.tracker is None:
+            return
         folds_done = (trial.last_result or {}).get("folds_done", 0)
         self.tracker.end_trial(trial.trial_id, folds_done, self.n_folds, status)
 

@@ -148,6 +148,12 @@ def run(args) -> int:
             raise UsageError(f"{data_path}: its contents changed since the sweep started "
                              f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
 
+    from fxray import tracking
+
+    try:
+        tracking.check_uri(sweep["mlflow"]["uri"] if sweep else tracking.tracking_uri())
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     # unix times of the start-up steps (and the import time before them), for results.json
     phases = {"ray_tune_import_s": IMPORT_S, "validated": time.time()}
     start_ray(args)
@@ -181,37 +187,31 @@ def run(args) -> int:
     for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
         handle.warmup.remote(exp.dqn.as_dict(), folds[0])
     phases["workers_created"] = time.time()
-    # while the workers import torch and load the data: the run directory and MLflow
+    # while the workers import torch and load the data: the run directory, then MLflow in
+    # a thread and Tune's trial processes (seconds each); a trial's first fold waits on its
+    # worker. A worker that cannot load, or an MLflow store that cannot open, stops the sweep.
     sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
-    try:
-        from fxray import tracking
-
-        tracker = tracking.open_sweep(sweep)
-        if sweep["mlflow"].get("parent_run_id") is None:
-            sweep["mlflow"]["parent_run_id"] = tracker.parent_run_id
-            write_sweep(storage, sweep)
-    except KeyboardInterrupt:
-        print(f"fxray.tune: interrupted; resume with: python -m fxray.tune --storage {storage} --resume",
-              file=sys.stderr)
-        return 130
-    # Tune starts its trial processes while the workers still load and warm up (seconds
-    # each); a trial's first fold waits on its worker. A worker that cannot load stops it.
     watch_workers(workers, t0, phases)
     # what a resumed round trains with is what it started with, whatever the flags say now
     job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
            "checkpoints": str(storage / "checkpoints")}
+    opening = None
     try:
-        make_tuner(storage, sweep, exp, job, workers, resumed=args.resume).fit()
+        tuner = make_tuner(storage, sweep, exp, job, workers, resumed=args.resume)
+        opening = open_tracking(storage, sweep, phases)  # after make_tuner: both import sqlalchemy
+        phases["tune_started"] = time.time()
+        tuner.fit()
     except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
-        tracker.end_sweep("FAILED")
+        end_sweep_failed(opening)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"fxray.tune: the sweep stopped: {type(e).__name__}: {first}\n"
               f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
-
-    if WORKER_FAILURE:
-        tracker.end_sweep("FAILED")
-        print(f"fxray.tune: error: a FoldWorker could not load the data: {WORKER_FAILURE[0]}\n"
+    with contextlib.suppress(Exception):  # a failure to open is in SWEEP_FAILURE already
+        tracker = opening.result()
+    if SWEEP_FAILURE:
+        end_sweep_failed(opening)
+        print(f"fxray.tune: error: {SWEEP_FAILURE[0]}\n"
               f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
     ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
@@ -240,31 +240,62 @@ def run(args) -> int:
     return 0
 
 
-WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by WorkersFailed
+SWEEP_FAILURE: list[str] = []  # set by the start-up threads below; read by SweepFailed
 
 
-class WorkersFailed(tune.Stopper):
-    """Ends the whole sweep as soon as a FoldWorker failed to load (module state, so the
-    stopper itself pickles into Tune's experiment state)."""
+class SweepFailed(tune.Stopper):
+    """Ends the whole sweep as soon as a FoldWorker failed to load or MLflow failed to
+    open (module state, so the stopper itself pickles into Tune's experiment state)."""
 
     def __call__(self, trial_id, result) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return bool(WORKER_FAILURE)
+        return bool(SWEEP_FAILURE)
+
+
+def last_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[-1] if text else type(e).__name__
+
+
+def open_tracking(storage: Path, sweep: dict, phases: dict):
+    """The sweep's MLflow Tracker, opening in a thread (see tracking.open_sweep_async);
+    the parent run's id goes into sweep.json as soon as it exists."""
+    from fxray import tracking
+
+    def on_open(tracker):
+        if sweep["mlflow"].get("parent_run_id") is None:
+            sweep["mlflow"]["parent_run_id"] = tracker.parent_run_id
+            write_sweep(storage, sweep)
+        phases["mlflow_ready"] = time.time()
+
+    def on_error(e):
+        SWEEP_FAILURE.append(f"MLflow store {sweep['mlflow']['uri']} could not be opened: {last_line(e)}")
+
+    return tracking.open_sweep_async(storage, sweep, on_open, on_error)
+
+
+def end_sweep_failed(opening) -> None:
+    """Mark the parent run FAILED, if MLflow opened at all."""
+    if opening is None:
+        return
+    try:
+        opening.result().end_sweep("FAILED")
+    except Exception:  # noqa: BLE001 (the reason is already on its way to the user)
+        pass
 
 
 def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
     """In a thread: wait until every worker has loaded the data, then say so; on a load
-    error remember its last line, where Ray puts the cause (WorkersFailed then stops the sweep)."""
+    error remember its last line, where Ray puts the cause (SweepFailed then stops the sweep)."""
     import threading
 
     def wait():
         try:
             workers.stats(timeout=600)
         except Exception as e:  # noqa: BLE001 (any failure to start is reported the same way)
-            text = str(e).strip()
-            WORKER_FAILURE.append(text.splitlines()[-1] if text else type(e).__name__)
+            SWEEP_FAILURE.append(f"a FoldWorker could not load the data: {last_line(e)}")
             return
         phases["workers_ready"] = time.time()
         print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)
@@ -431,7 +462,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
                                     scheduler=scheduler, num_samples=rnd["trials"],
                                     max_concurrent_trials=workers.plan.n_trials, reuse_actors=True),
         run_config=tune.RunConfig(
-            name=rnd["name"], storage_path=str(storage), verbose=0, stop=WorkersFailed(),
+            name=rnd["name"], storage_path=str(storage), verbose=0, stop=SweepFailed(),
             callbacks=[SweepLog(str(storage)), MlflowCallback(str(storage)),
                        JsonLoggerCallback(), CSVLoggerCallback()],
             failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold

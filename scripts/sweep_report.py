@@ -17,8 +17,10 @@ so the report splits each worker's share of the wall time into:
   tail          the last fold's end -> results written
 
 and prints the per-trial dispatch gap (mean, median, p90) and when the start-up
-milestones happened (validated, ray_up, workers_created, workers_ready, first
-trial fold; seconds after the run's clock started).
+milestones happened (validated, ray_up, workers_created, tune_started,
+mlflow_ready, workers_ready, first trial fold; seconds after the run's clock
+started). scripts/replay.py times the same folds in a plain loop, for the overhead
+against no Ray at all.
 """
 
 from __future__ import annotations

@@ -119,6 +119,15 @@ def test_sweep_on_logical_gpus(tmp_path):
     split = report.report(str(tmp_path / "out.json"))
     shares = [split[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
     assert sum(shares) == pytest.approx(1.0) and split["training_share"] > 0
+    assert {"t_tune_started", "t_mlflow_ready"} <= split.keys()
+    # the same folds trained by a plain loop (no Ray, no Tune, no MLflow) give the same val Sharpe
+    replay = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts/replay.py"), "out.json",
+                             "--device", "cpu", "--json", "replay.json"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    plain = json.loads((tmp_path / "replay.json").read_text())
+    assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
+    assert 0 < plain["ideal_wall_s"] < plain["sweep_wall_s"] and 0 < plain["overhead_share"] < 1
 
 
 @pytest.mark.slow
@@ -147,6 +156,18 @@ def test_a_worker_that_cannot_load_stops_the_sweep(tmp_path):
     assert out.returncode == 1, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("fxray.tune: error:")]
     assert len(errors) == 1 and "could not load the data" in errors[0] and "injected load failure" in errors[0]
+    assert "--resume" in out.stderr
+
+
+@pytest.mark.slow
+def test_an_mlflow_store_that_cannot_open_stops_the_sweep(tmp_path):
+    """MLflow opens in a thread while Tune starts: its failure still ends the sweep with one line."""
+    exp, env = setup(tmp_path, trials=3)
+    (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
+    out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path, timeout=240)
+    assert out.returncode == 1, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("fxray.tune: error:")]
+    assert len(errors) == 1 and "MLflow store sqlite:///" in errors[0] and "could not be opened" in errors[0]
     assert "--resume" in out.stderr
 
 
@@ -199,6 +220,7 @@ BAD = {
     "address and local sizes": (["--experiment", "tiny.yaml", "--address", "auto", "--num-cpus", "2"],
                                 "--num-cpus/--num-gpus size a local Ray"),
     "bad flag": (["--experiment", "tiny.yaml", "--trials", "0"], "argument --trials: 0 must be >= 1"),
+    "MLflow folder missing": (["--experiment", "tiny.yaml"], "is not a writable folder"),
 }
 
 
@@ -224,7 +246,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys,
 
     env = bad_inputs(tmp_path)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"] if case != "MLflow folder missing"
+                       else f"sqlite:///{tmp_path / 'nope' / 'mlflow.db'}")
     args, expected = BAD[case]
     if case == "bad flag":  # argparse exits 2 itself, after its usage line
         with pytest.raises(SystemExit, match="2"):
