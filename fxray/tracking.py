@@ -10,8 +10,10 @@
 
 Why the driver: trials run in many processes, and many processes writing one
 sqlite file lock it. The Tune callbacks below run in the driver; trials only
-`tune.report`. Runs are found again by tags, so a resumed sweep never gives a
-trial a second run nor a fold a second point.
+`tune.report`. The MLflow client itself (fxray.mlruns.Tracker) lives in one helper
+process the driver starts and calls synchronously, so that importing mlflow and
+creating the store overlap Ray's start. Runs are found again by tags, so a resumed
+sweep never gives a trial a second run nor a fold a second point.
 
 Also here, driver-side too: `SweepLog` (a progress line per fold, and every fold
 appended to <run dir>/folds.jsonl) and the end-of-sweep files built from those
@@ -22,212 +24,22 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import ray
 from ray.tune import Callback
 
-# mlflow (1-2 s to import) is bound here by Tracker(): the sweep driver imports this
-# module on its start-up path and opens MLflow in a thread while Tune starts
-Metric = Param = RunTag = MlflowClient = None
-
+from fxray.mlruns import sweep_tracker
 from fxray.workers import pool_name
-
-FOLD_METRICS = ("val_sharpe", "test_sharpe", "val_sortino", "test_sortino", "val_max_drawdown",
-                "test_max_drawdown", "val_turnover", "test_turnover", "test_total_return",
-                "bh_test_sharpe", "epochs", "fold_time_s", "mean_val_sharpe", "mean_test_sharpe")
-
-
-def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI, else an ABSOLUTE sqlite file in the cwd (Tune moves trials' cwd)."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-class Tracker:
-    """The sweep's parent run and its children, looked up by tag (idempotent on resume)."""
-
-    def __init__(self, uri: str, experiment: str, parent_run_id: str | None = None,
-                 sweep_tags: dict | None = None, run_name: str | None = None):
-        global Metric, Param, RunTag, MlflowClient
-        from mlflow.entities import Metric, Param, RunTag
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient(uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is None:
-            artifacts = None
-            if uri.startswith("sqlite:///"):  # artifacts beside the db, not in whatever cwd we are in
-                artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / experiment).as_uri()
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
-        else:
-            self.experiment_id = exp.experiment_id
-        if parent_run_id is None:
-            run = self.client.create_run(self.experiment_id, tags=sweep_tags or {}, run_name=run_name)
-            parent_run_id = run.info.run_id
-        else:
-            self.client.update_run(parent_run_id, status="RUNNING")
-        self.parent_run_id = parent_run_id
-        self.sweep_tags = sweep_tags or {}
-        self.child_tags: dict = {}             # extra tags of the children created from now on
-        self.trial_tags: dict = {}  # child runs only, set by open_sweep (the round's seed, the data file)
-        self.children: dict[str, str] = {}     # trial id -> run id
-        self.finished: set[str] = set()        # trial ids whose run is FINISHED: never touched again
-        self.steps: dict[str, set] = {}        # run id -> folds already logged
-        for run in self.child_runs():
-            tid = run.data.tags.get("fxray.trial_id")
-            self.children[tid] = run.info.run_id
-            if run.info.status == "FINISHED":
-                self.finished.add(tid)
-            elif run.info.status != "RUNNING":  # a FAILED trial that --resume retries: same run
-                self.client.update_run(run.info.run_id, status="RUNNING")
-
-    def child_runs(self) -> list:
-        runs, token = [], None
-        while True:
-            page = self.client.search_runs(
-                [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'",
-                max_results=1000, page_token=token)
-            runs += list(page)
-            token = page.token
-            if not token:
-                return runs
-
-    def _child(self, trial_id: str, name: str, params: dict) -> str:
-        if trial_id in self.children:
-            return self.children[trial_id]
-        tags = {**self.sweep_tags, **self.trial_tags, "mlflow.parentRunId": self.parent_run_id,
-                "fxray.trial_id": trial_id}
-        run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
-        run_id = run.info.run_id
-        self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(params.items())])
-        self.children[trial_id] = run_id
-        return run_id
-
-    def log_fold(self, trial_id: str, name: str, params: dict, record: dict) -> None:
-        """One fold of one trial, step = fold k; a fold already logged (a resumed trial) is skipped."""
-        if trial_id in self.finished:
-            return
-        run_id = self._child(trial_id, name, params)
-        if run_id not in self.steps:
-            hist = self.client.get_metric_history(run_id, "val_sharpe")
-            self.steps[run_id] = {m.step for m in hist}
-        step = int(record["fold"])
-        if step in self.steps[run_id]:
-            return
-        if "test_daily_returns" in record:  # out-of-sample days: fxray.compare's DSR and equity curves
-            # before the metrics: a crash in between re-logs the fold on resume (this file is overwritten)
-            self.client.log_dict(run_id, {"fold": step, "test_daily_returns": list(record["test_daily_returns"])},
-                                 f"test_daily_returns/fold{step}.json")
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, float(record[k]), now, step) for k in FOLD_METRICS if k in record]
-        self.client.log_batch(run_id, metrics=metrics)
-        self.steps[run_id].add(step)
-
-    def end_trial(self, trial_id: str, folds_done: int, n_folds: int, status: str = "FINISHED") -> None:
-        """End a child run. Its summary is the last point of mean_val_sharpe / mean_test_sharpe
-        (the running means, logged per fold); folds_done < n_folds means ASHA stopped it."""
-        if trial_id in self.finished or trial_id not in self.children:
-            return
-        run_id = self.children[trial_id]
-        last = Metric("folds_done", folds_done, int(time.time() * 1000), max(folds_done - 1, 0))
-        self.client.log_batch(run_id, metrics=[last],
-                              tags=[RunTag("fxray.stopped_early", str(folds_done < n_folds).lower())])
-        self.client.set_terminated(run_id, status)
-        if status == "FINISHED":
-            self.finished.add(trial_id)
-
-    def end_sweep(self, status: str, summary: dict | None = None, artifacts: list | None = None) -> None:
-        """Summary metrics and artifacts [(dir in the run or None, local file)] on the parent; end it."""
-        run_id = self.parent_run_id
-        if summary:
-            now = int(time.time() * 1000)
-            self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()
-                                                   if isinstance(v, (int, float))],
-                                  tags=[RunTag(f"fxray.best.{k}", str(v)) for k, v in summary.items()
-                                        if not isinstance(v, (int, float))])
-        for dest, local in artifacts or []:
-            if Path(local).exists():
-                self.client.log_artifact(run_id, str(local), artifact_path=dest)
-        self.client.set_terminated(run_id, status)
-
-
-def open_sweep(sweep: dict) -> Tracker:
-    """The Tracker of a sweep described by its sweep.json (parent run created on first use)."""
-    m = sweep["mlflow"]
-    tracker = Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"),
-                      run_name=f"sweep {sweep['experiment']}")
-    # what `python -m fxray.train --from-run` needs to retrain a trial: its round's training
-    # seed (an extension round may have another) and the data file the sweep read
-    tracker.trial_tags = {"fxray.seed": str(sweep["rounds"][-1]["seed"]), "fxray.data_path": sweep["data"]["path"]}
-    return tracker
-
-
-_OPENING: dict[str, Future] = {}  # run directory -> its Tracker, being opened in a thread
-
-
-def open_sweep_async(storage, sweep: dict, on_open=None, on_error=None) -> Future:
-    """Open the sweep's Tracker in a thread and return its future; `on_open(tracker)` or
-    `on_error(exception)` runs there once it is open or has failed. Importing mlflow,
-    creating a new store's tables, the experiment and the parent run take seconds: Tune
-    starts its trials meanwhile, and MlflowCallback waits for this Tracker at its first
-    use (a trial's first fold)."""
-    def work() -> Tracker:
-        try:
-            tracker = open_sweep(sweep)
-        except Exception as e:
-            if on_error is not None:
-                on_error(e)
-            raise
-        if on_open is not None:
-            on_open(tracker)
-        return tracker
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="fxray-mlflow")
-    future = _OPENING[str(storage)] = pool.submit(work)
-    pool.shutdown(wait=False)
-    return future
-
-
-def sweep_tracker(storage) -> Tracker:
-    """The Tracker that open_sweep_async opened for this run directory (waiting for it),
-    or, where none was started in this process, one opened now from its sweep.json."""
-    future = _OPENING.get(str(storage))
-    if future is None:
-        return open_sweep(json.loads((Path(storage) / "sweep.json").read_text()))
-    return future.result()
-
-
-def check_uri(uri: str) -> None:
-    """A sqlite store whose folder is missing or read-only fails here, before anything
-    starts (the store is opened later, in a thread); other stores are checked on open."""
-    if uri.startswith("sqlite:///"):
-        folder = Path(uri[len("sqlite:///"):]).parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise ValueError(f"MLFLOW_TRACKING_URI {uri}: {folder} is not a writable folder; "
-                             "point it at a writable path (or unset it for ./mlflow.db)")
-
 
 class MlflowCallback(Callback):
     """Tune callback in the driver: per-fold metrics into the trial's child run, logged
     when the fold's checkpoint is registered (see SweepLog.on_checkpoint).
 
     It holds only the storage path: Tune pickles callbacks into the run's state
-    and `Tuner.restore` brings back that copy, so everything live (the client,
-    the parent run id) comes from `sweep_tracker` at first use. Where MLflow could
-    not be opened it logs nothing: fxray.tune's stopper ends the sweep and says why.
+    and `Tuner.restore` brings back that copy, so everything live (the Tracker in
+    the helper process, the parent run id) is found again in `setup`.
     """
 
     def __init__(self, storage: str):
@@ -238,20 +50,11 @@ class MlflowCallback(Callback):
 
     def setup(self, **info):
         sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
-        self.base, self.n_folds, self._tracker = sweep["base"], len(sweep["folds"]), None
-
-    @property
-    def tracker(self) -> Tracker | None:
-        if self._tracker is None:
-            try:
-                self._tracker = sweep_tracker(self.storage)
-            except Exception:  # noqa: BLE001 (reported once, by the driver)
-                return None
-        return self._tracker
+        self.tracker, self.base, self.n_folds = sweep_tracker(self.storage), sweep["base"], len(sweep["folds"])
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         result = trial.last_result  # the fold whose checkpoint Tune just registered (see SweepLog)
-        if "fold" in result and self.tracker is not None:
+        if "fold" in result:
             self.tracker.log_fold(trial.trial_id, trial_label(trial.trial_id),
                                   {**self.base, **trial.config}, result)
 
@@ -262,8 +65,6 @@ class MlflowCallback(Callback):
         self._end(trial, "FAILED")
 
     def _end(self, trial, status):
-        if self.tracker is None:
-            return
         folds_done = (trial.last_result or {}).get("folds_done", 0)
         self.tracker.end_trial(trial.trial_id, folds_done, self.n_folds, status)
 
@@ -330,7 +131,7 @@ class SweepLog(Callback):
 
 RECORD_KEYS = ("fold", "status", "epochs", "best_epoch", "worker", "checkpoint", "fold_time_s",
                "fold_switch_s", "train_s", "eval_s", "bh_test_sharpe", "adx", "folds_done",
-               "mean_val_sharpe", "mean_test_sharpe")
+               "mean_val_sharpe", "mean_test_sharpe", "trial_start")
 
 
 def fmt_s(s: float) -> str:
@@ -462,7 +263,7 @@ def _fold_json(r: dict) -> dict:
     for w in ("val", "test"):
         out[w] = {k[len(w) + 1:]: v for k, v in r.items()
                   if k.startswith(w + "_") and k != "test_daily_returns"}
-    out["timings"] = {k: r.get(k) for k in ("fold_switch_s", "train_s", "eval_s", "fold_time_s")}
+    out["timings"] = {k: r.get(k) for k in ("fold_switch_s", "train_s", "eval_s", "fold_time_s", "trial_start")}
     out["test_daily_returns"] = r.get("test_daily_returns", [])
     return out
 

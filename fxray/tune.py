@@ -45,6 +45,7 @@ IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clo
 
 def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
     """Train the sampled config on every fold, in time order, reporting after each."""
+    started = time.time()  # when Tune's trial process got to us (the report's trial_start)
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" per fold is noise
     trial_id = tune.get_context().get_trial_id()
     cfg = {**job["base"], **config}
@@ -64,7 +65,7 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
                 workers.release(trial_id)
             record = fold_record(result)
             done.append({"val_sharpe": record["val_sharpe"], "test_sharpe": record["test_sharpe"]})
-            record["folds_done"] = len(done)
+            record["folds_done"], record["trial_start"] = len(done), started
             record["mean_val_sharpe"] = sum(d["val_sharpe"] for d in done) / len(done)
             record["mean_test_sharpe"] = sum(d["test_sharpe"] for d in done) / len(done)
             with tempfile.TemporaryDirectory() as d:
@@ -122,7 +123,12 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from fxray import cache, synth
+    with contextlib.ExitStack() as stack:  # the MLflow helper process ends with the run, however it ends
+        return sweep_run(args, stack)
+
+
+def sweep_run(args, stack: contextlib.ExitStack) -> int:
+    from fxray import cache, mlruns, synth, tracking
 
     t_start = time.time()
     overrides = {k: v for k, v in (("sweep.trials", args.trials), ("sweep.seed", args.seed),
@@ -148,14 +154,15 @@ def run(args) -> int:
             raise UsageError(f"{data_path}: its contents changed since the sweep started "
                              f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
 
-    from fxray import tracking
-
+    uri = sweep["mlflow"]["uri"] if sweep else mlruns.tracking_uri()
     try:
-        tracking.check_uri(sweep["mlflow"]["uri"] if sweep else tracking.tracking_uri())
+        mlruns.check_uri(uri)
     except ValueError as e:
         raise UsageError(str(e)) from None
     # unix times of the start-up steps (and the import time before them), for results.json
     phases = {"ray_tune_import_s": IMPORT_S, "validated": time.time()}
+    # first, so that importing mlflow and readying its store overlap Ray's start
+    store = stack.enter_context(mlruns.TrackerProcess(uri))
     start_ray(args)
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
@@ -187,30 +194,36 @@ def run(args) -> int:
     for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
         handle.warmup.remote(exp.dqn.as_dict(), folds[0])
     phases["workers_created"] = time.time()
-    # while the workers import torch and load the data: the run directory, then MLflow in
-    # a thread and Tune's trial processes (seconds each); a trial's first fold waits on its
-    # worker. A worker that cannot load, or an MLflow store that cannot open, stops the sweep.
+    # while the workers import torch and load the data: the run directory and MLflow's
+    # runs, then Tune starts its trial processes (seconds each); a trial's first fold
+    # waits on its worker. A worker that cannot load stops the sweep (SweepFailed).
     sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
+    try:
+        tracker = mlruns.TRACKERS[str(storage)] = store.open_sweep(sweep)
+    except Exception as e:  # noqa: BLE001 (whatever the store says, in one line)
+        print(f"fxray.tune: error: MLflow store {uri} could not be opened: {last_line(e)}\n"
+              f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
+        return 1
+    if sweep["mlflow"].get("parent_run_id") is None:
+        sweep["mlflow"]["parent_run_id"] = tracker.parent_id()
+        write_sweep(storage, sweep)
+    phases["mlflow_ready"] = time.time()
     watch_workers(workers, t0, phases)
     # what a resumed round trains with is what it started with, whatever the flags say now
     job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
            "checkpoints": str(storage / "checkpoints")}
-    opening = None
     try:
         tuner = make_tuner(storage, sweep, exp, job, workers, resumed=args.resume)
-        opening = open_tracking(storage, sweep, phases)  # after make_tuner: both import sqlalchemy
         phases["tune_started"] = time.time()
         tuner.fit()
     except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
-        end_sweep_failed(opening)
+        tracker.end_sweep("FAILED")
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"fxray.tune: the sweep stopped: {type(e).__name__}: {first}\n"
               f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
-    with contextlib.suppress(Exception):  # a failure to open is in SWEEP_FAILURE already
-        tracker = opening.result()
     if SWEEP_FAILURE:
-        end_sweep_failed(opening)
+        tracker.end_sweep("FAILED")
         print(f"fxray.tune: error: {SWEEP_FAILURE[0]}\n"
               f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
@@ -240,12 +253,12 @@ def run(args) -> int:
     return 0
 
 
-SWEEP_FAILURE: list[str] = []  # set by the start-up threads below; read by SweepFailed
+SWEEP_FAILURE: list[str] = []  # set by watch_workers' thread; read by SweepFailed
 
 
 class SweepFailed(tune.Stopper):
-    """Ends the whole sweep as soon as a FoldWorker failed to load or MLflow failed to
-    open (module state, so the stopper itself pickles into Tune's experiment state)."""
+    """Ends the whole sweep as soon as a FoldWorker failed to load (module state, so the
+    stopper itself pickles into Tune's experiment state)."""
 
     def __call__(self, trial_id, result) -> bool:
         return False
@@ -257,33 +270,6 @@ class SweepFailed(tune.Stopper):
 def last_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[-1] if text else type(e).__name__
-
-
-def open_tracking(storage: Path, sweep: dict, phases: dict):
-    """The sweep's MLflow Tracker, opening in a thread (see tracking.open_sweep_async);
-    the parent run's id goes into sweep.json as soon as it exists."""
-    from fxray import tracking
-
-    def on_open(tracker):
-        if sweep["mlflow"].get("parent_run_id") is None:
-            sweep["mlflow"]["parent_run_id"] = tracker.parent_run_id
-            write_sweep(storage, sweep)
-        phases["mlflow_ready"] = time.time()
-
-    def on_error(e):
-        SWEEP_FAILURE.append(f"MLflow store {sweep['mlflow']['uri']} could not be opened: {last_line(e)}")
-
-    return tracking.open_sweep_async(storage, sweep, on_open, on_error)
-
-
-def end_sweep_failed(opening) -> None:
-    """Mark the parent run FAILED, if MLflow opened at all."""
-    if opening is None:
-        return
-    try:
-        opening.result().end_sweep("FAILED")
-    except Exception:  # noqa: BLE001 (the reason is already on its way to the user)
-        pass
 
 
 def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
@@ -401,13 +387,18 @@ def start_ray(args) -> None:
             raise UsageError(f"--address {args.address}: cannot join the Ray cluster "
                              f"({str(e).strip().splitlines()[0]}); is it up (ray status)?") from None
     else:
-        ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, **kw)
+        # Ray starts one idle worker process per CPU with it; the FoldWorkers and trials take
+        # those, so importing torch there (5.5 s per process on the H200 machines) overlaps
+        # the driver's start instead of delaying each worker's first fold
+        preload = [m for m in os.environ.get("FXRAY_RAY_PRELOAD", "torch").split(",") if m]
+        ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+                 _system_config={"preload_python_modules": preload} if preload else None, **kw)
 
 
 def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path, folds, args) -> dict:
     """Create the run directory (first run) or open a new round (an extension) or keep
     the last one (a resume). Everything here is validated already: nothing is half-written."""
-    from fxray import tracking
+    from fxray import mlruns
 
     round_names = [r["name"] for r in sweep["rounds"]] if sweep else []
     if sweep is None:
@@ -416,14 +407,14 @@ def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path,
         tags = {"fxray.experiment": exp.name, "fxray.dataset_hash": market.content_hash,
                 "fxray.profile": profile, "fxray.storage": str(storage),
                 "fxray.folds": json.dumps([[f["k"], f["train"], f["val"], f["test"]] for f in folds])}
-        commit = tracking.git_commit()
+        commit = mlruns.git_commit()
         if commit:
             tags["mlflow.source.git.commit"] = commit
         sweep = {"experiment": exp.name, "profile": profile, "experiment_file": str(Path(file).absolute()),
                  "data": {"path": str(Path(data_path).absolute()), "content_hash": market.content_hash,
                           "n_bars": market.n_bars},
                  "folds": folds, "base": exp.dqn.as_dict(), "rounds": [],
-                 "mlflow": {"uri": tracking.tracking_uri(), "experiment": exp.name, "tags": tags}}
+                 "mlflow": {"uri": mlruns.tracking_uri(), "experiment": exp.name, "tags": tags}}
     if not args.resume:
         name = "tune" if not round_names else f"tune-{len(round_names) + 1}"
         sweep["rounds"].append({"name": name, "trials": exp.sweep.trials, "seed": exp.sweep.seed,

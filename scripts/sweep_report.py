@@ -17,9 +17,9 @@ so the report splits each worker's share of the wall time into:
   tail          the last fold's end -> results written
 
 and prints the per-trial dispatch gap (mean, median, p90) and when the start-up
-milestones happened (validated, ray_up, workers_created, tune_started,
-mlflow_ready, workers_ready, first trial fold; seconds after the run's clock
-started). scripts/replay.py times the same folds in a plain loop, for the overhead
+milestones happened (validated, ray_up, workers_created, mlflow_ready,
+tune_started, workers_ready, the first trial function started, the first trial
+fold; seconds after the run's clock started). scripts/replay.py times the same folds in a plain loop, for the overhead
 against no Ray at all.
 """
 
@@ -73,6 +73,9 @@ def report(path: str) -> dict:
     # start-up milestones, seconds after the run's clock started (Ray/Tune imports are before it)
     for k, v in (r.get("phases") or {}).items():
         out[f"t_{k}"] = v if k.endswith("_s") else v - start
+    starts = [f["timings"].get("trial_start") for t in r["trials"] for f in t["folds"]]
+    if any(starts):  # when Tune's first trial process ran the trial function
+        out["t_first_trial_started"] = min(x for x in starts if x) - start
     out["t_first_trial_fold"] = first - start
     last = max(c[1] for log in calls for c in log)
     out["training_share_after_startup"] = parts["training"] / ((last - first) * n_workers)

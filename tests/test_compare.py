@@ -2,7 +2,7 @@
 
 Two experiments share one store:
   "t"  a real sweep: `python -m fxray.tune` on a tiny config (3 trials x 2 folds, ~25 s here);
-  "b"  logged directly through fxray.tracking.Tracker with hand-chosen numbers (milliseconds),
+  "b"  logged directly through fxray.mlruns.Tracker with hand-chosen numbers (milliseconds),
        so the table's numbers can be checked against values we know exactly.
 """
 
@@ -38,7 +38,7 @@ DAYS_B = 20  # test days per fold
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """(dir, uri, env): the store holding experiment "b" (hand-made numbers, see expected_b)."""
-    from fxray.tracking import Tracker
+    from fxray.mlruns import Tracker
 
     d = tmp_path_factory.mktemp("compare")
     uri = f"sqlite:///{d / 'mlflow.db'}"

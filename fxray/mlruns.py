@@ -1,0 +1,304 @@
+"""The sweep's MLflow client, kept in a helper process that the driver starts first.
+
+    store = TrackerProcess(uri)            # at once: it imports mlflow and readies the store
+    tracker = store.open_sweep(sweep)      # a proxy of the Tracker living there
+    tracker.log_fold(trial_id, ...)        # plain synchronous calls, from the driver's callbacks
+    store.close()
+
+Why a process: importing mlflow and creating a new sqlite store's tables take ~5 s
+on the GPU machines. Done in the driver they delayed Tune's start by that much;
+done in a thread of the driver they starved Tune's event loop of the GIL (the
+first trial started 8.4 s after Tune instead of 3.5 s, measured). In a process of
+its own that work runs while Ray starts, and costs the driver nothing. It is still
+one process writing the store, driven by the driver's Tune callbacks only.
+
+A new sqlite store is readied in a file beside the target and moved into place
+only when the sweep opens it, so a sweep that fails to start leaves no mlflow.db.
+The helper runs in its own session and ignores SIGINT (after a Ctrl+C the driver
+still has runs to end), and exits when the driver closes its stdin or dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.managers import BaseManager
+from pathlib import Path
+
+FOLD_METRICS = ("val_sharpe", "test_sharpe", "val_sortino", "test_sortino", "val_max_drawdown",
+                "test_max_drawdown", "val_turnover", "test_turnover", "test_total_return",
+                "bh_test_sharpe", "epochs", "fold_time_s", "mean_val_sharpe", "mean_test_sharpe")
+
+# mlflow (1-3 s to import) is bound here by Tracker(): the driver imports this module for
+# tracking_uri() and TrackerProcess, and must not pay for mlflow itself
+Metric = Param = RunTag = MlflowClient = None
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI, else an ABSOLUTE sqlite file in the cwd (Tune moves trials' cwd)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def check_uri(uri: str) -> None:
+    """A sqlite store whose folder is missing or read-only fails here, before anything
+    starts; other stores are checked when the sweep opens them."""
+    path = sqlite_path(uri)
+    if path is not None and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+        raise ValueError(f"MLFLOW_TRACKING_URI {uri}: {path.parent} is not a writable folder; "
+                         "point it at a writable path (or unset it for ./mlflow.db)")
+
+
+class Tracker:
+    """The sweep's parent run and its children, looked up by tag (idempotent on resume)."""
+
+    def __init__(self, uri: str, experiment: str, parent_run_id: str | None = None,
+                 sweep_tags: dict | None = None, run_name: str | None = None):
+        global Metric, Param, RunTag, MlflowClient
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            artifacts = None
+            if uri.startswith("sqlite:///"):  # artifacts beside the db, not in whatever cwd we are in
+                artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / experiment).as_uri()
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
+        else:
+            self.experiment_id = exp.experiment_id
+        if parent_run_id is None:
+            run = self.client.create_run(self.experiment_id, tags=sweep_tags or {}, run_name=run_name)
+            parent_run_id = run.info.run_id
+        else:
+            self.client.update_run(parent_run_id, status="RUNNING")
+        self.parent_run_id = parent_run_id
+        self.sweep_tags = sweep_tags or {}
+        self.child_tags: dict = {}             # extra tags of the children created from now on
+        self.trial_tags: dict = {}  # child runs only, set by open_sweep (the round's seed, the data file)
+        self.children: dict[str, str] = {}     # trial id -> run id
+        self.finished: set[str] = set()        # trial ids whose run is FINISHED: never touched again
+        self.steps: dict[str, set] = {}        # run id -> folds already logged
+        for run in self.child_runs():
+            tid = run.data.tags.get("fxray.trial_id")
+            self.children[tid] = run.info.run_id
+            if run.info.status == "FINISHED":
+                self.finished.add(tid)
+            elif run.info.status != "RUNNING":  # a FAILED trial that --resume retries: same run
+                self.client.update_run(run.info.run_id, status="RUNNING")
+
+    def parent_id(self) -> str:
+        return self.parent_run_id
+
+    def child_runs(self) -> list:
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs(
+                [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'",
+                max_results=1000, page_token=token)
+            runs += list(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def _child(self, trial_id: str, name: str, params: dict) -> str:
+        if trial_id in self.children:
+            return self.children[trial_id]
+        tags = {**self.sweep_tags, **self.trial_tags, "mlflow.parentRunId": self.parent_run_id,
+                "fxray.trial_id": trial_id}
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
+        run_id = run.info.run_id
+        self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(params.items())])
+        self.children[trial_id] = run_id
+        return run_id
+
+    def log_fold(self, trial_id: str, name: str, params: dict, record: dict) -> None:
+        """One fold of one trial, step = fold k; a fold already logged (a resumed trial) is skipped."""
+        if trial_id in self.finished:
+            return
+        run_id = self._child(trial_id, name, params)
+        if run_id not in self.steps:
+            hist = self.client.get_metric_history(run_id, "val_sharpe")
+            self.steps[run_id] = {m.step for m in hist}
+        step = int(record["fold"])
+        if step in self.steps[run_id]:
+            return
+        if "test_daily_returns" in record:  # out-of-sample days: fxray.compare's DSR and equity curves
+            # before the metrics: a crash in between re-logs the fold on resume (this file is overwritten)
+            self.client.log_dict(run_id, {"fold": step, "test_daily_returns": list(record["test_daily_returns"])},
+                                 f"test_daily_returns/fold{step}.json")
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(record[k]), now, step) for k in FOLD_METRICS if k in record]
+        self.client.log_batch(run_id, metrics=metrics)
+        self.steps[run_id].add(step)
+
+    def end_trial(self, trial_id: str, folds_done: int, n_folds: int, status: str = "FINISHED") -> None:
+        """End a child run. Its summary is the last point of mean_val_sharpe / mean_test_sharpe
+        (the running means, logged per fold); folds_done < n_folds means ASHA stopped it."""
+        if trial_id in self.finished or trial_id not in self.children:
+            return
+        run_id = self.children[trial_id]
+        last = Metric("folds_done", folds_done, int(time.time() * 1000), max(folds_done - 1, 0))
+        self.client.log_batch(run_id, metrics=[last],
+                              tags=[RunTag("fxray.stopped_early", str(folds_done < n_folds).lower())])
+        self.client.set_terminated(run_id, status)
+        if status == "FINISHED":
+            self.finished.add(trial_id)
+
+    def end_sweep(self, status: str, summary: dict | None = None, artifacts: list | None = None) -> None:
+        """Summary metrics and artifacts [(dir in the run or None, local file)] on the parent; end it."""
+        run_id = self.parent_run_id
+        if summary:
+            now = int(time.time() * 1000)
+            self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()
+                                                   if isinstance(v, (int, float))],
+                                  tags=[RunTag(f"fxray.best.{k}", str(v)) for k, v in summary.items()
+                                        if not isinstance(v, (int, float))])
+        for dest, local in artifacts or []:
+            if Path(local).exists():
+                self.client.log_artifact(run_id, str(local), artifact_path=dest)
+        self.client.set_terminated(run_id, status)
+
+
+def open_sweep(sweep: dict) -> Tracker:
+    """The Tracker of a sweep described by its sweep.json (parent run created on first use)."""
+    m = sweep["mlflow"]
+    tracker = Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"),
+                      run_name=f"sweep {sweep['experiment']}")
+    # what `python -m fxray.train --from-run` needs to retrain a trial: its round's training
+    # seed (an extension round may have another) and the data file the sweep read
+    tracker.trial_tags = {"fxray.seed": str(sweep["rounds"][-1]["seed"]), "fxray.data_path": sweep["data"]["path"]}
+    return tracker
+
+
+
+
+# --- the helper process ------------------------------------------------------------------
+
+TRACKERS: dict[str, object] = {}  # run directory -> the Tracker (proxy) its driver opened
+
+
+def sweep_tracker(storage):
+    """The Tracker the driver opened for this run directory; where none was (a callback
+    used outside fxray.tune's driver), one opened here from its sweep.json."""
+    tracker = TRACKERS.get(str(storage))
+    if tracker is None:
+        tracker = TRACKERS[str(storage)] = open_sweep(json.loads((Path(storage) / "sweep.json").read_text()))
+    return tracker
+
+
+class _Manager(BaseManager):
+    pass
+
+
+class TrackerProcess:
+    """The driver's side: starts the helper at once, connects when the sweep opens."""
+
+    def __init__(self, uri: str):
+        self.uri, self.manager = uri, None
+        root = str(Path(__file__).resolve().parents[1])  # fxray importable however the driver was started
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        # its own session: the terminal's Ctrl+C goes to the driver, which still has runs to end
+        self.proc = subprocess.Popen([sys.executable, "-m", "fxray.mlruns", uri], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, text=True, start_new_session=True)
+
+    def open_sweep(self, sweep: dict):
+        """A proxy of the sweep's Tracker (log_fold, end_trial, end_sweep, parent_id)."""
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the MLflow helper process exited at start (code {self.proc.wait()})")
+        where = json.loads(line)
+        self.manager = _Manager(address=where["address"], authkey=bytes.fromhex(where["authkey"]))
+        self.manager.connect()
+        return self.manager.open_sweep(sweep)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()  # the helper exits on EOF, removing a store it readied for nothing
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_PRIMER: dict = {"thread": None, "ready": None, "target": None}  # the helper's state: what _prime readied
+
+
+def _prime(uri: str) -> None:
+    """Import mlflow and ready the store: an existing sqlite store is opened (schema
+    checked); a new one gets its tables in a file beside it, moved in by _open_primed."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        path = sqlite_path(uri)
+        if path is not None and not path.exists():
+            ready = path.with_name(f".{path.name}.fxray-{os.getpid()}")
+            _PRIMER["ready"], _PRIMER["target"] = ready, path
+            MlflowClient(f"sqlite:///{ready}").search_experiments(max_results=1)
+        else:
+            MlflowClient(uri).search_experiments(max_results=1)
+    except Exception:  # noqa: BLE001 (opening the store for real reports what is wrong)
+        pass
+
+
+def _open_primed(sweep: dict) -> Tracker:
+    _PRIMER["thread"].join()
+    ready, path = _PRIMER["ready"], sqlite_path(sweep["mlflow"]["uri"])
+    if ready is not None and ready.exists() and path == _PRIMER["target"]:
+        try:
+            os.link(ready, path)  # never over a store that appeared meanwhile
+        except FileExistsError:
+            pass
+        ready.unlink()
+    return open_sweep(sweep)
+
+
+_Manager.register("open_sweep", _open_primed, exposed=("log_fold", "end_trial", "end_sweep", "parent_id"))
+
+
+def serve(uri: str) -> None:
+    """The helper's main: ready the store in a thread, serve the Tracker until stdin closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _PRIMER["thread"] = threading.Thread(target=_prime, args=(uri,), daemon=True)
+    _PRIMER["thread"].start()
+    authkey = os.urandom(16)
+    server = _Manager(authkey=authkey).get_server()
+    print(json.dumps({"address": server.address, "authkey": authkey.hex()}), flush=True)
+
+    def exit_on_eof():
+        sys.stdin.read()
+        _PRIMER["thread"].join(timeout=30)
+        ready = _PRIMER["ready"]
+        if ready is not None and ready.exists():
+            ready.unlink()
+        os._exit(0)
+
+    threading.Thread(target=exit_on_eof, daemon=True).start()
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

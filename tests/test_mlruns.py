@@ -1,0 +1,66 @@
+"""fxray.mlruns: the sweep's MLflow client in its helper process, on a real sqlite store."""
+
+import os
+import signal
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fxray import mlruns
+
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+
+def sweep_dict(uri: str) -> dict:
+    return {"experiment": "m", "rounds": [{"seed": 3}], "data": {"path": "/data/x.fxcache"},
+            "mlflow": {"uri": uri, "experiment": "m", "tags": {"fxray.experiment": "m"}}}
+
+
+def test_the_helper_process_logs_what_the_driver_asks(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mlruns.TrackerProcess(uri) as store:
+        time.sleep(0.5)
+        assert not (tmp_path / "mlflow.db").exists()  # readied beside it, moved in on open
+        tracker = store.open_sweep(sweep_dict(uri))
+        assert (tmp_path / "mlflow.db").exists()
+        assert [p.name for p in tmp_path.iterdir()] == ["mlflow.db"]
+        parent = tracker.parent_id()
+        tracker.log_fold("t1", "trial-t1", {"lr": 0.001}, {"fold": 0, "val_sharpe": 1.5, "test_sharpe": -0.5})
+        tracker.log_fold("t1", "trial-t1", {"lr": 0.001}, {"fold": 0, "val_sharpe": 9.9})  # logged once only
+        tracker.log_fold("t1", "trial-t1", {"lr": 0.001}, {"fold": 1, "val_sharpe": 2.5})
+        tracker.end_trial("t1", 2, 2)
+        tracker.end_sweep("FINISHED", {"best_mean_val_sharpe": 2.0})
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("m").experiment_id])
+    child = next(r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent)
+    assert [(m.step, m.value) for m in client.get_metric_history(child.info.run_id, "val_sharpe")] == [(0, 1.5), (1, 2.5)]
+    assert child.data.params == {"lr": "0.001"} and child.data.tags["fxray.seed"] == "3"
+    assert child.info.status == "FINISHED"
+    assert client.get_run(parent).data.metrics["best_mean_val_sharpe"] == 2.0
+
+
+def test_a_helper_never_opened_leaves_no_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = mlruns.TrackerProcess(uri)
+    time.sleep(3)  # long enough for it to have readied the tables beside the target
+    store.close()
+    assert store.proc.returncode == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_the_helper_ignores_ctrl_c_and_reports_a_bad_store(tmp_path):
+    (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mlruns.TrackerProcess(uri) as store:
+        assert os.getpgid(store.proc.pid) != os.getpgid(0)  # a terminal's Ctrl+C does not reach it
+        time.sleep(1.0)
+        os.kill(store.proc.pid, signal.SIGINT)  # nor does a direct one end it
+        with pytest.raises(Exception, match="file is not a database"):
+            store.open_sweep(sweep_dict(uri))
+        assert store.proc.poll() is None
+
+
+def test_check_uri_names_the_folder():
+    with pytest.raises(ValueError, match="/nonexistent/dir is not a writable folder"):
+        mlruns.check_uri("sqlite:////nonexistent/dir/mlflow.db")
+    mlruns.check_uri("http://127.0.0.1:5000")  # a server: checked when opened
