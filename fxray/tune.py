@@ -387,12 +387,7 @@ def start_ray(args) -> None:
             raise UsageError(f"--address {args.address}: cannot join the Ray cluster "
                              f"({str(e).strip().splitlines()[0]}); is it up (ray status)?") from None
     else:
-        # Ray starts one idle worker process per CPU with it; the FoldWorkers and trials take
-        # those, so importing torch there (5.5 s per process on the H200 machines) overlaps
-        # the driver's start instead of delaying each worker's first fold
-        preload = [m for m in os.environ.get("FXRAY_RAY_PRELOAD", "torch").split(",") if m]
-        ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-                 _system_config={"preload_python_modules": preload} if preload else None, **kw)
+        ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, **kw)
 
 
 def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path, folds, args) -> dict:
