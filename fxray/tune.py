@@ -243,14 +243,16 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
         print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (no Tune trial ran them)")
     sweep["rounds"][-1]["done"] = errors == 0
     write_sweep(storage, sweep)
-    tracker.end_sweep("FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"],
-                      summary["artifacts"])
+    lost = tracker.end_sweep("FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"],
+                             summary["artifacts"])
     print(f"results: {storage}\nMLflow:  mlflow ui --backend-store-uri {sweep['mlflow']['uri']} "
           "(serves on 127.0.0.1:5000)")
+    if lost:
+        print(f"{lost} MLflow write(s) failed (the fxray.mlruns lines above say why); "
+              f"{storage}/results.json has every fold", file=sys.stderr)
     if errors:
         print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if errors or lost else 0
 
 
 SWEEP_FAILURE: list[str] = []  # set by watch_workers' thread; read by SweepFailed

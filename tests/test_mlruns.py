@@ -64,3 +64,20 @@ def test_check_uri_names_the_folder():
     with pytest.raises(ValueError, match="/nonexistent/dir is not a writable folder"):
         mlruns.check_uri("sqlite:////nonexistent/dir/mlflow.db")
     mlruns.check_uri("http://127.0.0.1:5000")  # a server: checked when opened
+
+
+def test_queued_writes_outlive_the_driver_and_failures_are_counted(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mlruns.TrackerProcess(uri) as store:
+        tracker = store.open_sweep(sweep_dict(uri))
+        parent = tracker.parent_id()
+        tracker.log_fold("t1", "trial-t1", {"lr": 0.1}, {"fold": 0, "val_sharpe": "not a number"})
+        assert tracker.end_sweep("RUNNING") == 1  # waited for the queue: one write failed
+        for k in range(5):
+            tracker.log_fold("t2", "trial-t2", {"lr": 0.2}, {"fold": k, "val_sharpe": float(k)})
+    # closed right after queueing (as a driver that dies would): the helper drained the queue first
+    assert store.proc.returncode == 0
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("m").experiment_id],
+                              f"tags.mlflow.parentRunId = '{parent}' and tags.fxray.trial_id = 't2'")
+    assert [m.value for m in client.get_metric_history(runs[0].info.run_id, "val_sharpe")] == [0.0, 1.0, 2.0, 3.0, 4.0]
