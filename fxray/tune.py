@@ -162,7 +162,7 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     # unix times of the start-up steps (and the import time before them), for results.json
     phases = {"ray_tune_import_s": IMPORT_S, "validated": time.time()}
     # first, so that importing mlflow and readying its store overlap Ray's start
-    store = stack.enter_context(mlruns.TrackerProcess(uri))
+    store = stack.enter_context(mlruns.TrackerProcess(uri, storage / "optuna.db"))
     start_ray(args)
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)

@@ -2,8 +2,11 @@
 
 import os
 import signal
+import tempfile
 import time
+from pathlib import Path
 
+import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -40,12 +43,29 @@ def test_the_helper_process_logs_what_the_driver_asks(tmp_path):
     assert client.get_run(parent).data.metrics["best_mean_val_sharpe"] == 2.0
 
 
+def studies_readied() -> set:
+    return set(Path(tempfile.gettempdir()).glob("fxray-study-*"))
+
+
 def test_a_helper_never_opened_leaves_no_store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    store = mlruns.TrackerProcess(uri)
-    time.sleep(3)  # long enough for it to have readied the tables beside the target
+    before = studies_readied()
+    store = mlruns.TrackerProcess(uri, tmp_path / "run" / "optuna.db")
+    time.sleep(4)  # long enough for it to have readied both stores' tables
     store.close()
     assert store.proc.returncode == 0 and list(tmp_path.iterdir()) == []
+    assert studies_readied() <= before
+
+
+def test_the_study_file_is_readied_and_moved_in_on_open(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mlruns.TrackerProcess(uri, tmp_path / "run" / "optuna.db") as store:
+        (tmp_path / "run").mkdir()  # what prepare_storage does before the sweep opens
+        store.open_sweep(sweep_dict(uri))
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["optuna.db"]
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'run' / 'optuna.db'}")
+    study.tell(study.ask(), 1.0)
+    assert len(study.trials) == 1
 
 
 def test_the_helper_ignores_ctrl_c_and_reports_a_bad_store(tmp_path):
