@@ -268,3 +268,15 @@ def test_bad_input_through_the_real_cli(tmp_path):
     assert out.stderr.strip() == "fxray.tune: error: " + "bad.yaml: dqn.epochz: unknown key; known: " + \
         out.stderr.split("known: ")[1].strip()
     assert_nothing_written(tmp_path)
+
+
+def test_the_driver_start_up_path_imports_no_torch_scipy_or_mlflow():
+    """The driver's serial start-up must not pay for them (seconds each on the GPU
+    machines): torch lives in the FoldWorkers, mlflow in the helper (fxray.mlruns)."""
+    code = ("import sys, fxray.tune, fxray.tracking\n"
+            "from fxray import mlruns, synth\n"
+            "synth.default_path(synth.SynthSpec()); mlruns.tracking_uri()\n"
+            "print(sorted({'torch', 'scipy', 'mlflow'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
