@@ -196,7 +196,7 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     phases["workers_created"] = time.time()
     # while the workers import torch and load the data: the run directory and MLflow's
     # runs, then Tune starts its trial processes (seconds each); a trial's first fold
-    # waits on its worker. A worker that cannot load stops the sweep (SweepFailed).
+    # waits on its worker. A worker that cannot load stops the sweep (WorkersFailed).
     sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
     try:
         tracker = mlruns.TRACKERS[str(storage)] = store.open_sweep(sweep)
@@ -222,9 +222,9 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
         print(f"fxray.tune: the sweep stopped: {type(e).__name__}: {first}\n"
               f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
-    if SWEEP_FAILURE:
+    if WORKER_FAILURE:
         tracker.end_sweep("FAILED")
-        print(f"fxray.tune: error: {SWEEP_FAILURE[0]}\n"
+        print(f"fxray.tune: error: a FoldWorker could not load the data: {WORKER_FAILURE[0]}\n"
               f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
     ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
@@ -255,10 +255,10 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     return 1 if errors or lost else 0
 
 
-SWEEP_FAILURE: list[str] = []  # set by watch_workers' thread; read by SweepFailed
+WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by WorkersFailed
 
 
-class SweepFailed(tune.Stopper):
+class WorkersFailed(tune.Stopper):
     """Ends the whole sweep as soon as a FoldWorker failed to load (module state, so the
     stopper itself pickles into Tune's experiment state)."""
 
@@ -266,7 +266,7 @@ class SweepFailed(tune.Stopper):
         return False
 
     def stop_all(self) -> bool:
-        return bool(SWEEP_FAILURE)
+        return bool(WORKER_FAILURE)
 
 
 def last_line(e: BaseException) -> str:
@@ -276,14 +276,14 @@ def last_line(e: BaseException) -> str:
 
 def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
     """In a thread: wait until every worker has loaded the data, then say so; on a load
-    error remember its last line, where Ray puts the cause (SweepFailed then stops the sweep)."""
+    error remember its last line, where Ray puts the cause (WorkersFailed then stops the sweep)."""
     import threading
 
     def wait():
         try:
             workers.stats(timeout=600)
         except Exception as e:  # noqa: BLE001 (any failure to start is reported the same way)
-            SWEEP_FAILURE.append(f"a FoldWorker could not load the data: {last_line(e)}")
+            WORKER_FAILURE.append(last_line(e))
             return
         phases["workers_ready"] = time.time()
         print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)
@@ -450,7 +450,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
                                     scheduler=scheduler, num_samples=rnd["trials"],
                                     max_concurrent_trials=workers.plan.n_trials, reuse_actors=True),
         run_config=tune.RunConfig(
-            name=rnd["name"], storage_path=str(storage), verbose=0, stop=SweepFailed(),
+            name=rnd["name"], storage_path=str(storage), verbose=0, stop=WorkersFailed(),
             callbacks=[SweepLog(str(storage)), MlflowCallback(str(storage)),
                        JsonLoggerCallback(), CSVLoggerCallback()],
             failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold
