@@ -73,7 +73,7 @@ def report(path: str) -> dict:
     # start-up milestones, seconds after the run's clock started (Ray/Tune imports are before it)
     for k, v in (r.get("phases") or {}).items():
         out[f"t_{k}"] = v if k.endswith("_s") else v - start
-    starts = [f["timings"].get("trial_start") for t in r["trials"] for f in t["folds"]]
+    starts = [(f.get("timings") or {}).get("trial_start") for t in r["trials"] for f in t["folds"]]
     if any(starts):  # when Tune's first trial process ran the trial function
         out["t_first_trial_started"] = min(x for x in starts if x) - start
     out["t_first_trial_fold"] = first - start

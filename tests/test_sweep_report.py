@@ -18,7 +18,7 @@ def test_split_of_a_hand_made_sweep(tmp_path):
               [109.1, 112, "b", 0, "ok"], [112, 112.2, "b", 1, "cancelled"], [112.3, 118, "c", 0, "ok"]]
     calls1 = [[106, 119, "d", 0, "ok"]]
     results = {"experiment": "x", "profile": "gpu", "n_trials": 4, "wall_s": 20.0, "started": 100.0,
-               "trials": [{"folds": [{}]}] * 4, "best": {"mean_val_sharpe": 1.0, "mean_test_sharpe": 0.5},
+               "trials": [{"folds": [{}]}] * 3 + [{"folds": [{"timings": {"trial_start": 104.5}}]}], "best": {"mean_val_sharpe": 1.0, "mean_test_sharpe": 0.5},
                "workers": [{"device": "cuda:0", "calls": calls0}, {"device": "cuda:0", "calls": calls1}]}
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
@@ -36,3 +36,4 @@ def test_split_of_a_hand_made_sweep(tmp_path):
     assert sum(parts) == pytest.approx(1.0)
     assert r["dispatch_gap_mean_s"] == pytest.approx(0.1) and r["cancelled_folds"] == 1
     assert r["gpu_workers"] == 2 and r["trials_per_hour"] == pytest.approx(4 * 3600 / 20)
+    assert r["t_first_trial_started"] == pytest.approx(4.5) and r["t_first_trial_fold"] == pytest.approx(5.0)
