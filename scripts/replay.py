@@ -18,7 +18,9 @@ which counts as overhead everything Ray, Tune, Optuna and MLflow add (Ray's star
 worker processes, trial start and dispatch, folds started ahead and cancelled,
 reporting, the tracking) and nothing the training itself costs. It also checks that
 the plain loop reproduces each fold's val Sharpe (exactly on CPU; on CUDA the
-reductions' order may differ by a few ulps, so to 1e-3).
+reductions' order may differ by a few ulps, so to 1e-3). Every trial is trained
+with the last round's seed: after an extension round run with another --seed, the
+earlier rounds' folds are timed right but will not match.
 """
 
 from __future__ import annotations
