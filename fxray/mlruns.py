@@ -311,7 +311,7 @@ def _clean_up() -> None:
 class QueuedTracker:
     """What the helper serves: log_fold and end_trial return at once and run in order on
     one thread of the helper, so the driver's Tune loop never waits on the store (a
-    fold's writes take 6-35 ms here); end_sweep and parent_id wait for what is queued.
+    fold's writes take 6-35 ms here); end_sweep waits for what is queued.
     Queued writes outlive the driver: the helper drains them before it exits."""
 
     OPEN: list = []  # every one this helper served, drained at exit
