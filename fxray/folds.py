@@ -86,6 +86,10 @@ class Fold:
     def as_dict(self) -> dict:
         return {"k": self.k, "train": list(self.train), "val": list(self.val), "test": list(self.test)}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Fold":
+        return cls(int(d["k"]), tuple(d["train"]), tuple(d["val"]), tuple(d["test"]))
+
 
 def default_embargo() -> int:
     """The longest feature lookback + 1 bar of reward horizon."""

@@ -110,9 +110,6 @@ class Tracker:
             elif run.info.status != "RUNNING":  # a FAILED trial that --resume retries: same run
                 self.client.update_run(run.info.run_id, status="RUNNING")
 
-    def parent_id(self) -> str:
-        return self.parent_run_id
-
     def child_runs(self) -> list:
         runs, token = [], None
         while True:

@@ -187,8 +187,7 @@ class FoldWorker:
         self.trainers[key] = trainer
         while len(self.trainers) > TRAINER_CACHE:
             self.trainers.popitem(last=False)
-        f = Fold(fold["k"], tuple(fold["train"]), tuple(fold["val"]), tuple(fold["test"]))
-        return trainer.run_fold(f, seed, checkpoint_dir=checkpoint_dir, stop=stop).as_dict()
+        return trainer.run_fold(Fold.from_dict(fold), seed, checkpoint_dir=checkpoint_dir, stop=stop).as_dict()
 
     @ray.method(concurrency_group="control")
     def cancel(self, token: str) -> None:

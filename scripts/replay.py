@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         return 2
     data = DeviceData(host_arrays(market), device=device, dtype=res["base_config"].get("dtype", "float32"))
     data.synchronize()
-    folds = {f["k"]: Fold(f["k"], tuple(f["train"]), tuple(f["val"]), tuple(f["test"])) for f in res["folds"]}
+    folds = {f["k"]: Fold.from_dict(f) for f in res["folds"]}
     seed = res["rounds"][-1]["seed"]  # what fxray.tune trains the last round with
     t_ready = time.time()
 

@@ -413,3 +413,4 @@ def test_valid_specs_pass_validation():
 def test_fold_as_dict():
     fold = Fold(2, (0, 10), (13, 20), (23, 30))
     assert fold.as_dict() == {"k": 2, "train": [0, 10], "val": [13, 20], "test": [23, 30]}
+    assert Fold.from_dict(fold.as_dict()) == fold  # what a FoldWorker gets back from JSON

@@ -148,27 +148,31 @@ def test_worker_crash_then_extend(tmp_path):
     assert [r["name"] for r in results["rounds"]] == ["tune", "tune-2"]
 
 
+def failed_sweep(tmp_path, env, exp) -> str:
+    """Run a sweep that must fail once started: exit 1, one error line (returned), the resume hint."""
+    out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path, timeout=240)
+    assert out.returncode == 1, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("fxray.tune: error:")]
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert "--resume" in out.stderr
+    return errors[0]
+
+
 @pytest.mark.slow
 def test_a_worker_that_cannot_load_stops_the_sweep(tmp_path):
     exp, env = setup(tmp_path, trials=3)
     env["FXRAY_FAULT_WORKER_EXIT"] = "1:load"  # worker 1's constructor raises
-    out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path, timeout=240)
-    assert out.returncode == 1, out.stderr[-3000:]
-    errors = [line for line in out.stderr.splitlines() if line.startswith("fxray.tune: error:")]
-    assert len(errors) == 1 and "could not load the data" in errors[0] and "injected load failure" in errors[0]
-    assert "--resume" in out.stderr
+    error = failed_sweep(tmp_path, env, exp)
+    assert "could not load the data" in error and "injected load failure" in error
 
 
 @pytest.mark.slow
 def test_an_mlflow_store_that_cannot_open_stops_the_sweep(tmp_path):
-    """MLflow opens in a thread while Tune starts: its failure still ends the sweep with one line."""
+    """The helper process (fxray.mlruns) cannot open the store: one line, before Tune starts."""
     exp, env = setup(tmp_path, trials=3)
     (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
-    out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path, timeout=240)
-    assert out.returncode == 1, out.stderr[-3000:]
-    errors = [line for line in out.stderr.splitlines() if line.startswith("fxray.tune: error:")]
-    assert len(errors) == 1 and "MLflow store sqlite:///" in errors[0] and "could not be opened" in errors[0]
-    assert "--resume" in out.stderr
+    error = failed_sweep(tmp_path, env, exp)
+    assert "MLflow store sqlite:///" in error and "could not be opened" in error
 
 
 @pytest.mark.slow
