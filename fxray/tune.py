@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 
 _T_IMPORT = time.time()
+import numpy as np  # noqa: E402
 import ray  # noqa: E402
 from ray import tune  # noqa: E402
 
@@ -56,21 +58,44 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
         with ckpt.as_directory() as d:
             done = json.loads(Path(d, "folds.json").read_text())
     checkpoint_dir = os.path.join(job["checkpoints"], trial_id)
-    todo = job["folds"][len(done):]
-    # the next fold trains while this one is reported; closing cancels it if ASHA stops us
-    with workers.lease(trial_id) as worker, \
-            contextlib.closing(workers.run_folds(worker, cfg, todo, job["seed"], checkpoint_dir)) as results:
-        for result in results:
-            if results.consumed == len(todo):  # the last fold is in: free the worker before reporting
-                workers.release(trial_id)
-            record = fold_record(result)
-            done.append({"val_sharpe": record["val_sharpe"], "test_sharpe": record["test_sharpe"]})
-            record["folds_done"], record["trial_start"] = len(done), started
-            record["mean_val_sharpe"] = sum(d["val_sharpe"] for d in done) / len(done)
-            record["mean_test_sharpe"] = sum(d["test_sharpe"] for d in done) / len(done)
-            with tempfile.TemporaryDirectory() as d:
-                Path(d, "folds.json").write_text(json.dumps(done))
-                tune.report(record, checkpoint=tune.Checkpoint.from_directory(d))
+    worker = None
+    # Between two reports ASHA cannot act on, the next fold trains while this one is
+    # reported (closing cancels it if something else stops us). Before a report it can
+    # act on, the worker is freed instead, so the trial waiting for it trains during
+    # our round trip; if ASHA lets us go on, we lease a worker again (ours if it is free).
+    for segment in segments(job["folds"][len(done):], len(done), job["stops"]):
+        with workers.lease(trial_id, prefer=worker) as worker, \
+                contextlib.closing(workers.run_folds(worker, cfg, segment, job["seed"], checkpoint_dir)) as results:
+            for result in results:
+                if results.consumed == len(segment):
+                    workers.release(trial_id)
+                record = fold_record(result)
+                done.append({"val_sharpe": record["val_sharpe"], "test_sharpe": record["test_sharpe"]})
+                record["folds_done"], record["trial_start"] = len(done), started
+                record["mean_val_sharpe"] = sum(d["val_sharpe"] for d in done) / len(done)
+                record["mean_test_sharpe"] = sum(d["test_sharpe"] for d in done) / len(done)
+                with tempfile.TemporaryDirectory() as d:
+                    Path(d, "folds.json").write_text(json.dumps(done))
+                    tune.report(record, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def asha_stops(n_folds: int, grace: int, rf: float) -> list[int]:
+    """The folds-done counts at which ASHAScheduler(max_t=n_folds, grace_period=grace,
+    reduction_factor=rf) may stop a trial: its rungs (the first report at or past each
+    milestone) and max_t. Same arithmetic as Ray's _Bracket (a test compares the two)."""
+    n_rungs = int(np.log(n_folds / grace) / np.log(rf) + 1)
+    return sorted({math.ceil(grace * rf ** k) for k in range(n_rungs)} | {n_folds})
+
+
+def segments(folds: list, done: int, stops) -> list[list]:
+    """`folds` (the next ones after `done` reported) cut after each report in `stops`."""
+    out, current = [], []
+    for count, fold in enumerate(folds, start=done + 1):
+        current.append(fold)
+        if count in stops:
+            out.append(current)
+            current = []
+    return out + [current] if current else out
 
 
 # --- the driver ------------------------------------------------------------------------
@@ -427,20 +452,21 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
+    n_folds = len(job["folds"])
+    grace = min(exp.sweep.grace_folds, n_folds)
+    job = {**job, "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor)}
     trainable = tune.with_resources(tune.with_parameters(fold_trial, job=job, workers=workers),
                                     trial_resources(exp.sweep.cpu_per_trial))  # on the head if multi-node
     rnd = sweep["rounds"][-1]
     path = storage / rnd["name"]
     if resumed and tune.Tuner.can_restore(str(path)):
         return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
-    n_folds = len(job["folds"])
     searcher = OptunaSearch(
         space=exp.space(), metric="mean_val_sharpe", mode="max", study_name=STUDY,
         # one seed per round, so an extension does not replay the first round's draws
         sampler=optuna.samplers.TPESampler(seed=rnd["seed"] + len(sweep["rounds"]) - 1),
         storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}"))
-    scheduler = ASHAScheduler(time_attr="training_iteration", max_t=n_folds,
-                              grace_period=min(exp.sweep.grace_folds, n_folds),
+    scheduler = ASHAScheduler(time_attr="training_iteration", max_t=n_folds, grace_period=grace,
                               reduction_factor=exp.sweep.reduction_factor)
     from fxray.tracking import MlflowCallback, SweepLog
 

@@ -219,14 +219,15 @@ class WorkerPool:
         self.owner: list[str | None] = [None] * n_workers
         self.changed = asyncio.Condition()
 
-    async def acquire(self, owner: str) -> int:
-        """The index of a worker now leased to `owner`; waits while all are busy."""
+    async def acquire(self, owner: str, prefer: int | None = None) -> int:
+        """The index of a worker now leased to `owner`; waits while all are busy.
+        `prefer` (the worker the owner used last: its Trainer is there) wins if idle."""
         async with self.changed:
             while True:
                 if owner in self.owner:  # a retried call from the same trial keeps its worker
                     return self.owner.index(owner)
                 if None in self.owner:
-                    i = self.owner.index(None)
+                    i = prefer if prefer is not None and self.owner[prefer] is None else self.owner.index(None)
                     self.owner[i] = owner
                     return i
                 await self.changed.wait()
@@ -254,9 +255,9 @@ class Workers:
     plan: WorkerPlan
 
     @contextlib.contextmanager
-    def lease(self, owner: str):
+    def lease(self, owner: str, prefer: int | None = None):
         """Hold one worker for the duration of the block; released even on ASHA's stop."""
-        index = ray.get(self.pool.acquire.remote(owner))
+        index = ray.get(self.pool.acquire.remote(owner, prefer))
         try:
             yield index
         finally:

@@ -22,20 +22,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:D
 
 TINY = """\
 name: t
-data: {{synth: {{n_bars: 20000, seed: 0}}}}
-folds: {{train: 6d, val: 2d, test: 2d, max_folds: 2}}
+data: {{synth: {{n_bars: {bars}, seed: 0}}}}
+folds: {{train: 6d, val: 2d, test: 2d, max_folds: {folds}}}
 dqn: {{num_envs: 16, batch_size: 64, hidden: 16, buffer_steps: 32, episode_len: 32,
       epochs: 2, steps_per_epoch: {steps}, patience: 2}}
 search:
   lr: {{type: loguniform, low: 1.0e-4, high: 3.0e-3}}
   gamma: {{type: uniform, low: 0.8, high: 0.99}}
-sweep: {{trials: {trials}, seed: 0, grace_folds: 2, reduction_factor: 2, cpu_per_trial: 0.25}}
+sweep: {{trials: {trials}, seed: 0, grace_folds: {grace}, reduction_factor: 2, cpu_per_trial: 0.25}}
 """
 
 
-def setup(tmp_path, trials=4, steps=10):
+def setup(tmp_path, trials=4, steps=10, grace=2, folds=2, bars=20000):
     exp = tmp_path / "tiny.yaml"
-    exp.write_text(TINY.format(trials=trials, steps=steps))
+    exp.write_text(TINY.format(trials=trials, steps=steps, grace=grace, folds=folds, bars=bars))
     env = {**os.environ, "FXRAY_CACHE_DIR": str(tmp_path / "cache"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONWARNINGS": "ignore"}
     env.pop("RAY_ADDRESS", None)
@@ -128,6 +128,26 @@ def test_sweep_on_logical_gpus(tmp_path):
     plain = json.loads((tmp_path / "replay.json").read_text())
     assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
     assert 0 < plain["ideal_wall_s"] < plain["sweep_wall_s"] and 0 < plain["overhead_share"] < 1
+
+
+@pytest.mark.slow
+def test_asha_stops_waste_no_fold(tmp_path):
+    """3 folds, grace 2: ASHA may stop a trial after its second fold (or ends it after the
+    third). The first two folds run back to back on one lease, the second queued while the
+    first is reported; before the second's report the trial frees its worker instead of
+    queueing the third, so a stopped trial leaves no cancelled fold behind, and a trial
+    that goes on leases a worker again for its third."""
+    exp, env = setup(tmp_path, trials=8, folds=3, bars=26000)
+    out = cli(["--experiment", exp, "--num-cpus", 2, "--json", "out.json"], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())
+    done = [t["folds_done"] for t in results["trials"]]
+    assert len(done) == 8 and 2 in done and 3 in done, done  # some stopped at the rung, some went on
+    calls = [c for w in results["workers"] for c in w["calls"] if c[4] != "warmup"]
+    assert [c[4] for c in calls].count("cancelled") == 0
+    assert len(calls) == sum(done)  # every fold a worker started was one a trial reported
+    parents, children, _ = store(tmp_path)
+    assert len(parents) == 1 and len(children) == 8
 
 
 @pytest.mark.slow

@@ -79,6 +79,11 @@ def test_leases_are_exclusive(pool):
     for owner in ("trial-b", "trial-c", "nobody"):
         ray.get(workers.pool.release.remote(owner))
     assert ray.get(workers.pool.owners.remote()) == [None, None]
+    # a trial coming back for more folds gets the worker it used (its Trainer is there) if idle
+    assert ray.get(workers.pool.acquire.remote("trial-d", 1)) == 1
+    assert ray.get(workers.pool.acquire.remote("trial-e", 1)) == 0  # busy: any idle one
+    for owner in ("trial-d", "trial-e"):
+        ray.get(workers.pool.release.remote(owner))
 
 
 def test_fold_survives_a_killed_worker(pool, tmp_path):
