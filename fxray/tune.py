@@ -241,6 +241,7 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
         tuner = make_tuner(storage, sweep, exp, job, workers, resumed=args.resume)
         phases["tune_started"] = time.time()
         tuner.fit()
+        phases["tune_done"] = time.time()
     except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
         tracker.end_sweep("FAILED")
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

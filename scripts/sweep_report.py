@@ -6,15 +6,18 @@ Each FoldWorker logs every call it served (start, end, trial token, fold, status
 so the report splits each worker's share of the wall time into:
 
   training      inside train_fold for folds that counted (the device working for the sweep)
-  cancelled     folds started ahead of a trial that ASHA then stopped (wasted device time)
+  cancelled     folds queued ahead of a trial that was then stopped (wasted device time;
+                since trials free their worker before each report ASHA can act on, only
+                a stop from elsewhere, e.g. Ctrl-C, leaves any)
   warmup        the short fold each worker runs at start (one-time kernel loading, cuBLAS,
                 first graph capture), while Tune starts its first trials
   startup       driver start -> the first trial's fold, less warmup (Ray, data into the
                 object store, workers importing torch and uploading, MLflow, Tune start)
-  between       gaps between two trials on one worker: the per-trial dispatch overhead
-                (trial end, Optuna tell/ask, Tune's trial start, the lease)
-  within        gaps between two folds of one trial (reporting; ~0 once folds are queued)
-  tail          the last fold's end -> results written
+  between       gaps between two leases on one worker: the dispatch overhead (a trial's
+                end or its report at an ASHA rung, the lease hand-over, the next submit)
+  within        gaps between two folds of one lease (reporting; ~0 once folds are queued)
+  tail          the last fold's end -> results written (t_last_fold_end, then Tune's end
+                t_tune_done)
 
 and prints the per-trial dispatch gap (mean, median, p90) and when the start-up
 milestones happened (validated, ray_up, workers_created, mlflow_ready,
@@ -78,6 +81,7 @@ def report(path: str) -> dict:
         out["t_first_trial_started"] = min(x for x in starts if x) - start
     out["t_first_trial_fold"] = first - start
     last = max(c[1] for log in calls for c in log)
+    out["t_last_fold_end"] = last - start  # then Tune ends (t_tune_done), then results are written
     out["training_share_after_startup"] = parts["training"] / ((last - first) * n_workers)
     out["cancelled_folds"] = sum(1 for log in calls for c in log if c[4] == "cancelled")
     if dispatch:
