@@ -227,7 +227,8 @@ class WorkerPool:
                 if owner in self.owner:  # a retried call from the same trial keeps its worker
                     return self.owner.index(owner)
                 if None in self.owner:
-                    i = prefer if prefer is not None and self.owner[prefer] is None else self.owner.index(None)
+                    mine = prefer is not None and 0 <= prefer < len(self.owner) and self.owner[prefer] is None
+                    i = prefer if mine else self.owner.index(None)
                     self.owner[i] = owner
                     return i
                 await self.changed.wait()
