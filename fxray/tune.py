@@ -5,7 +5,7 @@
     python -m fxray.tune --experiment experiments/X.yaml --data X.fxcache --address auto
     python -m fxray.tune --resume                                      # finish an interrupted sweep
 
-Each trial is a plain function that walks the folds in time order on a leased
+Each trial is a plain function (fxray/trial.py) that walks the folds in time order on a leased
 FoldWorker and calls `tune.report` after each fold; the objective is the running
 mean of val Sharpe (comparable across fold counts, as ASHA stops trials early).
 The run directory (default ./runs/<experiment name>), resume, extension rounds
@@ -17,85 +17,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
-import math
 import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 _T_IMPORT = time.time()
-import numpy as np  # noqa: E402
 import ray  # noqa: E402
 from ray import tune  # noqa: E402
 
 from fxray import experiment as expmod
 from fxray.cache import CacheError
 from fxray.cluster import ObjectStoreError, trial_resources
-from fxray.config import ConfigError, DQNConfig
+from fxray.config import ConfigError
 from fxray.folds import FoldError
-from fxray.workers import Workers, fold_record, pool_name
+from fxray.trial import asha_stops, fold_trial
+from fxray.workers import Workers, pool_name
 
 STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
 IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
-
-
-# --- the trial (runs in a Tune trial process: no torch, no CUDA, no MLflow) ----------
-
-def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
-    """Train the sampled config on every fold, in time order, reporting after each."""
-    started = time.time()  # when Tune's trial process got to us (the report's trial_start)
-    logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" per fold is noise
-    trial_id = tune.get_context().get_trial_id()
-    cfg = {**job["base"], **config}
-    DQNConfig.from_dict(cfg)  # a sampled combination the config rejects fails here, not on a worker
-    done: list[dict] = []
-    ckpt = tune.get_checkpoint()  # a restored trial continues after its last reported fold
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            done = json.loads(Path(d, "folds.json").read_text())
-    checkpoint_dir = os.path.join(job["checkpoints"], trial_id)
-    worker = None
-    # Between two reports ASHA cannot act on, the next fold trains while this one is
-    # reported (closing cancels it if something else stops us). Before a report it can
-    # act on, the worker is freed instead, so the trial waiting for it trains during
-    # our round trip; if ASHA lets us go on, we lease a worker again (ours if it is free).
-    for segment in segments(job["folds"][len(done):], len(done), job["stops"]):
-        with workers.lease(trial_id, prefer=worker) as worker, \
-                contextlib.closing(workers.run_folds(worker, cfg, segment, job["seed"], checkpoint_dir)) as results:
-            for result in results:
-                if results.consumed == len(segment):
-                    workers.release(trial_id)
-                record = fold_record(result)
-                done.append({"val_sharpe": record["val_sharpe"], "test_sharpe": record["test_sharpe"]})
-                record["folds_done"], record["trial_start"] = len(done), started
-                record["mean_val_sharpe"] = sum(d["val_sharpe"] for d in done) / len(done)
-                record["mean_test_sharpe"] = sum(d["test_sharpe"] for d in done) / len(done)
-                with tempfile.TemporaryDirectory() as d:
-                    Path(d, "folds.json").write_text(json.dumps(done))
-                    tune.report(record, checkpoint=tune.Checkpoint.from_directory(d))
-
-
-def asha_stops(n_folds: int, grace: int, rf: float) -> list[int]:
-    """The folds-done counts at which ASHAScheduler(max_t=n_folds, grace_period=grace,
-    reduction_factor=rf) may stop a trial: its rungs (the first report at or past each
-    milestone) and max_t. Same arithmetic as Ray's _Bracket (a test compares the two)."""
-    n_rungs = int(np.log(n_folds / grace) / np.log(rf) + 1)
-    return sorted({math.ceil(grace * rf ** k) for k in range(n_rungs)} | {n_folds})
-
-
-def segments(folds: list, done: int, stops) -> list[list]:
-    """`folds` (the next ones after `done` reported) cut after each report in `stops`."""
-    out, current = [], []
-    for count, fold in enumerate(folds, start=done + 1):
-        current.append(fold)
-        if count in stops:
-            out.append(current)
-            current = []
-    return out + [current] if current else out
 
 
 # --- the driver ------------------------------------------------------------------------

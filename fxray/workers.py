@@ -8,10 +8,11 @@
 
 A FoldWorker `ray.get`s the arrays once (zero-copy, read-only) and uploads them
 into one DeviceData for its whole life; it caches a Trainer per config, so the
-folds of a trial reuse networks, replay and the captured CUDA graph. A trial keeps
-the next fold queued on its worker while it reports the last one, so the device
-does not wait for Tune's round trip; a trial that is stopped cancels the fold it
-queued (it ends at its next step, status "cancelled"). Trials never
+folds of a trial reuse networks, replay and the captured CUDA graph. A FoldStream
+keeps the next fold queued on its worker while the trial reports the last one, so
+the device does not wait for Tune's round trip (fxray.trial stops queueing at ASHA's
+rungs); closing it cancels what it queued (the running fold ends at its next step,
+status "cancelled"). Trials never
 import torch nor touch CUDA (a 0-GPU Ray process can see every GPU). A worker
 that dies is restarted by Ray and reloads from the object store; the trial that
 was using it retries its fold there.
