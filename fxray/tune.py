@@ -161,20 +161,21 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
         handle.warmup.remote(exp.dqn.as_dict(), folds[0])
     phases["workers_created"] = time.time()
-    # while the workers import torch and load the data: the run directory and MLflow's
-    # runs, then Tune starts its trial processes (seconds each); a trial's first fold
-    # waits on its worker. A worker that cannot load stops the sweep (WorkersFailed).
+    # while the workers import torch and load the data: the run directory, then Tune starts
+    # its trial processes (seconds each) while the MLflow helper opens the sweep's runs; a
+    # trial's first fold waits on its worker. A worker that cannot load, or a store that
+    # cannot open, stops the sweep (StartFailed).
     sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
-    try:
-        tracker = mlruns.TRACKERS[str(storage)] = store.open_sweep(sweep)
-    except Exception as e:  # noqa: BLE001 (whatever the store says, in one line)
-        print(f"fxray.tune: error: MLflow store {uri} could not be opened: {last_line(e)}\n"
-              f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
-        return 1
-    if sweep["mlflow"].get("parent_run_id") is None:
-        sweep["mlflow"]["parent_run_id"] = tracker.parent_id()
-        write_sweep(storage, sweep)
-    phases["mlflow_ready"] = time.time()
+    with contextlib.suppress(Exception):  # a helper that cannot: OptunaSearch creates the file
+        store.ready_study()
+
+    def opened(parent_id: str) -> None:  # in the tracker's thread; the main thread is in Tune
+        if sweep["mlflow"].get("parent_run_id") is None:
+            sweep["mlflow"]["parent_run_id"] = parent_id
+            write_sweep(storage, sweep)
+        phases["mlflow_ready"] = time.time()
+
+    tracker = mlruns.TRACKERS[str(storage)] = mlruns.OpeningTracker(store, sweep, opened, MLFLOW_FAILURE.append)
     watch_workers(workers, t0, phases)
     # what a resumed round trains with is what it started with, whatever the flags say now
     job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
@@ -184,11 +185,16 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
         phases["tune_started"] = time.time()
         tuner.fit()
         phases["tune_done"] = time.time()
+        tracker.wait()
     except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
         tracker.end_sweep("FAILED")
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"fxray.tune: the sweep stopped: {type(e).__name__}: {first}\n"
               f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
+        return 1
+    if MLFLOW_FAILURE:
+        print(f"fxray.tune: error: MLflow store {uri} could not be opened: {MLFLOW_FAILURE[0]}\n"
+              f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
     if WORKER_FAILURE:
         tracker.end_sweep("FAILED")
@@ -223,18 +229,19 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     return 1 if errors or lost else 0
 
 
-WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by WorkersFailed
+WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by StartFailed
+MLFLOW_FAILURE: list[str] = []  # set by the OpeningTracker's thread; read by StartFailed
 
 
-class WorkersFailed(tune.Stopper):
-    """Ends the whole sweep as soon as a FoldWorker failed to load (module state, so the
-    stopper itself pickles into Tune's experiment state)."""
+class StartFailed(tune.Stopper):
+    """Ends the whole sweep as soon as a FoldWorker failed to load or the MLflow store
+    failed to open (module state, so the stopper itself pickles into Tune's experiment state)."""
 
     def __call__(self, trial_id, result) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return bool(WORKER_FAILURE)
+        return bool(WORKER_FAILURE or MLFLOW_FAILURE)
 
 
 def last_line(e: BaseException) -> str:
@@ -244,7 +251,7 @@ def last_line(e: BaseException) -> str:
 
 def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
     """In a thread: wait until every worker has loaded the data, then say so; on a load
-    error remember its last line, where Ray puts the cause (WorkersFailed then stops the sweep)."""
+    error remember its last line, where Ray puts the cause (StartFailed then stops the sweep)."""
     import threading
 
     def wait():
@@ -419,7 +426,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
                                     scheduler=scheduler, num_samples=rnd["trials"],
                                     max_concurrent_trials=workers.plan.n_trials, reuse_actors=True),
         run_config=tune.RunConfig(
-            name=rnd["name"], storage_path=str(storage), verbose=0, stop=WorkersFailed(),
+            name=rnd["name"], storage_path=str(storage), verbose=0, stop=StartFailed(),
             callbacks=[SweepLog(str(storage)), MlflowCallback(str(storage)),
                        JsonLoggerCallback(), CSVLoggerCallback()],
             failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold

@@ -112,11 +112,13 @@ class FoldWorker:
 
     def __init__(self, arrays_ref: list, index: int, torch_threads: int = 1, dtype: str = "float32",
                  exit_on_call: int = 0):
+        t_init = time.time()  # the process is up and Ray has loaded this class
         import torch
 
         from fxray.device import DeviceData
 
         t0 = time.perf_counter()
+        t_imported = time.time()
         if exit_on_call < 0:  # fault injection (tests): this worker cannot load
             raise RuntimeError(f"worker {index}: injected load failure (FXRAY_FAULT_WORKER_EXIT)")
         torch.set_num_threads(torch_threads)
@@ -128,6 +130,8 @@ class FoldWorker:
         del arrays  # the device copy is all we need; the views pin nothing afterwards
         self.index, self.n_loads, self.n_calls, self.n_trainers = index, 1, 0, 0
         self.load_s = time.perf_counter() - t0
+        # unix times of the start-up steps, for scripts/sweep_report.py
+        self.timeline = {"init": t_init, "imported": t_imported, "loaded": time.time()}
         with warnings.catch_warnings():  # the property warns about an API it uses internally
             warnings.simplefilter("ignore")
             self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -200,6 +204,7 @@ class FoldWorker:
         return {"index": self.index, "n_loads": self.n_loads, "n_calls": self.n_calls,
                 "n_trainers": self.n_trainers, "calls": list(self.calls), "running": self.running,
                 "restarted": self.restarted, "device": self.device, "load_s": self.load_s,
+                "timeline": self.timeline,
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
                 "node": ray.get_runtime_context().get_node_id()}
 

@@ -76,6 +76,13 @@ def report(path: str) -> dict:
     # start-up milestones, seconds after the run's clock started (Ray/Tune imports are before it)
     for k, v in (r.get("phases") or {}).items():
         out[f"t_{k}"] = v if k.endswith("_s") else v - start
+    for k in ("init", "imported", "loaded"):  # the slowest worker's start-up steps
+        steps = [w["timeline"][k] for w in workers if w.get("timeline")]
+        if steps:
+            out[f"t_worker_{k}"] = max(steps) - start
+    warm = [c[1] for log in calls for c in log if c[4] == "warmup"]
+    if warm:
+        out["t_workers_warm"] = max(warm) - start
     starts = [(f.get("timings") or {}).get("trial_start") for t in r["trials"] for f in t["folds"]]
     if any(starts):  # when Tune's first trial process ran the trial function
         out["t_first_trial_started"] = min(x for x in starts if x) - start

@@ -188,7 +188,8 @@ def test_a_worker_that_cannot_load_stops_the_sweep(tmp_path):
 
 @pytest.mark.slow
 def test_an_mlflow_store_that_cannot_open_stops_the_sweep(tmp_path):
-    """The helper process (fxray.mlruns) cannot open the store: one line, before Tune starts."""
+    """The helper process (fxray.mlruns) cannot open the store: Tune, started meanwhile,
+    stops at once; one line, and nothing logged anywhere else."""
     exp, env = setup(tmp_path, trials=3)
     (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
     error = failed_sweep(tmp_path, env, exp)
