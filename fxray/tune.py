@@ -180,6 +180,7 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     # what a resumed round trains with is what it started with, whatever the flags say now
     job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
            "checkpoints": str(storage / "checkpoints")}
+    debug_log(os.environ.get("FXRAY_TUNE_DEBUG_LOG"))
     try:
         tuner = make_tuner(storage, sweep, exp, job, workers, resumed=args.resume)
         phases["tune_started"] = time.time()
@@ -242,6 +243,20 @@ class StartFailed(tune.Stopper):
 
     def stop_all(self) -> bool:
         return bool(WORKER_FAILURE or MLFLOW_FAILURE)
+
+
+def debug_log(path: str | None) -> None:
+    """FXRAY_TUNE_DEBUG_LOG=PATH: Tune's controller logs every trial and actor event
+    there (unix time first), to see where a sweep's seconds went between folds."""
+    if path:
+        import logging
+
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(created).3f %(message)s"))
+        for name in ("ray.tune.execution.tune_controller", "ray.air.execution._internal.actor_manager"):
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.DEBUG)
+            logger.addHandler(handler)
 
 
 def last_line(e: BaseException) -> str:

@@ -93,9 +93,15 @@ def check_complete_sweep(tmp_path, n_trials):
 @pytest.mark.slow
 def test_sweep_on_logical_gpus(tmp_path):
     exp, env = setup(tmp_path, trials=4)
+    env["FXRAY_TUNE_DEBUG_LOG"] = str(tmp_path / "tune-debug.log")
     out = cli(["--experiment", exp, "--num-cpus", 2, "--num-gpus", 2, "--json", "out.json"], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "GPU profile: 4 trials x 2 folds" in out.stdout
+    # Tune's controller log went to the file, timestamped, and not to the console
+    debug = (tmp_path / "tune-debug.log").read_text().splitlines()
+    assert sum("Actor STARTED for trial" in line for line in debug) >= 1
+    assert all(float(line.split(" ", 1)[0]) > 1e9 for line in debug if line)
+    assert "Actor STARTED" not in out.stdout + out.stderr
     assert out.stdout.count(" fold 2/2: ") == 4 and "top 4 of 4 trials" in out.stdout
     assert "mlflow ui --backend-store-uri" in out.stdout
     results = check_complete_sweep(tmp_path, 4)
@@ -111,6 +117,9 @@ def test_sweep_on_logical_gpus(tmp_path):
         assert [c[4] for c in w["calls"]].count("warmup") == 1
         assert sum(c[4] != "warmup" for c in w["calls"]) == w["n_calls"]
     assert {"ray_up", "workers_created", "workers_ready"} <= results["phases"].keys()
+    for w in workers:  # the start-up steps of each worker, in order, before its warmup
+        steps = [w["timeline"][k] for k in ("init", "imported", "loaded")]
+        assert steps == sorted(steps) and steps[-1] <= w["calls"][0][0]
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("sweep_report", Path(__file__).parents[1] / "scripts/sweep_report.py")
@@ -119,7 +128,8 @@ def test_sweep_on_logical_gpus(tmp_path):
     split = report.report(str(tmp_path / "out.json"))
     shares = [split[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
     assert sum(shares) == pytest.approx(1.0) and split["training_share"] > 0
-    assert {"t_tune_started", "t_mlflow_ready"} <= split.keys()
+    assert {"t_tune_started", "t_mlflow_ready", "t_worker_loaded", "t_workers_warm"} <= split.keys()
+    assert split["t_worker_init"] <= split["t_worker_imported"] <= split["t_worker_loaded"] < split["t_workers_warm"]
     # the same folds trained by a plain loop (no Ray, no Tune, no MLflow) give the same val Sharpe
     replay = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts/replay.py"), "out.json",
                              "--device", "cpu", "--json", "replay.json"], cwd=tmp_path, env=env,
