@@ -410,6 +410,29 @@ def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path,
     return sweep
 
 
+def keep_mlflow_out_of_tune() -> None:
+    """Tuner.fit records which callbacks a run uses (Ray's usage telemetry), importing
+    ray.air.integrations.mlflow for its class name, and that module imports mlflow if
+    it is installed: 0.7 s on the 2-core box, seconds on the GPU machines, in the
+    driver's main thread between Tuner.fit and Tune's first trial, and holding the
+    GIL while the FoldWorkers are being started. The driver never uses mlflow (the
+    helper process does), so that one module is imported here while mlflow is hidden:
+    it sees none and stays light. Everything else still imports mlflow normally."""
+    if "ray.air.integrations.mlflow" in sys.modules:
+        return
+    saved = sys.modules.get("mlflow")
+    sys.modules["mlflow"] = None  # `import mlflow` raises ImportError, which that module expects
+    try:
+        import ray.air.integrations.mlflow  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        if saved is None:
+            del sys.modules["mlflow"]
+        else:
+            sys.modules["mlflow"] = saved
+
+
 def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, resumed: bool) -> tune.Tuner:
     """OptunaSearch (seeded TPE, RDB study) + ASHA over folds; or Tune's saved state, restored."""
     import optuna
@@ -435,6 +458,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
                               reduction_factor=exp.sweep.reduction_factor)
     from fxray.tracking import MlflowCallback, SweepLog
 
+    keep_mlflow_out_of_tune()
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(metric="mean_val_sharpe", mode="max", search_alg=searcher,

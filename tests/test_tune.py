@@ -305,6 +305,24 @@ def test_bad_input_through_the_real_cli(tmp_path):
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("kept_out", [True, False])
+def test_tunes_callback_telemetry_does_not_import_mlflow_into_the_driver(kept_out):
+    """Tuner.fit counts the run's callbacks by class, importing Ray's MLflow integration,
+    which imports mlflow itself; keep_mlflow_out_of_tune stops that (and only that)."""
+    code = ("import sys, fxray.tune\n"
+            f"if {kept_out}: fxray.tune.keep_mlflow_out_of_tune()\n"
+            "from ray.air._internal.usage import _count_callbacks\n"
+            "from ray.tune.logger import CSVLoggerCallback\n"
+            "print(dict(_count_callbacks([CSVLoggerCallback()])), 'mlflow' in sys.modules)\n"
+            "import mlflow\n"  # still importable normally afterwards
+            "print(mlflow.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counted, imported = out.stdout.splitlines()[-2].rsplit(" ", 1)
+    assert counted == "{'CSVLoggerCallback': 1}" and imported == str(not kept_out)
+    assert out.stdout.splitlines()[-1] == "mlflow"
+
+
 def test_the_driver_start_up_path_imports_no_torch_scipy_or_mlflow():
     """The driver's serial start-up must not pay for them (seconds each on the GPU
     machines): torch lives in the FoldWorkers, mlflow in the helper (fxray.mlruns)."""
