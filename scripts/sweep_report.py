@@ -22,7 +22,8 @@ so the report splits each worker's share of the wall time into:
 and prints the per-trial dispatch gap (mean, median, p90) and when the start-up
 milestones happened (validated, ray_up, workers_created, mlflow_ready,
 tune_started, workers_ready; the slowest worker's constructor start, torch
-imported, data loaded, and the last warmup's end; the first trial function
+imported, data loaded, and the last warmup's end (after the first trial fold when
+that reached the worker first: Ray does not order the two); the first trial function
 started, the first trial fold; seconds after the run's clock started). scripts/replay.py times the same folds in a plain loop, for the overhead
 against no Ray at all.
 """
