@@ -440,6 +440,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
+    keep_mlflow_out_of_tune()  # before Tuner.fit, a restored one too
     n_folds = len(job["folds"])
     grace = min(exp.sweep.grace_folds, n_folds)
     job = {**job, "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor)}
@@ -458,7 +459,6 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
                               reduction_factor=exp.sweep.reduction_factor)
     from fxray.tracking import MlflowCallback, SweepLog
 
-    keep_mlflow_out_of_tune()
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(metric="mean_val_sharpe", mode="max", search_alg=searcher,
