@@ -10,9 +10,9 @@
 
 Why the driver: trials run in many processes, and many processes writing one
 sqlite file lock it. The Tune callbacks below run in the driver; trials only
-`tune.report`. The MLflow client itself (fxray.mlruns.Tracker) lives in one helper
-process the driver starts before Ray, so that importing mlflow and creating the
-store overlap Ray's start; the callbacks' writes are queued there, in order. Runs
+`tune.report`. The MLflow client itself (fxray.mlruns.Tracker) lives in a helper
+process (fxray.mlhelper) the driver starts before Ray, so that importing mlflow and
+creating the store overlap Ray's start; the callbacks' writes are queued there, in order. Runs
 are found again by tags, so a resumed sweep never gives a trial a second run nor a
 fold a second point.
 

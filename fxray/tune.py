@@ -5,9 +5,10 @@
     python -m fxray.tune --experiment experiments/X.yaml --data X.fxcache --address auto
     python -m fxray.tune --resume                                      # finish an interrupted sweep
 
-Each trial is a plain function (fxray/trial.py) that walks the folds in time order on a leased
-FoldWorker and calls `tune.report` after each fold; the objective is the running
-mean of val Sharpe (comparable across fold counts, as ASHA stops trials early).
+Each trial is a plain function (fxray/trial.py) that walks the folds in time order on a
+leased FoldWorker and calls `tune.report` after each fold; the objective is the running
+mean of val Sharpe (comparable across fold counts, as ASHA stops trials early). The
+Tuner is built in fxray/tuner.py, the MLflow helper process in fxray/mlhelper.py.
 The run directory (default ./runs/<experiment name>), resume, extension rounds
 and the MLflow layout are described in docs/tune.md.
 """
@@ -26,17 +27,15 @@ from pathlib import Path
 
 _T_IMPORT = time.time()
 import ray  # noqa: E402
-from ray import tune  # noqa: E402
 
 from fxray import experiment as expmod
 from fxray.cache import CacheError
-from fxray.cluster import ObjectStoreError, trial_resources
+from fxray.cluster import ObjectStoreError
 from fxray.config import ConfigError
 from fxray.folds import FoldError
-from fxray.trial import asha_stops, fold_trial
+from fxray.tuner import MLFLOW_FAILURE, WORKER_FAILURE, close_orphans, debug_log, ended_trials, make_tuner
 from fxray.workers import Workers, pool_name
 
-STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
 IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
 
 
@@ -95,7 +94,7 @@ def run(args) -> int:
 
 
 def sweep_run(args, stack: contextlib.ExitStack) -> int:
-    from fxray import cache, mlruns, synth, tracking
+    from fxray import cache, mlhelper, mlruns, synth, tracking
 
     t_start = time.time()
     overrides = {k: v for k, v in (("sweep.trials", args.trials), ("sweep.seed", args.seed),
@@ -129,7 +128,7 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     # unix times of the start-up steps (and the import time before them), for results.json
     phases = {"ray_tune_import_s": IMPORT_S, "validated": time.time()}
     # first, so that importing mlflow and readying its store overlap Ray's start
-    store = stack.enter_context(mlruns.TrackerProcess(uri, storage / "optuna.db"))
+    store = stack.enter_context(mlhelper.TrackerProcess(uri, storage / "optuna.db"))
     start_ray(args)
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
@@ -175,7 +174,7 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
             write_sweep(storage, sweep)
         phases["mlflow_ready"] = time.time()
 
-    tracker = mlruns.TRACKERS[str(storage)] = mlruns.OpeningTracker(store, sweep, opened, MLFLOW_FAILURE.append)
+    tracker = mlruns.TRACKERS[str(storage)] = mlhelper.OpeningTracker(store, sweep, opened, MLFLOW_FAILURE.append)
     watch_workers(workers, t0, phases)
     # what a resumed round trains with is what it started with, whatever the flags say now
     job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
@@ -223,40 +222,11 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     print(f"results: {storage}\nMLflow:  mlflow ui --backend-store-uri {sweep['mlflow']['uri']} "
           "(serves on 127.0.0.1:5000)")
     if lost:
-        print(f"{lost} MLflow write(s) failed (the fxray.mlruns lines above say why); "
+        print(f"{lost} MLflow write(s) failed (the fxray.mlhelper lines above say why); "
               f"{storage}/results.json has every fold", file=sys.stderr)
     if errors:
         print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
     return 1 if errors or lost else 0
-
-
-WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by StartFailed
-MLFLOW_FAILURE: list[str] = []  # set by the OpeningTracker's thread; read by StartFailed
-
-
-class StartFailed(tune.Stopper):
-    """Ends the whole sweep as soon as a FoldWorker failed to load or the MLflow store
-    failed to open (module state, so the stopper itself pickles into Tune's experiment state)."""
-
-    def __call__(self, trial_id, result) -> bool:
-        return False
-
-    def stop_all(self) -> bool:
-        return bool(WORKER_FAILURE or MLFLOW_FAILURE)
-
-
-def debug_log(path: str | None) -> None:
-    """FXRAY_TUNE_DEBUG_LOG=PATH: Tune's controller logs every trial and actor event
-    there (unix time first), to see where a sweep's seconds went between folds."""
-    if path:
-        import logging
-
-        handler = logging.FileHandler(path)
-        handler.setFormatter(logging.Formatter("%(created).3f %(message)s"))
-        for name in ("ray.tune.execution.tune_controller", "ray.air.execution._internal.actor_manager"):
-            logger = logging.getLogger(name)
-            logger.setLevel(logging.DEBUG)
-            logger.addHandler(handler)
 
 
 def last_line(e: BaseException) -> str:
@@ -312,35 +282,6 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
         raise UsageError(f"{storage}: the last sweep was interrupted; pass --resume to finish it, "
                          "or --storage DIR to start another")
     return str(saved), storage, sweep
-
-
-def ended_trials(round_dir: Path) -> tuple[int, int]:
-    """(trials that ended, of which errored) in Tune's SAVED state of a round.
-
-    The saved state, not fit()'s ResultGrid: after Ctrl+C, Tune stops the running
-    trials and marks them TERMINATED in memory, while the state it saved (and that
-    --resume restores) still has them RUNNING."""
-    from ray.tune import ExperimentAnalysis
-    from ray.tune.experiment import Trial
-
-    trials = ExperimentAnalysis(str(round_dir)).trials
-    ended = [t for t in trials if t.status in (Trial.TERMINATED, Trial.ERROR)]
-    return len(ended), sum(t.status == Trial.ERROR for t in ended)
-
-
-def close_orphans(storage: Path) -> int:
-    """Mark FAIL the study's trials still RUNNING once every Tune trial of the round ended.
-
-    Only a hard kill (SIGKILL, a second Ctrl+C) makes them: the searcher asked Optuna
-    for a trial after Tune's last state snapshot, so the restored sweep never runs it."""
-    import optuna
-
-    study = optuna.load_study(study_name=STUDY, storage=optuna.storages.RDBStorage(
-        f"sqlite:///{storage / 'optuna.db'}"))
-    running = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
-    for t in running:
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-    return len(running)
 
 
 def read_sweep(storage: Path) -> dict | None:
@@ -409,67 +350,6 @@ def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path,
     write_sweep(storage, sweep)
     return sweep
 
-
-def keep_mlflow_out_of_tune() -> None:
-    """Tuner.fit records which callbacks a run uses (Ray's usage telemetry), importing
-    ray.air.integrations.mlflow for its class name, and that module imports mlflow if
-    it is installed: 0.7 s on the 2-core box, seconds on the GPU machines, in the
-    driver's main thread between Tuner.fit and Tune's first trial, and holding the
-    GIL while the FoldWorkers are being started. The driver never uses mlflow (the
-    helper process does), so that one module is imported here while mlflow is hidden:
-    it sees none and stays light. Everything else still imports mlflow normally."""
-    if "ray.air.integrations.mlflow" in sys.modules:
-        return
-    saved = sys.modules.get("mlflow")
-    sys.modules["mlflow"] = None  # `import mlflow` raises ImportError, which that module expects
-    try:
-        import ray.air.integrations.mlflow  # noqa: F401
-    except ImportError:
-        pass
-    finally:
-        if saved is None:
-            del sys.modules["mlflow"]
-        else:
-            sys.modules["mlflow"] = saved
-
-
-def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, resumed: bool) -> tune.Tuner:
-    """OptunaSearch (seeded TPE, RDB study) + ASHA over folds; or Tune's saved state, restored."""
-    import optuna
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.optuna import OptunaSearch
-
-    keep_mlflow_out_of_tune()  # before Tuner.fit, a restored one too
-    n_folds = len(job["folds"])
-    grace = min(exp.sweep.grace_folds, n_folds)
-    job = {**job, "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor)}
-    trainable = tune.with_resources(tune.with_parameters(fold_trial, job=job, workers=workers),
-                                    trial_resources(exp.sweep.cpu_per_trial))  # on the head if multi-node
-    rnd = sweep["rounds"][-1]
-    path = storage / rnd["name"]
-    if resumed and tune.Tuner.can_restore(str(path)):
-        return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
-    searcher = OptunaSearch(
-        space=exp.space(), metric="mean_val_sharpe", mode="max", study_name=STUDY,
-        # one seed per round, so an extension does not replay the first round's draws
-        sampler=optuna.samplers.TPESampler(seed=rnd["seed"] + len(sweep["rounds"]) - 1),
-        storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}"))
-    scheduler = ASHAScheduler(time_attr="training_iteration", max_t=n_folds, grace_period=grace,
-                              reduction_factor=exp.sweep.reduction_factor)
-    from fxray.tracking import MlflowCallback, SweepLog
-
-    return tune.Tuner(
-        trainable,
-        tune_config=tune.TuneConfig(metric="mean_val_sharpe", mode="max", search_alg=searcher,
-                                    scheduler=scheduler, num_samples=rnd["trials"],
-                                    max_concurrent_trials=workers.plan.n_trials, reuse_actors=True),
-        run_config=tune.RunConfig(
-            name=rnd["name"], storage_path=str(storage), verbose=0, stop=StartFailed(),
-            callbacks=[SweepLog(str(storage)), MlflowCallback(str(storage)),
-                       JsonLoggerCallback(), CSVLoggerCallback()],
-            failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
 
 
 if __name__ == "__main__":

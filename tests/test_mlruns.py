@@ -1,4 +1,4 @@
-"""fxray.mlruns: the sweep's MLflow client in its helper process, on a real sqlite store."""
+"""fxray.mlhelper + fxray.mlruns: the sweep's MLflow client in its helper process, real sqlite."""
 
 import os
 import signal
@@ -10,7 +10,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from fxray import mlruns
+from fxray import mlhelper, mlruns
 
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 
@@ -22,7 +22,7 @@ def sweep_dict(uri: str) -> dict:
 
 def test_the_helper_process_logs_what_the_driver_asks(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    with mlruns.TrackerProcess(uri) as store:
+    with mlhelper.TrackerProcess(uri) as store:
         time.sleep(0.5)
         assert not (tmp_path / "mlflow.db").exists()  # readied beside it, moved in on open
         tracker = store.open_sweep(sweep_dict(uri))
@@ -50,7 +50,7 @@ def studies_readied() -> set:
 def test_a_helper_never_opened_leaves_no_store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     before = studies_readied()
-    store = mlruns.TrackerProcess(uri, tmp_path / "run" / "optuna.db")
+    store = mlhelper.TrackerProcess(uri, tmp_path / "run" / "optuna.db")
     time.sleep(4)  # long enough for it to have readied both stores' tables
     store.close()
     assert store.proc.returncode == 0 and list(tmp_path.iterdir()) == []
@@ -59,7 +59,7 @@ def test_a_helper_never_opened_leaves_no_store(tmp_path):
 
 def test_the_study_file_is_readied_and_moved_in_on_open(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    with mlruns.TrackerProcess(uri, tmp_path / "run" / "optuna.db") as store:
+    with mlhelper.TrackerProcess(uri, tmp_path / "run" / "optuna.db") as store:
         (tmp_path / "run").mkdir()  # what prepare_storage does before the sweep opens
         store.open_sweep(sweep_dict(uri))
         assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["optuna.db"]
@@ -71,7 +71,7 @@ def test_the_study_file_is_readied_and_moved_in_on_open(tmp_path):
 def test_the_helper_ignores_ctrl_c_and_reports_a_bad_store(tmp_path):
     (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    with mlruns.TrackerProcess(uri) as store:
+    with mlhelper.TrackerProcess(uri) as store:
         assert os.getpgid(store.proc.pid) != os.getpgid(0)  # a terminal's Ctrl+C does not reach it
         time.sleep(1.0)
         os.kill(store.proc.pid, signal.SIGINT)  # nor does a direct one end it
@@ -88,7 +88,7 @@ def test_check_uri_names_the_folder():
 
 def test_queued_writes_outlive_the_driver_and_failures_are_counted(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    with mlruns.TrackerProcess(uri) as store:
+    with mlhelper.TrackerProcess(uri) as store:
         tracker = store.open_sweep(sweep_dict(uri))
         parent = tracker.parent_id()
         tracker.log_fold("t1", "trial-t1", {"lr": 0.1}, {"fold": 0, "val_sharpe": "not a number"})

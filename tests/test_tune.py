@@ -198,7 +198,7 @@ def test_a_worker_that_cannot_load_stops_the_sweep(tmp_path):
 
 @pytest.mark.slow
 def test_an_mlflow_store_that_cannot_open_stops_the_sweep(tmp_path):
-    """The helper process (fxray.mlruns) cannot open the store: Tune, started meanwhile,
+    """The helper process (fxray.mlhelper) cannot open the store: Tune, started meanwhile,
     stops at once; one line, and nothing logged anywhere else."""
     exp, env = setup(tmp_path, trials=3)
     (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
@@ -233,7 +233,7 @@ def test_interrupt_then_resume(tmp_path):
 
 def test_close_orphans(tmp_path):
     """A trial asked after Tune's last snapshot (a hard kill) is closed, the others kept."""
-    from fxray.tune import STUDY, close_orphans
+    from fxray.tuner import STUDY, close_orphans
 
     study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     study.tell(study.ask(), 1.0)
@@ -309,8 +309,8 @@ def test_bad_input_through_the_real_cli(tmp_path):
 def test_tunes_callback_telemetry_does_not_import_mlflow_into_the_driver(kept_out):
     """Tuner.fit counts the run's callbacks by class, importing Ray's MLflow integration,
     which imports mlflow itself; keep_mlflow_out_of_tune stops that (and only that)."""
-    code = ("import sys, fxray.tune\n"
-            f"if {kept_out}: fxray.tune.keep_mlflow_out_of_tune()\n"
+    code = ("import sys, fxray.tune, fxray.tuner\n"
+            f"if {kept_out}: fxray.tuner.keep_mlflow_out_of_tune()\n"
             "from ray.air._internal.usage import _count_callbacks\n"
             "from ray.tune.logger import CSVLoggerCallback\n"
             "print(dict(_count_callbacks([CSVLoggerCallback()])), 'mlflow' in sys.modules)\n"
@@ -325,9 +325,9 @@ def test_tunes_callback_telemetry_does_not_import_mlflow_into_the_driver(kept_ou
 
 def test_the_driver_start_up_path_imports_no_torch_scipy_or_mlflow():
     """The driver's serial start-up must not pay for them (seconds each on the GPU
-    machines): torch lives in the FoldWorkers, mlflow in the helper (fxray.mlruns)."""
+    machines): torch lives in the FoldWorkers, mlflow in the helper (fxray.mlhelper)."""
     code = ("import sys, fxray.tune, fxray.tracking\n"
-            "from fxray import mlruns, synth\n"
+            "from fxray import mlhelper, mlruns, synth\n"
             "synth.default_path(synth.SynthSpec()); mlruns.tracking_uri()\n"
             "print(sorted({'torch', 'scipy', 'mlflow'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
