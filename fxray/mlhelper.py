@@ -105,7 +105,8 @@ class OpeningTracker:
 
     `on_open(parent_run_id)` runs in that thread once the store is open (the driver
     records the id in sweep.json); `on_error(message)` runs there if it cannot be
-    opened (the driver stops the sweep), and every later call is then a no-op."""
+    opened, or if on_open fails (the driver stops the sweep), and every later call
+    is then a no-op."""
 
     def __init__(self, store: TrackerProcess, sweep: dict, on_open, on_error):
         self.tracker, self.error, self.pending = None, None, []
@@ -117,13 +118,12 @@ class OpeningTracker:
     def _open(self, store, sweep, on_open, on_error) -> None:
         try:
             tracker = store.open_sweep(sweep)
-            parent = tracker.parent_id()
+            on_open(tracker.parent_id())
         except Exception as e:  # noqa: BLE001 (whatever the store says, in one line)
             text = str(e).strip()
             self.error = text.splitlines()[-1] if text else type(e).__name__
             on_error(self.error)
             return
-        on_open(parent)
         with self.lock:
             for name, args in self.pending:
                 getattr(tracker, name)(*args)

@@ -101,3 +101,36 @@ def test_queued_writes_outlive_the_driver_and_failures_are_counted(tmp_path):
     runs = client.search_runs([client.get_experiment_by_name("m").experiment_id],
                               f"tags.mlflow.parentRunId = '{parent}' and tags.fxray.trial_id = 't2'")
     assert [m.value for m in client.get_metric_history(runs[0].info.run_id, "val_sharpe")] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_the_opening_tracker_replays_what_came_before_the_store_opened(tmp_path):
+    """Folds logged while the helper is still opening the sweep are written once it is,
+    in order; a sweep whose opening fails reports it once, and drops what comes after."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mlhelper.TrackerProcess(uri) as store:
+        opened, errors = [], []
+        tracker = mlhelper.OpeningTracker(store, sweep_dict(uri), opened.append, errors.append)
+        for k in range(3):  # at once: the helper is still importing mlflow
+            tracker.log_fold("t1", "trial-t1", {"lr": 0.1}, {"fold": k, "val_sharpe": float(k)})
+        assert not opened
+        assert tracker.wait(timeout=120) and errors == []
+        tracker.log_fold("t1", "trial-t1", {"lr": 0.1}, {"fold": 3, "val_sharpe": 3.0})
+        tracker.end_trial("t1", 4, 4)
+        assert tracker.end_sweep("FINISHED") == 0
+        assert opened == [tracker.parent_id()]
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("m").experiment_id],
+                              f"tags.mlflow.parentRunId = '{opened[0]}'")
+    assert [m.value for m in client.get_metric_history(runs[0].info.run_id, "val_sharpe")] == [0.0, 1.0, 2.0, 3.0]
+    assert runs[0].info.status == "FINISHED"
+
+    def cannot_record(parent_id):
+        raise OSError("No space left on device: sweep.json")
+
+    with mlhelper.TrackerProcess(uri) as store:
+        errors = []
+        tracker = mlhelper.OpeningTracker(store, sweep_dict(uri), cannot_record, errors.append)
+        assert not tracker.wait(timeout=120)
+        assert errors == ["No space left on device: sweep.json"]
+        tracker.log_fold("t2", "trial-t2", {"lr": 0.2}, {"fold": 0, "val_sharpe": 1.0})  # dropped, no raise
+        assert tracker.end_sweep("FAILED") == 0 and tracker.pending == []
