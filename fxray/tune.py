@@ -175,6 +175,11 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
         phases["mlflow_ready"] = time.time()
 
     tracker = mlruns.TRACKERS[str(storage)] = mlhelper.OpeningTracker(store, sweep, opened, MLFLOW_FAILURE.append)
+    # A sqlite store fails at once if it fails, seconds before a first fold could be
+    # reported. A tracking server can take minutes to fail (MLflow retries): folds
+    # reported meanwhile would never reach it, not even after --resume. Wait for it.
+    if mlruns.sqlite_path(uri) is None and not tracker.wait():
+        return mlflow_failed(uri, storage)
     watch_workers(workers, t0, phases)
     # what a resumed round trains with is what it started with, whatever the flags say now
     job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
@@ -193,9 +198,7 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
               f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
     if MLFLOW_FAILURE:
-        print(f"fxray.tune: error: MLflow store {uri} could not be opened: {MLFLOW_FAILURE[0]}\n"
-              f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
-        return 1
+        return mlflow_failed(uri, storage)
     if WORKER_FAILURE:
         tracker.end_sweep("FAILED")
         print(f"fxray.tune: error: a FoldWorker could not load the data: {WORKER_FAILURE[0]}\n"
@@ -227,6 +230,12 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     if errors:
         print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
     return 1 if errors or lost else 0
+
+
+def mlflow_failed(uri: str, storage: Path) -> int:
+    print(f"fxray.tune: error: MLflow store {uri} could not be opened: {MLFLOW_FAILURE[0]}\n"
+          f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
+    return 1
 
 
 def last_line(e: BaseException) -> str:

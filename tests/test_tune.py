@@ -6,6 +6,7 @@ Each CLI run starts its own Ray (about 10 s on a 2-core box) and runs a tiny con
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -204,6 +205,22 @@ def test_an_mlflow_store_that_cannot_open_stops_the_sweep(tmp_path):
     (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
     error = failed_sweep(tmp_path, env, exp)
     assert "MLflow store sqlite:///" in error and "could not be opened" in error
+
+
+@pytest.mark.slow
+def test_an_mlflow_server_that_cannot_be_reached_stops_the_sweep_before_tune(tmp_path):
+    """A tracking server may take minutes to fail; the driver waits for it before Tune,
+    so no fold is reported that MLflow would never get. Nothing of Tune's is written."""
+    exp, env = setup(tmp_path, trials=3)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env.update(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}", MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+               MLFLOW_HTTP_REQUEST_TIMEOUT="5")
+    error = failed_sweep(tmp_path, env, exp)
+    assert f"MLflow store http://127.0.0.1:{port} could not be opened" in error
+    assert (tmp_path / "runs/t/sweep.json").exists() and not (tmp_path / "runs/t/tune").exists()
+    assert not (tmp_path / "runs/t/folds.jsonl").exists()
 
 
 @pytest.mark.slow
