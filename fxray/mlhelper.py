@@ -171,7 +171,7 @@ def _prime(uri: str, study_db: str | None) -> None:
         if study_db and not Path(study_db).exists():
             import optuna
 
-            _PRIMER["temp"] = Path(tempfile.mkdtemp(prefix="fxray-study-"))
+            _PRIMER["temp"] = Path(tempfile.mkdtemp(prefix=f"fxray-study-{os.getpid()}-"))  # pid: whose it is
             ready = _PRIMER["temp"] / "optuna.db"
             optuna.storages.RDBStorage(f"sqlite:///{ready}")
             _PRIMER["study"] = (ready, Path(study_db))

@@ -43,18 +43,18 @@ def test_the_helper_process_logs_what_the_driver_asks(tmp_path):
     assert client.get_run(parent).data.metrics["best_mean_val_sharpe"] == 2.0
 
 
-def studies_readied() -> set:
-    return set(Path(tempfile.gettempdir()).glob("fxray-study-*"))
+def studies_readied(pid: int) -> list:
+    """The temporary study folders helper `pid` made (other tests' helpers may still be exiting)."""
+    return list(Path(tempfile.gettempdir()).glob(f"fxray-study-{pid}-*"))
 
 
 def test_a_helper_never_opened_leaves_no_store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    before = studies_readied()
     store = mlhelper.TrackerProcess(uri, tmp_path / "run" / "optuna.db")
     time.sleep(4)  # long enough for it to have readied both stores' tables
     store.close()
     assert store.proc.returncode == 0 and list(tmp_path.iterdir()) == []
-    assert studies_readied() <= before
+    assert studies_readied(store.proc.pid) == []
 
 
 def test_the_study_file_is_readied_and_moved_in_on_open(tmp_path):
