@@ -179,7 +179,7 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     # reported. A tracking server can take minutes to fail (MLflow retries): folds
     # reported meanwhile would never reach it, not even after --resume. Wait for it.
     if mlruns.sqlite_path(uri) is None and not tracker.wait():
-        return mlflow_failed(uri, storage)
+        return start_failed(f"MLflow store {uri} could not be opened: {MLFLOW_FAILURE[0]}", storage)
     watch_workers(workers, t0, phases)
     # what a resumed round trains with is what it started with, whatever the flags say now
     job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
@@ -198,12 +198,10 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
               f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
         return 1
     if MLFLOW_FAILURE:
-        return mlflow_failed(uri, storage)
+        return start_failed(f"MLflow store {uri} could not be opened: {MLFLOW_FAILURE[0]}", storage)
     if WORKER_FAILURE:
         tracker.end_sweep("FAILED")
-        print(f"fxray.tune: error: a FoldWorker could not load the data: {WORKER_FAILURE[0]}\n"
-              f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
-        return 1
+        return start_failed(f"a FoldWorker could not load the data: {WORKER_FAILURE[0]}", storage)
     ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
     unfinished = sweep["rounds"][-1]["trials"] - ended
     records = tracking.load_records(storage)
@@ -232,8 +230,9 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     return 1 if errors or lost else 0
 
 
-def mlflow_failed(uri: str, storage: Path) -> int:
-    print(f"fxray.tune: error: MLflow store {uri} could not be opened: {MLFLOW_FAILURE[0]}\n"
+def start_failed(error: str, storage: Path) -> int:
+    """A sweep that could not start (StartFailed): its one error line, how to go on, exit 1."""
+    print(f"fxray.tune: error: {error}\n"
           f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
     return 1
 

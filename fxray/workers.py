@@ -117,7 +117,6 @@ class FoldWorker:
 
         from fxray.device import DeviceData
 
-        t0 = time.perf_counter()
         t_imported = time.time()
         if exit_on_call < 0:  # fault injection (tests): this worker cannot load
             raise RuntimeError(f"worker {index}: injected load failure (FXRAY_FAULT_WORKER_EXIT)")
@@ -129,9 +128,9 @@ class FoldWorker:
         self.data = DeviceData(arrays, device=self.device, dtype=dtype)
         del arrays  # the device copy is all we need; the views pin nothing afterwards
         self.index, self.n_loads, self.n_calls, self.n_trainers = index, 1, 0, 0
-        self.load_s = time.perf_counter() - t0
         # unix times of the start-up steps, for scripts/sweep_report.py
         self.timeline = {"init": t_init, "imported": t_imported, "loaded": time.time()}
+        self.load_s = self.timeline["loaded"] - t_imported
         with warnings.catch_warnings():  # the property warns about an API it uses internally
             warnings.simplefilter("ignore")
             self.restarted = ray.get_runtime_context().was_current_actor_reconstructed

@@ -24,8 +24,9 @@ milestones happened (validated, ray_up, workers_created, mlflow_ready,
 tune_started, workers_ready; the slowest worker's constructor start, torch
 imported, data loaded, and the last warmup's end (after the first trial fold when
 that reached the worker first: Ray does not order the two); the first trial function
-started, the first trial fold; seconds after the run's clock started). scripts/replay.py times the same folds in a plain loop, for the overhead
-against no Ray at all.
+started, the first trial fold; seconds after the run's clock started).
+scripts/replay.py times the same folds in a plain loop, for the overhead against no
+Ray at all.
 """
 
 from __future__ import annotations
