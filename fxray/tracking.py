@@ -94,7 +94,9 @@ class SweepLog(Callback):
     def setup(self, **info):
         self.sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
         self.records = load_records(self.storage)
-        self.total = self.sweep["rounds"][-1]["trials"] * len(self.sweep["folds"])
+        rnd = self.sweep["rounds"][-1]
+        same = rnd.get("same_trials")  # its trials' lengths are known: the ETA is exact
+        self.total = sum(n for _, n in same["trials"]) if same else rnd["trials"] * len(self.sweep["folds"])
         self.session_folds, self.t0 = 0, time.time()
         self.pool = ray.get_actor(pool_name(Path(self.storage)))
 

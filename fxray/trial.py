@@ -39,9 +39,13 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
     if ckpt is not None:
         with ckpt.as_directory() as d:
             done = json.loads(Path(d, "folds.json").read_text())
+    folds = job["folds"]
+    if job.get("limits"):  # --same-trials: as many folds as this config trained in that sweep
+        # (a config not in it: one the study sampled after a hard kill lost an enqueued one)
+        folds = folds[:job["limits"].get(config_key(config), len(folds))]
     checkpoint_dir = os.path.join(job["checkpoints"], trial_id)
     worker = None  # after a rung ASHA let us pass, lease the same worker again if it is free
-    for segment in segments(job["folds"][len(done):], len(done), job["stops"]):
+    for segment in segments(folds[len(done):], len(done), job["stops"]):
         with workers.lease(trial_id, prefer=worker) as worker, \
                 contextlib.closing(workers.run_folds(worker, cfg, segment, job["seed"], checkpoint_dir)) as results:
             for result in results:
@@ -55,6 +59,11 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
                 with tempfile.TemporaryDirectory() as d:
                     Path(d, "folds.json").write_text(json.dumps(done))
                     tune.report(record, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def config_key(config: dict) -> str:
+    """A sampled config as text, to find it again in --same-trials' fold limits."""
+    return json.dumps(config, sort_keys=True)
 
 
 def asha_stops(n_folds: int, grace: int, rf: float) -> list[int]:

@@ -33,7 +33,8 @@ from fxray.cache import CacheError
 from fxray.cluster import ObjectStoreError
 from fxray.config import ConfigError
 from fxray.folds import FoldError
-from fxray.tuner import MLFLOW_FAILURE, WORKER_FAILURE, close_orphans, debug_log, ended_trials, make_tuner
+from fxray.tuner import (MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, close_orphans, debug_log, ended_trials,
+                         make_tuner, read_same_trials)
 from fxray.workers import Workers, pool_name
 
 IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
@@ -59,6 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-gpus", type=int, help="local Ray: logical GPUs (default: detected)")
     p.add_argument("--profile", choices=("auto", "gpu", "cpu"), default="auto",
                    help="apply the file's cpu: overrides (auto: when the cluster has no GPU)")
+    p.add_argument("--same-trials", metavar="RESULTS", help="run the trials of a finished sweep again "
+                   "(its results.json): the same configs, each for as many folds as it trained there")
     p.add_argument("--json", help="write per-trial, per-fold results here")
     return p.parse_args(argv)
 
@@ -104,8 +107,9 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
         raise UsageError("--num-cpus/--num-gpus size a local Ray; with --address the cluster's own "
                          "resources are used: drop one of them")
     file, storage, sweep = locate(args, overrides)
+    same = same_trials(args, storage, sweep, overrides)
     exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
-    data_path = args.data or (sweep and sweep["data"]["path"]) or exp.data_path
+    data_path = args.data or (sweep and sweep["data"]["path"]) or (same and same["data"]["path"]) or exp.data_path
     if args.data and sweep and Path(args.data).absolute() != Path(sweep["data"]["path"]):
         raise UsageError(f"--data {args.data}: this sweep ran on {sweep['data']['path']}; "
                          "use --storage DIR for a new sweep")
@@ -119,6 +123,13 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
         if sweep and sweep["data"]["content_hash"] != market.content_hash:
             raise UsageError(f"{data_path}: its contents changed since the sweep started "
                              f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
+        if same:
+            same_exp = expmod.load(file, same["profile"], overrides)
+            try:
+                check_same_work(same, same_exp, make_fold_dicts(file, same_exp, market), market.content_hash,
+                                data_path)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
 
     uri = sweep["mlflow"]["uri"] if sweep else mlruns.tracking_uri()
     try:
@@ -132,8 +143,8 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     start_ray(args)
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
-    profile = sweep["profile"] if sweep else (args.profile if args.profile != "auto"
-                                              else ("gpu" if gpus >= 1 else "cpu"))
+    profile = (sweep or same or {}).get("profile") or (args.profile if args.profile != "auto"
+                                                       else ("gpu" if gpus >= 1 else "cpu"))
     exp = expmod.load(file, profile, overrides)
     if market is None:
         data_path = str(synth.ensure_default(exp.synth, log=print))
@@ -151,7 +162,8 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     print(f"{profile.upper()} profile: {trials} trials x {len(folds)} folds x {exp.dqn.epochs} epochs "
           f"x {exp.dqn.steps_per_epoch} steps ({exp.dqn.num_envs} envs, batch {exp.dqn.batch_size}) "
           f"on {plan.describe()}; data {data_path} ({market.n_bars:,} bars)"
-          + (" -- resuming" if args.resume else ""), flush=True)
+          + (" -- resuming" if args.resume else "")
+          + (f" -- the trials of {same['from']}, each for as many folds as there" if same else ""), flush=True)
 
     t0 = time.time()
     arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
@@ -164,7 +176,7 @@ def sweep_run(args, stack: contextlib.ExitStack) -> int:
     # its trial processes (seconds each) while the MLflow helper opens the sweep's runs; a
     # trial's first fold waits on its worker. A worker that cannot load, or a store that
     # cannot open, stops the sweep (StartFailed).
-    sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args)
+    sweep = prepare_storage(storage, sweep, exp, file, profile, market, data_path, folds, args, same)
     with contextlib.suppress(Exception):  # a helper that cannot: OptunaSearch creates the file
         store.ready_study()
 
@@ -292,6 +304,31 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
     return str(saved), storage, sweep
 
 
+def same_trials(args, storage: Path, sweep: dict | None, overrides: dict) -> dict | None:
+    """--same-trials RESULTS, read and checked against the flags; it sets the trials and
+    (unless --seed) the training seed of the new sweep. None without the flag."""
+    if not args.same_trials:
+        return None
+    if args.resume:
+        raise UsageError("--same-trials: drop it with --resume (a resumed sweep runs what it started with)")
+    if sweep is not None:
+        raise UsageError(f"--same-trials starts a new sweep and {storage} holds one: pass --storage DIR")
+    try:
+        same = read_same_trials(args.same_trials)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    n = len(same["trials"])
+    if args.trials not in (None, n):
+        raise UsageError(f"--trials {args.trials}: --same-trials runs the trials of {args.same_trials} "
+                         f"({n}); drop --trials")
+    if args.profile not in ("auto", same["profile"]):
+        raise UsageError(f"--profile {args.profile}: {args.same_trials} ran the {same['profile']} profile; "
+                         "drop --profile")
+    overrides["sweep.trials"] = n
+    overrides.setdefault("sweep.seed", same["seed"])
+    return same
+
+
 def read_sweep(storage: Path) -> dict | None:
     path = storage / "sweep.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -331,7 +368,7 @@ def start_ray(args) -> None:
         ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, **kw)
 
 
-def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path, folds, args) -> dict:
+def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path, folds, args, same=None) -> dict:
     """Create the run directory (first run) or open a new round (an extension) or keep
     the last one (a resume). Everything here is validated already: nothing is half-written."""
     from fxray import mlruns
@@ -355,6 +392,8 @@ def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path,
         name = "tune" if not round_names else f"tune-{len(round_names) + 1}"
         sweep["rounds"].append({"name": name, "trials": exp.sweep.trials, "seed": exp.sweep.seed,
                                 "done": False, "started": time.time()})
+        if same:
+            sweep["rounds"][-1]["same_trials"] = {"from": same["from"], "trials": same["trials"]}
     write_sweep(storage, sweep)
     return sweep
 

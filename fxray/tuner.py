@@ -6,13 +6,14 @@ Tune's and Optuna's saved state. fxray.tune drives it; fxray.trial is what a tri
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
 from ray import tune
 
 from fxray.cluster import trial_resources
-from fxray.trial import asha_stops, fold_trial
+from fxray.trial import asha_stops, config_key, fold_trial
 from fxray.workers import Workers
 
 STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
@@ -76,6 +77,53 @@ def close_orphans(storage: Path) -> int:
     return len(running)
 
 
+def read_same_trials(path: str) -> dict:
+    """What `--same-trials RESULTS` replays: a finished one-round sweep's trials, in the
+    order they started there, each with the folds it trained there (ASHA's stops become
+    fixed lengths), and what the new sweep must match to do the same work (profile,
+    data, folds, base config). ValueError with one line naming the file otherwise."""
+    try:
+        res = json.loads(Path(path).read_text())
+        trials, rounds = res["trials"], res["rounds"]
+        order = sorted(trials, key=lambda t: (t["folds"][0]["timings"]["trial_start"] or 0, t["trial_id"]))
+        same = [[t["sampled"], t["folds_done"]] for t in order]
+        out = {"from": str(Path(path).absolute()), "trials": same, "profile": res["profile"],
+               "seed": rounds[-1]["seed"], "data": res["data"], "folds": res["folds"], "base": res["base_config"]}
+    except FileNotFoundError:
+        raise ValueError(f"--same-trials {path}: no such file (a sweep's results.json)") from None
+    except (ValueError, KeyError, IndexError, TypeError) as e:  # JSON errors are ValueErrors
+        raise ValueError(f"--same-trials {path}: not a sweep's results.json ({type(e).__name__}: {e})") from None
+    if len(rounds) != 1:
+        raise ValueError(f"--same-trials {path}: that sweep ran {len(rounds)} rounds with their own seeds; "
+                         "replay a one-round sweep")
+    if not same:
+        raise ValueError(f"--same-trials {path}: no trial finished a fold there")
+    return out
+
+
+def check_same_work(same: dict, exp, folds: list[dict], content_hash: str, data_path) -> None:
+    """--same-trials: the new sweep must train on what that sweep trained on (ValueError)."""
+    where = f"--same-trials {same['from']}"
+    if content_hash != same["data"]["content_hash"]:
+        raise ValueError(f"{where}: ran on other data ({same['data']['path']}), not {data_path}: "
+                         "pass that file as --data")
+    for what, mine, theirs in (("folds", folds, same["folds"]), ("dqn config", exp.dqn.as_dict(), same["base"]),
+                               ("search space", sorted(exp.space()), sorted(same["trials"][0][0]))):
+        if mine != theirs:
+            raise ValueError(f"{where}: not the same {what} as {exp.name} here ({exp.profile} profile): "
+                             "pass the --experiment it ran")
+
+
+def fold_limits(same: dict | None) -> dict[str, int] | None:
+    """{config key: folds to train} for fold_trial, from read_same_trials' list."""
+    if same is None:
+        return None
+    limits: dict[str, int] = {}
+    for sampled, n in same["trials"]:
+        limits.setdefault(config_key(sampled), n)  # an exact duplicate config: its first length
+    return limits
+
+
 def keep_mlflow_out_of_tune() -> None:
     """Tuner.fit records which callbacks a run uses (Ray's usage telemetry), importing
     ray.air.integrations.mlflow for its class name, and that module imports mlflow if
@@ -100,19 +148,22 @@ def keep_mlflow_out_of_tune() -> None:
 
 
 def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, resumed: bool) -> tune.Tuner:
-    """OptunaSearch (seeded TPE, RDB study) + ASHA over folds; or Tune's saved state, restored."""
+    """OptunaSearch (seeded TPE, RDB study) + ASHA over folds; or Tune's saved state, restored.
+    A --same-trials round enqueues its configs in the study and trains each for its fixed
+    number of folds (fold_trial's `limits`), with no scheduler stopping anything."""
     import optuna
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search.optuna import OptunaSearch
 
     keep_mlflow_out_of_tune()  # before Tuner.fit, a restored one too
     n_folds = len(job["folds"])
     grace = min(exp.sweep.grace_folds, n_folds)
-    job = {**job, "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor)}
+    rnd = sweep["rounds"][-1]
+    same = rnd.get("same_trials")  # --same-trials: given configs and lengths, no ASHA
+    job = {**job, "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor), "limits": fold_limits(same)}
     trainable = tune.with_resources(tune.with_parameters(fold_trial, job=job, workers=workers),
                                     trial_resources(exp.sweep.cpu_per_trial))  # on the head if multi-node
-    rnd = sweep["rounds"][-1]
     path = storage / rnd["name"]
     if resumed and tune.Tuner.can_restore(str(path)):
         return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
@@ -120,9 +171,11 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
         space=exp.space(), metric="mean_val_sharpe", mode="max", study_name=STUDY,
         # one seed per round, so an extension does not replay the first round's draws
         sampler=optuna.samplers.TPESampler(seed=rnd["seed"] + len(sweep["rounds"]) - 1),
-        storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}"))
-    scheduler = ASHAScheduler(time_attr="training_iteration", max_t=n_folds, grace_period=grace,
-                              reduction_factor=exp.sweep.reduction_factor)
+        storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}"),
+        points_to_evaluate=[sampled for sampled, _ in same["trials"]] if same else None)
+    scheduler = FIFOScheduler() if same else ASHAScheduler(
+        time_attr="training_iteration", max_t=n_folds, grace_period=grace,
+        reduction_factor=exp.sweep.reduction_factor)
     from fxray.tracking import MlflowCallback, SweepLog
 
     return tune.Tuner(

@@ -1,6 +1,7 @@
 """Where a sweep's wall time went, from its results.json (what `fxray.tune --json` writes).
 
     python scripts/sweep_report.py runs/default/results.json [more.json ...]
+    python scripts/sweep_report.py --speedup one_gpu.json two_gpus.json
 
 Each FoldWorker logs every call it served (start, end, trial token, fold, status),
 so the report splits each worker's share of the wall time into:
@@ -27,6 +28,12 @@ that reached the worker first: Ray does not order the two); the first trial func
 started, the first trial fold; seconds after the run's clock started).
 scripts/replay.py times the same folds in a plain loop, for the overhead against no
 Ray at all.
+
+--speedup A B compares two sweeps: whether they did the same work (the same configs,
+each for the same number of folds: one is the other's `fxray.tune --same-trials`
+replay, or they happened to take the same path), the wall speedup A -> B, each one's
+work rate (seconds inside train_fold per second of wall), and how far apart the val
+Sharpe of the folds both trained is.
 """
 
 from __future__ import annotations
@@ -102,8 +109,37 @@ def report(path: str) -> dict:
     return out
 
 
+def speedup(path_a: str, path_b: str) -> dict:
+    """Sweep A against sweep B: same work?, wall speedup A -> B, work rates, val Sharpe gap."""
+    a, b = (json.loads(open(p).read()) for p in (path_a, path_b))
+
+    def folds(r):  # {sampled config: [val Sharpe per fold]}
+        return {json.dumps(t["sampled"], sort_keys=True): [f["val"]["sharpe"] for f in t["folds"]]
+                for t in r["trials"]}
+
+    def fold_s(r):
+        return sum(f["timings"].get("fold_time_s") or 0.0 for t in r["trials"] for f in t["folds"])
+
+    fa, fb = folds(a), folds(b)
+    both = [(x, y) for key in fa.keys() & fb.keys() for x, y in zip(fa[key], fb[key])]
+    return {"same_work": {k: len(v) for k, v in fa.items()} == {k: len(v) for k, v in fb.items()},
+            "folds_a": sum(map(len, fa.values())), "folds_b": sum(map(len, fb.values())),
+            "wall_a_s": a["wall_s"], "wall_b_s": b["wall_s"], "speedup": a["wall_s"] / b["wall_s"],
+            "work_rate_a": fold_s(a) / a["wall_s"], "work_rate_b": fold_s(b) / b["wall_s"],
+            "work_rate_speedup": (fold_s(b) / b["wall_s"]) / (fold_s(a) / a["wall_s"]),
+            "val_sharpe_max_abs_diff": max((abs(x - y) for x, y in both), default=None)}
+
+
 def main(argv=None) -> int:
-    for row in (report(p) for p in (argv or sys.argv[1:])):
+    argv = argv or sys.argv[1:]
+    if argv[:1] == ["--speedup"]:
+        if len(argv) != 3:
+            print("usage: sweep_report.py --speedup A.json B.json", file=sys.stderr)
+            return 2
+        for k, v in speedup(argv[1], argv[2]).items():
+            print(f"  {k:<30} {v:.3f}" if isinstance(v, float) else f"  {k:<30} {v}")
+        return 0
+    for row in (report(p) for p in argv):
         print(row.pop("path"))
         for k, v in row.items():
             print(f"  {k:<30} {v:.3f}" if isinstance(v, float) else f"  {k:<30} {v}")

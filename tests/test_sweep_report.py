@@ -61,3 +61,22 @@ def test_size_profile_runs_its_tiny_candidate_on_cpu(tmp_path):
     assert all(1e-4 <= c["lr"] <= 3e-3 and c["hidden"] in (16, 32) for c in res["configs"])
     (row,) = res["rows"]
     assert row["train_days"] == 3 and row["fold_s"] > 0 and row["step_ms"] > 0 and row["epochs_run"] >= 1
+
+
+def test_speedup_of_two_hand_made_sweeps(tmp_path):
+    def sweep(wall, trials):  # trials: (lr, [(val Sharpe, fold seconds), ...])
+        return {"wall_s": wall, "trials": [{"sampled": {"lr": lr}, "folds": [
+            {"val": {"sharpe": v}, "timings": {"fold_time_s": s}} for v, s in folds]} for lr, folds in trials]}
+
+    one = sweep(10.0, [(0.1, [(1.0, 3.0), (2.0, 3.0)]), (0.2, [(0.5, 3.0)])])
+    two = sweep(5.0, [(0.2, [(0.75, 3.0)]), (0.1, [(1.0, 2.0), (2.0, 4.0)])])  # same work, other order
+    for name, r in (("one", one), ("two", two)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    pair = sweep_report.speedup(str(tmp_path / "one.json"), str(tmp_path / "two.json"))
+    assert pair["same_work"] and pair["folds_a"] == pair["folds_b"] == 3
+    assert pair["speedup"] == pytest.approx(2.0) and pair["val_sharpe_max_abs_diff"] == pytest.approx(0.25)
+    assert pair["work_rate_a"] == pytest.approx(0.9) and pair["work_rate_b"] == pytest.approx(1.8)
+    assert pair["work_rate_speedup"] == pytest.approx(2.0)
+    two["trials"][0]["folds"].append({"val": {"sharpe": 0.0}, "timings": {"fold_time_s": 1.0}})
+    (tmp_path / "two.json").write_text(json.dumps(two))
+    assert not sweep_report.speedup(str(tmp_path / "one.json"), str(tmp_path / "two.json"))["same_work"]

@@ -91,6 +91,15 @@ def check_complete_sweep(tmp_path, n_trials):
     return results
 
 
+def sweep_report():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweep_report", Path(__file__).parents[1] / "scripts/sweep_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
 def test_sweep_on_logical_gpus(tmp_path):
     exp, env = setup(tmp_path, trials=4)
@@ -121,12 +130,7 @@ def test_sweep_on_logical_gpus(tmp_path):
     for w in workers:  # the start-up steps of each worker, in order, before its warmup
         steps = [w["timeline"][k] for k in ("init", "imported", "loaded")]
         assert steps == sorted(steps) and steps[-1] <= w["calls"][0][0]
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sweep_report", Path(__file__).parents[1] / "scripts/sweep_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
-    split = report.report(str(tmp_path / "out.json"))
+    split = sweep_report().report(str(tmp_path / "out.json"))
     shares = [split[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
     assert sum(shares) == pytest.approx(1.0) and split["training_share"] > 0
     assert {"t_tune_started", "t_mlflow_ready", "t_worker_loaded", "t_workers_warm"} <= split.keys()
@@ -159,6 +163,33 @@ def test_asha_stops_waste_no_fold(tmp_path):
     assert len(calls) == sum(done)  # every fold a worker started was one a trial reported
     parents, children, _ = store(tmp_path)
     assert len(parents) == 1 and len(children) == 8
+    # --same-trials: the same 8 configs again, each for the folds it trained above (no ASHA),
+    # enqueued in the order they started; on the CPU every fold gives the same val Sharpe
+    out = cli(["--experiment", exp, "--num-cpus", 2, "--same-trials", "out.json", "--storage", "again",
+               "--json", "again.json"], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "CPU profile: 8 trials x 3 folds" in out.stdout and "-- the trials of " in out.stdout
+    assert f"/{sum(done)} folds " in out.stdout  # the progress line counts the folds it will train
+    again = json.loads((tmp_path / "again.json").read_text())
+
+    def per_config(res):
+        return {json.dumps(t["sampled"], sort_keys=True): [f["val"]["sharpe"] for f in t["folds"]]
+                for t in res["trials"]}
+
+    assert per_config(again) == per_config(results) and len(per_config(again)) == 8
+    pair = sweep_report().speedup(str(tmp_path / "out.json"), str(tmp_path / "again.json"))
+    assert pair["same_work"] and pair["folds_a"] == pair["folds_b"] == sum(done)
+    assert pair["val_sharpe_max_abs_diff"] == 0.0 and pair["speedup"] > 0
+    from fxray.tuner import read_same_trials
+
+    started = [sampled for sampled, _ in read_same_trials(str(tmp_path / "out.json"))["trials"]]
+    replayed = optuna.load_study(study_name="fxray", storage=f"sqlite:///{tmp_path / 'again/optuna.db'}")
+    assert [t.params for t in replayed.trials] == started
+    calls = [c for w in again["workers"] for c in w["calls"] if c[4] != "warmup"]
+    assert len(calls) == sum(done) and [c[4] for c in calls].count("cancelled") == 0
+    assert again["rounds"][0]["same_trials"]["from"] == str(tmp_path / "out.json")
+    parents, children, _ = store(tmp_path)
+    assert len(parents) == 2 and len(children) == 16
 
 
 @pytest.mark.slow
@@ -273,6 +304,26 @@ BAD = {
                                 "--num-cpus/--num-gpus size a local Ray"),
     "bad flag": (["--experiment", "tiny.yaml", "--trials", "0"], "argument --trials: 0 must be >= 1"),
     "MLflow folder missing": (["--experiment", "tiny.yaml"], "is not a writable folder"),
+    "same trials: no file": (["--experiment", "tiny.yaml", "--same-trials", "nope.json"],
+                             "--same-trials nope.json: no such file"),
+    "same trials: not results": (["--experiment", "tiny.yaml", "--same-trials", "tiny.yaml"],
+                                 "--same-trials tiny.yaml: not a sweep's results.json"),
+    "same trials: other data": (["--experiment", "tiny.yaml", "--same-trials", "other-data.json"],
+                                "ran on other data"),
+    "same trials: other folds": (["--experiment", "tiny.yaml", "--same-trials", "other-folds.json"],
+                                 "not the same folds as t here (cpu profile): pass the --experiment it ran"),
+    "same trials: other config": (["--experiment", "tiny.yaml", "--same-trials", "other-config.json"],
+                                  "not the same dqn config as t here"),
+    "same trials: two rounds": (["--experiment", "tiny.yaml", "--same-trials", "two-rounds.json"],
+                                "that sweep ran 2 rounds"),
+    "same trials and --trials": (["--experiment", "tiny.yaml", "--same-trials", "same.json", "--trials", "3"],
+                                 "--trials 3: --same-trials runs the trials of same.json (1); drop --trials"),
+    "same trials into a sweep": (["--experiment", "tiny.yaml", "--same-trials", "same.json", "--storage", "old"],
+                                 "--same-trials starts a new sweep and "),
+    "same trials on resume": (["--same-trials", "same.json", "--storage", "old", "--resume"],
+                              "--same-trials: drop it with --resume"),
+    "same trials, other profile": (["--experiment", "tiny.yaml", "--same-trials", "same.json", "--profile", "gpu"],
+                                   "same.json ran the cpu profile; drop --profile"),
 }
 
 
@@ -284,7 +335,34 @@ def bad_inputs(tmp_path):
     (tmp_path / "junk.fxcache").write_bytes(b"not arrow" * 100)
     if not (tmp_path / "short.fxcache").exists():
         to_cache(SynthSpec(n_bars=3000, seed=0), tmp_path / "short.fxcache")
+    same_trials_files(tmp_path, exp)
     return env
+
+
+def same_trials_files(tmp_path, exp):
+    """--same-trials inputs: a one-trial results.json that matches tiny.yaml (same.json)
+    and copies that differ from it in one thing each."""
+    from fxray import cache, experiment
+    from fxray.folds import make_folds
+
+    data = tmp_path / "t20k.fxcache"
+    if not data.exists():
+        to_cache(SynthSpec(n_bars=20000, seed=0), data)
+    market, e = cache.open(data), experiment.load(exp, "cpu")
+    same = {"profile": "cpu", "rounds": [{"seed": 0}], "base_config": e.dqn.as_dict(),
+            "data": {"path": str(data), "content_hash": market.content_hash},
+            "folds": [f.as_dict() for f in make_folds(market.ts, e.folds)],
+            "trials": [{"trial_id": "a", "sampled": {"lr": 1e-3, "gamma": 0.9}, "folds_done": 1,
+                        "folds": [{"timings": {"trial_start": 1.0}}]}]}
+    variants = {"same": {}, "other-data": {"data": {**same["data"], "content_hash": "0" * 16}},
+                "other-folds": {"folds": same["folds"][:1]},
+                "other-config": {"base_config": {**same["base_config"], "epochs": 3}},
+                "two-rounds": {"rounds": [{"seed": 0}, {"seed": 1}]}}
+    for name, change in variants.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**same, **change}))
+    (tmp_path / "old").mkdir(exist_ok=True)  # a finished sweep's run directory
+    (tmp_path / "old/experiment.yaml").write_text(exp.read_text())
+    (tmp_path / "old/sweep.json").write_text(json.dumps({"rounds": [{"done": True}]}))
 
 
 def assert_nothing_written(tmp_path):
