@@ -32,7 +32,7 @@ import ray
 from ray.tune import Callback
 
 from fxray.mlruns import sweep_tracker
-from fxray.workers import pool_name
+from fxray.leases import pool_name
 
 class MlflowCallback(Callback):
     """Tune callback in the driver: per-fold metrics into the trial's child run, logged

@@ -1,7 +1,7 @@
 """What runs in a Tune trial process: walk one config's folds on a leased FoldWorker.
 
 No torch, no CUDA, no MLflow here: a trial only sends (config, fold, seed) to the
-worker it leased (fxray.workers) and reports each fold to Tune. The folds are cut
+worker it leased (fxray.leases) and reports each fold to Tune. The folds are cut
 into segments at the reports ASHA can act on (`asha_stops`): inside a segment the
 next fold is queued on the worker while the last one is reported; before a
 segment's last report the worker goes back to the pool, so a trial that ASHA stops
@@ -24,7 +24,8 @@ import numpy as np
 from ray import tune
 
 from fxray.config import DQNConfig
-from fxray.workers import Workers, fold_record
+from fxray.leases import Workers
+from fxray.workers import fold_record
 
 
 def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
@@ -47,7 +48,8 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
     worker = None  # after a rung ASHA let us pass, lease the same worker again if it is free
     for segment in segments(folds[len(done):], len(done), job["stops"]):
         with workers.lease(trial_id, prefer=worker) as worker, \
-                contextlib.closing(workers.run_folds(worker, cfg, segment, job["seed"], checkpoint_dir)) as results:
+                contextlib.closing(workers.run_folds(worker, cfg, segment, job["seed"], checkpoint_dir,
+                                                     owner=trial_id)) as results:
             for result in results:
                 if results.consumed == len(segment):  # nothing queued after this: free the worker first
                     workers.release(trial_id)

@@ -35,7 +35,7 @@ from fxray.config import ConfigError
 from fxray.folds import FoldError
 from fxray.tuner import (MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, close_orphans, debug_log, ended_trials,
                          make_tuner, read_same_trials)
-from fxray.workers import Workers, pool_name
+from fxray.leases import Workers, pool_name
 
 IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
 

@@ -14,7 +14,7 @@ from ray import tune
 
 from fxray.cluster import trial_resources
 from fxray.trial import asha_stops, config_key, fold_trial
-from fxray.workers import Workers
+from fxray.leases import Workers
 
 STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
 

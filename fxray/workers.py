@@ -8,36 +8,29 @@
 
 A FoldWorker `ray.get`s the arrays once (zero-copy, read-only) and uploads them
 into one DeviceData for its whole life; it caches a Trainer per config, so the
-folds of a trial reuse networks, replay and the captured CUDA graph. A FoldStream
-keeps the next fold queued on its worker while the trial reports the last one, so
-the device does not wait for Tune's round trip (fxray.trial stops queueing at ASHA's
-rungs); closing it cancels what it queued (the running fold ends at its next step,
-status "cancelled"). Trials never
-import torch nor touch CUDA (a 0-GPU Ray process can see every GPU). A worker
-that dies is restarted by Ray and reloads from the object store; the trial that
-was using it retries its fold there.
+folds of a trial reuse networks, replay and the captured CUDA graph. Trials reach
+the workers through fxray.leases (the pool of leases, and the stream of a trial's
+folds on them); they never import torch nor touch CUDA (a 0-GPU Ray process can see
+every GPU). A worker that dies is restarted by Ray and reloads from the object
+store; the trial that was using it retries its fold there.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import math
 import os
 import time
-import uuid
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError
 
 from fxray.cluster import check_object_store
+from fxray.leases import WorkerPool, Workers
 
-FOLD_RETRIES = 3       # fold calls lost to a dead worker before the trial gives up
 TRAINER_CACHE = 2      # Trainers (networks + replay + graph) a worker keeps, most recent first
 
 
@@ -208,132 +201,6 @@ class FoldWorker:
                 "node": ray.get_runtime_context().get_node_id()}
 
 
-# --- leases --------------------------------------------------------------------------
-
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
-class WorkerPool:
-    """Hands idle worker indices to trials; one owner (a trial id) per worker at a time.
-
-    If it dies (e.g. an OOM kill) it restarts empty: trials holding a lease keep using
-    their worker, and for a while two trials may share one (their calls serialise on
-    the actor: slower, still correct)."""
-
-    def __init__(self, n_workers: int):
-        import asyncio
-
-        self.owner: list[str | None] = [None] * n_workers
-        self.changed = asyncio.Condition()
-
-    async def acquire(self, owner: str, prefer: int | None = None) -> int:
-        """The index of a worker now leased to `owner`; waits while all are busy.
-        `prefer` (the worker the owner used last: its Trainer is there) wins if idle."""
-        async with self.changed:
-            while True:
-                if owner in self.owner:  # a retried call from the same trial keeps its worker
-                    return self.owner.index(owner)
-                if None in self.owner:
-                    mine = prefer is not None and 0 <= prefer < len(self.owner) and self.owner[prefer] is None
-                    i = prefer if mine else self.owner.index(None)
-                    self.owner[i] = owner
-                    return i
-                await self.changed.wait()
-
-    async def release(self, owner: str) -> int:
-        """Free every worker `owner` holds (idempotent: trials and the driver both call it)."""
-        async with self.changed:
-            n = 0
-            for i, o in enumerate(self.owner):
-                if o == owner:
-                    self.owner[i], n = None, n + 1
-            self.changed.notify_all()
-            return n
-
-    async def owners(self) -> list:
-        return list(self.owner)
-
-
-@dataclass
-class Workers:
-    """What a trial needs to reach the pool: picklable handles (passed by tune.with_parameters)."""
-
-    pool: object          # WorkerPool handle
-    handles: list         # FoldWorker handles, index = worker id
-    plan: WorkerPlan
-
-    @contextlib.contextmanager
-    def lease(self, owner: str, prefer: int | None = None):
-        """Hold one worker for the duration of the block; released even on ASHA's stop."""
-        index = ray.get(self.pool.acquire.remote(owner, prefer))
-        try:
-            yield index
-        finally:
-            self.release(owner)
-
-    def release(self, owner: str) -> None:
-        """Return `owner`'s worker to the pool (idempotent; a trial may do it before its block ends)."""
-        with contextlib.suppress(Exception):
-            ray.get(self.pool.release.remote(owner), timeout=30)
-
-    def train_fold(self, index: int, config: dict, fold: dict, seed: int, checkpoint_dir=None) -> dict:
-        """Run one fold on worker `index` (see run_folds)."""
-        return next(self.run_folds(index, config, [fold], seed, checkpoint_dir))
-
-    def run_folds(self, index: int, config: dict, folds: list, seed: int, checkpoint_dir=None) -> "FoldStream":
-        """The folds' results in order, the next fold always queued on the worker (see FoldStream)."""
-        return FoldStream(self.handles[index], config, folds, seed, checkpoint_dir)
-
-    def stats(self, timeout: float = 60) -> list[dict]:
-        return ray.get([h.stats.remote() for h in self.handles], timeout=timeout)
-
-
-class FoldStream:
-    """Iterate the results of `folds` on one worker, in order, while the worker is kept
-    one fold ahead: the next fold is queued before this one is handed over, so the
-    device does not wait for the caller's round trip (a trial's tune.report).
-
-    Submits the first two folds at once. If the worker died, Ray restarts it and the
-    fold is submitted again. `close()` (a trial stopped inside tune.report closes it
-    via contextlib.closing) cancels what is still queued: the running fold ends at its
-    next step, so the worker is free for the next trial."""
-
-    def __init__(self, handle, config: dict, folds: list, seed: int, checkpoint_dir=None):
-        self.handle, self.folds, self.token = handle, list(folds), uuid.uuid4().hex
-        self.args = (config, seed, checkpoint_dir)
-        self.queued = [self._submit(f) for f in self.folds[:2]]
-        self.consumed = 0
-
-    def _submit(self, fold: dict):
-        config, seed, checkpoint_dir = self.args
-        return self.handle.train_fold.remote(config, fold, seed, checkpoint_dir, self.token)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict:
-        i = self.consumed
-        if i >= len(self.folds):
-            raise StopIteration
-        for attempt in range(FOLD_RETRIES + 1):
-            try:
-                result = ray.get(self.queued[i])
-                break
-            except RayActorError:
-                if attempt == FOLD_RETRIES:
-                    raise
-                time.sleep(1.0 + attempt)  # give Ray time to restart the actor
-                self.queued[i] = self._submit(self.folds[i])
-        self.consumed = i + 1
-        if i + 2 < len(self.folds):
-            self.queued.append(self._submit(self.folds[i + 2]))
-        return result
-
-    def close(self) -> None:
-        if len(self.queued) > self.consumed:
-            with contextlib.suppress(Exception):
-                self.handle.cancel.remote(self.token)
-            self.queued = self.queued[:self.consumed]
-
-
 METRIC_KEYS = ("sharpe", "sortino", "max_drawdown", "calmar", "total_return", "turnover",
                "n_trades", "hit_rate", "n_days")
 
@@ -352,11 +219,6 @@ def fold_record(r: dict) -> dict:
         for k in METRIC_KEYS:
             rec[f"{window}_{k}"] = float(r[window].get(k, 0.0))
     return rec
-
-
-def pool_name(storage) -> str:
-    """The WorkerPool's actor name: one per run directory, found again by the callbacks."""
-    return "fxray-pool-" + hashlib.sha1(str(storage).encode()).hexdigest()[:10]
 
 
 def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: str | None = None,

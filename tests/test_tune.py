@@ -193,6 +193,25 @@ def test_asha_stops_waste_no_fold(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_lone_trial_spreads_its_folds_over_the_idle_workers(tmp_path):
+    """One trial, 3 folds, no ASHA rung before the last: the trial leases one worker,
+    queues two folds there and borrows the idle one for the third."""
+    exp, env = setup(tmp_path, trials=1, folds=3, grace=3, bars=26000)
+    out = cli(["--experiment", exp, "--num-cpus", 2, "--json", "out.json"], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())
+    (trial,) = results["trials"]
+    assert [f["fold"] for f in trial["folds"]] == [0, 1, 2]
+    assert len({f["worker"] for f in trial["folds"]}) == 2
+    calls = [c for w in results["workers"] for c in w["calls"] if c[4] != "warmup"]
+    assert sorted(c[3] for c in calls) == [0, 1, 2] and all(c[4] == "ok" for c in calls)
+    parents, (child,), client = store(tmp_path)  # each fold reached MLflow once, in order
+    history = client.get_metric_history(child.info.run_id, "val_sharpe")
+    assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == \
+        [(f["fold"], f["val"]["sharpe"]) for f in trial["folds"]]
+
+
+@pytest.mark.slow
 def test_worker_crash_then_extend(tmp_path):
     exp, env = setup(tmp_path, trials=3)
     env["FXRAY_FAULT_WORKER_EXIT"] = "0:2"  # worker 0 exits hard in the middle of its 2nd fold

@@ -161,6 +161,53 @@ def test_closing_run_folds_cancels_what_it_queued(pool):
     assert after["status"] == "ok"
 
 
+def test_an_idle_worker_can_be_borrowed_unless_a_trial_needs_it(pool):
+    workers, _, _, _ = pool
+    assert ray.get(workers.pool.acquire.remote("trial-a")) == 0
+    assert ray.get(workers.pool.try_acquire.remote("trial-a+1")) == 1  # idle, nobody waits
+    assert ray.get(workers.pool.try_acquire.remote("trial-b+1")) is None  # none idle: no wait either
+    waiting = workers.pool.acquire.remote("trial-c")
+    assert ray.get(workers.pool.release.remote("trial-a")) == 2  # the lease and what it borrowed
+    assert ray.get(waiting, timeout=10) == 0
+    assert ray.get(workers.pool.owners.remote()) == ["trial-c", None]
+    ray.get(workers.pool.release.remote("trial-c"))
+
+
+def test_a_stream_borrows_an_idle_worker_and_gives_it_back(pool):
+    workers, _, folds, _ = pool
+    config, four = {**TINY, "lr": 6e-4}, folds * 2
+    with workers.lease("trial-s") as index:
+        plain = [workers.train_fold(index, config, f, seed=4) for f in four]
+        spread = list(workers.run_folds(index, config, four, seed=4, owner="trial-s"))
+        owners = ray.get(workers.pool.owners.remote())
+    # folds 1-2 on the lease, 3-4 on the idle worker, given back when done; results in order
+    assert [r["worker"] for r in spread] == [index, index, 1 - index, 1 - index]
+    assert owners[index] == "trial-s" and owners[1 - index] is None
+    for a, b in zip(plain, spread):  # a fold does not care where it ran
+        assert a["fold"] == b["fold"] and a["val"] == b["val"] and a["test"] == b["test"]
+    # with the other worker leased, nothing is borrowed
+    with workers.lease("trial-o"), workers.lease("trial-t") as index:
+        alone = list(workers.run_folds(index, config, four, seed=4, owner="trial-t"))
+    assert [r["worker"] for r in alone] == [index] * 4
+    assert [r["val"] for r in alone] == [r["val"] for r in plain]
+
+
+def test_closing_a_stream_cancels_on_the_borrowed_worker_and_gives_it_back(pool):
+    workers, _, folds, _ = pool
+    long = {**TINY, "epochs": 400, "patience": 1000, "lr": 8e-4}  # minutes if not cancelled
+    with workers.lease("trial-b") as index:
+        n0 = [len(s["calls"]) for s in workers.stats()]
+        results = workers.run_folds(index, long, folds * 2, seed=3, owner="trial-b")
+        wait_for(lambda: all(s["running"] for s in workers.stats()))  # both workers train it
+        assert ray.get(workers.pool.owners.remote())[1 - index].startswith("trial-b+")
+        results.close()
+        stats = wait_for(lambda: (lambda s: s if [len(x["calls"]) for x in s] == [n + 2 for n in n0]
+                                  else None)(workers.stats()))
+        assert ray.get(workers.pool.owners.remote())[1 - index] is None
+    for s, n in zip(stats, n0):
+        assert [c[4] for c in s["calls"][n:]] == ["cancelled", "cancelled"] and s["running"] is None
+
+
 def test_plan_counts_the_trials_in_flight():
     plan = plan_workers({"CPU": 2.0}, cpu_per_trial=0.25, trials_per_worker=2)
     assert (plan.n_workers, plan.n_trials) == (2, 4)
