@@ -4,6 +4,7 @@
     python -m fxray.tune --experiment experiments/smoke.yaml           # tiny, < 2 min on a CPU
     python -m fxray.tune --experiment experiments/X.yaml --data X.fxcache --address auto
     python -m fxray.tune --resume                                      # finish an interrupted sweep
+    python -m fxray.tune --same-trials runs/default/results.json --storage runs/again   # same work again
 
 Each trial is a plain function (fxray/trial.py) that walks the folds in time order on a
 leased FoldWorker and calls `tune.report` after each fold; the objective is the running
@@ -33,9 +34,9 @@ from fxray.cache import CacheError
 from fxray.cluster import ObjectStoreError
 from fxray.config import ConfigError
 from fxray.folds import FoldError
+from fxray.leases import Workers, pool_name
 from fxray.tuner import (MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, close_orphans, debug_log, ended_trials,
                          make_tuner, read_same_trials)
-from fxray.leases import Workers, pool_name
 
 IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
 
@@ -392,8 +393,9 @@ def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path,
         name = "tune" if not round_names else f"tune-{len(round_names) + 1}"
         sweep["rounds"].append({"name": name, "trials": exp.sweep.trials, "seed": exp.sweep.seed,
                                 "done": False, "started": time.time()})
-        if same:
+        if same:  # the parent run says so too (its tags are the sweep's: the first round's)
             sweep["rounds"][-1]["same_trials"] = {"from": same["from"], "trials": same["trials"]}
+            sweep["mlflow"]["tags"].setdefault("fxray.same_trials", same["from"])
     write_sweep(storage, sweep)
     return sweep
 

@@ -190,6 +190,7 @@ def test_asha_stops_waste_no_fold(tmp_path):
     assert again["rounds"][0]["same_trials"]["from"] == str(tmp_path / "out.json")
     parents, children, _ = store(tmp_path)
     assert len(parents) == 2 and len(children) == 16
+    assert sorted(p.data.tags.get("fxray.same_trials", "") for p in parents) == ["", str(tmp_path / "out.json")]
 
 
 @pytest.mark.slow
