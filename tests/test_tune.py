@@ -299,6 +299,33 @@ def test_interrupt_then_resume(tmp_path):
     assert folds.read_text().count("\n") == 4 * 2
 
 
+@pytest.mark.slow
+def test_same_trials_interrupted_then_resumed(tmp_path):
+    """A --same-trials sweep stopped by Ctrl+C resumes with what it started with: the
+    given configs, each for its given folds, none trained twice."""
+    exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
+    given = [({"lr": 1e-3, "gamma": 0.9}, 2), ({"lr": 2e-4, "gamma": 0.85}, 1),
+             ({"lr": 5e-4, "gamma": 0.95}, 2), ({"lr": 3e-3, "gamma": 0.8}, 1)]
+    (tmp_path / "given.json").write_text(json.dumps(hand_made_results(tmp_path, exp, given)))
+    cmd = [sys.executable, "-m", "fxray.tune", "--experiment", str(exp), "--num-cpus", "2",
+           "--same-trials", "given.json"]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folds = tmp_path / "runs/t/folds.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (folds.exists() and folds.read_text().count("\n") >= 1):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    out = cli(["--storage", "runs/t", "--num-cpus", 2, "--resume", "--json", "out.json"], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())
+    assert sorted((json.dumps(t["sampled"], sort_keys=True), t["folds_done"]) for t in results["trials"]) == \
+        sorted((json.dumps(c, sort_keys=True), n) for c, n in given)
+    assert folds.read_text().count("\n") == 6  # every given fold once
+    assert [t.state.name for t in study(tmp_path).trials] == ["COMPLETE"] * 4
+
+
 def test_close_orphans(tmp_path):
     """A trial asked after Tune's last snapshot (a hard kill) is closed, the others kept."""
     from fxray.tuner import STUDY, close_orphans
@@ -359,9 +386,9 @@ def bad_inputs(tmp_path):
     return env
 
 
-def same_trials_files(tmp_path, exp):
-    """--same-trials inputs: a one-trial results.json that matches tiny.yaml (same.json)
-    and copies that differ from it in one thing each."""
+def hand_made_results(tmp_path, exp, trials) -> dict:
+    """A results.json as a finished sweep of `exp` on a 20k-bar market would write it, with
+    `trials` = [(sampled config, folds done)], started in that order: what --same-trials reads."""
     from fxray import cache, experiment
     from fxray.folds import make_folds
 
@@ -369,11 +396,18 @@ def same_trials_files(tmp_path, exp):
     if not data.exists():
         to_cache(SynthSpec(n_bars=20000, seed=0), data)
     market, e = cache.open(data), experiment.load(exp, "cpu")
-    same = {"profile": "cpu", "rounds": [{"seed": 0}], "base_config": e.dqn.as_dict(),
+    return {"profile": "cpu", "rounds": [{"seed": 0}], "base_config": e.dqn.as_dict(),
             "data": {"path": str(data), "content_hash": market.content_hash},
             "folds": [f.as_dict() for f in make_folds(market.ts, e.folds)],
-            "trials": [{"trial_id": "a", "sampled": {"lr": 1e-3, "gamma": 0.9}, "folds_done": 1,
-                        "folds": [{"timings": {"trial_start": 1.0}}]}]}
+            "trials": [{"trial_id": f"t{i}", "sampled": sampled, "folds_done": n,
+                        "folds": [{"timings": {"trial_start": float(i)}}] * n}
+                       for i, (sampled, n) in enumerate(trials)]}
+
+
+def same_trials_files(tmp_path, exp):
+    """--same-trials inputs: a one-trial results.json that matches tiny.yaml (same.json)
+    and copies that differ from it in one thing each."""
+    same = hand_made_results(tmp_path, exp, [({"lr": 1e-3, "gamma": 0.9}, 1)])
     variants = {"same": {}, "other-data": {"data": {**same["data"], "content_hash": "0" * 16}},
                 "other-folds": {"folds": same["folds"][:1]},
                 "other-config": {"base_config": {**same["base_config"], "epochs": 3}},
