@@ -136,14 +136,17 @@ def main(argv=None) -> int:
         if len(argv) != 3:
             print("usage: sweep_report.py --speedup A.json B.json", file=sys.stderr)
             return 2
-        for k, v in speedup(argv[1], argv[2]).items():
-            print(f"  {k:<30} {v:.3f}" if isinstance(v, float) else f"  {k:<30} {v}")
+        print_rows(speedup(argv[1], argv[2]))
         return 0
     for row in (report(p) for p in argv):
         print(row.pop("path"))
-        for k, v in row.items():
-            print(f"  {k:<30} {v:.3f}" if isinstance(v, float) else f"  {k:<30} {v}")
+        print_rows(row)
     return 0
+
+
+def print_rows(row: dict) -> None:
+    for k, v in row.items():
+        print(f"  {k:<30} {v:.3f}" if isinstance(v, float) else f"  {k:<30} {v}")
 
 
 if __name__ == "__main__":

@@ -274,19 +274,27 @@ def test_an_mlflow_server_that_cannot_be_reached_stops_the_sweep_before_tune(tmp
     assert not (tmp_path / "runs/t/folds.jsonl").exists()
 
 
-@pytest.mark.slow
-def test_interrupt_then_resume(tmp_path):
-    exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
-    cmd = [sys.executable, "-m", "fxray.tune", "--experiment", str(exp), "--num-cpus", "2"]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    folds = tmp_path / "runs/t/folds.jsonl"
+def interrupt_after_a_fold(args, env, cwd) -> str:
+    """Run the CLI, press Ctrl+C once its first fold is in folds.jsonl (Tune saves its
+    state and stops); check it exited 130 and return its stderr."""
+    cmd = [sys.executable, "-m", "fxray.tune", *map(str, args)]
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folds = cwd / "runs/t/folds.jsonl"
     deadline = time.time() + 180
     while time.time() < deadline and not (folds.exists() and folds.read_text().count("\n") >= 1):
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)  # Ctrl+C: Tune saves its state and stops
+    proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
+    return err
+
+
+@pytest.mark.slow
+def test_interrupt_then_resume(tmp_path):
+    exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
+    err = interrupt_after_a_fold(["--experiment", exp, "--num-cpus", 2], env, tmp_path)
     assert "--resume" in err
+    folds = tmp_path / "runs/t/folds.jsonl"
     sweep = json.loads((tmp_path / "runs/t/sweep.json").read_text())
     assert not sweep["rounds"][-1]["done"]
     again = cli(["--experiment", exp], env, tmp_path)  # not resumed: refused, nothing touched
@@ -307,16 +315,8 @@ def test_same_trials_interrupted_then_resumed(tmp_path):
     given = [({"lr": 1e-3, "gamma": 0.9}, 2), ({"lr": 2e-4, "gamma": 0.85}, 1),
              ({"lr": 5e-4, "gamma": 0.95}, 2), ({"lr": 3e-3, "gamma": 0.8}, 1)]
     (tmp_path / "given.json").write_text(json.dumps(hand_made_results(tmp_path, exp, given)))
-    cmd = [sys.executable, "-m", "fxray.tune", "--experiment", str(exp), "--num-cpus", "2",
-           "--same-trials", "given.json"]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    interrupt_after_a_fold(["--experiment", exp, "--num-cpus", 2, "--same-trials", "given.json"], env, tmp_path)
     folds = tmp_path / "runs/t/folds.jsonl"
-    deadline = time.time() + 180
-    while time.time() < deadline and not (folds.exists() and folds.read_text().count("\n") >= 1):
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
     out = cli(["--storage", "runs/t", "--num-cpus", 2, "--resume", "--json", "out.json"], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "out.json").read_text())
