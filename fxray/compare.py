@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fxray import metrics
+from fxray.eval import metrics
 
 PER_FOLD = ("val_sharpe", "test_sharpe", "bh_test_sharpe", "test_turnover")  # best trial, step = fold
 RETURNS_DIR = "test_daily_returns"  # child-run artifacts fold<k>.json, logged by fxray.tracking
@@ -319,7 +319,7 @@ def importance(exp: dict) -> dict:
 def search_space(client, parent, trials: list, dst: Path) -> dict:
     """Optuna distributions of the searched params: from the sweep's experiment.yaml artifact,
     else inferred from the values the trials logged (linear ranges, categories)."""
-    from fxray import experiment as expmod
+    from fxray.rl import experiment as expmod
 
     if any(a.path == "experiment.yaml" for a in client.list_artifacts(parent.info.run_id)):
         dst.mkdir(parents=True)

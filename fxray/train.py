@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fxray import cache
-from fxray.config import DQNConfig
-from fxray.device import DeviceData
-from fxray.folds import Fold, make_folds
-from fxray.trainer import Trainer
+from fxray.data import cache
+from fxray.rl.config import config_class, make_config
+from fxray.rl.device import DeviceData
+from fxray.data.folds import Fold, make_folds
+from fxray.rl.trainer import Trainer
 
 
 def resolve_device(name: str) -> str:
@@ -71,12 +71,12 @@ def parse_folds(text: str | None, n: int) -> list[int]:
 
 
 def load_setup(args):
-    """(market path, FoldSpec, DQNConfig, experiment name) from the CLI and the experiment file.
+    """(market path, FoldSpec, config, experiment name) from the CLI and the experiment file.
 
     The experiment's `cpu:` profile applies when training on the CPU, as in the sweep.
     """
-    from fxray import experiment as exp_mod
-    from fxray import synth
+    from fxray.rl import experiment as exp_mod
+    from fxray.data import synth
 
     file = args.experiment or exp_mod.default_experiment()
     profile = "cpu" if args.device == "cpu" else "gpu"
@@ -85,7 +85,7 @@ def load_setup(args):
     sets = parse_sets(args.set or [])
     if args.epochs is not None:
         sets["epochs"] = args.epochs
-    cfg = DQNConfig.from_dict({**exp.dqn.as_dict(), **sets}, where="--set")
+    cfg = make_config({**exp.config.as_dict(), **sets}, where="--set")
     data_path = args.data or exp.data_path or synth.ensure_default(exp.synth, log=print)
     return data_path, exp.folds, cfg, f"{exp.name} ({profile} profile)"
 
@@ -195,13 +195,14 @@ def sweep_data_path(storage: str | None) -> str | None:
     return json.loads(sweep.read_text())["data"]["path"] if sweep and sweep.exists() else None
 
 
-def config_from_params(params: dict, run_id: str) -> DQNConfig:
-    """The DQNConfig a trial logged as MLflow params (strings), with its exact Python types:
+def config_from_params(params: dict, run_id: str):
+    """The config a trial logged as MLflow params (strings), with its exact Python types:
     str(float) round-trips bit for bit; an int given to a float field stays an int."""
-    types = {f.name: f.type for f in dataclasses.fields(DQNConfig)}  # "int", "float", "bool", "str"
+    cls = config_class(params.get("algo", "dqn"))
+    types = {f.name: f.type for f in dataclasses.fields(cls)}  # "int", "float", "bool", "str"
     values = {}
     for key, text in params.items():
-        kind = types.get(key, "str")  # an unknown key: DQNConfig.from_dict names it
+        kind = types.get(key, "str")  # an unknown key: from_dict names it
         try:
             if kind == "bool":
                 if text.lower() not in ("true", "false"):
@@ -213,7 +214,7 @@ def config_from_params(params: dict, run_id: str) -> DQNConfig:
                 values[key] = float(text) if kind == "float" else text
         except ValueError:
             raise ValueError(f"--from-run {run_id}: param {key}={text!r} is not a valid {kind}") from None
-    return DQNConfig.from_dict(values, where=f"--from-run {run_id}: params")
+    return cls.from_dict(values, where=f"--from-run {run_id}: params")
 
 
 def check_reproduced(run_id: str, logged: dict, results: list[dict], tolerance: float) -> dict:
@@ -250,7 +251,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--seed", type=int, help="fold k trains with seed + k (default 0; with --from-run: "
                    "the run's seed, used for every fold as in the sweep)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a DQNConfig field")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (fxray/rl/config.py)")
     p.add_argument("--synth-bars", type=int, help="size of the synthetic market when no --data")
     p.add_argument("--checkpoint-dir", type=Path, help="write each fold's best weights here (safetensors + JSON)")
     p.add_argument("--json", type=Path, help="write per-fold metrics, config and timings as JSON")

@@ -29,11 +29,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fxray import cache  # noqa: E402
-from fxray.config import DQNConfig  # noqa: E402
-from fxray.device import DeviceData  # noqa: E402
-from fxray.folds import Fold  # noqa: E402
-from fxray.trainer import Trainer  # noqa: E402
+from fxray.data import cache  # noqa: E402
+from fxray.rl.config import DQNConfig  # noqa: E402
+from fxray.rl.device import DeviceData  # noqa: E402
+from fxray.data.folds import Fold  # noqa: E402
+from fxray.rl.trainer import Trainer  # noqa: E402
 
 SB3_ENV_STEPS_S = 9.1e3        # Stable-Baselines3 DQN, same problem, same H200 (issue 3)
 SB3_GRAD_SAMPLES_S = 1.13e6
@@ -49,8 +49,8 @@ def best_of(fn, repeat=5):
 
 
 def bench_data(args, rows, tmp: Path) -> Path:
-    from fxray.features import compute_features
-    from fxray.synth import SynthSpec, simulate, to_cache
+    from fxray.data.features import compute_features
+    from fxray.data.synth import SynthSpec, simulate, to_cache
 
     t0 = time.perf_counter()
     m = simulate(SynthSpec(n_bars=1_000_000, seed=0))
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
         if "data" in sections:
             path = bench_data(args, rows, Path(tmp))
         if path is None:
-            from fxray.synth import SynthSpec, to_cache
+            from fxray.data.synth import SynthSpec, to_cache
 
             path = Path(tmp) / "bench.fxcache"
             to_cache(SynthSpec(n_bars=args.bars, seed=0), path)

@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from fxray.book import bars_from_trades, load_book, load_trades, ofi_features
+from fxray.book.reader import bars_from_trades, load_book, load_trades, ofi_features
 
 SHARED = Path(os.environ.get("FXRAY_SHARED_DATA",
                              Path(__file__).resolve().parents[2] / "shared" / "data"))

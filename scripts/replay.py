@@ -50,11 +50,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)  # as a FoldWorker (its torch_threads)
     torch.zeros(1, device=device).add_(1).cpu()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fxray import cache
-    from fxray.config import DQNConfig
-    from fxray.device import DeviceData, host_arrays
-    from fxray.folds import Fold
-    from fxray.trainer import Trainer
+    from fxray.data import cache
+    from fxray.rl.config import make_config
+    from fxray.rl.device import DeviceData, host_arrays
+    from fxray.data.folds import Fold
+    from fxray.rl.trainer import Trainer
 
     market = cache.open(res["data"]["path"])
     if market.content_hash != res["data"]["content_hash"]:
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     tol = 0.0 if device == "cpu" else 1e-3
     with tempfile.TemporaryDirectory() as ckpt:
         for trial in res["trials"]:
-            trainer = Trainer(data, DQNConfig.from_dict(trial["config"]))
+            trainer = Trainer(data, make_config(trial["config"]))
             for rec in trial["folds"]:
                 t = time.time()
                 out = trainer.run_fold(folds[rec["fold"]], seed, checkpoint_dir=f"{ckpt}/{trial['trial_id']}")

@@ -43,10 +43,12 @@ def main(argv=None) -> int:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fxray import cache, experiment, synth
-    from fxray.device import DeviceData, host_arrays
-    from fxray.folds import Fold, make_folds
-    from fxray.trainer import Trainer
+    from fxray.data import cache
+    from fxray.rl import experiment
+    from fxray.data import synth
+    from fxray.rl.device import DeviceData, host_arrays
+    from fxray.data.folds import Fold, make_folds
+    from fxray.rl.trainer import Trainer
 
     torch.set_num_threads(1)  # as a FoldWorker
     cuda = torch.cuda.is_available()
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
         for i, sampled in enumerate(configs):
             if "lr" in sampled:
                 sampled = {**sampled, "lr": sampled["lr"] * mult}
-            cfg = exp.dqn.replace(num_envs=envs, batch_size=batch, **sampled)
+            cfg = exp.config.replace(num_envs=envs, batch_size=batch, **sampled)
             if not cuda:
                 cfg = cfg.replace(hidden=16, epochs=2, steps_per_epoch=10, buffer_steps=32, episode_len=32)
             trainer = Trainer(data, cfg)

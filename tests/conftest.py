@@ -18,7 +18,7 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="session")
 def synth_cache(tmp_path_factory) -> Path:
     """60k bars (~8 weeks of a 24x5 market) of the planted-signal market, seed 0."""
-    from fxray.synth import SynthSpec, to_cache
+    from fxray.data.synth import SynthSpec, to_cache
 
     path = tmp_path_factory.mktemp("synth") / "synth60k.fxcache"
     to_cache(SynthSpec(n_bars=60_000, seed=0), path)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
-from fxray.trial import asha_stops, segments
+from fxray.sweep.trial import asha_stops, segments
 
 
 @pytest.mark.parametrize("n, grace, rf", [(12, 1, 2), (4, 1, 2), (2, 2, 2), (1, 1, 2), (8, 1, 2), (9, 1, 3),

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from fxray import backtest as bt
-from fxray import metrics
+from fxray.eval import backtest as bt
+from fxray.eval import metrics
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

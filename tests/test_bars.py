@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fxray import cache
-from fxray.bars import Bars, BarsError, DEFAULT_OFI_NAMES, build_cache, load_bars
-from fxray.features import FEATURE_NAMES, MAX_LOOKBACK
+from fxray.data import cache
+from fxray.data.bars import Bars, BarsError, DEFAULT_OFI_NAMES, build_cache, load_bars
+from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK
 
 DATA = SHARED_DATA / "bars"
 SIXE = DATA / "6EH4.XCME_1min_bars_20240101_20240131.csv.gz"

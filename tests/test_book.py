@@ -13,8 +13,9 @@ databento_dbn = pytest.importorskip("databento_dbn")
 pytest.importorskip("numba")
 pytest.importorskip("zstandard")
 
-from fxray import book_dbn, book_engine  # noqa: E402
-from fxray.book import BookSnapshots, BookStream, load_book, load_trades  # noqa: E402
+from fxray.book import dbn as book_dbn  # noqa: E402
+from fxray.book import engine as book_engine
+from fxray.book.reader import BookSnapshots, BookStream, load_book, load_trades  # noqa: E402
 
 ES_DAY = "book/databento/esh4-glbx-mdp3-20231225.mbo.dbn.zst"
 ES_SNAP = "book/databento/esh4-glbx-mdp3-20231224.mbo.dbn.zst"

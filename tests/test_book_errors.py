@@ -11,8 +11,9 @@ pytest.importorskip("databento_dbn")
 pytest.importorskip("numba")
 zstandard = pytest.importorskip("zstandard")
 
-from fxray import book_dbn, cache  # noqa: E402
-from fxray.book import (OFI_NAMES, BookError, bars_from_trades, load_book, load_trades,  # noqa: E402
+from fxray.book import dbn as book_dbn  # noqa: E402
+from fxray.data import cache
+from fxray.book.reader import (OFI_NAMES, BookError, bars_from_trades, load_book, load_trades,  # noqa: E402
                         ofi_features)
 
 ES_DAY = "book/databento/esh4-glbx-mdp3-20231225.mbo.dbn.zst"

@@ -12,10 +12,10 @@ pytest.importorskip("zstandard")
 
 from scipy.special import ndtr  # noqa: E402
 
-from fxray import cache  # noqa: E402
-from fxray.book import (OFI_NAMES, BookSnapshots, OfiParams, Trades, bars_from_trades,  # noqa: E402
+from fxray.data import cache  # noqa: E402
+from fxray.book.reader import (OFI_NAMES, BookSnapshots, OfiParams, Trades, bars_from_trades,  # noqa: E402
                         load_book, load_trades, ofi_features)
-from fxray.book_features import trade_pass, bar_starts  # noqa: E402
+from fxray.book.features import trade_pass, bar_starts  # noqa: E402
 
 ES_DAY = "book/databento/esh4-glbx-mdp3-20231225.mbo.dbn.zst"
 BTC = "book/binance_usdm/btcusdt_20240808.gz"

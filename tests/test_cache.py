@@ -17,8 +17,8 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from fxray import cache
-from fxray.cache import CacheError
+from fxray.data import cache
+from fxray.data.cache import CacheError
 
 FEATURE_NAMES = [f"feat_{i}" for i in range(cache.N_FEATURES)]
 OFI_NAMES = [f"ofi_{i}" for i in range(cache.N_OFI)]

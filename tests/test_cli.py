@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fxray import cache
+from fxray.data import cache
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from scipy import stats
 
-from fxray import compare, train
-from fxray.config import DQNConfig
+from fxray import compare
+from fxray import train
+from fxray.rl.config import DQNConfig
 
 TINY = """\
 name: t
@@ -38,7 +39,8 @@ DAYS_B = 20  # test days per fold
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """(dir, uri, env): the store holding experiment "b" (hand-made numbers, see expected_b)."""
-    from fxray.mlruns import Tracker
+    from fxray.track.records import FoldRecord
+    from fxray.track.runs import Tracker
 
     d = tmp_path_factory.mktemp("compare")
     uri = f"sqlite:///{d / 'mlflow.db'}"
@@ -47,7 +49,8 @@ def store(tmp_path_factory):
     tracker = Tracker(uri, "b", sweep_tags=tags, run_name="sweep b")
     for tid, trial in expected_b()["trials"].items():
         for k, fold in enumerate(trial["folds"]):
-            tracker.log_fold(tid, f"trial-{tid}", {"lr": trial["lr"], "gamma": 0.9}, {"fold": k, **fold})
+            tracker.log_fold(tid, f"trial-{tid}", {"lr": trial["lr"], "gamma": 0.9},
+                             FoldRecord.from_flat({"fold": k, **fold}))
         tracker.client.set_terminated(tracker.children[tid], "FINISHED")
     tracker.client.set_terminated(tracker.parent_run_id, "FINISHED")
     env = {**os.environ, "FXRAY_CACHE_DIR": str(d / "cache"), "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore"}
@@ -214,7 +217,7 @@ def test_from_run_reproduces_per_fold_sharpe_bitwise(store, sweep_t):
 
 @pytest.mark.slow
 def test_from_run_bad_input_is_one_line(store, sweep_t, capsys, tmp_path):
-    from fxray.synth import SynthSpec, to_cache
+    from fxray.data.synth import SynthSpec, to_cache
 
     d, uri, _ = store
     client = MlflowClient(uri)

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from fxray import experiment as E
-from fxray.config import DQNConfig
+from fxray.rl import experiment as E
+from fxray.rl.config import DQNConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = """\
@@ -49,10 +49,10 @@ def test_shipped_experiments_load(name, profile):
 def test_good_file_and_cpu_profile(tmp_path):
     path = write(tmp_path, GOOD)
     gpu, cpu = E.load(path, "gpu"), E.load(path, "cpu")
-    assert (gpu.dqn.epochs, cpu.dqn.epochs) == (2, 1)
+    assert (gpu.config.epochs, cpu.config.epochs) == (2, 1)
     assert (gpu.folds.max_folds, cpu.folds.max_folds) == (2, 1)
-    assert gpu.dqn.hidden == cpu.dqn.hidden == 32 and gpu.synth.seed == 1
-    assert gpu.dqn == DQNConfig().replace(epochs=2, hidden=32)
+    assert gpu.config.hidden == cpu.config.hidden == 32 and gpu.synth.seed == 1
+    assert gpu.config == DQNConfig().replace(epochs=2, hidden=32)
     space = gpu.space()
     assert space["lr"].log and not space["gamma"].log
     assert (space["n_step"].low, space["n_step"].high) == (1, 5)  # inclusive bounds
@@ -149,8 +149,9 @@ def test_not_a_mapping(tmp_path):
 
 def test_eurusd_example_makes_its_folds_on_the_real_bars(shared_data, tmp_path):
     """The real-data example, on the fxcache its header says how to build."""
-    from fxray import bars, cache
-    from fxray.folds import make_folds
+    from fxray.data import bars
+    from fxray.data import cache
+    from fxray.data.folds import make_folds
 
     src = shared_data / "bars" / "eurusd_m1_2017q1"
     if not src.exists():

@@ -8,8 +8,8 @@ from conftest import SHARED_DATA
 import numpy as np
 import pytest
 
-from fxray import features as F
-from fxray.features import (ADX_INDEX, FEATURE_NAMES, LOOKBACKS, MAX_LOOKBACK, compute_features)
+from fxray.data import features as F
+from fxray.data.features import (ADX_INDEX, FEATURE_NAMES, LOOKBACKS, MAX_LOOKBACK, compute_features)
 
 REFS = SHARED_DATA / "refs"
 SIXE = SHARED_DATA / "bars/6EH4.XCME_1min_bars_20240101_20240131.csv.gz"
@@ -275,7 +275,7 @@ def test_warmup_is_long_enough_on_real_bars():
     """Started MAX_LOOKBACK bars back, a feature ~equals its full-history value."""
     if not SIXE.exists():
         pytest.skip("shared 6E bars not available")
-    from fxray.bars import load_bars
+    from fxray.data.bars import load_bars
 
     b = load_bars(SIXE)
     full = compute_features(b.ts, b.open, b.high, b.low, b.close, b.volume)
@@ -294,7 +294,7 @@ def test_warmup_is_long_enough_on_real_bars():
 def test_real_bars_ranges():
     if not SIXE.exists():
         pytest.skip("shared 6E bars not available")
-    from fxray.bars import load_bars
+    from fxray.data.bars import load_bars
 
     b = load_bars(SIXE)
     x = compute_features(b.ts, b.open, b.high, b.low, b.close, b.volume)[MAX_LOOKBACK:]

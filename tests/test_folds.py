@@ -9,8 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fxray import folds
-from fxray.folds import Fold, FoldError, FoldSpec, make_folds, parse_duration
+from fxray.data import folds
+from fxray.data.folds import Fold, FoldError, FoldSpec, make_folds, parse_duration
 
 MIN_NS = 60 * 10**9
 DAY_NS = 1440 * MIN_NS
@@ -19,7 +19,7 @@ T0 = 1_704_067_200 * 10**9  # 2024-01-01 00:00 UTC, a Monday
 
 def max_lookback() -> int:
     """features.MAX_LOOKBACK (features.py is written elsewhere; import lazily)."""
-    from fxray.features import MAX_LOOKBACK
+    from fxray.data.features import MAX_LOOKBACK
 
     return MAX_LOOKBACK
 
@@ -272,7 +272,7 @@ def test_max_folds_keeps_the_first_folds():
 # --- the embargo and look-ahead ----------------------------------------------------------
 
 def test_default_embargo_is_the_longest_lookback_plus_one():
-    import fxray.features as features
+    import fxray.data.features as features
 
     assert folds.default_embargo() == features.MAX_LOOKBACK + 1
     if hasattr(features, "LOOKBACKS"):  # the embargo must cover every feature's window

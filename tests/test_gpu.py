@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from fxray import cache
-from fxray.config import DQNConfig
-from fxray.device import DeviceData
-from fxray.dqn import Learner, Replay, collect
-from fxray.env import TradingEnv
-from fxray.folds import FoldSpec, make_folds
-from fxray.trainer import Trainer
+from fxray.data import cache
+from fxray.rl.config import DQNConfig
+from fxray.rl.device import DeviceData
+from fxray.rl.dqn import Learner, collect
+from fxray.rl.replay import Replay
+from fxray.rl.env import TradingEnv
+from fxray.data.folds import FoldSpec, make_folds
+from fxray.rl.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -45,7 +46,7 @@ def test_fused_adam_is_torch_adam_on_cuda():
 
 def test_upload_through_pinned_staging_is_exact(synth_cache):
     """Chunked pinned upload (several chunks, a ragged last one) == the host arrays."""
-    import fxray.device as device_mod
+    import fxray.rl.device as device_mod
 
     market = cache.open(synth_cache)
     x = torch.empty((market.n_bars, 50), device="cuda")

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fxray import metrics
+from fxray.eval import metrics
 
 ANN = 252
 

@@ -8,15 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from fxray import cache
-from fxray.backtest import evaluate
-from fxray.config import ConfigError, DQNConfig, field_docs
-from fxray.device import DeviceData
-from fxray.dqn import Adam, Learner, QNetwork, Replay, collect, epsilon
-from fxray.env import TradingEnv
-from fxray.folds import Fold, FoldSpec, make_folds
-from fxray.synth import SynthSpec, oracle_positions, simulate
-from fxray.trainer import Trainer, load_checkpoint, train_fold
+from fxray.data import cache
+from fxray.eval.backtest import evaluate
+from fxray.rl.config import ConfigError, DQNConfig, field_docs
+from fxray.rl.device import DeviceData
+from fxray.rl.dqn import Learner, QNetwork, collect, epsilon
+from fxray.rl.optim import Adam
+from fxray.rl.replay import Replay
+from fxray.rl.env import TradingEnv
+from fxray.data.folds import Fold, FoldSpec, make_folds
+from fxray.data.synth import SynthSpec, oracle_positions, simulate
+from fxray.rl.trainer import Trainer, load_checkpoint, train_fold
 
 FOLDS = FoldSpec(train="20d", val="5d", test="5d")
 TINY = DQNConfig(hidden=32, num_envs=16, batch_size=64, buffer_steps=32, episode_len=20,
@@ -236,7 +238,7 @@ def test_config_errors_name_the_key():
 # --- learning, not just running -------------------------------------------------------------
 
 def oracle_sharpe(market_spec: SynthSpec, data: DeviceData, window, cost) -> float:
-    from fxray.features import MAX_LOOKBACK
+    from fxray.data.features import MAX_LOOKBACK
 
     m = simulate(market_spec, market_spec.n_bars + MAX_LOOKBACK)
     a, b = window[0] + MAX_LOOKBACK, window[1] - 1 + MAX_LOOKBACK  # cache row i = simulated bar i + warm-up

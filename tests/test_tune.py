@@ -16,7 +16,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from fxray.synth import SynthSpec, to_cache
+from fxray.data.synth import SynthSpec, to_cache
 
 # mlflow's sqlalchemy store warns about its own use of a deprecated loader; not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
@@ -41,6 +41,13 @@ def setup(tmp_path, trials=4, steps=10, grace=2, folds=2, bars=20000):
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONWARNINGS": "ignore"}
     env.pop("RAY_ADDRESS", None)
     return exp, env
+
+
+def fault_env(env: dict, fault: str) -> None:
+    """Workers of tests/faults.py, with `fault` (see there)."""
+    here = str(Path(__file__).resolve().parent)
+    env.update(FXRAY_WORKER_CLASS="faults:FaultyWorker", FXRAY_FAULT=fault,
+               PYTHONPATH=os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p))
 
 
 def cli(args, env, cwd, timeout=300, **kw):
@@ -180,7 +187,7 @@ def test_asha_stops_waste_no_fold(tmp_path):
     pair = sweep_report().speedup(str(tmp_path / "out.json"), str(tmp_path / "again.json"))
     assert pair["same_work"] and pair["folds_a"] == pair["folds_b"] == sum(done)
     assert pair["val_sharpe_max_abs_diff"] == 0.0 and pair["speedup"] > 0
-    from fxray.tuner import read_same_trials
+    from fxray.sweep.tuner import read_same_trials
 
     started = [sampled for sampled, _ in read_same_trials(str(tmp_path / "out.json"))["trials"]]
     replayed = optuna.load_study(study_name="fxray", storage=f"sqlite:///{tmp_path / 'again/optuna.db'}")
@@ -215,7 +222,7 @@ def test_a_lone_trial_spreads_its_folds_over_the_idle_workers(tmp_path):
 @pytest.mark.slow
 def test_worker_crash_then_extend(tmp_path):
     exp, env = setup(tmp_path, trials=3)
-    env["FXRAY_FAULT_WORKER_EXIT"] = "0:2"  # worker 0 exits hard in the middle of its 2nd fold
+    fault_env(env, "0:2")  # worker 0 exits hard in the middle of its 2nd fold
     out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "CPU profile: 3 trials x 2 folds" in out.stdout
@@ -223,7 +230,7 @@ def test_worker_crash_then_extend(tmp_path):
     crashed = results["workers"][0]
     assert crashed["restarted"] and crashed["n_loads"] == 1  # the new process loaded once too
     # The sweep finished: running it again adds a round of trials to the same study and parent run.
-    del env["FXRAY_FAULT_WORKER_EXIT"]
+    del env["FXRAY_WORKER_CLASS"], env["FXRAY_FAULT"]
     out = cli(["--experiment", exp, "--num-cpus", 2, "--trials", 1], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     results = check_complete_sweep(tmp_path, 4)
@@ -243,7 +250,7 @@ def failed_sweep(tmp_path, env, exp) -> str:
 @pytest.mark.slow
 def test_a_worker_that_cannot_load_stops_the_sweep(tmp_path):
     exp, env = setup(tmp_path, trials=3)
-    env["FXRAY_FAULT_WORKER_EXIT"] = "1:load"  # worker 1's constructor raises
+    fault_env(env, "1:load")  # worker 1's constructor raises
     error = failed_sweep(tmp_path, env, exp)
     assert "could not load the data" in error and "injected load failure" in error
 
@@ -328,7 +335,7 @@ def test_same_trials_interrupted_then_resumed(tmp_path):
 
 def test_close_orphans(tmp_path):
     """A trial asked after Tune's last snapshot (a hard kill) is closed, the others kept."""
-    from fxray.tuner import STUDY, close_orphans
+    from fxray.sweep.tuner import STUDY, close_orphans
 
     study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     study.tell(study.ask(), 1.0)
@@ -389,14 +396,15 @@ def bad_inputs(tmp_path):
 def hand_made_results(tmp_path, exp, trials) -> dict:
     """A results.json as a finished sweep of `exp` on a 20k-bar market would write it, with
     `trials` = [(sampled config, folds done)], started in that order: what --same-trials reads."""
-    from fxray import cache, experiment
-    from fxray.folds import make_folds
+    from fxray.data import cache
+    from fxray.rl import experiment
+    from fxray.data.folds import make_folds
 
     data = tmp_path / "t20k.fxcache"
     if not data.exists():
         to_cache(SynthSpec(n_bars=20000, seed=0), data)
     market, e = cache.open(data), experiment.load(exp, "cpu")
-    return {"profile": "cpu", "rounds": [{"seed": 0}], "base_config": e.dqn.as_dict(),
+    return {"profile": "cpu", "rounds": [{"seed": 0}], "base_config": e.config.as_dict(),
             "data": {"path": str(data), "content_hash": market.content_hash},
             "folds": [f.as_dict() for f in make_folds(market.ts, e.folds)],
             "trials": [{"trial_id": f"t{i}", "sampled": sampled, "folds_done": n,
@@ -458,8 +466,8 @@ def test_bad_input_through_the_real_cli(tmp_path):
 def test_tunes_callback_telemetry_does_not_import_mlflow_into_the_driver(kept_out):
     """Tuner.fit counts the run's callbacks by class, importing Ray's MLflow integration,
     which imports mlflow itself; keep_mlflow_out_of_tune stops that (and only that)."""
-    code = ("import sys, fxray.tune, fxray.tuner\n"
-            f"if {kept_out}: fxray.tuner.keep_mlflow_out_of_tune()\n"
+    code = ("import sys, fxray.tune, fxray.sweep.tuner\n"
+            f"if {kept_out}: fxray.sweep.tuner.keep_mlflow_out_of_tune()\n"
             "from ray.air._internal.usage import _count_callbacks\n"
             "from ray.tune.logger import CSVLoggerCallback\n"
             "print(dict(_count_callbacks([CSVLoggerCallback()])), 'mlflow' in sys.modules)\n"
@@ -474,9 +482,9 @@ def test_tunes_callback_telemetry_does_not_import_mlflow_into_the_driver(kept_ou
 
 def test_the_driver_start_up_path_imports_no_torch_scipy_or_mlflow():
     """The driver's serial start-up must not pay for them (seconds each on the GPU
-    machines): torch lives in the FoldWorkers, mlflow in the helper (fxray.mlhelper)."""
-    code = ("import sys, fxray.tune, fxray.tracking\n"
-            "from fxray import mlhelper, mlruns, synth\n"
+    machines): torch lives in the FoldWorkers, mlflow in the writer (fxray.track.writer)."""
+    code = ("import sys, fxray.tune, fxray.sweep.callbacks, fxray.sweep.driver\n"
+            "from fxray.track import writer, runs as mlruns\nfrom fxray.data import synth\n"
             "synth.default_path(synth.SynthSpec()); mlruns.tracking_uri()\n"
             "print(sorted({'torch', 'scipy', 'mlflow'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import ray
 
-from fxray import cache
-from fxray.device import host_arrays
-from fxray.folds import FoldSpec, make_folds
-from fxray.synth import SynthSpec, to_cache
-from fxray.workers import plan_workers, put_market, start_workers
+from fxray.data import cache
+from fxray.rl.device import host_arrays
+from fxray.data.folds import FoldSpec, make_folds
+from fxray.data.synth import SynthSpec, to_cache
+from fxray.sweep.workers import plan_workers, put_market, start_workers
 
 TINY = {"num_envs": 16, "batch_size": 64, "hidden": 16, "buffer_steps": 32, "episode_len": 32,
         "epochs": 2, "steps_per_epoch": 10, "patience": 2}

@@ -1,0 +1,169 @@
+"""Make and inspect fxcache files.
+
+    python -m fxray.data synth --bars 1_000_000 --seed 0 --out synth.fxcache
+    python -m fxray.data build --bars ../shared/data/bars/eurusd_m1_2017q1 --format histdata \\
+        --tz Etc/GMT+5 --instrument EURUSD --out eurusd.fxcache
+    python -m fxray.data build --book ESH4.mbo.dbn.zst --trades ESH4.mbo.dbn.zst --bar 1min --out es.fxcache
+    python -m fxray.data info eurusd.fxcache [--experiment experiments/default.yaml] [--json info.json]
+
+Every failure is one line on stderr naming the file and the fix, exit status 2,
+and no output file (writes are atomic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fxray.data import cache
+from fxray.data.folds import FoldSpec, bar_spacing, make_folds
+
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
+
+
+def _iso(ns: int) -> str:
+    return np.datetime64(int(ns), "ns").astype("datetime64[s]").astype(str) + "Z"
+
+
+def cmd_synth(args) -> dict:
+    from fxray.data.synth import SynthSpec, to_cache
+
+    spec = SynthSpec(n_bars=args.bars, seed=args.seed)
+    t0 = time.perf_counter()
+    digest = to_cache(spec, args.out)
+    seconds = time.perf_counter() - t0
+    print(f"wrote {args.out}: {spec.n_bars:,} synthetic 1-min bars, seed {spec.seed}, "
+          f"hash {digest} ({seconds:.1f}s)")
+    return {"out": str(args.out), "n_bars": spec.n_bars, "seed": spec.seed, "content_hash": digest,
+            "seconds": seconds}
+
+
+def cmd_build(args) -> dict:
+    from fxray.data import bars as bars_mod
+
+    if args.bars is None and not (args.trades or args.book):
+        raise ValueError("build: give --bars FILE_OR_DIR, or --trades/--book FILE to build bars from trades")
+    t0 = time.perf_counter()
+    ofi = coverage = None
+    trades = None
+    if args.trades or args.book:
+        from fxray.book import reader as book
+
+        # MBO / MBP-10 / Binance book files carry the trade tape too
+        trades = book.load_trades([str(p) for p in (args.trades or args.book)])
+    if args.bars is not None:
+        bars = bars_mod.load_bars(args.bars, fmt=args.format, tz=args.tz)
+        source = str(args.bars)
+    else:
+        bars = book.bars_from_trades(trades, args.bar)
+        source = "trades:" + ",".join(map(str, args.trades or args.book))
+    if trades is not None:
+        book_stream = book.load_book([str(p) for p in args.book]) if args.book else None
+        ofi, coverage = book.ofi_features(bars.ts, book=book_stream, trades=trades)
+        source += " + book:" + ",".join(map(str, (args.book or []) + (args.trades or [])))
+    instrument = args.instrument or Path(str(args.bars or (args.trades or args.book)[0])).name.split(".")[0]
+    # build_cache names the ofi columns with fxray.data.schema.OFI_NAMES (zeros or real alike)
+    digest = bars_mod.build_cache(bars, args.out, instrument=instrument, source=source, bar=args.bar, ofi=ofi)
+    market = cache.open(args.out)
+    seconds = time.perf_counter() - t0
+    covered = float(np.mean(coverage)) if coverage is not None else 0.0
+    print(f"wrote {args.out}: {market.n_bars:,} bars of {instrument} "
+          f"({_iso(market.ts[0])} .. {_iso(market.ts[-1])}), book coverage {covered:.0%}, "
+          f"hash {digest} ({seconds:.1f}s)")
+    return {"out": str(args.out), "n_bars": market.n_bars, "instrument": instrument,
+            "content_hash": digest, "book_coverage": covered, "seconds": seconds}
+
+
+def describe(market: cache.Market, spec: FoldSpec) -> dict:
+    """Rows, span, spacing, per-column stats and the folds `spec` makes on this cache."""
+    ts = market.ts
+    gaps = np.diff(ts)
+    spacing = bar_spacing(ts)
+    columns = []
+    for names, values in ((market.feature_names, market.features), (market.ofi_names, market.ofi)):
+        mean = values.mean(0, dtype=np.float64)
+        std = values.std(0, dtype=np.float64)
+        columns += [{"name": n, "mean": float(m), "std": float(s)} for n, m, s in zip(names, mean, std)]
+    book_rows = np.any(market.ofi != 0, axis=1)
+    try:
+        folds = [f.as_dict() for f in make_folds(ts, spec)]
+        folds_error = None
+    except ValueError as e:
+        folds, folds_error = [], str(e)
+    return {
+        "path": market.path, "rows": market.n_bars, "instrument": market.meta.get("instrument"),
+        "bar": market.meta.get("bar"), "source": market.meta.get("source"),
+        "content_hash": market.content_hash, "first": _iso(ts[0]), "last": _iso(ts[-1]),
+        "span_days": float((ts[-1] - ts[0]) / 86400e9), "bar_spacing_s": spacing / 1e9,
+        "gaps_over_1h": int(np.count_nonzero(gaps > 3600 * 10**9)), "nan_inf": 0,
+        "book_coverage": float(book_rows.mean()), "columns": columns,
+        "fold_spec": spec.__dict__, "folds": folds, "folds_error": folds_error,
+    }
+
+
+def cmd_info(args) -> dict:
+    market = cache.open(args.path)  # validates: structure, monotonic ts, no NaN/Inf
+    spec = FoldSpec()
+    if args.experiment:
+        from fxray.rl.experiment import load
+
+        spec = load(args.experiment).folds
+    info = describe(market, spec)
+    print(f"{info['path']}: {info['rows']:,} rows of {info['instrument']} ({info['bar']}), "
+          f"source {info['source']}")
+    print(f"  span {info['first']} .. {info['last']} ({info['span_days']:.1f} days), "
+          f"bar spacing {info['bar_spacing_s']:.0f}s, {info['gaps_over_1h']} gaps > 1h")
+    print(f"  NaN/Inf: none; book coverage {info['book_coverage']:.0%}; hash {info['content_hash']}")
+    print(f"  {'column':<24}{'mean':>12}{'std':>12}")
+    for c in info["columns"]:
+        print(f"  {c['name']:<24}{c['mean']:>12.4g}{c['std']:>12.4g}")
+    if info["folds_error"]:
+        print(f"  folds: {info['folds_error']}")
+    else:
+        print(f"  folds ({spec.train} train / {spec.val} val / {spec.test} test): {len(info['folds'])}")
+        for f in info["folds"]:
+            rng = " ".join(f"{k} {_iso(market.ts[f[k][0]])[:16]}..{_iso(market.ts[f[k][1] - 1])[:16]}"
+                           for k in ("train", "val", "test"))
+            print(f"    fold {f['k']}: {rng}")
+    return info
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fxray.data", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("synth", help="write the synthetic market (planted signal) as an fxcache")
+    s.add_argument("--bars", type=int, default=1_000_000, help="bars to write (after warm-up)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, type=Path)
+    b = sub.add_parser("build", help="build an fxcache from bar files (and order-book / trade files)")
+    b.add_argument("--bars", type=Path, help="a bar file or a directory of them")
+    b.add_argument("--format", default="auto", help="auto, csv, histdata, lean, parquet")
+    b.add_argument("--tz", default=None, help="time zone of naive timestamps (default: the format's own: UTC; HistData Etc/GMT+5)")
+    b.add_argument("--instrument", help="instrument name stored in the cache (default: from the file name)")
+    b.add_argument("--book", type=Path, nargs="+", help="order-book files: Databento MBO/MBP-10 DBN, Binance depth")
+    b.add_argument("--trades", type=Path, nargs="+", help="trade files (DBN trades/MBO, Binance)")
+    b.add_argument("--bar", default="1min", help="bar length label; with --trades only, the bar to build")
+    b.add_argument("--out", required=True, type=Path)
+    i = sub.add_parser("info", help="describe an fxcache and the folds an experiment makes on it")
+    i.add_argument("path", type=Path)
+    i.add_argument("--experiment", type=Path, help="experiment YAML whose folds to show")
+    for sp in (s, b, i):
+        sp.add_argument("--json", type=Path, help="also write the result as JSON here")
+    args = p.parse_args(argv)
+    try:
+        result = {"synth": cmd_synth, "build": cmd_build, "info": cmd_info}[args.cmd](args)
+    except USER_ERRORS as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Walk-forward folds: half-open index ranges computed from bar timestamps alone.
+
+Calendar windows, fold k (rolling; `anchored` keeps the train start at T0):
+
+    train [T0 + k*step, T1)   val [T1, T2)   test [T2, T3)
+    T1 = T0 + k*step + train,  T2 = T1 + val,  T3 = T2 + test
+
+Each boundary becomes an index with `np.searchsorted(ts, T, "left")`; then the
+first `embargo` bars of val and of test are dropped, so no feature window
+(lookback L) nor 1-bar reward straddles a boundary: embargo >= L + 1.
+A fold exists only if its test window is fully covered by the data
+(T3 <= last close + one bar) and every segment keeps at least one bar.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+_UNITS_NS = {"min": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9, "w": 7 * 86400 * 10**9}
+
+
+class FoldError(ValueError):
+    """Bad fold settings, or data too short for one fold; the message is one line."""
+
+
+def parse_duration(text: str | int | float, key: str = "duration") -> int:
+    """'30d', '12h', '90min', '2w' (or a number of days) -> nanoseconds."""
+    if isinstance(text, numbers.Real) and not isinstance(text, (bool, np.bool_)):
+        value, unit = float(text), "d"
+        if not math.isfinite(value):
+            raise FoldError(f"{key}: {text!r} is not a finite duration")
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(min|h|d|w)\s*", str(text))
+        if not m:
+            raise FoldError(f"{key}: {text!r} is not a duration; write e.g. '30d', '12h', '90min', '2w'")
+        value, unit = float(m.group(1)), m.group(2)
+    ns = int(round(value * _UNITS_NS[unit]))
+    if ns <= 0:
+        raise FoldError(f"{key}: {text!r} must be positive")
+    return ns
+
+
+@dataclass(frozen=True)
+class FoldSpec:
+    """Walk-forward settings; durations as strings like '20d' (calendar time)."""
+
+    train: str = "20d"         # train window length
+    val: str = "5d"            # validation window (epoch selection / early stopping)
+    test: str = "5d"           # out-of-sample window, touched once per fold
+    step: str | None = None    # shift between folds; None = the test length
+    anchored: bool = False     # True: train always starts at the first bar (expanding)
+    embargo: int | None = None  # bars dropped at the start of val and test; None = lookback + 1
+    max_folds: int | None = None  # keep only the first N folds
+
+    def validate(self) -> None:
+        for key in ("train", "val", "test"):
+            parse_duration(getattr(self, key), f"folds.{key}")
+        if self.step is not None:
+            parse_duration(self.step, "folds.step")
+        if self.embargo is not None and not _is_positive_int(self.embargo):
+            raise FoldError(f"folds.embargo: {self.embargo!r} must be an integer >= 1 (bars)")
+        if self.max_folds is not None and not _is_positive_int(self.max_folds):
+            raise FoldError(f"folds.max_folds: {self.max_folds!r} must be an integer >= 1")
+        if not isinstance(self.anchored, (bool, np.bool_)):
+            raise FoldError(f"folds.anchored: {self.anchored!r} must be true or false")
+
+
+def _is_positive_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)) and x >= 1
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One walk-forward fold: half-open [start, end) bar index ranges."""
+
+    k: int
+    train: tuple[int, int]
+    val: tuple[int, int]
+    test: tuple[int, int]
+
+    def as_dict(self) -> dict:
+        return {"k": self.k, "train": list(self.train), "val": list(self.val), "test": list(self.test)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Fold":
+        return cls(int(d["k"]), tuple(d["train"]), tuple(d["val"]), tuple(d["test"]))
+
+
+def default_embargo() -> int:
+    """The longest feature lookback + 1 bar of reward horizon."""
+    from fxray.data.features import MAX_LOOKBACK
+
+    return MAX_LOOKBACK + 1
+
+
+def bar_spacing(ts: np.ndarray) -> int:
+    """Typical bar spacing in ns (median of the gaps; weekends do not move it)."""
+    if len(ts) < 2:
+        return 1
+    return int(np.median(np.diff(ts[: min(len(ts), 100_000)])))
+
+
+def make_folds(ts: np.ndarray, spec: FoldSpec = FoldSpec()) -> list[Fold]:
+    """Walk-forward folds over bar close times `ts` (int64 ns, strictly increasing)."""
+    spec.validate()
+    ts = np.asarray(ts)
+    if ts.dtype.kind == "M":
+        ts = ts.astype("datetime64[ns]").view(np.int64)
+    if ts.ndim != 1 or (ts.size and ts.dtype.kind not in "iu"):
+        raise FoldError(f"ts must be a 1-D array of int64 ns bar close times, got {ts.dtype} "
+                        f"of shape {ts.shape}")
+    ts = ts.astype(np.int64, copy=False)
+    train, val, test = (parse_duration(getattr(spec, k)) for k in ("train", "val", "test"))
+    step = parse_duration(spec.step, "folds.step") if spec.step is not None else test
+    embargo = spec.embargo if spec.embargo is not None else default_embargo()
+    if len(ts) == 0:
+        raise FoldError("no bars: cannot make folds")
+    # searchsorted on unsorted ts would silently give overlapping, leaking ranges
+    not_increasing = np.flatnonzero(ts[1:] <= ts[:-1])
+    if len(not_increasing):
+        i = int(not_increasing[0]) + 1
+        raise FoldError(f"ts is not strictly increasing at bar {i} ({ts[i - 1]} then {ts[i]})")
+    t0, covered = int(ts[0]), int(ts[-1]) + bar_spacing(ts)
+    folds: list[Fold] = []
+    k = 0
+    while True:
+        start = t0 if spec.anchored else t0 + k * step
+        t1 = t0 + k * step + train
+        t2, t3 = t1 + val, t1 + val + test
+        if t3 > covered or (spec.max_folds is not None and len(folds) >= spec.max_folds):
+            break
+        a, b, d, f = np.searchsorted(ts, [start, t1, t2, t3], side="left").tolist()
+        c, e = b + embargo, d + embargo
+        if a < b and c < d and e < f:
+            folds.append(Fold(len(folds), (a, b), (c, d), (e, f)))
+        k += 1
+    if not folds:
+        days = (int(ts[-1]) - t0) / _UNITS_NS["d"]
+        raise FoldError(
+            f"data too short for one fold: {len(ts):,} bars spanning {days:.2f} days; "
+            f"folds need train {spec.train} + val {spec.val} + test {spec.test} "
+            f"(each with >= 1 bar after an embargo of {embargo} bars): "
+            "shorten folds.train/val/test or give more data")
+    return folds

@@ -1,0 +1,227 @@
+"""Performance metrics: one definition shared by training, sweeps and reports.
+
+Units and conventions (every function here follows them):
+
+- Inputs are DAILY returns: the UTC-day sums of net per-bar LOG returns
+  (`position * r - cost * |Δposition|`, r = log(close[t+1] / close[t])). Log
+  returns add, so a day's sum is that day's log growth and equity = exp(cumsum).
+- Annualisation uses `periods` = 252 trading days a year.
+- Every metric is a finite float. Where a ratio is undefined (fewer than 2 days,
+  zero dispersion, no downside, never in the market) it is 0.0 -- "no evidence" --
+  never inf or NaN, so trackers, optimisers and early stopping can compare it.
+- `total_return` and `max_drawdown` are in log units; `math.expm1(x)` gives the
+  fraction of equity (e.g. max_drawdown = -0.105 -> equity fell 10.0%).
+- PSR / DSR work on PER-PERIOD (daily, NOT annualised) Sharpe ratios, as in
+  Bailey & Lopez de Prado (2012, 2014); see `probabilistic_sharpe`.
+
+Arrays here are tiny (one value per day): plain numpy, float64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+PERIODS_PER_YEAR = 252
+EULER_GAMMA = float(np.euler_gamma)  # 0.5772..., in the expected-max-Sharpe formula
+
+
+def _as_returns(returns, name: str = "daily_returns") -> np.ndarray:
+    """1-D float64 copy of `returns`; a clear error for anything we cannot score."""
+    arr = np.asarray(returns, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or Inf ({int((~np.isfinite(arr)).sum())} values)")
+    return arr
+
+
+def _std(arr: np.ndarray) -> float:
+    """Sample std (ddof=1), 0.0 when it is rounding noise around a constant series."""
+    std = float(arr.std(ddof=1))
+    # A constant series gives std ~ 1e-19, not 0, when its mean is not exact in
+    # binary: treat dispersion below 1e-12 of the level as none.
+    return std if std > 1e-12 * abs(float(arr.mean())) else 0.0
+
+
+# --- per-day ratios ----------------------------------------------------------
+
+def sharpe(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
+    """Annualised Sharpe: mean / std(ddof=1) x sqrt(periods); 0.0 if < 2 days or std 0.
+
+    No risk-free rate: the returns are already those of a self-financed
+    long/short position (empyrical / quantstats with rf = 0).
+    """
+    arr = _as_returns(daily_returns)
+    if arr.size < 2:
+        return 0.0
+    std = _std(arr)
+    return float(arr.mean() / std * math.sqrt(periods)) if std > 0 else 0.0
+
+
+def sortino(daily_returns, periods: int = PERIODS_PER_YEAR, required_return: float = 0.0) -> float:
+    """Annualised Sortino: mean(r - req) / sqrt(mean(min(r - req, 0)^2)) x sqrt(periods).
+
+    The downside deviation averages over ALL days (empyrical / quantstats), not
+    only the losing ones. 0.0 if < 2 days or there is no downside (empyrical
+    would return inf).
+    """
+    arr = _as_returns(daily_returns) - required_return
+    if arr.size < 2:
+        return 0.0
+    downside = math.sqrt(float(np.mean(np.minimum(arr, 0.0) ** 2)))
+    return float(arr.mean() / downside * math.sqrt(periods)) if downside > 0 else 0.0
+
+
+def max_drawdown(daily_returns) -> float:
+    """Deepest fall of log equity from its running peak: min_t (cum_t - max_{s<=t} cum_s) <= 0.
+
+    cum = cumsum of the log returns, starting from 0 (equity 1) BEFORE the first
+    day, so a loss on day one is a drawdown. Log units: the equity drawdown as a
+    fraction (empyrical's number) is expm1 of this. 0.0 for an empty series.
+    """
+    arr = _as_returns(daily_returns)
+    cum = np.concatenate(([0.0], np.cumsum(arr)))
+    return float(np.min(cum - np.maximum.accumulate(cum)))
+
+
+def calmar(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
+    """CAGR / |max drawdown as a fraction of equity| (empyrical); 0.0 without a drawdown."""
+    arr = _as_returns(daily_returns)
+    mdd = -math.expm1(max_drawdown(arr))  # fraction in [0, 1)
+    if arr.size == 0 or mdd <= 0:
+        return 0.0
+    cagr = math.expm1(float(arr.sum()) * periods / arr.size)  # exp(log growth per year) - 1
+    return cagr / mdd
+
+
+# --- Probabilistic and Deflated Sharpe (Bailey & Lopez de Prado) -------------
+
+def psr_from_stats(sr: float, skew: float, kurtosis: float, n_obs: int,
+                   sr_benchmark: float = 0.0) -> float:
+    """PSR from the moments: Phi((SR - SR*) sqrt(T - 1) / sqrt(1 - g3 SR + (g4 - 1)/4 SR^2)).
+
+    sr, sr_benchmark: PER-PERIOD (not annualised) Sharpe ratios; skew g3;
+    kurtosis g4 RAW (normal = 3, not excess); n_obs T = number of returns.
+    Returns 0.0 when T < 2 (no evidence).
+    """
+    if n_obs < 2:
+        return 0.0
+    # g4 >= 1 + g3^2 for any distribution (and for sample moments), so the
+    # variance term is >= (1 - g3 SR / 2)^2 >= 0; the floor only guards that 0.
+    var = max(1.0 - skew * sr + (kurtosis - 1.0) / 4.0 * sr * sr, 1e-300)
+    from scipy.stats import norm  # here: the sweep driver imports this module, and not scipy
+
+    return float(norm.cdf((sr - sr_benchmark) * math.sqrt(n_obs - 1) / math.sqrt(var)))
+
+
+def probabilistic_sharpe(returns, sr_benchmark: float = 0.0) -> float:
+    """Probability that the true Sharpe exceeds `sr_benchmark` (Bailey & Lopez de Prado 2012).
+
+    returns: the series the Sharpe is measured on (fxray: daily returns).
+    sr_benchmark: PER-PERIOD Sharpe (annualised / sqrt(252) for daily returns).
+    SR^ = mean / std(ddof=1); skewness and raw kurtosis are the biased sample
+    moments (scipy.stats.skew, kurtosis(fisher=False)). 0.0 if fewer than 3
+    returns or zero dispersion: a flat record is no evidence of skill.
+    """
+    arr = _as_returns(returns, "returns")
+    if arr.size < 3:
+        return 0.0
+    std = _std(arr)
+    if std == 0:
+        return 0.0
+    centred = arr - arr.mean()
+    m2 = float(np.mean(centred ** 2))
+    skew = float(np.mean(centred ** 3)) / m2 ** 1.5
+    kurtosis = float(np.mean(centred ** 4)) / m2 ** 2
+    return psr_from_stats(float(arr.mean()) / std, skew, kurtosis, arr.size, sr_benchmark)
+
+
+def expected_max_sharpe(n_trials: int, var_sharpe: float) -> float:
+    """E[max Sharpe] of `n_trials` independent zero-skill trials (Bailey & Lopez de Prado 2014).
+
+    SR0 = sqrt(V) ((1 - gamma) Phi^-1(1 - 1/N) + gamma Phi^-1(1 - 1/(N e))).
+    var_sharpe V: variance of the trials' Sharpe ratios, in the units of the
+    result (per-period in, per-period out). One trial (N = 1): 0.0, the mean.
+    """
+    if n_trials < 1 or var_sharpe < 0:
+        raise ValueError(f"need n_trials >= 1 and var_sharpe >= 0, got {n_trials}, {var_sharpe}")
+    if n_trials == 1:
+        return 0.0
+    from scipy.stats import norm
+
+    z = ((1 - EULER_GAMMA) * norm.ppf(1 - 1 / n_trials)
+         + EULER_GAMMA * norm.ppf(1 - 1 / (n_trials * math.e)))
+    return float(math.sqrt(var_sharpe) * z)
+
+
+def deflated_sharpe(returns, n_trials: int, var_trial_sharpes: float) -> float:
+    """DSR = PSR(SR0): the best trial's PSR against the Sharpe expected by luck.
+
+    returns: the best trial's (daily) returns. var_trial_sharpes: variance over
+    the sweep's trials of their PER-PERIOD Sharpe ratios -- an annualised
+    Sharpe's variance divided by 252 -- the same units as SR^ of `returns`.
+    """
+    return probabilistic_sharpe(returns, expected_max_sharpe(n_trials, var_trial_sharpes))
+
+
+# --- bar-level statistics and the bundle -------------------------------------
+
+def bar_stats(position, net_returns, initial_position: int = 0) -> tuple[float, int, float]:
+    """(turnover, n_trades, hit_rate) of a per-bar position path; numpy reference.
+
+    position: (T,) in {-1, 0, +1}, held from bar t's close to bar t+1's close.
+    turnover: mean |p_t - p_{t-1}| per bar (a long->short flip counts 2).
+    n_trades: number of bars where the position changes (a flip counts 1),
+      including the first entry from `initial_position`.
+    hit_rate: share of bars in the market (p_t != 0) whose NET return is > 0;
+      0.0 if never in the market.
+    fxray.backtest computes the same three on device.
+    """
+    position = np.asarray(position, dtype=np.int64)
+    net_returns = np.asarray(net_returns, dtype=np.float64)
+    if position.size == 0:
+        return 0.0, 0, 0.0
+    change = np.abs(np.diff(position, prepend=initial_position))
+    in_market = position != 0
+    n_in = int(in_market.sum())
+    hit_rate = float((net_returns[in_market] > 0).sum() / n_in) if n_in else 0.0
+    return float(change.mean()), int((change != 0).sum()), hit_rate
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The numbers reported per window (val / test / baseline). See the module doc for units."""
+
+    sharpe: float        # annualised, daily returns
+    sortino: float       # annualised, daily returns
+    max_drawdown: float  # log units, <= 0
+    calmar: float        # CAGR / |fractional max drawdown|
+    total_return: float  # log units: sum of net log returns
+    turnover: float      # mean |Δposition| per bar
+    n_trades: int        # bars where the position changes
+    hit_rate: float      # share of in-market bars with net return > 0
+    n_days: int          # UTC days with at least one bar
+
+    def to_dict(self, prefix: str = "") -> dict[str, float]:
+        """Flat float dict for trackers, e.g. to_dict("val/") -> {"val/sharpe": ...}."""
+        return {f"{prefix}{k}": float(v) for k, v in asdict(self).items()}
+
+
+def summarize(daily_returns, turnover: float = 0.0, n_trades: int = 0,
+              hit_rate: float = 0.0, periods: int = PERIODS_PER_YEAR) -> Metrics:
+    """Bundle the day-level metrics of `daily_returns` with the bar-level ones (see bar_stats)."""
+    arr = _as_returns(daily_returns)
+    return Metrics(
+        sharpe=sharpe(arr, periods),
+        sortino=sortino(arr, periods),
+        max_drawdown=max_drawdown(arr),
+        calmar=calmar(arr, periods),
+        total_return=float(arr.sum()),
+        turnover=float(turnover),
+        n_trades=int(n_trades),
+        hit_rate=float(hit_rate),
+        n_days=int(arr.size),
+    )

@@ -1,0 +1,199 @@
+"""Typed configs of one fold's training: what every algorithm shares, and what DQN adds.
+
+    TrainConfig   collection, trading, schedule, execution: every algorithm has them
+    DQNConfig     + the Q-network and its learning (the only algorithm so far)
+    ALGORITHMS    {"dqn": DQNConfig}: the experiment file's `algo:` picks one
+
+A config is flat (one namespace of fields, as MLflow params and search spaces want
+it), frozen, documented field by field (the attribute docstrings are `--help` and
+docs/), and validated once, when it is built: a bad value is a `ConfigError` whose
+message is one line naming the section and key (`dqn.lr: ...`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line naming the key."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The fields every algorithm shares. Not used alone: see ALGORITHMS."""
+
+    algo: str = "dqn"
+    """the algorithm these settings are for (a key of fxray.rl.config.ALGORITHMS)"""
+    # --- collection ----------------------------------------------------------------
+    num_envs: int = 256
+    """parallel agents collecting in the train range"""
+    episode_len: int = 256
+    """bars per episode before an agent restarts at a random bar"""
+    buffer_steps: int = 256
+    """replay capacity in collect steps (transitions = buffer_steps x num_envs)"""
+    updates_per_step: int = 1
+    """learner steps per collect step"""
+    eps_start: float = 1.0
+    """initial exploration rate"""
+    eps_end: float = 0.05
+    """final exploration rate"""
+    eps_decay: float = 0.3
+    """share of all training steps over which epsilon decays linearly"""
+    # --- trading -------------------------------------------------------------------
+    cost: float = 1e-5
+    """cost per unit of position change, in return units (half-spread + fees)"""
+    # --- schedule ------------------------------------------------------------------
+    epochs: int = 6
+    """max epochs per fold"""
+    steps_per_epoch: int = 200
+    """collect steps per epoch (each followed by updates_per_step learner steps)"""
+    patience: int = 2
+    """stop after this many epochs without a better val Sharpe"""
+    # --- execution -----------------------------------------------------------------
+    dtype: str = "float32"
+    """storage precision of features on device: float32 or bfloat16"""
+    graphs: bool = True
+    """capture collect+learn in a CUDA graph (CUDA only; same maths as eager)"""
+    compile: bool = False
+    """torch.compile the loss (forward + backward fused by Inductor; same maths, slower start)"""
+    matmul: str = "tf32"
+    """float32 matmuls on CUDA: tf32 (tensor cores, ~1e-3 relative error) or fp32 (exact)"""
+
+    SECTION = "train"  # the experiment-file section (and error prefix) of these fields
+
+    def __post_init__(self):
+        self.validate()
+
+    def _fail(self, key: str, rule: str):
+        raise ConfigError(f"{self.SECTION}.{key}: {getattr(self, key)!r} {rule}")
+
+    def _positive_ints(self, *keys: str) -> None:
+        for key in keys:
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                self._fail(key, "must be an integer >= 1")
+
+    def _in_unit_interval(self, *keys: str) -> None:
+        for key in keys:
+            v = getattr(self, key)
+            if not _is_number(v) or not 0 <= v <= 1:
+                self._fail(key, "must be a number in [0, 1]")
+
+    def validate(self) -> None:
+        if self.algo not in ALGORITHMS or not isinstance(self, ALGORITHMS[self.algo]):
+            raise ConfigError(f"algo: {self.algo!r} is not an algorithm of this config; "
+                              f"known: {', '.join(sorted(ALGORITHMS))}")
+        self._positive_ints("num_envs", "episode_len", "buffer_steps", "updates_per_step", "epochs",
+                            "steps_per_epoch", "patience")
+        self._in_unit_interval("eps_start", "eps_end", "eps_decay")
+        if not _is_number(self.cost) or not 0 <= self.cost < 0.1:
+            self._fail("cost", "must be in [0, 0.1) (return units)")
+        if self.dtype not in ("float32", "bfloat16"):
+            self._fail("dtype", "must be 'float32' or 'bfloat16'")
+        if self.matmul not in ("tf32", "fp32"):
+            self._fail("matmul", "must be 'tf32' or 'fp32'")
+        if self.eps_end > self.eps_start:
+            raise ConfigError(f"{self.SECTION}.eps_end: {self.eps_end} must be <= eps_start ({self.eps_start})")
+
+    @classmethod
+    def from_dict(cls, values: dict, where: str | None = None) -> TrainConfig:
+        """Build from a plain dict; an unknown key is an error naming it and the known ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"{where or cls.SECTION}: unknown key(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(sorted(names))}")
+        return cls(**values)
+
+    def replace(self, **changes) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DQNConfig(TrainConfig):
+    """Double DQN with n-step returns and a dueling MLP (fxray.rl.dqn)."""
+
+    # --- network -------------------------------------------------------------------
+    hidden: int = 256
+    """width of each hidden layer of the Q-network"""
+    depth: int = 2
+    """number of hidden layers"""
+    dueling: bool = True
+    """dueling head: Q = V + A - mean(A)"""
+    # --- learning ------------------------------------------------------------------
+    lr: float = 5e-4
+    """Adam learning rate"""
+    gamma: float = 0.9
+    """discount per bar"""
+    n_step: int = 3
+    """n-step return horizon (bars)"""
+    batch_size: int = 1024
+    """transitions per learner step"""
+    grad_clip: float = 10.0
+    """max global gradient norm"""
+    huber_delta: float = 1.0
+    """Huber loss threshold, in scaled reward units"""
+    tau: float = 0.01
+    """soft target update weight per learner step (ignored if target_every > 0)"""
+    target_every: int = 0
+    """hard target update every N learner steps; 0 = soft updates with tau"""
+    reward_scale: float = 1e4
+    """rewards are multiplied by this (1e4: basis points) so Q-values are O(1)"""
+
+    SECTION = "dqn"
+
+    def validate(self) -> None:
+        super().validate()
+        self._positive_ints("hidden", "depth", "n_step", "batch_size")
+        self._in_unit_interval("lr", "gamma", "tau")
+        for key in ("grad_clip", "huber_delta", "reward_scale"):
+            v = getattr(self, key)
+            if not _is_number(v) or v <= 0:
+                self._fail(key, "must be a number > 0")
+        if not isinstance(self.target_every, int) or self.target_every < 0:
+            self._fail("target_every", "must be an integer >= 0")
+        if self.buffer_steps <= self.n_step:
+            raise ConfigError(f"dqn.buffer_steps: {self.buffer_steps} must exceed n_step ({self.n_step})")
+
+
+ALGORITHMS: dict[str, type[TrainConfig]] = {"dqn": DQNConfig}
+
+
+def _is_number(v) -> bool:
+    """A finite int or float (not a bool): NaN and inf are no setting."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def config_class(algo: str) -> type[TrainConfig]:
+    """The config class of an algorithm name (ConfigError naming the known ones)."""
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"algo: {algo!r} is not an algorithm; known: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[algo]
+
+
+def make_config(values: dict, where: str | None = None) -> TrainConfig:
+    """The config of a plain dict, of the class its `algo` names (default dqn)."""
+    return config_class(values.get("algo", "dqn")).from_dict(values, where)
+
+
+def field_docs(cls: type[TrainConfig] = DQNConfig) -> dict[str, str]:
+    """Each field's one-line doc (the attribute docstrings above), for --help and docs."""
+    import ast
+    import inspect
+
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if not (isinstance(klass, type) and issubclass(klass, TrainConfig)):
+            continue
+        body = ast.parse(inspect.getsource(klass)).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant)):
+                docs[node.target.id] = nxt.value.value
+    return docs

@@ -1,0 +1,203 @@
+"""Double DQN: the Q-network, the two hot functions `collect` and `learn`, and `DQN`,
+the fxray.rl.algorithm.Algorithm the trainer runs.
+
+Both functions only touch persistent tensors in place and never read a value back
+to the host, so the trainer can run them eagerly or capture them once in a CUDA
+graph and replay them: the maths is the same line for line (tests/test_gpu.py
+compares the two; tests/test_trainer.py checks the update against a reference).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fxray.rl.config import DQNConfig
+from fxray.rl.device import DeviceData
+from fxray.rl.env import TradingEnv
+from fxray.rl.optim import Adam
+from fxray.rl.replay import Replay
+
+N_ACTIONS = 3  # short, flat, long; new position = action - 1
+
+
+class QNetwork(nn.Module):
+    """MLP over [normalised market inputs, one-hot position] -> Q for the 3 actions.
+
+    The position one-hot enters the first layer as three columns of its weight
+    (`position_embed`, (3, H)), so Q for all three positions of a bar costs one
+    market projection plus three cheap adds (`q_all`, used by the backtest). The
+    one-hot is applied as a (B, 3) @ (3, H) product, not an index: the backward of
+    indexing with 3 distinct rows is a serialised scatter-add on CUDA (ms at B=8192).
+    """
+
+    def __init__(self, n_inputs: int, hidden: int, depth: int, dueling: bool):
+        super().__init__()
+        self.market_in = nn.Linear(n_inputs, hidden)
+        self.position_embed = nn.Parameter(torch.randn(3, hidden) / (n_inputs + 3) ** 0.5)
+        self.register_buffer("positions", torch.tensor([-1, 0, 1]), persistent=False)
+        self.body = nn.Sequential(*[m for _ in range(depth - 1) for m in (nn.Linear(hidden, hidden), nn.ReLU())])
+        self.dueling = dueling
+        self.head = nn.Linear(hidden, N_ACTIONS + (1 if dueling else 0))
+
+    def _q(self, h: torch.Tensor) -> torch.Tensor:
+        out = self.head(self.body(torch.relu(h)))
+        if not self.dueling:
+            return out
+        value, adv = out[..., :1], out[..., 1:]
+        return value + adv - adv.mean(-1, keepdim=True)
+
+    def forward(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """market (..., n_inputs) float32, position (...) in {-1,0,1} -> Q (..., 3)."""
+        # (not F.one_hot: its bounds check reads a value back to the host on CUDA)
+        one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (..., 3)
+        return self._q(self.market_in(market) + one_hot @ self.position_embed)
+
+    def q_all(self, market: torch.Tensor) -> torch.Tensor:
+        """Q for every previous position: market (T, n_inputs) -> (T, 3 positions, 3 actions)."""
+        h = self.market_in(market)  # (T, H)
+        return self._q(h.unsqueeze(1) + self.position_embed)  # (T, 3, H) -> (T, 3, 3)
+
+
+def epsilon(cfg: DQNConfig, step: torch.Tensor, total_steps: int) -> torch.Tensor:
+    """Linear decay from eps_start to eps_end over eps_decay of all steps (device scalar)."""
+    decay_steps = max(cfg.eps_decay * total_steps, 1.0)
+    frac = (1.0 - step.to(torch.float32) / decay_steps).clamp(0.0, 1.0)
+    return cfg.eps_end + (cfg.eps_start - cfg.eps_end) * frac
+
+
+@torch.no_grad()
+def collect(env: TradingEnv, q_network: QNetwork, replay: Replay, eps: torch.Tensor) -> None:
+    """One epsilon-greedy step of every env, written to the replay."""
+    t, position = env.t.clone(), env.position.clone()
+    q = q_network(env.data.states(t), position)                           # (B, 3)
+    explore = torch.rand(env.num_envs, device=t.device) < eps
+    random_action = torch.randint(0, N_ACTIONS, (env.num_envs,), device=t.device)
+    action = torch.where(explore, random_action, q.argmax(1))
+    reward, done = env.step(action)
+    replay.add(t, position, action, reward, done)
+
+
+class Learner:
+    """Online and target networks, Adam, and the Double-DQN n-step update."""
+
+    def __init__(self, cfg: DQNConfig, n_inputs: int, device):
+        self.cfg = cfg
+        self.q_network = QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling).to(device)
+        self.target_network = QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling).to(device)
+        self.target_network.load_state_dict(self.q_network.state_dict())
+        self.target_network.requires_grad_(False)
+        self.params = list(self.q_network.parameters())
+        self.target_params = list(self.target_network.parameters())
+        self.optimizer = Adam(self.params, lr=cfg.lr)  # fused and graph-safe on CUDA
+        # Inductor fuses the loss's forward and backward into fewer kernels (compiled once,
+        # on the first call; inside a CUDA graph capture its kernels are recorded like any other)
+        self.loss_fn = torch.compile(self.td_loss) if cfg.compile else self.td_loss
+        self.updates = torch.zeros((), dtype=torch.int64, device=device)
+        # epoch accumulators, read once at epoch end
+        self.loss_sum = torch.zeros((), device=device)
+        self.q_abs_max = torch.zeros((), device=device)
+
+    def td_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor):
+        """Huber TD loss of the batch (step, env) and max |Q| over it: the maths of an update
+        (no randomness, no side effects: what `cfg.compile` hands to torch.compile)."""
+        cfg = self.cfg
+        t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
+        B = t.shape[0]
+        # One online forward over [s, s_next] (2B rows): at these sizes a step is bound by
+        # kernel launches, not flops, so one pass of twice the rows is nearly free.
+        market = data.states(torch.cat([t, next_t]))                      # (2B, n_inputs)
+        q_both = self.q_network(market, torch.cat([position, next_position]))  # (2B, 3)
+        q = q_both[:B]
+        with torch.no_grad():  # Double DQN: online picks the next action, target evaluates it
+            next_action = q_both[B:].argmax(1, keepdim=True)
+            next_q = self.target_network(market[B:], next_position).gather(1, next_action).squeeze(1)
+            td_target = return_n * cfg.reward_scale + discount * next_q
+        q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
+        return F.huber_loss(q_sa, td_target, delta=cfg.huber_delta), q.detach().abs().max()
+
+    def learn(self, data: DeviceData, replay: Replay, step=None, env=None) -> None:
+        """One gradient step on a replay batch (sampled unless (step, env) are given)."""
+        cfg = self.cfg
+        if step is None:
+            step, env = replay.sample_indices(cfg.batch_size)
+        loss, q_max = self.loss_fn(data, replay, step, env)
+        self.optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
+        self.optimizer.step()
+        self.updates.add_(1)
+        with torch.no_grad():
+            if cfg.target_every > 0:  # hard copy every N updates, as a 0/1 weight: no branch, no sync
+                weight = (self.updates % cfg.target_every == 0).to(torch.float32)
+                for tp, p in zip(self.target_params, self.params):
+                    tp.lerp_(p, weight)
+            else:
+                torch._foreach_lerp_(self.target_params, self.params, cfg.tau)
+            self.loss_sum.add_(loss.detach())
+            self.q_abs_max.copy_(torch.maximum(self.q_abs_max, q_max))
+
+    def reset(self, seed: int) -> None:
+        """Fresh weights (drawn on the CPU from `seed`: same on every device) and optimizer."""
+        cpu_gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=cpu_gen)))
+            fresh = QNetwork(self.q_network.market_in.in_features, self.cfg.hidden, self.cfg.depth, self.cfg.dueling)
+            for p, f in zip(self.params, fresh.parameters()):
+                p.copy_(f)
+            for tp, f in zip(self.target_params, fresh.parameters()):
+                tp.copy_(f)
+        self.optimizer.reset()
+        self.updates.zero_()
+        self.reset_accumulators()
+
+    def reset_accumulators(self) -> None:
+        self.loss_sum.zero_()
+        self.q_abs_max.zero_()
+
+
+class DQN:
+    """Agents in the train range, the index replay and the Learner: one fold's DQN state."""
+
+    def __init__(self, data: DeviceData, cfg: DQNConfig):
+        self.data, self.cfg = data, cfg
+        self.env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
+        self.replay = Replay(cfg, cfg.num_envs, data.device)
+        # the same (fused, graph-safe) Adam on every CUDA run, graphed or not
+        self.learner = Learner(cfg, data.n_inputs, data.device)
+        self.params = self.learner.params
+        self.global_step = torch.zeros((), dtype=torch.int64, device=data.device)
+        self.total_steps = cfg.epochs * cfg.steps_per_epoch
+        self.warmup = cfg.n_step + 1  # collect steps before the first update
+
+    def epsilon(self) -> torch.Tensor:
+        return epsilon(self.cfg, self.global_step, self.total_steps)
+
+    def begin(self, seed: int) -> None:
+        """Fresh weights, replay and agents; then fill n replay rows (no learning)."""
+        self.learner.reset(seed)
+        self.replay.reset()
+        self.env.reset()
+        self.global_step.zero_()
+        for _ in range(self.warmup):
+            collect(self.env, self.learner.q_network, self.replay, self.epsilon())
+
+    def step(self) -> None:
+        """One collect step of every env, then updates_per_step learner steps (no host sync)."""
+        collect(self.env, self.learner.q_network, self.replay, self.epsilon())
+        for _ in range(self.cfg.updates_per_step):
+            self.learner.learn(self.data, self.replay)
+        self.global_step.add_(1)
+
+    def q_all(self, market: torch.Tensor) -> torch.Tensor:
+        return self.learner.q_network.q_all(market)
+
+    def epoch_stats(self) -> torch.Tensor:
+        return torch.stack([self.learner.loss_sum, self.learner.q_abs_max, self.epsilon()])
+
+    def reset_epoch_stats(self) -> None:
+        self.learner.reset_accumulators()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.learner.q_network.state_dict()

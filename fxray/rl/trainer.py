@@ -1,0 +1,212 @@
+"""Train one walk-forward fold: epochs of collect + learn, val each epoch, test once.
+
+    trainer = Trainer(data, cfg)          # networks, replay, env; CUDA graph captured once
+    result = trainer.run_fold(fold, seed)  # reuses all of it: a fold switch is in-place
+    result = train_fold(data, fold, cfg, seed)  # the same, for one-off use
+
+Inside an epoch nothing talks to the host: `steps_per_epoch` replays of the
+captured (or eager) collect+learn step. At the epoch end one read of the loss
+accumulators and one backtest of the greedy policy on the val window (each one
+host sync). The best epoch's weights are kept on device; the test window is
+evaluated once, with them. Divergence (non-finite loss or Q) ends the fold with
+status "diverged" instead of raising.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from fxray.eval.backtest import backtest, baselines
+from fxray.data.folds import Fold
+from fxray.rl import algorithm
+from fxray.rl.algorithm import Algorithm
+from fxray.rl.config import TrainConfig
+from fxray.rl.device import DeviceData
+
+Q_LIMIT = 1e6  # |Q| beyond this (scaled reward units) counts as divergence
+EVAL_CHUNK = 262_144  # bars per Q-network forward in evaluation (bounds activation memory)
+
+
+@dataclass
+class FoldResult:
+    fold: dict                 # Fold.as_dict()
+    status: str                # "ok" | "diverged" | "cancelled" (stop() said so; not evaluated)
+    best_epoch: int            # 0-based; -1 if no epoch finished
+    epochs_run: int
+    val: dict                  # metrics of the best epoch on the val window
+    test: dict                 # metrics of the best weights on the test window
+    baselines: dict            # {"buy_and_hold": {...}, "flat": {...}} on the test window
+    curve: list = field(default_factory=list)        # per epoch: loss, val_sharpe, epoch_s, eps
+    timings: dict = field(default_factory=dict)      # seconds: fold_switch, train, eval, total
+    adx: float = float("nan")  # mean raw ADX(14) over the train slice (the fold's "difficulty")
+    test_daily_returns: list = field(default_factory=list)  # for equity curves and PSR/DSR
+    checkpoint: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Trainer:
+    """Everything one config needs on one device, built once and reused across folds."""
+
+    def __init__(self, data: DeviceData, cfg: TrainConfig):
+        self.data, self.cfg = data, cfg
+        self.use_graph = cfg.graphs and data.device.type == "cuda"
+        self.algo: Algorithm = algorithm.build(data, cfg)  # agents, replay, networks, optimizer
+        self.best_params = [p.detach().clone() for p in self.algo.params]
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    # --- the hot step ----------------------------------------------------------------
+    def _step(self) -> None:
+        """One collect + learn step of the algorithm (no host sync)."""
+        self.algo.step()
+
+    def _capture(self) -> None:
+        """Record `_step` in a CUDA graph (after warm-up iterations on a side stream)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # builds optimizer state and cuBLAS workspaces
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._step()
+
+    def _begin(self, fold: Fold, seed: int) -> None:
+        """`fold` active on the data, then a fresh start of the algorithm on it."""
+        torch.manual_seed(seed)
+        self.data.set_fold(fold)
+        self.algo.begin(seed)
+
+    # --- evaluation --------------------------------------------------------------------
+    @torch.no_grad()
+    def q_all(self, window: tuple[int, int]) -> torch.Tensor:
+        """(T, 3, 3) Q-values for bars [start, end-1) of a window (bars with a next bar)."""
+        start, end = window[0], window[1] - 1
+        parts = [self.algo.q_all(self.data.states(torch.arange(s, min(s + EVAL_CHUNK, end), device=self.data.device)))
+                 for s in range(start, end, EVAL_CHUNK)]
+        return torch.cat(parts)
+
+    def evaluate(self, window: tuple[int, int]):
+        start, end = window[0], window[1] - 1
+        return backtest(self.q_all(window), self.data.returns[start:end], self.data.day[start:end],
+                        self.cfg.cost, n_days=self.data.count_days(start, end))
+
+    # --- one fold ----------------------------------------------------------------------
+    def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None, stop=None) -> FoldResult:
+        """`stop()`, asked before every step, ends the fold at once with status "cancelled"
+        (a sweep uses it for a fold it started ahead of a trial that is then stopped)."""
+        cfg, sync = self.cfg, self.data.synchronize
+        # matmul precision is process-wide in torch: set it for whichever trainer runs now
+        torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
+        t_start = time.perf_counter()
+        self._begin(fold, seed)
+        sync()
+        t_switch = time.perf_counter() - t_start
+        if self.use_graph and self.graph is None:
+            self._capture()
+            self._begin(fold, seed)  # the capture's warm-up iterations touched weights and replay
+        best_sharpe, best_epoch, bad_epochs, status = -math.inf, -1, 0, "ok"
+        best_val, curve, train_s, eval_s = None, [], 0.0, 0.0
+        for epoch in range(cfg.epochs):
+            t0 = time.perf_counter()
+            self.algo.reset_epoch_stats()
+            for _ in range(cfg.steps_per_epoch):
+                if stop is not None and stop():  # a host-side flag: no device sync
+                    return FoldResult(fold=fold.as_dict(), status="cancelled", best_epoch=-1,
+                                      epochs_run=len(curve), val={}, test={}, baselines={}, curve=curve,
+                                      timings={"total_s": time.perf_counter() - t_start})
+                self.graph.replay() if self.graph is not None else self._step()
+            # host sync: the epoch's loss, |Q| max and epsilon, three scalars
+            loss_sum, q_max, eps = self.algo.epoch_stats().tolist()
+            t1 = time.perf_counter()
+            loss = loss_sum / (cfg.steps_per_epoch * cfg.updates_per_step)
+            if not (math.isfinite(loss) and math.isfinite(q_max) and q_max < Q_LIMIT):
+                status = "diverged"
+                curve.append({"epoch": epoch, "loss": loss, "q_max": q_max, "val_sharpe": float("nan"),
+                              "epoch_s": t1 - t0, "eps": eps})
+                if log:
+                    log(f"fold {fold.k} epoch {epoch}: diverged (loss {loss:.3g}, |Q| max {q_max:.3g})")
+                break
+            val = self.evaluate(fold.val).metrics
+            t2 = time.perf_counter()
+            train_s, eval_s = train_s + (t1 - t0), eval_s + (t2 - t1)
+            curve.append({"epoch": epoch, "loss": loss, "q_max": q_max, "val_sharpe": val.sharpe,
+                          "epoch_s": t2 - t0, "train_s": t1 - t0, "val_s": t2 - t1, "eps": eps})
+            if log:
+                log(f"fold {fold.k} epoch {epoch}: loss {loss:.4f}  val sharpe {val.sharpe:+.2f}  "
+                    f"eps {eps:.2f}  {t2 - t0:.2f}s")
+            if val.sharpe > best_sharpe:
+                best_sharpe, best_epoch, best_val, bad_epochs = val.sharpe, epoch, val, 0
+                for b, p in zip(self.best_params, self.algo.params):
+                    b.copy_(p)
+            else:
+                bad_epochs += 1
+                if bad_epochs >= cfg.patience:
+                    break
+        result = FoldResult(fold=fold.as_dict(), status=status, best_epoch=best_epoch,
+                            epochs_run=len(curve), val={}, test={}, baselines={}, curve=curve,
+                            adx=self.data.adx_mean(fold.train))
+        t3 = time.perf_counter()
+        start, end = fold.test[0], fold.test[1] - 1
+        n_days = self.data.count_days(start, end)
+        base = baselines(self.data.returns[start:end], self.data.day[start:end], cfg.cost, n_days=n_days)
+        result.baselines = {k: asdict(m) for k, m in base.items()}
+        if best_val is not None:
+            for b, p in zip(self.best_params, self.algo.params):
+                p.data.copy_(b)
+            test = self.evaluate(fold.test)
+            result.val, result.test = asdict(best_val), asdict(test.metrics)
+            result.test_daily_returns = test.daily_returns.tolist()
+            if checkpoint_dir is not None:
+                result.checkpoint = str(save_checkpoint(checkpoint_dir, self, fold, result))
+        t4 = time.perf_counter()
+        result.timings = {"fold_switch_s": t_switch, "train_s": train_s, "eval_s": eval_s + (t4 - t3),
+                          "total_s": t4 - t_start}
+        return result
+
+
+def train_fold(data: DeviceData, fold: Fold, config: TrainConfig, seed: int = 0, log=None,
+               checkpoint_dir=None) -> FoldResult:
+    """Train `config` on one fold of `data` (a fresh Trainer; reuse a Trainer across folds)."""
+    return Trainer(data, config).run_fold(fold, seed, log=log, checkpoint_dir=checkpoint_dir)
+
+
+def save_checkpoint(directory, trainer: Trainer, fold: Fold, result: FoldResult) -> Path:
+    """Best weights as safetensors + a JSON sidecar (config, fold, epoch, metrics), atomically."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = directory / f"fold{fold.k}"
+    tensors = {k: v.detach().cpu().contiguous() for k, v in trainer.algo.state_dict().items()}
+    meta = {"config": trainer.cfg.as_dict(), "fold": fold.as_dict(), "best_epoch": result.best_epoch,
+            "val": result.val, "test": result.test, "n_inputs": trainer.data.n_inputs}
+    for suffix, write in ((".safetensors", lambda p: save_file(tensors, p)),
+                          (".json", lambda p: Path(p).write_text(json.dumps(meta, indent=1)))):
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem.name}", suffix=suffix)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, str(stem) + suffix)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return stem.with_suffix(".safetensors")
+
+
+def load_checkpoint(path) -> tuple[dict, dict]:
+    """(state_dict tensors, metadata) of a checkpoint written by save_checkpoint."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    return load_file(str(path)), json.loads(path.with_suffix(".json").read_text())

@@ -1,0 +1,123 @@
+"""Ray itself for a sweep: starting or joining it, and the multi-node facts the sweep
+relies on: the dataset fits every node's object store, trial processes stay on the
+driver's node.
+
+    driver:  start_ray(args)                      a local Ray, or join --address (ClusterError)
+             check_object_store(arrays, path)     before ray.put: one-line error, exit 2, not a hang
+             trial_resources(cpu_per_trial)       what each Tune trial asks for
+    tests:   object_nodes(ref)                    the nodes holding a copy of an object
+
+Why per node: `ray.put` writes the arrays into the driver node's object store once;
+a node whose FoldWorker `ray.get`s them pulls one copy into ITS store (objects are
+keyed by id, so a node never holds two), and every worker there maps that copy
+zero-copy. So each node's store, not the cluster's sum
+(`ray.available_resources()["object_store_memory"]`), must hold the arrays.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import ray
+
+# Ray starts spilling objects to disk once a node's store is 80% full
+# (`object_spilling_threshold` = 0.8): the arrays must stay under that, so need
+# bytes x 1/0.8 of store. The rest is room for task arguments and Tune's results.
+HEADROOM = 1.25
+HEAD_RESOURCE = "node:__internal_head__"  # Ray's built-in resource of the head node (1.0)
+
+
+class ObjectStoreError(ValueError):
+    """The dataset does not fit a node's object store; one line, exit code 2."""
+
+
+class ClusterError(ValueError):
+    """No Ray cluster at --address; one line, exit code 2."""
+
+
+def node_stores() -> dict[str, float]:
+    """Object store capacity in bytes of each alive node, by node id (hex)."""
+    return {n["NodeID"]: float(n["Resources"].get("object_store_memory", 0.0))
+            for n in ray.nodes() if n["Alive"]}
+
+
+def nbytes(arrays: dict) -> int:
+    """Bytes of a dict of numpy arrays (what ray.put will store, give or take a header)."""
+    return int(sum(a.nbytes for a in arrays.values()))
+
+
+def check_object_store(arrays: dict, path: str, headroom: float = HEADROOM) -> dict[str, float]:
+    """Refuse, before `ray.put`, a dataset that the smallest node's store cannot hold.
+
+    Without this a too-big put falls back to disk-backed allocation or waits on
+    spilling: minutes of silence instead of an error. Returns the per-node capacities.
+    """
+    stores = node_stores()
+    size = nbytes(arrays)
+    smallest = min(stores.values(), default=0.0)
+    if size * headroom > smallest:
+        raise ObjectStoreError(
+            f"{path}: its arrays ({mib(size)}) need {mib(size * headroom)} of object store with "
+            f"{headroom:g}x headroom, but the smallest node's store is {mib(smallest)} "
+            f"({len(stores)} node(s)); give every node a bigger store (`ray start "
+            f"--object-store-memory BYTES`, default 30% of RAM) or sweep a shorter fxcache "
+            f"(python -m fxray.data ... --bars)")
+    return stores
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def trial_resources(cpu_per_trial: float) -> dict:
+    """The resources of one Tune trial process.
+
+    On a multi-node cluster the trials are pinned to the head node (a sliver of its
+    built-in `node:__internal_head__` resource): Tune keeps the run directory there,
+    and since Ray 2.7 a trial on another node that reports a checkpoint into a local
+    (non-shared) storage path fails ("Unable to set up cluster storage"). Trials only
+    wait on FoldWorkers (no torch, no CUDA), so the head's CPUs carry them all:
+    concurrent trials = FoldWorkers x sweep.trials_per_worker, each `cpu_per_trial`
+    CPUs of the head.
+    """
+    res = {"cpu": cpu_per_trial}
+    if len(node_stores()) > 1:
+        res[HEAD_RESOURCE] = 0.001  # 1000 concurrent trials per head, far more than workers
+    return res
+
+
+def object_nodes(ref: ray.ObjectRef) -> list[str]:
+    """Ids of the nodes whose object store holds a copy of `ref` (objects < 100 KiB
+    live in the owner's memory, not in a store, and report none)."""
+    from ray.experimental import get_object_locations
+
+    return list(get_object_locations([ref], timeout_ms=10_000).get(ref, {}).get("node_ids", []))
+
+
+def start_ray(args) -> None:
+    """Join a cluster (--address) or start a local one; dashboard off, namespace fixed
+    (the driver's callbacks find the worker pool by name)."""
+    # Our SweepLog prints a line per fold: Tune's own tables and its warning about the
+    # per-fold state snapshot (wanted: it makes --resume lose nothing) would drown it.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Tune's default TensorBoard logger imports tensorboardX, which imports torch into the
+    # driver (~10 s on the GPU machines): make_tuner asks for the JSON and CSV loggers only.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    kw = dict(namespace="fxray", include_dashboard=False, log_to_driver=True, configure_logging=False)
+    if args.address:
+        host, _, port = args.address.rpartition(":")
+        if host and port.isdigit():  # Ray retries a dead address for minutes: probe it first
+            try:
+                socket.create_connection((host, int(port)), timeout=5).close()
+            except OSError as e:
+                raise ClusterError(f"--address {args.address}: nothing answers there ({e.strerror or e}); "
+                                 "is the cluster up (ray status)?") from None
+        try:
+            ray.init(address=args.address, **kw)
+        except (ConnectionError, RuntimeError) as e:
+            raise ClusterError(f"--address {args.address}: cannot join the Ray cluster "
+                             f"({str(e).strip().splitlines()[0]}); is it up (ray status)?") from None
+    else:
+        ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, **kw)

@@ -1,0 +1,268 @@
+"""The sweep driver, in four steps (fxray.tune is its command line):
+
+    plan = validate(args)           everything checked, nothing started: a bad input is one line, exit 2
+    run = start(plan, stack)        MLflow writer, Ray, the data in the object store, FoldWorkers,
+                                    the run directory (sweep.json)
+    ok = fit(run)                   Tune + Optuna + ASHA over the trials (fxray.sweep.tuner)
+    return finish(run)              results.json & co., the round marked done, MLflow's parent ended
+
+Start-up overlaps what it can: the writer imports mlflow while Ray starts; the workers
+import torch and load the data while Tune starts its trial processes; a worker that
+cannot load or a store that cannot open stops the sweep (StartFailed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+
+from fxray.rl import experiment as expmod
+from fxray.sweep.cluster import start_ray
+from fxray.sweep.leases import Workers, pool_name
+from fxray.sweep.rundir import (UsageError, locate, make_fold_dicts, prepare_storage, same_trials,
+                                write_sweep)
+from fxray.sweep.tuner import (MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, close_orphans, debug_log,
+                               ended_trials, make_tuner)
+
+
+@dataclass
+class Plan:
+    """What `validate` decided; nothing is started yet."""
+
+    args: object
+    overrides: dict
+    file: str                 # the experiment file (a sweep's saved copy when it exists)
+    storage: Path
+    sweep: dict | None        # its sweep.json, or None for a new sweep
+    same: dict | None         # --same-trials: what to replay
+    data_path: str | None     # None: the embedded market, made once the profile is known
+    market: object | None
+    uri: str                  # the MLflow store
+    t_start: float = field(default_factory=time.time)
+    phases: dict = field(default_factory=dict)  # unix times of the start-up steps, for results.json
+
+
+@dataclass
+class Run:
+    """A started sweep: what `fit` and `finish` need."""
+
+    plan: Plan
+    exp: object
+    sweep: dict
+    workers: Workers
+    writer: object
+    arrays_ref: object        # held for the whole sweep: a restarted worker loads it again
+
+
+def validate(args, import_s: float = 0.0) -> Plan:
+    """Every check that needs nothing started: flags, run directory, experiment, data, folds, store."""
+    from fxray.data import cache
+    from fxray.track import runs as mlruns
+
+    overrides = {k: v for k, v in (("sweep.trials", args.trials), ("sweep.seed", args.seed),
+                                   ("sweep.workers_per_gpu", args.workers_per_gpu),
+                                   ("name", args.name)) if v is not None}
+    if args.address and (args.num_cpus or args.num_gpus is not None):
+        raise UsageError("--num-cpus/--num-gpus size a local Ray; with --address the cluster's own "
+                         "resources are used: drop one of them")
+    file, storage, sweep = locate(args, overrides)
+    same = same_trials(args, storage, sweep, overrides)
+    exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
+    data_path = args.data or (sweep and sweep["data"]["path"]) or (same and same["data"]["path"]) or exp.data_path
+    if args.data and sweep and Path(args.data).absolute() != Path(sweep["data"]["path"]):
+        raise UsageError(f"--data {args.data}: this sweep ran on {sweep['data']['path']}; "
+                         "use --storage DIR for a new sweep")
+    if data_path and not Path(data_path).exists():
+        where = "--data" if args.data else f"{file}: data.path"
+        raise UsageError(f"{where}: {data_path} does not exist (build it with `python -m fxray.data build`)")
+    market = cache.open(data_path) if data_path else None  # a bad file fails here, before Ray
+    if market is not None:
+        make_fold_dicts(file, exp, market)
+        if sweep and sweep["data"]["content_hash"] != market.content_hash:
+            raise UsageError(f"{data_path}: its contents changed since the sweep started "
+                             f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
+        if same:
+            same_exp = expmod.load(file, same["profile"], overrides)
+            try:
+                check_same_work(same, same_exp, make_fold_dicts(file, same_exp, market), market.content_hash,
+                                data_path)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+    uri = sweep["mlflow"]["uri"] if sweep else mlruns.tracking_uri()
+    try:
+        mlruns.check_uri(uri)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    plan = Plan(args, overrides, file, storage, sweep, same, data_path, market, uri)
+    plan.phases.update(ray_tune_import_s=import_s, validated=time.time())
+    return plan
+
+
+def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
+    """The writer, Ray, the data, the workers and the run directory, in that order."""
+    from fxray.data import cache, synth
+    from fxray.sweep.workers import plan_workers, put_market, start_workers
+    from fxray.track.writer import Writer
+
+    args, phases, storage = plan.args, plan.phases, plan.storage
+    holder: dict = {}
+    prepared = threading.Event()  # set once the Run exists (a resumed sweep's store may open sooner)
+
+    def opened(parent_id: str) -> None:  # in the writer's reader thread; the main thread is in Tune
+        prepared.wait()
+        sweep = holder["run"].sweep
+        if sweep["mlflow"].get("parent_run_id") is None:
+            sweep["mlflow"]["parent_run_id"] = parent_id
+            write_sweep(storage, sweep)
+        phases["mlflow_ready"] = time.time()
+
+    # first, so that importing mlflow overlaps Ray's start; it opens the store once sweep.json exists
+    writer = stack.enter_context(Writer(storage, plan.uri, on_open=opened, on_error=MLFLOW_FAILURE.append))
+    start_ray(args)
+    phases["ray_up"] = time.time()
+    gpus = ray.cluster_resources().get("GPU", 0)
+    profile = (plan.sweep or plan.same or {}).get("profile") or (
+        args.profile if args.profile != "auto" else ("gpu" if gpus >= 1 else "cpu"))
+    exp = expmod.load(plan.file, profile, plan.overrides)
+    market, data_path = plan.market, plan.data_path
+    if market is None:
+        data_path = str(synth.ensure_default(exp.synth, log=print))
+        market = cache.open(data_path)
+    folds = make_fold_dicts(plan.file, exp, market)
+    try:
+        wplan = plan_workers(ray.cluster_resources(), exp.sweep.workers_per_gpu, exp.sweep.cpu_per_trial,
+                             args.cpu_workers, exp.sweep.trials_per_worker)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    trials = plan.sweep["rounds"][-1]["trials"] if args.resume else exp.sweep.trials
+    cfg = exp.config
+    print(f"{profile.upper()} profile: {trials} trials x {len(folds)} folds x {cfg.epochs} epochs "
+          f"x {cfg.steps_per_epoch} steps ({cfg.num_envs} envs, batch {getattr(cfg, 'batch_size', '-')}) "
+          f"on {wplan.describe()}; data {data_path} ({market.n_bars:,} bars)"
+          + (" -- resuming" if args.resume else "")
+          + (f" -- the trials of {plan.same['from']}, each for as many folds as there" if plan.same else ""),
+          flush=True)
+    t0 = time.time()
+    arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
+    workers = start_workers(arrays_ref, wplan, cfg.dtype, pool_name(storage),
+                            worker_class=os.environ.get("FXRAY_WORKER_CLASS"))
+    for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
+        handle.warmup.remote(cfg.as_dict(), folds[0])
+    phases["workers_created"] = time.time()
+    # while the workers import torch and load the data: the run directory (then the writer
+    # opens the store), then Tune starts its trial processes; a first fold waits on its worker
+    sweep = prepare_storage(storage, plan.sweep, exp, plan.file, profile, market, data_path, folds, args,
+                            plan.same)
+    run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref)
+    prepared.set()
+    watch_workers(workers, t0, phases)
+    return run
+
+
+def fit(run: Run) -> int | None:
+    """Tune over the round's trials; None when it ran, else the exit code of a sweep that stopped."""
+    plan, storage, sweep = run.plan, run.plan.storage, run.sweep
+    # A sqlite store fails at once if it fails, seconds before a first fold could be
+    # reported. A tracking server can take minutes to fail (MLflow retries): folds
+    # reported meanwhile would never reach it, not even after --resume. Wait for it.
+    from fxray.track.runs import sqlite_path
+
+    if sqlite_path(plan.uri) is None and not run.writer.wait_open():
+        return start_failed(f"MLflow store {plan.uri} could not be opened: {MLFLOW_FAILURE[0]}", storage)
+    # what a resumed round trains with is what it started with, whatever the flags say now
+    job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
+           "checkpoints": str(storage / "checkpoints")}
+    debug_log(os.environ.get("FXRAY_TUNE_DEBUG_LOG"))
+    try:
+        tuner = make_tuner(storage, sweep, run.exp, job, run.workers, resumed=plan.args.resume)
+        plan.phases["tune_started"] = time.time()
+        tuner.fit()
+        plan.phases["tune_done"] = time.time()
+    except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
+        run.writer.finish("FAILED")
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"fxray.tune: the sweep stopped: {type(e).__name__}: {first}\n"
+              f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
+        return 1
+    if MLFLOW_FAILURE:
+        return start_failed(f"MLflow store {plan.uri} could not be opened: {MLFLOW_FAILURE[0]}", storage)
+    if WORKER_FAILURE:
+        run.writer.finish("FAILED")
+        return start_failed(f"a FoldWorker could not load the data: {WORKER_FAILURE[0]}", storage)
+    return None
+
+
+def finish(run: Run) -> int:
+    """The end of a round: results files, the round marked done, the MLflow parent ended."""
+    from fxray.track import results
+
+    plan, storage, sweep = run.plan, run.plan.storage, run.sweep
+    ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
+    unfinished = sweep["rounds"][-1]["trials"] - ended
+    records = results.load_records(storage)
+    summary = results.write_results(storage, sweep, records, run.workers.stats(), time.time() - plan.t_start,
+                                    plan.args.json, started=plan.t_start, phases=plan.phases)
+    if unfinished:
+        run.writer.finish("KILLED")
+        print(f"interrupted: {unfinished} trial(s) unfinished; resume with: python -m fxray.tune "
+              f"--storage {storage} --resume", file=sys.stderr)
+        return 130
+    orphans = close_orphans(storage)
+    if orphans:
+        print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (no Tune trial ran them)")
+    sweep["rounds"][-1]["done"] = errors == 0
+    write_sweep(storage, sweep)
+    lost = run.writer.finish("FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"],
+                             summary["artifacts"])
+    print(f"results: {storage}\nMLflow:  mlflow ui --backend-store-uri {sweep['mlflow']['uri']} "
+          "(serves on 127.0.0.1:5000)")
+    if lost:
+        print(f"{lost} MLflow write(s) failed (the fxray.track.writer lines above say why); "
+              f"{storage}/results.json has every fold", file=sys.stderr)
+    if errors:
+        print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
+    return 1 if errors or lost else 0
+
+
+def sweep_run(args, import_s: float = 0.0) -> int:
+    """validate, start, fit, finish; whatever was started ends with the run, however it ends."""
+    plan = validate(args, import_s)
+    with contextlib.ExitStack() as stack:
+        run = start(plan, stack)
+        stopped = fit(run)
+        return stopped if stopped is not None else finish(run)
+
+
+def start_failed(error: str, storage: Path) -> int:
+    """A sweep that could not start (StartFailed): its one error line, how to go on, exit 1."""
+    print(f"fxray.tune: error: {error}\n"
+          f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
+    return 1
+
+
+def last_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[-1] if text else type(e).__name__
+
+
+def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
+    """In a thread: wait until every worker has loaded the data, then say so; on a load
+    error remember its last line, where Ray puts the cause (StartFailed then stops the sweep)."""
+
+    def wait():
+        try:
+            workers.stats(timeout=600)
+        except Exception as e:  # noqa: BLE001 (any failure to start is reported the same way)
+            WORKER_FAILURE.append(last_line(e))
+            return
+        phases["workers_ready"] = time.time()
+        print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)
+
+    threading.Thread(target=wait, name="fxray-watch-workers", daemon=True).start()

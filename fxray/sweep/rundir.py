@@ -1,0 +1,126 @@
+"""The run directory of a sweep: finding it, checking the flags against it, creating it.
+
+    runs/<name>/sweep.json       experiment, profile, data path + hash, folds, base config,
+                                 MLflow ids, rounds (what --resume and extensions run from)
+    runs/<name>/experiment.yaml  the experiment file the sweep started with
+
+Everything here runs before anything is started, and either refuses with one line
+(`UsageError`, exit 2) or writes sweep.json atomically (`prepare_storage`, last of all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from fxray.data.folds import FoldError
+from fxray.rl import experiment as expmod
+from fxray.sweep.tuner import read_same_trials
+
+
+class UsageError(ValueError):
+    """A bad flag combination or run directory state; one line, exit code 2."""
+
+
+def locate(args, overrides) -> tuple[str, Path, dict | None]:
+    """(experiment file, run directory, its sweep.json or None). A sweep that exists
+    runs from its saved copy of the experiment file, so a resume is the same sweep."""
+    storage = Path(args.storage).absolute() if args.storage else None
+    sweep = read_sweep(storage) if storage else None
+    if sweep is None:
+        file = args.experiment or expmod.default_experiment()
+        storage = storage or (Path("runs") / expmod.load(file, "gpu", overrides).name).absolute()
+        sweep = read_sweep(storage)
+    if args.resume and sweep is None:
+        raise UsageError(f"{storage}: no sweep to resume (no sweep.json); run without --resume")
+    if sweep is None:
+        return file, storage, None
+    saved = storage / "experiment.yaml"
+    if args.experiment and (expmod.read_yaml(args.experiment) is not None  # missing/bad: an error too
+                            and Path(args.experiment).read_text() != saved.read_text()):
+        raise UsageError(f"{args.experiment}: differs from the file this sweep started with ({saved}); "
+                         "use --storage DIR for a new sweep")
+    if not args.resume and not sweep["rounds"][-1]["done"]:
+        raise UsageError(f"{storage}: the last sweep was interrupted; pass --resume to finish it, "
+                         "or --storage DIR to start another")
+    return str(saved), storage, sweep
+
+
+def same_trials(args, storage: Path, sweep: dict | None, overrides: dict) -> dict | None:
+    """--same-trials RESULTS, read and checked against the flags; it sets the trials and
+    (unless --seed) the training seed of the new sweep. None without the flag."""
+    if not args.same_trials:
+        return None
+    if args.resume:
+        raise UsageError("--same-trials: drop it with --resume (a resumed sweep runs what it started with)")
+    if sweep is not None:
+        raise UsageError(f"--same-trials starts a new sweep and {storage} holds one: pass --storage DIR")
+    try:
+        same = read_same_trials(args.same_trials)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    n = len(same["trials"])
+    if args.trials not in (None, n):
+        raise UsageError(f"--trials {args.trials}: --same-trials runs the trials of {args.same_trials} "
+                         f"({n}); drop --trials")
+    if args.profile not in ("auto", same["profile"]):
+        raise UsageError(f"--profile {args.profile}: {args.same_trials} ran the {same['profile']} profile; "
+                         "drop --profile")
+    overrides["sweep.trials"] = n
+    overrides.setdefault("sweep.seed", same["seed"])
+    return same
+
+
+def read_sweep(storage: Path) -> dict | None:
+    path = storage / "sweep.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_sweep(storage: Path, sweep: dict) -> None:
+    tmp = storage / ".sweep.json.tmp"
+    tmp.write_text(json.dumps(sweep, indent=1))
+    os.replace(tmp, storage / "sweep.json")  # atomic: a reader never sees half a file
+
+
+def make_fold_dicts(file, exp, market) -> list[dict]:
+    from fxray.data.folds import make_folds
+
+    try:
+        return [f.as_dict() for f in make_folds(market.ts, exp.folds)]
+    except FoldError as e:
+        raise UsageError(f"{file}: folds: {e} ({market.path})") from None
+
+
+def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path, folds, args, same=None) -> dict:
+    """Create the run directory (first run) or open a new round (an extension) or keep
+    the last one (a resume). Everything here is validated already: nothing is half-written."""
+    from fxray.track import runs as mlruns
+
+    round_names = [r["name"] for r in sweep["rounds"]] if sweep else []
+    if sweep is None:
+        storage.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(file, storage / "experiment.yaml")
+        tags = {"fxray.experiment": exp.name, "fxray.dataset_hash": market.content_hash,
+                "fxray.profile": profile, "fxray.storage": str(storage),
+                "fxray.folds": json.dumps([[f["k"], f["train"], f["val"], f["test"]] for f in folds])}
+        commit = mlruns.git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        sweep = {"id": uuid.uuid4().hex, "experiment": exp.name, "profile": profile, "experiment_file": str(Path(file).absolute()),
+                 "data": {"path": str(Path(data_path).absolute()), "content_hash": market.content_hash,
+                          "n_bars": market.n_bars},
+                 "folds": folds, "base": exp.config.as_dict(), "rounds": [],
+                 "mlflow": {"uri": mlruns.tracking_uri(), "experiment": exp.name, "tags": tags}}
+    if not args.resume:
+        name = "tune" if not round_names else f"tune-{len(round_names) + 1}"
+        sweep["rounds"].append({"name": name, "trials": exp.sweep.trials, "seed": exp.sweep.seed,
+                                "done": False, "started": time.time()})
+        if same:  # the parent run says so too (its tags are the sweep's: the first round's)
+            sweep["rounds"][-1]["same_trials"] = {"from": same["from"], "trials": same["trials"]}
+            sweep["mlflow"]["tags"].setdefault("fxray.same_trials", same["from"])
+    write_sweep(storage, sweep)
+    return sweep

@@ -1,0 +1,89 @@
+"""What runs in a Tune trial process: walk one config's folds on a leased FoldWorker.
+
+No torch, no CUDA, no MLflow here: a trial only sends (config, fold, seed) to the
+worker it leased (fxray.leases) and reports each fold to Tune. The folds are cut
+into segments at the reports ASHA can act on (`asha_stops`): inside a segment the
+next fold is queued on the worker while the last one is reported; before a
+segment's last report the worker goes back to the pool, so a trial that ASHA stops
+leaves nothing queued and the trial waiting for the worker trains meanwhile.
+A segment's later folds may also go to a worker no trial is waiting for (the end
+of a sweep: see FoldStream). A --same-trials sweep gives each config its number of
+folds (`limits`). The driver (fxray.tune) builds the trainable from `fold_trial`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from ray import tune
+
+from fxray.rl.config import make_config
+from fxray.sweep.leases import Workers
+from fxray.track.records import FoldRecord
+
+
+def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
+    """Train the sampled config on every fold, in time order, reporting after each."""
+    started = time.time()  # when Tune's trial process got to us (the report's trial_start)
+    logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" per fold is noise
+    trial_id = tune.get_context().get_trial_id()
+    cfg = {**job["base"], **config}
+    make_config(cfg)  # a sampled combination the config rejects fails here, not on a worker
+    done: list[dict] = []
+    ckpt = tune.get_checkpoint()  # a restored trial continues after its last reported fold
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            done = json.loads(Path(d, "folds.json").read_text())
+    folds = job["folds"]
+    if job.get("limits"):  # --same-trials: as many folds as this config trained in that sweep
+        # (a config not in it: one the study sampled after a hard kill lost an enqueued one)
+        folds = folds[:job["limits"].get(config_key(config), len(folds))]
+    checkpoint_dir = os.path.join(job["checkpoints"], trial_id)
+    worker = None  # after a rung ASHA let us pass, lease the same worker again if it is free
+    for segment in segments(folds[len(done):], len(done), job["stops"]):
+        with workers.lease(trial_id, prefer=worker) as worker, \
+                contextlib.closing(workers.run_folds(worker, cfg, segment, job["seed"], checkpoint_dir,
+                                                     owner=trial_id)) as results:
+            for result in results:
+                if results.consumed == len(segment):  # nothing queued after this: free the worker first
+                    workers.release(trial_id)
+                record = FoldRecord.from_result(result)
+                done.append({"val_sharpe": record.val["sharpe"], "test_sharpe": record.test["sharpe"]})
+                record.folds_done, record.trial_start = len(done), started
+                record.mean_val_sharpe = sum(d["val_sharpe"] for d in done) / len(done)
+                record.mean_test_sharpe = sum(d["test_sharpe"] for d in done) / len(done)
+                with tempfile.TemporaryDirectory() as d:
+                    Path(d, "folds.json").write_text(json.dumps(done))
+                    tune.report(record.flat(), checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def config_key(config: dict) -> str:
+    """A sampled config as text, to find it again in --same-trials' fold limits."""
+    return json.dumps(config, sort_keys=True)
+
+
+def asha_stops(n_folds: int, grace: int, rf: float) -> list[int]:
+    """The folds-done counts at which ASHAScheduler(max_t=n_folds, grace_period=grace,
+    reduction_factor=rf) may stop a trial: its rungs (the first report at or past each
+    milestone) and max_t. Same arithmetic as Ray's _Bracket (a test compares the two)."""
+    n_rungs = int(np.log(n_folds / grace) / np.log(rf) + 1)
+    return sorted({math.ceil(grace * rf ** k) for k in range(n_rungs)} | {n_folds})
+
+
+def segments(folds: list, done: int, stops) -> list[list]:
+    """`folds` (the next ones after `done` reported) cut after each report in `stops`."""
+    out, current = [], []
+    for count, fold in enumerate(folds, start=done + 1):
+        current.append(fold)
+        if count in stops:
+            out.append(current)
+            current = []
+    return out + [current] if current else out

@@ -1,0 +1,227 @@
+"""Ray side of the data flow: the dataset in the object store once, one FoldWorker per GPU.
+
+    driver:  ref = put_market(market)                 once per sweep (copied once per node)
+             workers = start_workers(ref, plan, ...)  BEFORE Tuner.fit(): an actor created inside
+                                                      a trial would join its placement group
+    trial:   with workers.lease(trial_id) as w:       exactly one trial drives a worker at a time
+                 for result in workers.run_folds(w, cfg, folds, seed, ckpt_dir):  -> FoldResult dicts
+
+A FoldWorker `ray.get`s the arrays once (zero-copy, read-only) and uploads them
+into one DeviceData for its whole life; it caches a Trainer per config, so the
+folds of a trial reuse networks, replay and the captured CUDA graph. Trials reach
+the workers through fxray.leases (the pool of leases, and the stream of a trial's
+folds on them); they never import torch nor touch CUDA (a 0-GPU Ray process can see
+every GPU). A worker that dies is restarted by Ray and reloads from the object
+store; the trial that was using it retries its fold there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+
+from fxray.sweep.cluster import check_object_store
+from fxray.sweep.leases import WorkerPool, Workers
+
+TRAINER_CACHE = 2      # Trainers (networks + replay + graph) a worker keeps, most recent first
+
+
+def put_market(market) -> ray.ObjectRef:
+    """The arrays of `fxray.device.host_arrays(market)` into the object store, once.
+
+    Built here rather than by calling host_arrays, so that the driver never imports
+    torch (~10 s on the GPU machines); tests/test_workers.py checks both agree.
+    Columns are made contiguous (close is a strided view of targets; the others are
+    already, and are not copied) so every `ray.get` is zero-copy.
+    """
+    arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "close": market.close}
+    arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    check_object_store(arrays, market.path)  # every node's store must hold a copy: fail now, not hang
+    return ray.put(arrays)
+
+
+# --- how many workers, with which resources ------------------------------------------
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    kind: str             # "gpu": one actor per 1/K GPU; "cpu": CPU-only actors
+    n_workers: int
+    num_cpus: float       # logical CPUs each worker reserves
+    num_gpus: float       # 1/K in gpu plans, 0 in cpu plans
+    torch_threads: int    # intra-op threads of each worker
+    n_trials: int         # Tune trials in flight (max_concurrent_trials)
+
+    def describe(self) -> str:
+        per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""
+        return (f"{self.n_workers} {self.kind.upper()} worker(s), each {per}{self.num_cpus:g} CPU, "
+                f"{self.torch_threads} torch thread(s); {self.n_trials} trials in flight")
+
+
+def plan_workers(resources: dict, workers_per_gpu: int = 1, cpu_per_trial: float = 0.25,
+                 cpu_workers: int | None = None, trials_per_worker: int = 1) -> WorkerPlan:
+    """Split the cluster between workers and the trials that drive them.
+
+    `trials_per_worker` trials are in flight per worker: one holds its lease, the
+    others have been started by Tune and wait for it, so a worker goes from one
+    trial to the next without waiting for Tune's trial turnover (~0.1 s).
+    Trials only wait on workers, but Ray still needs room for their `cpu_per_trial`;
+    a worker gets at most 1 logical CPU, less where the trials would not fit.
+    """
+    cpus, gpus = float(resources.get("CPU", 0)), int(resources.get("GPU", 0))
+    if gpus >= 1:
+        kind, n, num_gpus = "gpu", gpus * workers_per_gpu, 1.0 / workers_per_gpu
+        threads = 1
+    else:
+        kind, num_gpus = "cpu", 0.0
+        n = cpu_workers or max(1, int(cpus))  # one single-threaded worker per core beats one wide one
+        threads = max(1, int(cpus // n))
+    n_trials = n * trials_per_worker
+    spare = (cpus - n_trials * cpu_per_trial) / n
+    num_cpus = math.floor(min(float(threads if kind == "cpu" else 1), spare) * 100) / 100
+    if num_cpus <= 0 and kind == "cpu":
+        raise ValueError(f"{n} CPU workers and their {n_trials} trials ({cpu_per_trial:g} CPU each) do not "
+                         f"fit in {cpus:g} CPUs: lower sweep.cpu_per_trial, sweep.trials_per_worker or "
+                         "--cpu-workers")
+    return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads, n_trials)
+
+
+# --- the actor -----------------------------------------------------------------------
+
+ACTOR_OPTIONS = dict(max_restarts=-1, max_task_retries=2, concurrency_groups={"control": 1})
+
+
+class DeviceWorker:
+    """One device-resident copy of the dataset and the Trainers that use it.
+
+    `train_fold` runs in the default group (one at a time, in submission order);
+    `cancel` and `stats` run in their own thread, so they answer while a fold trains.
+    """
+
+    def __init__(self, arrays_ref: list, index: int, torch_threads: int = 1, dtype: str = "float32"):
+        t_init = time.time()  # the process is up and Ray has loaded this class
+        import torch
+
+        from fxray.rl.device import DeviceData
+
+        t_imported = time.time()
+        torch.set_num_threads(torch_threads)
+        # Inside an actor with num_gpus > 0, Ray sets CUDA_VISIBLE_DEVICES: cuda:0 is ours.
+        # Decided by the hardware, not by Ray's (possibly logical) GPU ids.
+        self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        arrays = ray.get(arrays_ref[0])  # zero-copy read-only views into the object store
+        self.data = DeviceData(arrays, device=self.device, dtype=dtype)
+        del arrays  # the device copy is all we need; the views pin nothing afterwards
+        self.index, self.n_loads, self.n_calls, self.n_trainers = index, 1, 0, 0
+        # unix times of the start-up steps, for scripts/sweep_report.py
+        self.timeline = {"init": t_init, "imported": t_imported, "loaded": time.time()}
+        self.load_s = self.timeline["loaded"] - t_imported
+        with warnings.catch_warnings():  # the property warns about an API it uses internally
+            warnings.simplefilter("ignore")
+            self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self.trainers: OrderedDict = OrderedDict()
+        self.cancelled: set = set()   # tokens whose queued folds are no longer wanted
+        self.calls: list = []         # per call: [start, end (unix s), token, fold k, status]
+        self.running: list | None = None  # [start, token, fold k] of the fold training now
+
+    def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir: str | None = None,
+                   token: str | None = None) -> dict:
+        """Train `config` on `fold`. A fold whose `token` was cancelled returns status
+        "cancelled" (at once if not started, else at its next step)."""
+        t0 = time.time()
+        self.n_calls += 1
+        if token is not None and token in self.cancelled:
+            result = {"status": "cancelled", "fold": fold, "epochs_run": 0, "timings": {"total_s": 0.0}}
+        else:
+            self.running = [t0, token, fold["k"]]
+            try:
+                result = self._train(config, fold, seed, checkpoint_dir,
+                                     stop=(lambda: token in self.cancelled) if token is not None else None)
+            finally:
+                self.running = None
+        result["worker"] = self.index
+        self.calls.append([t0, time.time(), token, fold["k"], result["status"]])
+        return result
+
+    def warmup(self, config: dict, fold: dict) -> None:
+        """One short fold of `config` (one epoch of a few steps), so that the one-time
+        costs of a fresh device process (kernel loading, cuBLAS handles, the first graph
+        capture: seconds on the H200) are paid while Tune starts its first trials, not
+        inside the first trial. Logged as a call with status "warmup"."""
+        t0 = time.time()
+        small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
+        self._train(small, fold, 0, None, None)
+        self.trainers.pop(json.dumps(small, sort_keys=True), None)  # never used again
+        self.calls.append([t0, time.time(), None, fold["k"], "warmup"])
+
+    def _train(self, config, fold, seed, checkpoint_dir, stop) -> dict:
+        from fxray.rl.config import make_config
+        from fxray.rl.device import DTYPES
+        from fxray.data.folds import Fold
+        from fxray.rl.trainer import Trainer
+
+        key = json.dumps(config, sort_keys=True)
+        trainer = self.trainers.pop(key, None)
+        if trainer is None:
+            cfg = make_config(config)
+            if DTYPES[cfg.dtype] != self.data.dtype:
+                raise ValueError(f"dqn.dtype {cfg.dtype!r} differs from the worker's data "
+                                 f"({self.data.dtype}); the storage dtype is fixed per sweep")
+            trainer = Trainer(self.data, cfg)
+            self.n_trainers += 1
+        self.trainers[key] = trainer
+        while len(self.trainers) > TRAINER_CACHE:
+            self.trainers.popitem(last=False)
+        return trainer.run_fold(Fold.from_dict(fold), seed, checkpoint_dir=checkpoint_dir, stop=stop).as_dict()
+
+    @ray.method(concurrency_group="control")
+    def cancel(self, token: str) -> None:
+        """Folds queued or running under `token` end early (their trial was stopped)."""
+        self.cancelled.add(token)
+
+    @ray.method(concurrency_group="control")
+    def stats(self) -> dict:
+        return {"index": self.index, "n_loads": self.n_loads, "n_calls": self.n_calls,
+                "n_trainers": self.n_trainers, "calls": list(self.calls), "running": self.running,
+                "restarted": self.restarted, "device": self.device, "load_s": self.load_s,
+                "timeline": self.timeline,
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
+                "node": ray.get_runtime_context().get_node_id()}
+
+
+FoldWorker = ray.remote(**ACTOR_OPTIONS)(DeviceWorker)
+
+
+def worker_actor(path: str | None):
+    """The actor class of the workers: FoldWorker, or a DeviceWorker subclass named
+    "module:Class" (FXRAY_WORKER_CLASS: the fault-injection tests' workers, tests/faults.py)."""
+    if not path:
+        return FoldWorker
+    import importlib
+
+    module, _, name = path.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, DeviceWorker)):
+        raise ValueError(f"FXRAY_WORKER_CLASS {path}: not a subclass of fxray.sweep.workers.DeviceWorker")
+    return ray.remote(**ACTOR_OPTIONS)(cls)
+
+
+def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: str | None = None,
+                  worker_class: str | None = None) -> Workers:
+    """Create the pool and its FoldWorkers (they load the data in the background:
+    `workers.stats()` waits for them). `worker_class`: see worker_actor."""
+    actor = worker_actor(worker_class)
+    # The ref travels inside a list so that the actor's own ray.get is the one load we count.
+    handles = [actor.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus)
+               .remote([arrays_ref], i, plan.torch_threads, dtype)
+               for i in range(plan.n_workers)]
+    # Named (see pool_name), so that the driver's Tune callbacks, rebuilt from pickles on
+    # resume, find it.
+    return Workers(WorkerPool.options(name=name).remote(plan.n_workers), handles, plan)

@@ -1,0 +1,117 @@
+"""The fold record: one trained fold of one trial, and every form it is written in.
+
+    record = FoldRecord.from_result(fold_result_dict)   # on the trial side, from a FoldWorker
+    record.flat()            # what the trial reports to Tune and the driver appends to folds.jsonl
+    FoldRecord.from_flat(d)  # a folds.jsonl line back
+    record.results_json()    # a fold of results.json (val/test metric dicts, timings)
+    record.csv_row()         # a row of folds.csv (columns CSV_COLUMNS)
+    record.mlflow_metrics()  # the child run's metrics at step = fold
+
+Every form is derived from the fields below and from fxray.eval.metrics.Metrics (the
+window metrics, as `val_<name>` / `test_<name>`): adding a metric is one edit there,
+adding a fold field one edit here. A field's `metadata` says where it goes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from fxray.eval.metrics import Metrics
+
+WINDOWS = ("val", "test")
+WINDOW_METRICS = tuple(f.name for f in dataclasses.fields(Metrics))  # sharpe, sortino, ...
+TIMINGS = ("fold_switch_s", "train_s", "eval_s", "fold_time_s", "trial_start")
+
+
+def _f(default=None, *, metric=False, csv=True, factory=None):
+    """A FoldRecord field: `metric` -> an MLflow metric of the child run; `csv` -> a folds.csv column."""
+    meta = {"metric": metric, "csv": csv}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class FoldRecord:
+    """One fold of one trial. `val`/`test`: {metric: value} of the selected epoch (Metrics
+    fields; empty when no epoch finished); a flat form names them `val_sharpe`, ..."""
+
+    fold: int = _f(0)
+    status: str = _f("ok")                     # ok | diverged | cancelled
+    epochs: int = _f(0, metric=True)           # epochs run
+    best_epoch: int = _f(-1)                   # 0-based; -1 if none finished
+    val: dict = _f(factory=dict)
+    test: dict = _f(factory=dict)
+    bh_test_sharpe: float = _f(0.0, metric=True)  # buy-and-hold on the test window
+    adx: float = _f(0.0)                       # mean raw ADX(14) of the train slice
+    worker: int = _f(-1)
+    checkpoint: str = _f("")
+    fold_switch_s: float = _f(0.0)
+    train_s: float = _f(0.0)
+    eval_s: float = _f(0.0)
+    fold_time_s: float = _f(0.0, metric=True)
+    test_daily_returns: list = _f(factory=list, csv=False)
+    # --- the trial's running numbers after this fold (set by the trial) ----------------------
+    folds_done: int = _f(0)
+    mean_val_sharpe: float = _f(0.0, metric=True)   # the sweep objective
+    mean_test_sharpe: float = _f(0.0, metric=True)
+    trial_start: float | None = _f(None, csv=False)
+
+    @classmethod
+    def from_result(cls, r: dict) -> FoldRecord:
+        """A FoldResult dict (fxray.rl.trainer) -> a record. A fold with no finished epoch
+        (diverged at once) scores 0.0 in every window metric, the Sharpe of staying flat."""
+        timings = r["timings"]
+        return cls(
+            fold=r["fold"]["k"], status=r["status"], epochs=r["epochs_run"], best_epoch=r["best_epoch"],
+            val={k: float(r["val"].get(k, 0.0)) for k in WINDOW_METRICS},
+            test={k: float(r["test"].get(k, 0.0)) for k in WINDOW_METRICS},
+            bh_test_sharpe=r["baselines"].get("buy_and_hold", {}).get("sharpe", 0.0),
+            adx=r["adx"] if math.isfinite(r["adx"]) else 0.0,
+            worker=r.get("worker", -1), checkpoint=r["checkpoint"] or "",
+            fold_time_s=timings.get("total_s", 0.0),
+            **{k: timings.get(k, 0.0) for k in ("fold_switch_s", "train_s", "eval_s")},
+            test_daily_returns=list(r["test_daily_returns"]))
+
+    # --- the flat form: Tune reports and folds.jsonl -------------------------------------------
+    def flat(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in WINDOWS:
+                out.update({f"{f.name}_{k}": value.get(k, 0.0) for k in WINDOW_METRICS})
+            else:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_flat(cls, d: dict) -> FoldRecord:
+        """A flat dict (a folds.jsonl line, a Tune result) -> a record; keys it does not know
+        (the trial id, the config, Tune's own) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)} - set(WINDOWS)
+        windows = {w: {k: d[f"{w}_{k}"] for k in WINDOW_METRICS if f"{w}_{k}" in d} for w in WINDOWS}
+        return cls(**{k: v for k, v in d.items() if k in names}, **windows)
+
+    # --- the other forms -----------------------------------------------------------------------
+    def results_json(self) -> dict:
+        """A fold of results.json: val/test metric dicts and the timings grouped."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in TIMINGS and f.name not in ("folds_done", "mean_val_sharpe", "mean_test_sharpe")}
+        out["timings"] = {k: getattr(self, k) for k in TIMINGS}
+        return out
+
+    def csv_row(self) -> list:
+        flat = self.flat()
+        return [flat[c] for c in CSV_COLUMNS]
+
+    def mlflow_metrics(self) -> dict[str, float]:
+        """{name: value} logged at step = fold: every window metric and the fields marked `metric`."""
+        out = {f"{w}_{k}": float(getattr(self, w).get(k, 0.0)) for w in WINDOWS for k in WINDOW_METRICS}
+        out.update({f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["metric"]})
+        return out
+
+
+CSV_COLUMNS = tuple(k for f in dataclasses.fields(FoldRecord) if f.metadata["csv"]
+                    for k in ([f"{f.name}_{m}" for m in WINDOW_METRICS] if f.name in WINDOWS else [f.name]))

@@ -1,0 +1,183 @@
+"""The sweep's MLflow runs: a parent run per sweep, a child run per trial, a metric
+step per fold (`Tracker`). It runs in the writer process (fxray.track.writer), which
+feeds it from the run directory's log; the driver never imports mlflow.
+
+    tracker = open_sweep(sweep)            # the parent run of sweep.json (found by tag, or created)
+    tracker.log_fold(trial_id, name, params, record)   # a FoldRecord; a fold logged already is skipped
+    tracker.end_trial(trial_id, folds_done, n_folds)
+    tracker.end_sweep(status, summary, artifacts)
+
+    experiment (from the experiment file's `name`)
+      parent run "sweep <name>"     tags: dataset hash, experiment, git commit, fold ranges, sweep id
+        |                           artifacts: experiment.yaml, folds.csv, equity.png, best_checkpoint/
+        +- child run per trial      tag mlflow.parentRunId, fxray.trial_id; params: the full config
+                                    metrics per fold (step = fold k): FoldRecord.mlflow_metrics()
+                                    summary: the last points of mean_val_sharpe / mean_test_sharpe
+                                    (running means), folds_done, tag fxray.stopped_early
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+# mlflow (1-3 s to import) is bound here by Tracker(): the driver imports this module for
+# tracking_uri() and check_uri(), and must not pay for mlflow itself
+Metric = Param = RunTag = MlflowClient = None
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI, else an ABSOLUTE sqlite file in the cwd (Tune moves trials' cwd)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def check_uri(uri: str) -> None:
+    """A sqlite store whose folder is missing or read-only fails here, before anything
+    starts; other stores are checked when the sweep opens them."""
+    path = sqlite_path(uri)
+    if path is not None and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+        raise ValueError(f"MLFLOW_TRACKING_URI {uri}: {path.parent} is not a writable folder; "
+                         "point it at a writable path (or unset it for ./mlflow.db)")
+
+
+class Tracker:
+    """The sweep's parent run and its children, looked up by tag (idempotent on resume)."""
+
+    def __init__(self, uri: str, experiment: str, parent_run_id: str | None = None,
+                 sweep_tags: dict | None = None, run_name: str | None = None, sweep_id: str | None = None):
+        global Metric, Param, RunTag, MlflowClient
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            artifacts = None
+            if uri.startswith("sqlite:///"):  # artifacts beside the db, not in whatever cwd we are in
+                artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / experiment).as_uri()
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
+        else:
+            self.experiment_id = exp.experiment_id
+        if parent_run_id is None and sweep_id is not None:  # created by a writer that died before the
+            # driver recorded its id in sweep.json: found again by the sweep's id
+            found = self.client.search_runs([self.experiment_id], f"tags.`fxray.sweep_id` = '{sweep_id}'",
+                                            max_results=1)
+            parent_run_id = found[0].info.run_id if found else None
+            if parent_run_id is not None:
+                self.client.update_run(parent_run_id, status="RUNNING")
+        if parent_run_id is None:
+            tags = {**(sweep_tags or {}), **({"fxray.sweep_id": sweep_id} if sweep_id else {})}
+            run = self.client.create_run(self.experiment_id, tags=tags, run_name=run_name)
+            parent_run_id = run.info.run_id
+        else:
+            self.client.update_run(parent_run_id, status="RUNNING")
+        self.parent_run_id = parent_run_id
+        self.sweep_tags = sweep_tags or {}
+        self.child_tags: dict = {}             # extra tags of the children created from now on
+        self.trial_tags: dict = {}  # child runs only, set by open_sweep (the round's seed, the data file)
+        self.children: dict[str, str] = {}     # trial id -> run id
+        self.finished: set[str] = set()        # trial ids whose run is FINISHED: never touched again
+        self.steps: dict[str, set] = {}        # run id -> folds already logged
+        for run in self.child_runs():
+            tid = run.data.tags.get("fxray.trial_id")
+            self.children[tid] = run.info.run_id
+            if run.info.status == "FINISHED":
+                self.finished.add(tid)
+            elif run.info.status != "RUNNING":  # a FAILED trial that --resume retries: same run
+                self.client.update_run(run.info.run_id, status="RUNNING")
+
+    def child_runs(self) -> list:
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs(
+                [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'",
+                max_results=1000, page_token=token)
+            runs += list(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def _child(self, trial_id: str, name: str, params: dict) -> str:
+        if trial_id in self.children:
+            return self.children[trial_id]
+        tags = {**self.sweep_tags, **self.trial_tags, "mlflow.parentRunId": self.parent_run_id,
+                "fxray.trial_id": trial_id}
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
+        run_id = run.info.run_id
+        self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(params.items())])
+        self.children[trial_id] = run_id
+        return run_id
+
+    def log_fold(self, trial_id: str, name: str, params: dict, record) -> None:
+        """One fold of one trial, step = fold k; a fold already logged (a resumed trial) is skipped."""
+        if trial_id in self.finished:
+            return
+        run_id = self._child(trial_id, name, params)
+        if run_id not in self.steps:
+            hist = self.client.get_metric_history(run_id, "val_sharpe")
+            self.steps[run_id] = {m.step for m in hist}
+        step = int(record.fold)
+        if step in self.steps[run_id]:
+            return
+        # out-of-sample days: fxray.compare's DSR and equity curves; before the metrics: a crash
+        # in between re-logs the fold on resume (this file is overwritten)
+        self.client.log_dict(run_id, {"fold": step, "test_daily_returns": list(record.test_daily_returns)},
+                             f"test_daily_returns/fold{step}.json")
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, step) for k, v in record.mlflow_metrics().items()]
+        self.client.log_batch(run_id, metrics=metrics)
+        self.steps[run_id].add(step)
+
+    def end_trial(self, trial_id: str, folds_done: int, n_folds: int, status: str = "FINISHED") -> None:
+        """End a child run. Its summary is the last point of mean_val_sharpe / mean_test_sharpe
+        (the running means, logged per fold); folds_done < n_folds means ASHA stopped it."""
+        if trial_id in self.finished or trial_id not in self.children:
+            return
+        run_id = self.children[trial_id]
+        last = Metric("folds_done", folds_done, int(time.time() * 1000), max(folds_done - 1, 0))
+        self.client.log_batch(run_id, metrics=[last],
+                              tags=[RunTag("fxray.stopped_early", str(folds_done < n_folds).lower())])
+        self.client.set_terminated(run_id, status)
+        if status == "FINISHED":
+            self.finished.add(trial_id)
+
+    def end_sweep(self, status: str, summary: dict | None = None, artifacts: list | None = None) -> None:
+        """Summary metrics and artifacts [(dir in the run or None, local file)] on the parent; end it."""
+        run_id = self.parent_run_id
+        if summary:
+            now = int(time.time() * 1000)
+            self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()
+                                                   if isinstance(v, (int, float))],
+                                  tags=[RunTag(f"fxray.best.{k}", str(v)) for k, v in summary.items()
+                                        if not isinstance(v, (int, float))])
+        for dest, local in artifacts or []:
+            if Path(local).exists():
+                self.client.log_artifact(run_id, str(local), artifact_path=dest)
+        self.client.set_terminated(run_id, status)
+
+
+def open_sweep(sweep: dict) -> Tracker:
+    """The Tracker of a sweep described by its sweep.json (parent run created on first use)."""
+    m = sweep["mlflow"]
+    tracker = Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"),
+                      run_name=f"sweep {sweep['experiment']}", sweep_id=sweep.get("id"))
+    # what `python -m fxray.train --from-run` needs to retrain a trial: its round's training
+    # seed (an extension round may have another) and the data file the sweep read
+    tracker.trial_tags = {"fxray.seed": str(sweep["rounds"][-1]["seed"]), "fxray.data_path": sweep["data"]["path"]}
+    return tracker

@@ -1,0 +1,236 @@
+"""MLflow fed from the sweep's own log: a process that tails the run directory's
+folds.jsonl and events.jsonl and writes them to the store, idempotently.
+
+    driver:  writer = Writer(storage, uri)        # at once: mlflow imports while Ray starts
+             writer.wait_open(timeout)            # True once the parent run is open (servers)
+             append_event(storage, kind="trial_end", trial_id=..., status=..., folds_done=...)
+             failed = writer.finish(status, summary, artifacts)   # caught up, parent run ended
+    process: python -m fxray.track.writer STORAGE URI SESSION
+
+The log is the truth: folds.jsonl holds every fold exactly once, in order, written by the
+driver; the writer only reads it. Runs are found again by tag (fxray.Tracker), so a
+writer that starts over -- a `--resume`, or one restarted after it died -- re-reads the
+files from the top and writes only what the store lacks: each trial gets one child run,
+each fold one point. The driver never imports mlflow. The process answers on stdout with
+one JSON line per event ({"parent_run_id"}, {"error"}, {"done"}), ignores Ctrl+C (the
+driver still has runs to end after one), and exits when the sweep_end event of its own
+session is written or the driver closes its stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+FOLDS = "folds.jsonl"
+EVENTS = "events.jsonl"
+POLL_S = 0.1  # the writer's latency behind the log
+
+
+def append_event(storage, **event) -> None:
+    """One line of events.jsonl (the driver's only other channel to the writer)."""
+    with open(Path(storage) / EVENTS, "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+class Writer:
+    """The driver's handle on the writer process (stdlib only: no mlflow here)."""
+
+    def __init__(self, storage, uri: str, on_open=None, on_error=None):
+        self.storage, self.uri, self.session = Path(storage), uri, uuid.uuid4().hex
+        self.on_open, self.on_error = on_open, on_error
+        self.parent_id: str | None = None
+        self.error: str | None = None
+        self.failed: int | None = None  # writes that failed, once done
+        self.opened = threading.Event()  # set once open, or once it cannot be
+        self._start()
+
+    def _start(self) -> None:
+        root = str(Path(__file__).resolve().parents[2])  # fxray importable however the driver started
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        cmd = [sys.executable, "-m", "fxray.track.writer", str(self.storage), self.uri, self.session]
+        # its own session: the terminal's Ctrl+C goes to the driver, which still has runs to end
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                                     start_new_session=True)
+        self.reader = threading.Thread(target=self._read, args=(self.proc,), name="fxray-mlflow-writer",
+                                       daemon=True)
+        self.reader.start()
+
+    def _read(self, proc) -> None:
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "parent_run_id" in msg:
+                self.parent_id = msg["parent_run_id"]
+                try:
+                    if self.on_open:
+                        self.on_open(self.parent_id)
+                except Exception as e:  # noqa: BLE001 (e.g. sweep.json not writable: the sweep stops)
+                    self._fail(last_line(e))
+                self.opened.set()
+            elif "error" in msg:
+                self._fail(msg["error"])
+            elif "done" in msg:
+                self.failed = int(msg["done"])
+        if not self.opened.is_set():
+            self._fail(f"the MLflow writer exited before it opened the store (code {proc.wait()})")
+
+    def _fail(self, error: str) -> None:
+        if self.error is None:
+            self.error = error
+            if self.on_error:
+                self.on_error(error)
+        self.opened.set()
+
+    def wait_open(self, timeout: float | None = None) -> bool:
+        """True once the store and the parent run are open; False if they cannot be."""
+        self.opened.wait(timeout)
+        return self.parent_id is not None and self.error is None
+
+    def finish(self, status: str, summary: dict | None = None, artifacts: list | None = None,
+               timeout: float = 600) -> int:
+        """Write the sweep's end, wait until the writer has caught up with the log and ended
+        the parent run; returns how many writes failed. A writer that died meanwhile is
+        started again (it catches up from the files). -1: the store never opened."""
+        if self.error is not None and self.parent_id is None:
+            self.close()
+            return -1
+        append_event(self.storage, kind="sweep_end", session=self.session, status=status,
+                     summary=summary or {}, artifacts=[[d, str(p)] for d, p in artifacts or []])
+        if self.proc.poll() is not None and self.failed is None:
+            print(f"fxray.tune: the MLflow writer had exited (code {self.proc.returncode}); "
+                  "starting it again to catch up from folds.jsonl", file=sys.stderr)
+            self.opened.clear()
+            self._start()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.reader.join(timeout=5)
+        self.close()
+        return self.failed if self.failed is not None else 1
+
+    def close(self) -> None:
+        """Close the writer's stdin (it drains the log and exits); kill it if it hangs."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def last_line(e: BaseException) -> str:
+    """The line of an error that says what is wrong (Ray and MLflow put it last; SQLAlchemy
+    adds a line of its own after it, skipped)."""
+    lines = [line for line in str(e).strip().splitlines()
+             if line.strip() and not line.startswith(("(Background on this error", "[SQL:"))]
+    return lines[-1] if lines else type(e).__name__
+
+
+# --- the process ------------------------------------------------------------------------------
+
+class Tail:
+    """The complete lines appended to a file since the last call (a partial last line waits)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, ""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path) as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return []
+        *done, self.partial = (self.partial + chunk).split("\n")
+        return [line for line in done if line.strip()]
+
+
+def say(**msg) -> None:
+    print(json.dumps(msg), flush=True)
+
+
+def serve(storage: str, uri: str, session: str) -> int:
+    """Open the store, wait for sweep.json, then write what the log holds until the sweep ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    storage = Path(storage)
+    eof = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), eof.set()), daemon=True).start()
+    from fxray.track.runs import open_sweep  # imports mlflow: seconds, while the driver starts Ray
+
+    while not (storage / "sweep.json").exists():  # written once the driver has validated everything
+        if eof.is_set():
+            return 0
+        time.sleep(0.05)
+    try:
+        sweep = json.loads((storage / "sweep.json").read_text())
+        tracker = open_sweep(sweep)
+    except Exception as e:  # noqa: BLE001 (whatever the store says, in one line)
+        say(error=last_line(e))
+        return 1
+    say(parent_run_id=tracker.parent_run_id)
+    base, n_folds, failed = sweep["base"], len(sweep["folds"]), 0
+    folds, events = Tail(storage / FOLDS), Tail(storage / EVENTS)
+
+    def write(call, *args) -> None:
+        nonlocal failed
+        try:
+            call(*args)
+        except Exception as e:  # noqa: BLE001 (one failed write must not stop the others)
+            failed += 1
+            print(f"fxray.track.writer: {call.__name__} failed: {last_line(e)}", file=sys.stderr, flush=True)
+
+    def catch_up() -> bool:
+        """Everything the files hold now; True when this session's sweep_end was among it."""
+        from fxray.track.records import FoldRecord
+        from fxray.track.results import trial_label
+
+        # events first: the driver writes a trial's folds before its end, so every fold that
+        # precedes an event read now is in folds.jsonl by then (a trial ended too early
+        # would drop its last folds: a finished run is never written again)
+        new_events = events.lines()
+        for line in folds.lines():
+            rec = json.loads(line)
+            write(tracker.log_fold, rec["trial_id"], trial_label(rec["trial_id"]), {**base, **rec["config"]},
+                  FoldRecord.from_flat(rec))
+        for line in new_events:
+            ev = json.loads(line)
+            if ev["kind"] == "trial_end":
+                write(tracker.end_trial, ev["trial_id"], ev["folds_done"], n_folds, ev["status"])
+            elif ev["kind"] == "sweep_end" and ev["session"] == session:
+                write(tracker.end_sweep, ev["status"], ev["summary"], [tuple(a) for a in ev["artifacts"]])
+                return True
+        return False
+
+    while True:
+        closing = eof.is_set()  # read before catching up: what the driver wrote before EOF is in
+        if catch_up():
+            say(done=failed)
+            return 0
+        if closing:
+            return 0
+        time.sleep(POLL_S)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(*sys.argv[1:4]))

@@ -1,0 +1,29 @@
+"""Fault-injection FoldWorkers for the crash-recovery tests: not part of fxray.
+
+    FXRAY_WORKER_CLASS=faults:FaultyWorker  FXRAY_FAULT=W:N     worker W's first incarnation exits
+                                                                  hard on its N-th fold
+                                            FXRAY_FAULT=W:load  worker W's constructor raises
+(tests/ must be on PYTHONPATH: see `fault_env` in test_tune.py)
+"""
+
+from __future__ import annotations
+
+import os
+
+from fxray.sweep.workers import DeviceWorker
+
+
+class FaultyWorker(DeviceWorker):
+    def __init__(self, arrays_ref, index, *args, **kwargs):
+        worker, _, when = os.environ.get("FXRAY_FAULT", "").partition(":")
+        mine = worker.isdigit() and int(worker) == index
+        if mine and when == "load":
+            raise RuntimeError(f"worker {index}: injected load failure (FXRAY_FAULT)")
+        super().__init__(arrays_ref, index, *args, **kwargs)
+        # a worker Ray restarted after the injected exit runs normally
+        self.exit_on_call = int(when) if mine and when.isdigit() and not self.restarted else 0
+
+    def train_fold(self, *args, **kwargs):
+        if self.n_calls + 1 == self.exit_on_call:
+            os._exit(1)
+        return super().train_fold(*args, **kwargs)

@@ -1,0 +1,143 @@
+"""fxray.track.writer + fxray.track.runs: MLflow fed from a run directory's log, real sqlite."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fxray.track import runs as mlruns
+from fxray.track.records import FoldRecord
+from fxray.track.writer import Writer, append_event
+
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+
+def make_sweep(storage, uri: str, **extra) -> dict:
+    """A run directory with a sweep.json, as fxray.sweep.rundir.prepare_storage writes it."""
+    storage.mkdir(exist_ok=True)
+    sweep = {"id": "sweep-1", "experiment": "m", "rounds": [{"seed": 3}], "data": {"path": "/data/x.fxcache"},
+             "folds": [{"k": 0}, {"k": 1}], "base": {"gamma": 0.9},
+             "mlflow": {"uri": uri, "experiment": "m", "tags": {"fxray.experiment": "m"}}, **extra}
+    (storage / "sweep.json").write_text(json.dumps(sweep))
+    return sweep
+
+
+def log_fold(storage, trial_id: str, fold: int, val_sharpe, lr=0.001) -> None:
+    """A folds.jsonl line, as the driver's SweepLog writes it."""
+    rec = FoldRecord(fold=fold, val={"sharpe": val_sharpe}, test={"sharpe": -0.5}, test_daily_returns=[0.01])
+    line = {**rec.flat(), "trial_id": trial_id, "config": {"lr": lr}, "t": time.time()}
+    with open(storage / "folds.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def child_runs(uri: str, parent: str) -> dict:
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("m").experiment_id],
+                              f"tags.mlflow.parentRunId = '{parent}'")
+    return {r.data.tags["fxray.trial_id"]: r for r in runs}
+
+
+def val_points(uri: str, run) -> list:
+    return [(m.step, m.value) for m in MlflowClient(uri).get_metric_history(run.info.run_id, "val_sharpe")]
+
+
+def test_the_writer_logs_what_the_log_holds(tmp_path):
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    make_sweep(storage, uri)
+    log_fold(storage, "t1", 0, 1.5)
+    log_fold(storage, "t1", 0, 9.9)  # a fold logged twice reaches MLflow once
+    opened = []
+    with Writer(storage, uri, on_open=opened.append) as writer:
+        assert writer.wait_open(timeout=120), writer.error
+        log_fold(storage, "t1", 1, 2.5)  # appended while it runs
+        append_event(storage, kind="trial_end", trial_id="t1", status="FINISHED", folds_done=2)
+        assert writer.finish("FINISHED", {"best_mean_val_sharpe": 2.0}) == 0
+    assert opened == [writer.parent_id]
+    (child,) = child_runs(uri, writer.parent_id).values()
+    assert val_points(uri, child) == [(0, 1.5), (1, 2.5)]
+    assert child.data.params == {"lr": "0.001", "gamma": "0.9"} and child.data.tags["fxray.seed"] == "3"
+    assert child.info.status == "FINISHED" and child.data.tags["fxray.stopped_early"] == "false"
+    # every window metric of the record, not a hand-kept list
+    assert set(FoldRecord().mlflow_metrics()) <= set(child.data.metrics)
+    parent = MlflowClient(uri).get_run(writer.parent_id)
+    assert parent.data.metrics["best_mean_val_sharpe"] == 2.0 and parent.info.status == "FINISHED"
+    assert parent.data.tags["fxray.sweep_id"] == "sweep-1"
+
+
+def test_a_writer_started_again_writes_only_what_the_store_lacks(tmp_path):
+    """--resume, or a writer whose id never reached sweep.json: the parent is found by the
+    sweep's id, every trial keeps one child run and every fold one point."""
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    make_sweep(storage, uri)
+    for k in range(2):
+        log_fold(storage, "t1", k, float(k))
+    with Writer(storage, uri) as first:
+        assert first.wait_open(timeout=120)
+        assert first.finish("KILLED") == 0
+    log_fold(storage, "t2", 0, 5.0)
+    with Writer(storage, uri) as again:  # sweep.json still has no parent_run_id
+        assert again.wait_open(timeout=120)
+        assert again.finish("FINISHED") == 0
+    assert again.parent_id == first.parent_id
+    children = child_runs(uri, first.parent_id)
+    assert sorted(children) == ["t1", "t2"]
+    assert val_points(uri, children["t1"]) == [(0, 0.0), (1, 1.0)] and val_points(uri, children["t2"]) == [(0, 5.0)]
+    parents = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("m").experiment_id],
+                                            "tags.`fxray.sweep_id` = 'sweep-1'")
+    assert len(parents) == 1
+
+
+def test_a_writer_that_died_is_started_again_by_finish(tmp_path, capsys):
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    make_sweep(storage, uri)
+    with Writer(storage, uri) as writer:
+        assert writer.wait_open(timeout=120)
+        os.kill(writer.proc.pid, signal.SIGKILL)
+        writer.proc.wait()
+        for k in range(2):  # folds the dead writer never saw
+            log_fold(storage, "t1", k, float(k))
+        assert writer.finish("FINISHED") == 0
+    assert "starting it again" in capsys.readouterr().err
+    assert val_points(uri, child_runs(uri, writer.parent_id)["t1"]) == [(0, 0.0), (1, 1.0)]
+
+
+def test_the_writer_ignores_ctrl_c_and_reports_a_bad_store(tmp_path):
+    (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    errors = []
+    with Writer(storage, uri, on_error=errors.append) as writer:
+        assert os.getpgid(writer.proc.pid) != os.getpgid(0)  # a terminal's Ctrl+C does not reach it
+        time.sleep(1.0)
+        os.kill(writer.proc.pid, signal.SIGINT)  # nor does a direct one end it
+        make_sweep(storage, uri)
+        assert not writer.wait_open(timeout=120)
+        assert errors and "file is not a database" in errors[0] and writer.error == errors[0]
+        assert writer.finish("FAILED") == -1
+
+
+def test_a_writer_never_given_a_sweep_leaves_no_store(tmp_path):
+    """A sweep that stops before writing sweep.json: the writer only waited; nothing is created."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with Writer(tmp_path / "run", uri) as writer:
+        time.sleep(3)  # long enough to have imported mlflow
+    assert writer.proc.returncode == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_failed_writes_are_counted_and_the_rest_still_written(tmp_path):
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    make_sweep(storage, uri)
+    log_fold(storage, "t1", 0, "not a number")
+    log_fold(storage, "t2", 0, 1.0)
+    with Writer(storage, uri) as writer:
+        assert writer.wait_open(timeout=120)
+        assert writer.finish("FINISHED") == 1
+    assert val_points(uri, child_runs(uri, writer.parent_id)["t2"]) == [(0, 1.0)]
+
+
+def test_check_uri_names_the_folder():
+    with pytest.raises(ValueError, match="/nonexistent/dir is not a writable folder"):
+        mlruns.check_uri("sqlite:////nonexistent/dir/mlflow.db")
+    mlruns.check_uri("http://127.0.0.1:5000")  # a server: checked when opened
