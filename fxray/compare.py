@@ -9,7 +9,7 @@ median mean val Sharpe, the best trial's per-fold val / test Sharpe against buy-
 and flat, its test turnover, and on its out-of-sample test days (the folds' test windows
 concatenated): the Sharpe, the Probabilistic Sharpe Ratio PSR(0) and the Deflated Sharpe
 Ratio DSR = PSR(SR0), SR0 the Sharpe the best of N zero-skill trials reaches by luck
-(Bailey & Lopez de Prado 2014; fxray.metrics). PNGs (per-fold Sharpe, equity of the best
+(Bailey & Lopez de Prado 2014; fxray.eval.metrics). PNGs (per-fold Sharpe, equity of the best
 trials' test windows, Optuna's hyperparameter importance) go to --out and to each
 sweep's parent run under compare/.
 
@@ -35,7 +35,7 @@ import numpy as np
 from fxray.eval import metrics
 
 PER_FOLD = ("val_sharpe", "test_sharpe", "bh_test_sharpe", "test_turnover")  # best trial, step = fold
-RETURNS_DIR = "test_daily_returns"  # child-run artifacts fold<k>.json, logged by fxray.tracking
+RETURNS_DIR = "test_daily_returns"  # child-run artifacts fold<k>.json, logged by fxray.track.runs
 PLOTS = ("sharpe_by_fold.png", "equity.png", "importance.png")
 
 
@@ -47,10 +47,10 @@ class CompareError(ValueError):
 class Trial:
     run_id: str
     name: str
-    params: dict                                 # the logged DQNConfig, as strings
-    val_sharpe: dict                             # fold k -> annualised val Sharpe
-    per_fold: dict = field(default_factory=dict)     # metric -> {fold k: value} (best trial only)
-    test_daily: list | None = None               # [(k, daily log returns)] in fold order; None: not logged
+    params: dict  # the logged DQNConfig, as strings
+    val_sharpe: dict  # fold k -> annualised val Sharpe
+    per_fold: dict = field(default_factory=dict)  # metric -> {fold k: value} (best trial only)
+    test_daily: list | None = None  # [(k, daily log returns)] in fold order; None: not logged
 
     @property
     def folds_done(self) -> int:
@@ -63,6 +63,7 @@ class Trial:
 
 # --- reading MLflow -----------------------------------------------------------------------
 
+
 def open_store(uri: str | None):
     """An MlflowClient on `uri` (default: as fxray.tune logs); a missing sqlite file is an error,
     not a new empty store."""
@@ -71,7 +72,7 @@ def open_store(uri: str | None):
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one per small download
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         raise CompareError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
     mlflow.set_tracking_uri(uri)
     return MlflowClient(uri), uri
@@ -108,18 +109,25 @@ def load_experiment(client, name: str, uri: str) -> dict:
         if val:  # a trial with no finished fold has nothing to compare
             trials.append(Trial(r.info.run_id, r.info.run_name, dict(r.data.params), val))
     if not trials:
-        raise CompareError(f"experiment {name!r}: sweep run {parent.info.run_id} has no trial "
-                           "with a finished fold")
+        raise CompareError(f"experiment {name!r}: sweep run {parent.info.run_id} has no trial with a finished fold")
     n_folds = len(json.loads(parent.data.tags["fxray.folds"]))
     full = [t for t in trials if t.folds_done >= n_folds]
-    best = max(full or trials, key=lambda t: t.mean_val_sharpe)  # as fxray.tracking.best_trial
+    best = max(full or trials, key=lambda t: t.mean_val_sharpe)  # as fxray.track.results.best_trial
     best.per_fold = {k: {m.step: m.value for m in client.get_metric_history(best.run_id, k)} for k in PER_FOLD}
     with tempfile.TemporaryDirectory() as tmp:
         for t in trials:
             t.test_daily = read_test_returns(client, t, Path(tmp) / t.run_id)
         space = search_space(client, parent, trials, Path(tmp) / "experiment")
-    return {"name": name, "experiment_id": exp.experiment_id, "parent": parent, "n_sweeps": len(parents),
-            "n_folds": n_folds, "trials": trials, "best": best, "space": space}
+    return {
+        "name": name,
+        "experiment_id": exp.experiment_id,
+        "parent": parent,
+        "n_sweeps": len(parents),
+        "n_folds": n_folds,
+        "trials": trials,
+        "best": best,
+        "space": space,
+    }
 
 
 def read_test_returns(client, trial: Trial, dst: Path) -> list | None:
@@ -138,6 +146,7 @@ def read_test_returns(client, trial: Trial, dst: Path) -> list | None:
 
 
 # --- the numbers ----------------------------------------------------------------------------
+
 
 def per_period_sharpe(daily_returns) -> float:
     """mean / std(ddof=1) of daily returns, NOT annualised: the units of PSR / DSR (0.0 if undefined)."""
@@ -162,36 +171,68 @@ def summarize(exp: dict) -> dict:
     vals = [t.mean_val_sharpe for t in trials]
     folds = sorted(best.val_sharpe)
     pf = best.per_fold
-    rows = [{"fold": k, "val_sharpe": best.val_sharpe[k], "test_sharpe": pf["test_sharpe"].get(k),
-             "bh_test_sharpe": pf["bh_test_sharpe"].get(k),
-             "flat_test_sharpe": 0.0,  # flat earns 0 every day: Sharpe 0 by fxray.metrics' convention
-             "test_turnover": pf["test_turnover"].get(k)} for k in folds]
-    out = {"experiment": exp["name"], "experiment_id": exp["experiment_id"],
-           "parent_run_id": exp["parent"].info.run_id, "n_sweeps": exp["n_sweeps"], "n_folds": exp["n_folds"],
-           "n_trials": len(trials), "best_mean_val_sharpe": best.mean_val_sharpe,
-           "median_mean_val_sharpe": float(np.median(vals)),
-           "best": {"run_id": best.run_id, "run_name": best.name, "folds_done": best.folds_done,
-                    "mean_val_sharpe": best.mean_val_sharpe,
-                    "mean_test_sharpe": mean_or_none([r["test_sharpe"] for r in rows]),
-                    "folds": rows}}
-    oos = {"n_trials": len(trials), "n_days": 0, "sharpe": None, "psr": None, "dsr": None,
-           "sr0_annualised": None, "var_trial_sharpe": None, "n_trials_in_variance": 0}
+    rows = [
+        {
+            "fold": k,
+            "val_sharpe": best.val_sharpe[k],
+            "test_sharpe": pf["test_sharpe"].get(k),
+            "bh_test_sharpe": pf["bh_test_sharpe"].get(k),
+            "flat_test_sharpe": 0.0,  # flat earns 0 every day: Sharpe 0 by fxray.eval.metrics' convention
+            "test_turnover": pf["test_turnover"].get(k),
+        }
+        for k in folds
+    ]
+    out = {
+        "experiment": exp["name"],
+        "experiment_id": exp["experiment_id"],
+        "parent_run_id": exp["parent"].info.run_id,
+        "n_sweeps": exp["n_sweeps"],
+        "n_folds": exp["n_folds"],
+        "n_trials": len(trials),
+        "best_mean_val_sharpe": best.mean_val_sharpe,
+        "median_mean_val_sharpe": float(np.median(vals)),
+        "best": {
+            "run_id": best.run_id,
+            "run_name": best.name,
+            "folds_done": best.folds_done,
+            "mean_val_sharpe": best.mean_val_sharpe,
+            "mean_test_sharpe": mean_or_none([r["test_sharpe"] for r in rows]),
+            "folds": rows,
+        },
+    }
+    oos = {
+        "n_trials": len(trials),
+        "n_days": 0,
+        "sharpe": None,
+        "psr": None,
+        "dsr": None,
+        "sr0_annualised": None,
+        "var_trial_sharpe": None,
+        "n_trials_in_variance": 0,
+    }
     if best.test_daily is not None:
         # N counts every trial tried (each was a chance to get lucky); V uses those whose days were logged
         days = np.concatenate([np.asarray(d, dtype=np.float64) for _, d in best.test_daily])
-        logged = [np.concatenate([np.asarray(d, dtype=np.float64) for _, d in t.test_daily])
-                  for t in trials if t.test_daily]
+        logged = [
+            np.concatenate([np.asarray(d, dtype=np.float64) for _, d in t.test_daily]) for t in trials if t.test_daily
+        ]
         var = trial_sharpe_variance(logged)
         sr0 = metrics.expected_max_sharpe(len(trials), var)
-        oos.update(n_days=int(days.size), sharpe=metrics.sharpe(days), psr=metrics.probabilistic_sharpe(days),
-                   dsr=metrics.deflated_sharpe(days, len(trials), var),
-                   sr0_annualised=sr0 * math.sqrt(metrics.PERIODS_PER_YEAR), var_trial_sharpe=var,
-                   n_trials_in_variance=len(logged))
+        oos.update(
+            n_days=int(days.size),
+            sharpe=metrics.sharpe(days),
+            psr=metrics.probabilistic_sharpe(days),
+            dsr=metrics.deflated_sharpe(days, len(trials), var),
+            sr0_annualised=sr0 * math.sqrt(metrics.PERIODS_PER_YEAR),
+            var_trial_sharpe=var,
+            n_trials_in_variance=len(logged),
+        )
     out["best"]["out_of_sample"] = oos
     return out
 
 
 # --- the report -----------------------------------------------------------------------------
+
 
 def fmt(v, spec="+7.2f") -> str:
     """format(v, spec), or "n/a" as wide, for a number that was not logged."""
@@ -200,41 +241,52 @@ def fmt(v, spec="+7.2f") -> str:
 
 def report(s: dict) -> str:
     b, o = s["best"], s["best"]["out_of_sample"]
-    lines = [f"== {s['experiment']}: sweep run {s['parent_run_id']}"
-             + (f" (latest of {s['n_sweeps']} sweeps)" if s["n_sweeps"] > 1 else ""),
-             f"   {s['n_trials']} trials x {s['n_folds']} folds; mean val Sharpe: best "
-             f"{s['best_mean_val_sharpe']:+.2f}, median {s['median_mean_val_sharpe']:+.2f}",
-             f"   best {b['run_name']} (run {b['run_id']}): mean val {b['mean_val_sharpe']:+.2f}, "
-             f"mean test {fmt(b['mean_test_sharpe'], '+.2f')}",
-             f"   {'fold':>4} {'val SR':>7} {'test SR':>7} {'B&H SR':>7} {'flat SR':>7} {'turnover':>8}"]
+    lines = [
+        f"== {s['experiment']}: sweep run {s['parent_run_id']}"
+        + (f" (latest of {s['n_sweeps']} sweeps)" if s["n_sweeps"] > 1 else ""),
+        f"   {s['n_trials']} trials x {s['n_folds']} folds; mean val Sharpe: best "
+        f"{s['best_mean_val_sharpe']:+.2f}, median {s['median_mean_val_sharpe']:+.2f}",
+        f"   best {b['run_name']} (run {b['run_id']}): mean val {b['mean_val_sharpe']:+.2f}, "
+        f"mean test {fmt(b['mean_test_sharpe'], '+.2f')}",
+        f"   {'fold':>4} {'val SR':>7} {'test SR':>7} {'B&H SR':>7} {'flat SR':>7} {'turnover':>8}",
+    ]
     for r in b["folds"]:
-        lines.append(f"   {r['fold']:>4} {fmt(r['val_sharpe'])} {fmt(r['test_sharpe'])} "
-                     f"{fmt(r['bh_test_sharpe'])} {fmt(r['flat_test_sharpe'])} {fmt(r['test_turnover'], '8.4f')}")
+        lines.append(
+            f"   {r['fold']:>4} {fmt(r['val_sharpe'])} {fmt(r['test_sharpe'])} "
+            f"{fmt(r['bh_test_sharpe'])} {fmt(r['flat_test_sharpe'])} {fmt(r['test_turnover'], '8.4f')}"
+        )
     if o["sharpe"] is None:
         lines.append("   out of sample: n/a (this sweep logged no test_daily_returns artifacts)")
     else:
-        lines += [f"   out of sample, {o['n_days']} test days: Sharpe {o['sharpe']:+.2f}  PSR(0) {o['psr']:.3f}  "
-                  f"DSR {o['dsr']:.3f}",
-                  f"     (DSR = PSR(SR0): N = {o['n_trials']} trials, variance of per-day trial Sharpes "
-                  f"{o['var_trial_sharpe']:.3g} over {o['n_trials_in_variance']}: the best of N by luck "
-                  f"SR0 = {o['sr0_annualised']:+.2f} annualised)"]
+        lines += [
+            f"   out of sample, {o['n_days']} test days: Sharpe {o['sharpe']:+.2f}  PSR(0) {o['psr']:.3f}  "
+            f"DSR {o['dsr']:.3f}",
+            f"     (DSR = PSR(SR0): N = {o['n_trials']} trials, variance of per-day trial Sharpes "
+            f"{o['var_trial_sharpe']:.3g} over {o['n_trials_in_variance']}: the best of N by luck "
+            f"SR0 = {o['sr0_annualised']:+.2f} annualised)",
+        ]
     return "\n".join(lines)
 
 
 def summary_table(sums: list[dict]) -> str:
     """One row per experiment; Sharpe annualised; PSR / DSR on the best trial's test days."""
-    head = (f"{'experiment':<20} {'trials':>6} {'best val':>8} {'median':>7} {'test':>7} {'OOS SR':>7} "
-            f"{'PSR':>6} {'DSR':>6}")
+    head = (
+        f"{'experiment':<20} {'trials':>6} {'best val':>8} {'median':>7} {'test':>7} {'OOS SR':>7} "
+        f"{'PSR':>6} {'DSR':>6}"
+    )
     rows = [head, "-" * len(head)]
     for s in sums:
         o = s["best"]["out_of_sample"]
-        rows.append(f"{s['experiment'][:20]:<20} {s['n_trials']:>6} {s['best_mean_val_sharpe']:>+8.2f} "
-                    f"{s['median_mean_val_sharpe']:>+7.2f} {fmt(s['best']['mean_test_sharpe'])} "
-                    f"{fmt(o['sharpe'])} {fmt(o['psr'], '6.3f')} {fmt(o['dsr'], '6.3f')}")
+        rows.append(
+            f"{s['experiment'][:20]:<20} {s['n_trials']:>6} {s['best_mean_val_sharpe']:>+8.2f} "
+            f"{s['median_mean_val_sharpe']:>+7.2f} {fmt(s['best']['mean_test_sharpe'])} "
+            f"{fmt(o['sharpe'])} {fmt(o['psr'], '6.3f')} {fmt(o['dsr'], '6.3f')}"
+        )
     return "\n".join(rows)
 
 
 # --- plots ----------------------------------------------------------------------------------
+
 
 def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
     import matplotlib
@@ -254,8 +306,15 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
         c = colors[i % len(colors)]
         ax.bar(x, [r["test_sharpe"] or 0.0 for r in rows], width, color=c, label=f"{s['experiment']} test")
         ax.plot(x, [r["val_sharpe"] for r in rows], "o", color=c, mec="k", label=f"{s['experiment']} val")
-        ax.plot(x, [r["bh_test_sharpe"] if r["bh_test_sharpe"] is not None else np.nan for r in rows],
-                "_", color="k", ms=14, mew=2, label="buy & hold (test)" if i == 0 else None)
+        ax.plot(
+            x,
+            [r["bh_test_sharpe"] if r["bh_test_sharpe"] is not None else np.nan for r in rows],
+            "_",
+            color="k",
+            ms=14,
+            mew=2,
+            label="buy & hold (test)" if i == 0 else None,
+        )
     ax.axhline(0.0, color="0.5", lw=0.8)
     ax.set_xticks(sorted({r["fold"] for s in sums for r in s["best"]["folds"]}))
     ax.set(xlabel="fold", ylabel="Sharpe (annualised)", title="best trial of each sweep, per fold")
@@ -311,7 +370,8 @@ def importance(exp: dict) -> dict:
         study.add_trial(optuna.trial.create_trial(params=params, distributions=space, value=t.mean_val_sharpe))
     try:
         return optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)
+        )
     except (RuntimeError, ValueError):  # e.g. every trial scored the same
         return {}
 
@@ -354,6 +414,7 @@ def cast(dist, text: str):
 
 # --- CLI ------------------------------------------------------------------------------------
 
+
 def run(args) -> dict:
     client, uri = open_store(args.tracking_uri)
     names = args.experiments or sweep_experiments(client)
@@ -380,10 +441,17 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fxray.compare", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
-                   help="MLflow experiment names (default: every experiment with an fxray sweep)")
+    p = argparse.ArgumentParser(
+        prog="python -m fxray.compare",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "experiments",
+        nargs="*",
+        metavar="EXPERIMENT",
+        help="MLflow experiment names (default: every experiment with an fxray sweep)",
+    )
     p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)")
     p.add_argument("--out", default="compare", help="directory for the PNGs (default ./compare)")
     p.add_argument("--no-log", action="store_true", help="do not log the PNGs to the sweeps' parent runs")

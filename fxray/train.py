@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from fxray.data import cache
+from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
 from fxray.rl.device import DeviceData
-from fxray.data.folds import Fold, make_folds
 from fxray.rl.trainer import Trainer
 
 
@@ -75,8 +75,8 @@ def load_setup(args):
 
     The experiment's `cpu:` profile applies when training on the CPU, as in the sweep.
     """
-    from fxray.rl import experiment as exp_mod
     from fxray.data import synth
+    from fxray.rl import experiment as exp_mod
 
     file = args.experiment or exp_mod.default_experiment()
     profile = "cpu" if args.device == "cpu" else "gpu"
@@ -91,16 +91,20 @@ def load_setup(args):
 
 
 def fold_table(results: list[dict]) -> str:
-    head = (f"{'fold':>4} {'status':>8} {'best':>4} {'val SR':>8} {'test SR':>8} {'B&H SR':>8} "
-            f"{'flat SR':>8} {'test DD':>8} {'trades':>7} {'ADX':>6} {'time s':>7}")
+    head = (
+        f"{'fold':>4} {'status':>8} {'best':>4} {'val SR':>8} {'test SR':>8} {'B&H SR':>8} "
+        f"{'flat SR':>8} {'test DD':>8} {'trades':>7} {'ADX':>6} {'time s':>7}"
+    )
     rows = [head, "-" * len(head)]
     for r in results:
         val, test, bh = r["val"], r["test"], r["baselines"]["buy_and_hold"]
-        rows.append(f"{r['fold']['k']:>4} {r['status']:>8} {r['best_epoch']:>4} "
-                    f"{val.get('sharpe', float('nan')):>8.2f} {test.get('sharpe', float('nan')):>8.2f} "
-                    f"{bh['sharpe']:>8.2f} {r['baselines']['flat']['sharpe']:>8.2f} "
-                    f"{test.get('max_drawdown', float('nan')):>8.4f} {test.get('n_trades', 0):>7} "
-                    f"{r['adx']:>6.1f} {r['timings']['total_s']:>7.1f}")
+        rows.append(
+            f"{r['fold']['k']:>4} {r['status']:>8} {r['best_epoch']:>4} "
+            f"{val.get('sharpe', float('nan')):>8.2f} {test.get('sharpe', float('nan')):>8.2f} "
+            f"{bh['sharpe']:>8.2f} {r['baselines']['flat']['sharpe']:>8.2f} "
+            f"{test.get('max_drawdown', float('nan')):>8.4f} {test.get('n_trades', 0):>7} "
+            f"{r['adx']:>6.1f} {r['timings']['total_s']:>7.1f}"
+        )
     if results:
         mean = lambda k: float(np.nanmean([r[k].get("sharpe", np.nan) for r in results]))  # noqa: E731
         rows.append(f"mean val Sharpe {mean('val'):+.2f}   mean test Sharpe {mean('test'):+.2f}")
@@ -119,8 +123,10 @@ def run(args) -> dict:
     market = cache.open(data_path)
     if origin:
         if market.content_hash != origin["dataset_hash"]:
-            raise ValueError(f"{data_path}: content hash {market.content_hash} differs from the data run "
-                             f"{args.from_run} trained on ({origin['dataset_hash']}); pass --data with that file")
+            raise ValueError(
+                f"{data_path}: content hash {market.content_hash} differs from the data run "
+                f"{args.from_run} trained on ({origin['dataset_hash']}); pass --data with that file"
+            )
         folds = origin["folds"]
         chosen = [k for k in parse_folds(args.folds, len(folds)) if k in origin["logged"]["val_sharpe"]]
     else:
@@ -128,9 +134,12 @@ def run(args) -> dict:
         chosen = parse_folds(args.folds, len(folds))
     data = DeviceData(market, device, dtype=cfg.dtype)
     t_load = time.perf_counter() - t0
-    print(f"fxray.train: {name} on {data_path} ({market.n_bars:,} bars), {len(chosen)}/{len(folds)} folds, "
-          f"device {device}, {cfg.epochs} epochs x {cfg.steps_per_epoch} steps, batch {cfg.batch_size}, "
-          f"{cfg.num_envs} envs (load {t_load:.2f}s)", flush=True)
+    print(
+        f"fxray.train: {name} on {data_path} ({market.n_bars:,} bars), {len(chosen)}/{len(folds)} folds, "
+        f"device {device}, {cfg.epochs} epochs x {cfg.steps_per_epoch} steps, batch {cfg.batch_size}, "
+        f"{cfg.num_envs} envs (load {t_load:.2f}s)",
+        flush=True,
+    )
     trainer = Trainer(data, cfg)
     results = []
     for k in chosen:
@@ -139,18 +148,26 @@ def run(args) -> dict:
         r = trainer.run_fold(folds[k], seed=seed, log=lambda s: print(s, flush=True), checkpoint_dir=ckpt)
         results.append(r.as_dict())
     print(fold_table(results))
-    out = {"experiment": name, "data": str(data_path), "content_hash": market.content_hash,
-           "device": device, "seed": origin["seed"] if origin else args.seed, "config": cfg.as_dict(),
-           "fold_spec": spec.__dict__ if spec else None,
-           "folds": results, "timings": {"load_s": t_load, "total_s": time.perf_counter() - t0},
-           "mean_val_sharpe": float(np.nanmean([r["val"].get("sharpe", np.nan) for r in results])),
-           "mean_test_sharpe": float(np.nanmean([r["test"].get("sharpe", np.nan) for r in results]))}
+    out = {
+        "experiment": name,
+        "data": str(data_path),
+        "content_hash": market.content_hash,
+        "device": device,
+        "seed": origin["seed"] if origin else args.seed,
+        "config": cfg.as_dict(),
+        "fold_spec": spec.__dict__ if spec else None,
+        "folds": results,
+        "timings": {"load_s": t_load, "total_s": time.perf_counter() - t0},
+        "mean_val_sharpe": float(np.nanmean([r["val"].get("sharpe", np.nan) for r in results])),
+        "mean_test_sharpe": float(np.nanmean([r["test"].get("sharpe", np.nan) for r in results])),
+    }
     if origin:
         out["from_run"] = check_reproduced(args.from_run, origin["logged"], results, args.tolerance)
     return out
 
 
 # --- --from-run: a logged sweep trial, trained again ----------------------------------------
+
 
 def load_run(args) -> dict:
     """Config, folds, seed, data file and logged per-fold Sharpe of an fxray trial run in MLflow.
@@ -162,7 +179,7 @@ def load_run(args) -> dict:
 
     run_id = args.from_run
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         raise ValueError(f"--tracking-uri {uri}: no such sqlite file")
     client = MlflowClient(uri)
     try:
@@ -181,12 +198,20 @@ def load_run(args) -> dict:
         raise ValueError(f"--from-run {run_id}: the run has no fxray.seed tag; pass --seed (its sweep.seed)")
     data_path = args.data or tags.get("fxray.data_path") or sweep_data_path(tags.get("fxray.storage"))
     if data_path is None or not Path(data_path).exists():
-        raise ValueError(f"--from-run {run_id}: its data file {data_path or '(not recorded)'} is not here; "
-                         "pass --data with a copy of it")
+        raise ValueError(
+            f"--from-run {run_id}: its data file {data_path or '(not recorded)'} is not here; "
+            "pass --data with a copy of it"
+        )
     folds = [Fold(k, tuple(tr), tuple(va), tuple(te)) for k, tr, va, te in json.loads(tags["fxray.folds"])]
     logged = {m: {p.step: p.value for p in client.get_metric_history(run_id, m)} for m in ("val_sharpe", "test_sharpe")}
-    return {"config": config_from_params(run.data.params, run_id), "folds": folds, "seed": seed,
-            "data_path": data_path, "dataset_hash": tags["fxray.dataset_hash"], "logged": logged}
+    return {
+        "config": config_from_params(run.data.params, run_id),
+        "folds": folds,
+        "seed": seed,
+        "data_path": data_path,
+        "dataset_hash": tags["fxray.dataset_hash"],
+        "logged": logged,
+    }
 
 
 def sweep_data_path(storage: str | None) -> str | None:
@@ -233,8 +258,11 @@ def check_reproduced(run_id: str, logged: dict, results: list[dict], tolerance: 
         row["bitwise"] = all(row[f"logged_{w}_sharpe"] == row[f"{w}_sharpe"] for w in ("val", "test"))
         rows.append(row)
         cells = [row[c] for c in ("logged_val_sharpe", "val_sharpe", "logged_test_sharpe", "test_sharpe")]
-        print(f"{k:>4} " + " ".join("n/a".rjust(14) if v is None else f"{v:>+14.8f}" for v in cells)
-              + f"  {'yes' if row['bitwise'] else 'NO'}")
+        print(
+            f"{k:>4} "
+            + " ".join("n/a".rjust(14) if v is None else f"{v:>+14.8f}" for v in cells)
+            + f"  {'yes' if row['bitwise'] else 'NO'}"
+        )
     ok = bool(rows) and diff <= tolerance
     verdict = ("bitwise" if all(r["bitwise"] for r in rows) else f"within {tolerance:g}") if ok else "NOT"
     print(f"run {run_id}: {len(rows)} fold(s) reproduced {verdict}" + ("" if ok else f" (max |diff| {diff:.3g})"))
@@ -244,27 +272,45 @@ def check_reproduced(run_id: str, logged: dict, results: list[dict], tolerance: 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fxray.train", description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, help="an fxcache (default: the experiment's data, else the synthetic market)")
-    p.add_argument("--experiment", type=Path, help="experiment YAML for folds and the base config "
-                   "(default: experiments/default.yaml)")
+    p.add_argument(
+        "--experiment",
+        type=Path,
+        help="experiment YAML for folds and the base config (default: experiments/default.yaml)",
+    )
     p.add_argument("--epochs", type=int, help="max epochs per fold (overrides the config)")
     p.add_argument("--folds", help="fold numbers, e.g. 0,2 (default: all)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--seed", type=int, help="fold k trains with seed + k (default 0; with --from-run: "
-                   "the run's seed, used for every fold as in the sweep)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="fold k trains with seed + k (default 0; with --from-run: "
+        "the run's seed, used for every fold as in the sweep)",
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (fxray/rl/config.py)")
     p.add_argument("--synth-bars", type=int, help="size of the synthetic market when no --data")
     p.add_argument("--checkpoint-dir", type=Path, help="write each fold's best weights here (safetensors + JSON)")
     p.add_argument("--json", type=Path, help="write per-fold metrics, config and timings as JSON")
-    p.add_argument("--from-run", metavar="RUN_ID", help="re-train an MLflow trial run of a sweep: its config, "
-                   "folds, seed and data (content hash checked); compare its per-fold Sharpe")
-    p.add_argument("--tracking-uri", help="MLflow store of --from-run (default: $MLFLOW_TRACKING_URI, "
-                   "else sqlite:///./mlflow.db)")
-    p.add_argument("--tolerance", type=float, default=0.0, help="--from-run: max |Sharpe difference| that "
-                   "counts as reproduced (default 0: bitwise, as on CPU)")
+    p.add_argument(
+        "--from-run",
+        metavar="RUN_ID",
+        help="re-train an MLflow trial run of a sweep: its config, "
+        "folds, seed and data (content hash checked); compare its per-fold Sharpe",
+    )
+    p.add_argument(
+        "--tracking-uri", help="MLflow store of --from-run (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)"
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        help="--from-run: max |Sharpe difference| that counts as reproduced (default 0: bitwise, as on CPU)",
+    )
     args = p.parse_args(argv)
     if args.from_run and (args.set or args.epochs is not None or args.experiment or args.synth_bars):
-        print("error: --from-run takes its config from the run: drop --set/--epochs/--experiment/--synth-bars",
-              file=sys.stderr)
+        print(
+            "error: --from-run takes its config from the run: drop --set/--epochs/--experiment/--synth-bars",
+            file=sys.stderr,
+        )
         return 2
     if not args.from_run and args.seed is None:
         args.seed = 0

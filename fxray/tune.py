@@ -31,30 +31,41 @@ from fxray.sweep.driver import sweep_run  # noqa: E402
 from fxray.sweep.rundir import UsageError  # noqa: E402
 
 IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
-USER_ERRORS = (expmod.ExperimentError, UsageError, CacheError, FoldError, ConfigError, ObjectStoreError,
-               ClusterError)
+USER_ERRORS = (expmod.ExperimentError, UsageError, CacheError, FoldError, ConfigError, ObjectStoreError, ClusterError)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m fxray.tune", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m fxray.tune",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--experiment", help=f"experiment YAML (default {expmod.DEFAULT_EXPERIMENT})")
     p.add_argument("--data", help="an fxcache; overrides the experiment's data.path")
     p.add_argument("--trials", type=positive_int, help="trials to run (default: the file's sweep.trials)")
     p.add_argument("--seed", type=int, help="TPE sampler and training seed (default: sweep.seed)")
     p.add_argument("--workers-per-gpu", type=positive_int, help="FoldWorkers per GPU (num_gpus = 1/K each)")
-    p.add_argument("--cpu-workers", type=positive_int, help="FoldWorkers on a cluster without GPUs "
-                   "(default: one per CPU)")
+    p.add_argument(
+        "--cpu-workers", type=positive_int, help="FoldWorkers on a cluster without GPUs (default: one per CPU)"
+    )
     p.add_argument("--name", help="MLflow experiment and run-directory name (default: the file's name)")
     p.add_argument("--storage", help="run directory (default: ./runs/<name>)")
     p.add_argument("--resume", action="store_true", help="finish the interrupted sweep in --storage")
     p.add_argument("--address", help="join a running Ray cluster ('auto'); default: start one here")
     p.add_argument("--num-cpus", type=positive_int, help="local Ray: logical CPUs (default: all)")
     p.add_argument("--num-gpus", type=int, help="local Ray: logical GPUs (default: detected)")
-    p.add_argument("--profile", choices=("auto", "gpu", "cpu"), default="auto",
-                   help="apply the file's cpu: overrides (auto: when the cluster has no GPU)")
-    p.add_argument("--same-trials", metavar="RESULTS", help="run the trials of a finished sweep again "
-                   "(its results.json): the same configs, each for as many folds as it trained there")
+    p.add_argument(
+        "--profile",
+        choices=("auto", "gpu", "cpu"),
+        default="auto",
+        help="apply the file's cpu: overrides (auto: when the cluster has no GPU)",
+    )
+    p.add_argument(
+        "--same-trials",
+        metavar="RESULTS",
+        help="run the trials of a finished sweep again "
+        "(its results.json): the same configs, each for as many folds as it trained there",
+    )
     p.add_argument("--json", help="write per-trial, per-fold results here")
     return p.parse_args(argv)
 
@@ -75,8 +86,7 @@ def main(argv=None) -> int:
         print(f"fxray.tune: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("fxray.tune: interrupted (if it had made its run directory, --resume continues it)",
-              file=sys.stderr)
+        print("fxray.tune: interrupted (if it had made its run directory, --resume continues it)", file=sys.stderr)
         return 130
 
 

@@ -30,12 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fxray.data import cache  # noqa: E402
+from fxray.data.folds import Fold  # noqa: E402
 from fxray.rl.config import DQNConfig  # noqa: E402
 from fxray.rl.device import DeviceData  # noqa: E402
-from fxray.data.folds import Fold  # noqa: E402
 from fxray.rl.trainer import Trainer  # noqa: E402
 
-SB3_ENV_STEPS_S = 9.1e3        # Stable-Baselines3 DQN, same problem, same H200 (issue 3)
+SB3_ENV_STEPS_S = 9.1e3  # Stable-Baselines3 DQN, same problem, same H200 (issue 3)
 SB3_GRAD_SAMPLES_S = 1.13e6
 
 
@@ -63,10 +63,18 @@ def bench_data(args, rows, tmp: Path) -> Path:
     to_cache(SynthSpec(n_bars=args.bars, seed=0), path)
     rows.append(("data", f"synth -> fxcache, {args.bars:,} bars", time.perf_counter() - t0, "s", ""))
     cache.open(path)  # page cache warm, as on a second run
-    rows.append(("data", f"open+validate {args.bars:,} bars", best_of(lambda: cache.open(path)) * 1e3,
-                 "ms", "<= 50 ms"))
-    rows.append(("data", f"open (structure only) {args.bars:,} bars",
-                 best_of(lambda: cache.open(path, check_values=False)) * 1e3, "ms", ""))
+    rows.append(
+        ("data", f"open+validate {args.bars:,} bars", best_of(lambda: cache.open(path)) * 1e3, "ms", "<= 50 ms")
+    )
+    rows.append(
+        (
+            "data",
+            f"open (structure only) {args.bars:,} bars",
+            best_of(lambda: cache.open(path, check_values=False)) * 1e3,
+            "ms",
+            "",
+        )
+    )
     torch.set_num_threads(os.cpu_count() or 1)
     return path
 
@@ -81,6 +89,7 @@ def bench_upload(args, rows, path: Path) -> None:
     def upload():
         DeviceData(market, dev)
         sync()
+
     rows.append(("upload", f"upload {market.n_bars:,} bars, best of 5", best_of(upload) * 1e3, "ms", "<= 100 ms"))
 
 
@@ -105,31 +114,53 @@ def bench_trainer(args, rows, path: Path) -> None:
     market = cache.open(path)
     if dev.type == "cuda":  # a first CUDA context + allocator warm-up is not the upload
         torch.empty(1, device=dev)
-        DeviceData({k: v[:1000] for k, v in {"ts": market.ts, "features": market.features,
-                                            "ofi": market.ofi, "close": market.close}.items()}, dev)
+        DeviceData(
+            {
+                k: v[:1000]
+                for k, v in {
+                    "ts": market.ts,
+                    "features": market.features,
+                    "ofi": market.ofi,
+                    "close": market.close,
+                }.items()
+            },
+            dev,
+        )
         sync()
     t0 = time.perf_counter()
     data = DeviceData(market, dev)
     sync()
-    rows.append(("trainer", f"upload {market.n_bars:,} bars", (time.perf_counter() - t0) * 1e3, "ms",
-                 "<= 100 ms"))
+    rows.append(("trainer", f"upload {market.n_bars:,} bars", (time.perf_counter() - t0) * 1e3, "ms", "<= 100 ms"))
     n = market.n_bars
     val = min(args.val_bars, n // 4)
-    folds = [Fold(0, (0, n // 2), (n // 2 + 100, n // 2 + 100 + val), (n - val, n)),
-             Fold(1, (n // 4, 3 * n // 4), (3 * n // 4 + 100, 3 * n // 4 + 100 + val), (n - val, n))]
+    folds = [
+        Fold(0, (0, n // 2), (n // 2 + 100, n // 2 + 100 + val), (n - val, n)),
+        Fold(1, (n // 4, 3 * n // 4), (3 * n // 4 + 100, 3 * n // 4 + 100 + val), (n - val, n)),
+    ]
     variants = [("graphs", True, False), ("graphs+compile", True, True), ("eager", False, False)]
-    for tag, graphs, compiled in (variants if dev.type == "cuda" else variants[2:]):
+    for tag, graphs, compiled in variants if dev.type == "cuda" else variants[2:]:
         if compiled and not args.compile:
             continue
-        cfg = DQNConfig(num_envs=args.envs, batch_size=args.batch, steps_per_epoch=args.steps,
-                        buffer_steps=max(64, 2 * args.n_step + 2), hidden=256, depth=2, dueling=True,
-                        n_step=args.n_step, epochs=args.epochs, patience=args.epochs, graphs=graphs,
-                        compile=compiled)
+        cfg = DQNConfig(
+            num_envs=args.envs,
+            batch_size=args.batch,
+            steps_per_epoch=args.steps,
+            buffer_steps=max(64, 2 * args.n_step + 2),
+            hidden=256,
+            depth=2,
+            dueling=True,
+            n_step=args.n_step,
+            epochs=args.epochs,
+            patience=args.epochs,
+            graphs=graphs,
+            compile=compiled,
+        )
         try:
             bench_variant(args, rows, data, folds, cfg, tag, sync)
         except Exception as e:  # a variant that fails is a row, not the end of the table
-            rows.append(("trainer", f"[{tag}] FAILED", str(e).splitlines()[0][:60] if str(e) else type(e).__name__,
-                         "", ""))
+            rows.append(
+                ("trainer", f"[{tag}] FAILED", str(e).splitlines()[0][:60] if str(e) else type(e).__name__, "", "")
+            )
 
 
 def bench_variant(args, rows, data, folds, cfg, tag, sync) -> None:
@@ -150,15 +181,35 @@ def bench_variant(args, rows, data, folds, cfg, tag, sync) -> None:
     val_s = float(np.median([c["val_s"] for c in result.curve]))
     rows.append(("trainer", f"[{tag}] first fold incl. setup/capture ({result.epochs_run} ep)", first, "s", ""))
     rows.append(("trainer", f"[{tag}] fold switch", min(switch) * 1e3, "ms", "<= 10 ms"))
-    rows.append(("trainer", f"[{tag}] epoch: {args.steps} x batch {args.batch} + {args.envs} envs + val {val:,}",
-                 epoch, "s", "<= 0.3 s"))
+    rows.append(
+        (
+            "trainer",
+            f"[{tag}] epoch: {args.steps} x batch {args.batch} + {args.envs} envs + val {val:,}",
+            epoch,
+            "s",
+            "<= 0.3 s",
+        )
+    )
     rows.append(("trainer", f"[{tag}]   of which val backtest", val_s, "s", ""))
-    rows.append(("trainer", f"[{tag}] env steps/s", args.steps * args.envs / train_only, "steps/s",
-                 f">= {1000 * SB3_ENV_STEPS_S:.3g} (1000x SB3)"))
-    rows.append(("trainer", f"[{tag}] gradient samples/s", args.steps * args.batch / train_only, "samples/s",
-                 f">= {10 * SB3_GRAD_SAMPLES_S:.3g} (10x SB3)"))
-    rows.append(("trainer", f"[{tag}] host syncs inside an epoch", count_syncs_in_epoch(trainer, args.steps),
-                 "", "0"))
+    rows.append(
+        (
+            "trainer",
+            f"[{tag}] env steps/s",
+            args.steps * args.envs / train_only,
+            "steps/s",
+            f">= {1000 * SB3_ENV_STEPS_S:.3g} (1000x SB3)",
+        )
+    )
+    rows.append(
+        (
+            "trainer",
+            f"[{tag}] gradient samples/s",
+            args.steps * args.batch / train_only,
+            "samples/s",
+            f">= {10 * SB3_GRAD_SAMPLES_S:.3g} (10x SB3)",
+        )
+    )
+    rows.append(("trainer", f"[{tag}] host syncs inside an epoch", count_syncs_in_epoch(trainer, args.steps), "", "0"))
     if args.profile and not cfg.graphs:
         profile_step(trainer, args.profile)
 
@@ -208,17 +259,28 @@ def main(argv=None) -> int:
         if "trainer" in sections:
             bench_trainer(args, rows, path)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
-    print(f"fxray bench  {time.strftime('%Y-%m-%d')}  torch {torch.__version__}  device {args.device} "
-          f"({gpu})  cpu {platform.processor() or platform.machine()} x{os.cpu_count()}")
+    print(
+        f"fxray bench  {time.strftime('%Y-%m-%d')}  torch {torch.__version__}  device {args.device} "
+        f"({gpu})  cpu {platform.processor() or platform.machine()} x{os.cpu_count()}"
+    )
     print(f"{'section':<8} {'what':<62} {'value':>12} {'unit':<10} goal")
     for section, what, value, unit, goal in rows:
         v = f"{value:>12.4g}" if isinstance(value, (int, float)) else f"{str(value):>12}"
         print(f"{section:<8} {what:<62} {v} {unit:<10} {goal}")
     if args.json:
-        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__,
-                                         "args": {k: str(v) for k, v in vars(args).items()},
-                                         "rows": [dict(zip(("section", "what", "value", "unit", "goal"), r))
-                                                  for r in rows]}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": time.strftime("%Y-%m-%d"),
+                    "gpu": gpu,
+                    "torch": torch.__version__,
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "rows": [dict(zip(("section", "what", "value", "unit", "goal"), r)) for r in rows],
+                },
+                indent=1,
+                default=str,
+            )
+        )
     return 0
 
 

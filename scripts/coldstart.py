@@ -35,18 +35,19 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     t = [time.perf_counter()]
     import torch
+
     mark("import torch", t)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.zeros(1, device=dev).add_(1).cpu()
     mark(f"CUDA context + first op ({dev})", t)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fxray.data import cache
+    from fxray.data import cache, synth
+    from fxray.data.folds import make_folds
     from fxray.rl import experiment
-    from fxray.data import synth
     from fxray.rl.config import make_config
     from fxray.rl.device import DeviceData, host_arrays
-    from fxray.data.folds import make_folds
     from fxray.rl.trainer import Trainer
+
     mark("import fxray (trainer, device, config)", t)
     exp = experiment.load(args.experiment, "gpu" if dev == "cuda" else "cpu")
     market = cache.open(exp.data_path or synth.ensure_default(exp.synth))
@@ -56,9 +57,10 @@ def main(argv=None) -> int:
     data.synchronize()
     mark(f"upload {market.n_bars:,} bars", t)
     sync = data.synchronize
-    for label, cfg in (("base config", exp.config),
-                       ("second config", make_config({**exp.config.as_dict(),
-                                                              "hidden": 128 if exp.config.hidden != 128 else 256}))):
+    for label, cfg in (
+        ("base config", exp.config),
+        ("second config", make_config({**exp.config.as_dict(), "hidden": 128 if exp.config.hidden != 128 else 256})),
+    ):
         trainer = Trainer(data, cfg)
         sync()
         mark(f"{label}: Trainer() (networks, replay, optimizer)", t)

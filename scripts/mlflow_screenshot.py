@@ -28,9 +28,18 @@ import urllib.request
 from pathlib import Path
 
 MAX_BYTES = 500_000  # keep the committed PNG small
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1600,1000", "--virtual-time-budget=30000"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1600,1000",
+    "--virtual-time-budget=30000",
+]
 
 
 def pick_runs(uri: str, experiment: str | None, top: int) -> tuple[str, str, list]:
@@ -58,10 +67,19 @@ def pick_runs(uri: str, experiment: str | None, top: int) -> tuple[str, str, lis
 
 def metric_page(base: str, experiment_id: str, run_ids: list, metric: str) -> str:
     """MLflow's metric page URL (the format of Routes.getMetricPageRoute in its UI)."""
-    q = {"runs": json.dumps(run_ids), "metric": json.dumps(metric), "experiments": json.dumps([experiment_id]),
-         "plot_metric_keys": json.dumps([metric]), "plot_layout": "{}", "x_axis": "step",
-         "y_axis_scale": "linear", "line_smoothness": "1", "show_point": "true", "deselected_curves": "[]",
-         "last_linear_y_axis_range": "[]"}
+    q = {
+        "runs": json.dumps(run_ids),
+        "metric": json.dumps(metric),
+        "experiments": json.dumps([experiment_id]),
+        "plot_metric_keys": json.dumps([metric]),
+        "plot_layout": "{}",
+        "x_axis": "step",
+        "y_axis_scale": "linear",
+        "line_smoothness": "1",
+        "show_point": "true",
+        "deselected_curves": "[]",
+        "last_linear_y_axis_range": "[]",
+    }
     return f"{base}/#/metric?" + urllib.parse.urlencode(q, quote_via=urllib.parse.quote)
 
 
@@ -73,9 +91,25 @@ def free_port() -> int:
 
 def start_ui(uri: str, port: int, log) -> subprocess.Popen:
     """`mlflow ui` bound to 127.0.0.1 in its own process group; returns once /health answers."""
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "ui",
+            "--backend-store-uri",
+            uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.time() + 90
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -104,8 +138,9 @@ def chromium(args: list, profile: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         sys.exit("mlflow_screenshot: error: no chromium (apt-get update && apt-get install -y chromium)")
-    return subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
-                          text=True, timeout=180)
+    return subprocess.run(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=180
+    )
 
 
 def shrink(path: Path) -> None:
@@ -132,9 +167,21 @@ def main(argv=None) -> int:
         if args.sweep:
             uri = f"sqlite:///{tmp / 'mlflow.db'}"
             env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-            subprocess.run([sys.executable, "-m", "fxray.tune", "--experiment", str(Path(args.sweep).absolute()),
-                            "--storage", str(tmp / "run")], env=env, cwd=tmp, check=True)
-        if not uri.startswith("sqlite:///") or not Path(uri[len("sqlite:///"):]).is_file():
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "fxray.tune",
+                    "--experiment",
+                    str(Path(args.sweep).absolute()),
+                    "--storage",
+                    str(tmp / "run"),
+                ],
+                env=env,
+                cwd=tmp,
+                check=True,
+            )
+        if not uri.startswith("sqlite:///") or not Path(uri[len("sqlite:///") :]).is_file():
             sys.exit(f"mlflow_screenshot: error: {uri}: not an existing sqlite store")
         experiment_id, parent_id, runs = pick_runs(uri, args.experiment, args.top)
         port = free_port()
@@ -144,7 +191,9 @@ def main(argv=None) -> int:
                 url = metric_page(f"http://127.0.0.1:{port}", experiment_id, [r for r, _ in runs], args.metric)
                 print(f"sweep run {parent_id}: {len(runs)} child runs; {url}")
                 dom = chromium(["--dump-dom", url], tmp / "profile-dom").stdout
-                missing = [name for _, name in runs if name not in dom] + ([args.metric] if args.metric not in dom else [])
+                missing = [name for _, name in runs if name not in dom] + (
+                    [args.metric] if args.metric not in dom else []
+                )
                 if missing:
                     sys.exit(f"mlflow_screenshot: error: the page does not show {', '.join(missing)}")
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -154,7 +203,9 @@ def main(argv=None) -> int:
             finally:
                 stop(proc)
     shrink(out)
-    print(f"wrote {out} ({out.stat().st_size / 1000:.0f} kB): {', '.join(n for _, n in runs)} by {args.metric} per fold")
+    print(
+        f"wrote {out} ({out.stat().st_size / 1000:.0f} kB): {', '.join(n for _, n in runs)} by {args.metric} per fold"
+    )
     return 0
 
 

@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     torch.zeros(1, device=device).add_(1).cpu()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fxray.data import cache
+    from fxray.data.folds import Fold
     from fxray.rl.config import make_config
     from fxray.rl.device import DeviceData, host_arrays
-    from fxray.data.folds import Fold
     from fxray.rl.trainer import Trainer
 
     market = cache.open(res["data"]["path"])
@@ -83,14 +83,33 @@ def main(argv=None) -> int:
     startup = t_ready - T0
     workers = max(len(res.get("workers") or []), 1)
     ideal = startup + (wall - startup) / workers
-    out = {"results": str(args.results), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-           "folds": n, "plain_wall_s": wall, "plain_startup_s": startup, "plain_fold_s": fold_s,
-           "sweep_wall_s": res["wall_s"], "sweep_workers": workers, "ideal_wall_s": ideal,
-           "overhead_share": 1.0 - ideal / res["wall_s"], "val_sharpe_matched": matched,
-           "val_sharpe_max_abs_diff": worst, "tolerance": tol}
+    out = {
+        "results": str(args.results),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "folds": n,
+        "plain_wall_s": wall,
+        "plain_startup_s": startup,
+        "plain_fold_s": fold_s,
+        "sweep_wall_s": res["wall_s"],
+        "sweep_workers": workers,
+        "ideal_wall_s": ideal,
+        "overhead_share": 1.0 - ideal / res["wall_s"],
+        "val_sharpe_matched": matched,
+        "val_sharpe_max_abs_diff": worst,
+        "tolerance": tol,
+    }
     print(f"replay of {args.results} on {out['device']}: {n} folds of {len(res['trials'])} trials")
-    for k in ("plain_startup_s", "plain_fold_s", "plain_wall_s", "sweep_wall_s", "sweep_workers",
-              "ideal_wall_s", "overhead_share", "val_sharpe_matched", "val_sharpe_max_abs_diff"):
+    for k in (
+        "plain_startup_s",
+        "plain_fold_s",
+        "plain_wall_s",
+        "sweep_wall_s",
+        "sweep_workers",
+        "ideal_wall_s",
+        "overhead_share",
+        "val_sharpe_matched",
+        "val_sharpe_max_abs_diff",
+    ):
         v = out[k]
         print(f"  {k:<26} {v:.4g}" if isinstance(v, float) else f"  {k:<26} {v}")
     if args.json:

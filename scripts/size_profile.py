@@ -24,8 +24,15 @@ import time
 from pathlib import Path
 
 # agents, batch, lr multiplier, training days ("long"/"short")
-CANDIDATES = [(256, 1024, 1, "short"), (256, 1024, 1, "long"), (1024, 4096, 1, "long"), (2048, 8192, 1, "long"),
-              (1024, 4096, 3, "short"), (2048, 8192, 3, "long"), (1024, 4096, 3, "long")]
+CANDIDATES = [
+    (256, 1024, 1, "short"),
+    (256, 1024, 1, "long"),
+    (1024, 4096, 1, "long"),
+    (2048, 8192, 1, "long"),
+    (1024, 4096, 3, "short"),
+    (2048, 8192, 3, "long"),
+    (1024, 4096, 3, "long"),
+]
 TINY = [(16, 64, 1, "short")]
 
 
@@ -43,11 +50,10 @@ def main(argv=None) -> int:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fxray.data import cache
-    from fxray.rl import experiment
-    from fxray.data import synth
-    from fxray.rl.device import DeviceData, host_arrays
+    from fxray.data import cache, synth
     from fxray.data.folds import Fold, make_folds
+    from fxray.rl import experiment
+    from fxray.rl.device import DeviceData, host_arrays
     from fxray.rl.trainer import Trainer
 
     torch.set_num_threads(1)  # as a FoldWorker
@@ -81,30 +87,58 @@ def main(argv=None) -> int:
                 t = time.perf_counter()
                 r = trainer.run_fold(train_days(f, days), 0)
                 data.synchronize()
-                per_fold.append({"config": i, "fold_s": time.perf_counter() - t, "epochs": r.epochs_run,
-                                 "train_s": r.timings.get("train_s", 0.0), "steps": r.epochs_run * cfg.steps_per_epoch,
-                                 "val": r.val.get("sharpe", float("nan")), "test": r.test.get("sharpe", float("nan"))})
+                per_fold.append(
+                    {
+                        "config": i,
+                        "fold_s": time.perf_counter() - t,
+                        "epochs": r.epochs_run,
+                        "train_s": r.timings.get("train_s", 0.0),
+                        "steps": r.epochs_run * cfg.steps_per_epoch,
+                        "val": r.val.get("sharpe", float("nan")),
+                        "test": r.test.get("sharpe", float("nan")),
+                    }
+                )
         mean = lambda key, rs=per_fold: sum(r[key] for r in rs) / len(rs)  # noqa: E731
-        by_config = [(mean("val", [r for r in per_fold if r["config"] == i]),
-                      mean("test", [r for r in per_fold if r["config"] == i])) for i in range(len(configs))]
+        by_config = [
+            (
+                mean("val", [r for r in per_fold if r["config"] == i]),
+                mean("test", [r for r in per_fold if r["config"] == i]),
+            )
+            for i in range(len(configs))
+        ]
         steps = sum(r["steps"] for r in per_fold)
         train_s = sum(r["train_s"] for r in per_fold)
-        rows.append({"agents": envs, "batch": batch, "lr_x": mult, "train_days": days,
-                     "fold_s": mean("fold_s"), "epochs_run": mean("epochs"),
-                     "step_ms": 1000 * train_s / steps, "samples_per_s": steps * batch / train_s,
-                     "val_sharpe": mean("val"), "test_sharpe": mean("test"),
-                     "best_config_val_test": list(max(by_config))})
+        rows.append(
+            {
+                "agents": envs,
+                "batch": batch,
+                "lr_x": mult,
+                "train_days": days,
+                "fold_s": mean("fold_s"),
+                "epochs_run": mean("epochs"),
+                "step_ms": 1000 * train_s / steps,
+                "samples_per_s": steps * batch / train_s,
+                "val_sharpe": mean("val"),
+                "test_sharpe": mean("test"),
+                "best_config_val_test": list(max(by_config)),
+            }
+        )
     print(f"{len(configs)} configs x {len(windows)} folds each, on {torch.cuda.get_device_name() if cuda else 'CPU'}")
-    print(f"{'agents':>6} {'batch':>6} {'lr x':>4} {'train':>5} {'fold s':>7} {'epochs':>6} {'step ms':>7} "
-          f"{'samples/s':>10} {'val':>6} {'test':>6} {'best config val/test':>21}")
+    print(
+        f"{'agents':>6} {'batch':>6} {'lr x':>4} {'train':>5} {'fold s':>7} {'epochs':>6} {'step ms':>7} "
+        f"{'samples/s':>10} {'val':>6} {'test':>6} {'best config val/test':>21}"
+    )
     for r in rows:
         best = "{:.1f} / {:.1f}".format(*r["best_config_val_test"])
-        print(f"{r['agents']:>6} {r['batch']:>6} {r['lr_x']:>4} {r['train_days']:>4}d {r['fold_s']:>7.3f} "
-              f"{r['epochs_run']:>6.2f} {r['step_ms']:>7.3f} {r['samples_per_s'] / 1e6:>9.2f}M "
-              f"{r['val_sharpe']:>6.1f} {r['test_sharpe']:>6.1f} {best:>21}")
+        print(
+            f"{r['agents']:>6} {r['batch']:>6} {r['lr_x']:>4} {r['train_days']:>4}d {r['fold_s']:>7.3f} "
+            f"{r['epochs_run']:>6.2f} {r['step_ms']:>7.3f} {r['samples_per_s'] / 1e6:>9.2f}M "
+            f"{r['val_sharpe']:>6.1f} {r['test_sharpe']:>6.1f} {best:>21}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"configs": configs, "windows": [f.as_dict() for f in windows],
-                                         "rows": rows}, indent=1))
+        args.json.write_text(
+            json.dumps({"configs": configs, "windows": [f.as_dict() for f in windows], "rows": rows}, indent=1)
+        )
     return 0
 
 

@@ -37,8 +37,11 @@ def wait_for_gpus(n: int, address: str, timeout_s: float = WAIT_S) -> int:
         t0 = time.time()
         while (have := int(ray.cluster_resources().get("GPU", 0))) < n:
             if time.time() - t0 > timeout_s:
-                print(f"sweep.py: error: --wait-gpus {n}: only {have} GPU(s) after {timeout_s:.0f}s; check "
-                      "`ray status` and cluster.yaml's max_workers / instance type", file=sys.stderr)
+                print(
+                    f"sweep.py: error: --wait-gpus {n}: only {have} GPU(s) after {timeout_s:.0f}s; check "
+                    "`ray status` and cluster.yaml's max_workers / instance type",
+                    file=sys.stderr,
+                )
                 return 2
             print(f"waiting for GPUs: {have}/{n} ({time.time() - t0:.0f}s)", flush=True)
             time.sleep(15)
@@ -55,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     if not any(a == "--address" or a.startswith("--address=") for a in rest):
         rest = ["--address", "auto", *rest]
     if args.wait_gpus > 0 and "-h" not in rest and "--help" not in rest:
-        address = rest[rest.index("--address") + 1] if "--address" in rest else \
-            next(a.split("=", 1)[1] for a in rest if a.startswith("--address="))
+        address = (
+            rest[rest.index("--address") + 1]
+            if "--address" in rest
+            else next(a.split("=", 1)[1] for a in rest if a.startswith("--address="))
+        )
         if (rc := wait_for_gpus(args.wait_gpus, address)) != 0:
             return rc
     from fxray import tune  # the same entry as `python -m fxray.tune`

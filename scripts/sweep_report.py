@@ -48,12 +48,19 @@ def report(path: str) -> dict:
     workers = r.get("workers") or []
     n_workers = max(len(workers), 1)
     wall = r["wall_s"]
-    out = {"path": path, "experiment": r["experiment"], "profile": r["profile"], "trials": r["n_trials"],
-           "folds_trained": sum(len(t["folds"]) for t in r["trials"]), "workers": n_workers,
-           "gpu_workers": sum(1 for w in workers if "cuda" in str(w.get("device", ""))),
-           "wall_s": wall, "trials_per_hour": 3600 * r["n_trials"] / wall,
-           "best_mean_val_sharpe": r["best"]["mean_val_sharpe"],
-           "best_mean_test_sharpe": r["best"]["mean_test_sharpe"]}
+    out = {
+        "path": path,
+        "experiment": r["experiment"],
+        "profile": r["profile"],
+        "trials": r["n_trials"],
+        "folds_trained": sum(len(t["folds"]) for t in r["trials"]),
+        "workers": n_workers,
+        "gpu_workers": sum(1 for w in workers if "cuda" in str(w.get("device", ""))),
+        "wall_s": wall,
+        "trials_per_hour": 3600 * r["n_trials"] / wall,
+        "best_mean_val_sharpe": r["best"]["mean_val_sharpe"],
+        "best_mean_test_sharpe": r["best"]["mean_test_sharpe"],
+    }
     calls = [w.get("calls") or [] for w in workers]
     if not any(calls) or r.get("started") is None:  # results.json from before the call log
         fold_s = sum(f["timings"].get("fold_time_s") or 0.0 for t in r["trials"] for f in t["folds"])
@@ -114,20 +121,25 @@ def speedup(path_a: str, path_b: str) -> dict:
     a, b = (json.loads(open(p).read()) for p in (path_a, path_b))
 
     def folds(r):  # {sampled config: [val Sharpe per fold]}
-        return {json.dumps(t["sampled"], sort_keys=True): [f["val"]["sharpe"] for f in t["folds"]]
-                for t in r["trials"]}
+        return {json.dumps(t["sampled"], sort_keys=True): [f["val"]["sharpe"] for f in t["folds"]] for t in r["trials"]}
 
     def fold_s(r):
         return sum(f["timings"].get("fold_time_s") or 0.0 for t in r["trials"] for f in t["folds"])
 
     fa, fb = folds(a), folds(b)
     both = [(x, y) for key in fa.keys() & fb.keys() for x, y in zip(fa[key], fb[key])]
-    return {"same_work": {k: len(v) for k, v in fa.items()} == {k: len(v) for k, v in fb.items()},
-            "folds_a": sum(map(len, fa.values())), "folds_b": sum(map(len, fb.values())),
-            "wall_a_s": a["wall_s"], "wall_b_s": b["wall_s"], "speedup": a["wall_s"] / b["wall_s"],
-            "work_rate_a": fold_s(a) / a["wall_s"], "work_rate_b": fold_s(b) / b["wall_s"],
-            "work_rate_speedup": (fold_s(b) / b["wall_s"]) / (fold_s(a) / a["wall_s"]),
-            "val_sharpe_max_abs_diff": max((abs(x - y) for x, y in both), default=None)}
+    return {
+        "same_work": {k: len(v) for k, v in fa.items()} == {k: len(v) for k, v in fb.items()},
+        "folds_a": sum(map(len, fa.values())),
+        "folds_b": sum(map(len, fb.values())),
+        "wall_a_s": a["wall_s"],
+        "wall_b_s": b["wall_s"],
+        "speedup": a["wall_s"] / b["wall_s"],
+        "work_rate_a": fold_s(a) / a["wall_s"],
+        "work_rate_b": fold_s(b) / b["wall_s"],
+        "work_rate_speedup": (fold_s(b) / b["wall_s"]) / (fold_s(a) / a["wall_s"]),
+        "val_sharpe_max_abs_diff": max((abs(x - y) for x, y in both), default=None),
+    }
 
 
 def main(argv=None) -> int:

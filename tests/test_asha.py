@@ -9,13 +9,26 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from fxray.sweep.trial import asha_stops, segments
 
 
-@pytest.mark.parametrize("n, grace, rf", [(12, 1, 2), (4, 1, 2), (2, 2, 2), (1, 1, 2), (8, 1, 2), (9, 1, 3),
-                                          (27, 1, 3), (10, 2, 2.5), (7, 3, 2), (16, 2, 4), (12, 1, 1.5)])
+@pytest.mark.parametrize(
+    "n, grace, rf",
+    [
+        (12, 1, 2),
+        (4, 1, 2),
+        (2, 2, 2),
+        (1, 1, 2),
+        (8, 1, 2),
+        (9, 1, 3),
+        (27, 1, 3),
+        (10, 2, 2.5),
+        (7, 3, 2),
+        (16, 2, 4),
+        (12, 1, 1.5),
+    ],
+)
 def test_asha_stops_where_rays_asha_stops(n, grace, rf):
     """Drive Ray's own scheduler with 300 trials reporting random values in random order:
     the folds-done counts at which it said STOP are exactly asha_stops(...)."""
-    sched = ASHAScheduler(time_attr="folds", metric="v", mode="max", max_t=n, grace_period=grace,
-                          reduction_factor=rf)
+    sched = ASHAScheduler(time_attr="folds", metric="v", mode="max", max_t=n, grace_period=grace, reduction_factor=rf)
     rng = np.random.default_rng(0)
     trials = {f"t{i}": SimpleNamespace(trial_id=f"t{i}") for i in range(300)}
     for t in trials.values():

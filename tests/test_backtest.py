@@ -12,6 +12,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 # --- the plain reference: one bar at a time ------------------------------------
 
+
 def reference(q, returns, day, cost):
     """Positions, net returns, daily sums and bar stats by a loop, as the DESIGN states them."""
     q, returns, day = q.tolist(), np.asarray(returns, np.float64), day.tolist()
@@ -20,12 +21,12 @@ def reference(q, returns, day, cost):
     for t in range(len(returns)):
         row = q[t][prev + 1]
         best = 0
-        for a in (1, 2):          # first maximum wins ties
+        for a in (1, 2):  # first maximum wins ties
             if row[a] > row[best]:
                 best = a
         p = best - 1
         net.append(p * returns[t] - cost * abs(p - prev))
-        if day[t] != last_day:    # a new day with bars
+        if day[t] != last_day:  # a new day with bars
             daily.append(0.0)
             last_day = day[t]
         daily[-1] += net[-1]
@@ -34,14 +35,17 @@ def reference(q, returns, day, cost):
     position, net = np.array(position), np.array(net)
     changes = np.abs(np.diff(position, prepend=0))
     n_in = (position != 0).sum()
-    stats = dict(turnover=changes.mean(), n_trades=int((changes > 0).sum()),
-                 hit_rate=((position != 0) & (net > 0)).sum() / n_in if n_in else 0.0)
+    stats = dict(
+        turnover=changes.mean(),
+        n_trades=int((changes > 0).sum()),
+        hit_rate=((position != 0) & (net > 0)).sum() / n_in if n_in else 0.0,
+    )
     return position, net, np.array(daily), stats
 
 
 def random_window(seed, n_bars, ties):
     rng = np.random.default_rng(seed)
-    if ties:   # few distinct values: many equal maxima
+    if ties:  # few distinct values: many equal maxima
         q = rng.integers(0, 3, (n_bars, 3, 3)).astype(np.float32)
     else:
         q = rng.normal(size=(n_bars, 3, 3)).astype(np.float32)
@@ -88,11 +92,11 @@ def test_scan_matches_loop(device, seed):
 def test_hand_example():
     # prev index 0 = short, 1 = flat, 2 = long; each row's argmax is the new position index.
     q = torch.zeros(4, 3, 3)
-    q[0, 1, 2] = 1.0   # from flat: go long
-    q[1, 2, 0] = 1.0   # from long: flip short
-    q[2, 0, 0] = 1.0   # from short: stay short
-    q[2, 1, 2] = 1.0   #   (from flat it would go long: not taken)
-    q[3, 0, 1] = 1.0   # from short: go flat
+    q[0, 1, 2] = 1.0  # from flat: go long
+    q[1, 2, 0] = 1.0  # from long: flip short
+    q[2, 0, 0] = 1.0  # from short: stay short
+    q[2, 1, 2] = 1.0  #   (from flat it would go long: not taken)
+    q[3, 0, 1] = 1.0  # from short: go flat
     returns = torch.tensor([0.01, -0.02, 0.03, 0.04])
     day = torch.tensor([5, 5, 7, 7])
     result = bt.backtest(q, returns, day, cost=0.001)

@@ -6,15 +6,14 @@ import io
 import zipfile
 from pathlib import Path
 
-from conftest import SHARED_DATA
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import SHARED_DATA
 
 from fxray.data import cache
-from fxray.data.bars import Bars, BarsError, DEFAULT_OFI_NAMES, build_cache, load_bars
+from fxray.data.bars import DEFAULT_OFI_NAMES, Bars, BarsError, build_cache, load_bars
 from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK
 
 DATA = SHARED_DATA / "bars"
@@ -51,12 +50,12 @@ def ohlc_rows(n, start="2024-03-04T00:01:00", step_s=60):
 
 
 def csv_text(header, rows, stamp=lambda r: r[0], volume=True):
-    body = "".join(f"{stamp(r)},{r[1]},{r[2]},{r[3]},{r[4]}" + (f",{r[5]}" if volume else "") + "\n"
-                   for r in rows)
+    body = "".join(f"{stamp(r)},{r[1]},{r[2]},{r[3]},{r[4]}" + (f",{r[5]}" if volume else "") + "\n" for r in rows)
     return header + "\n" + body
 
 
 # --- the shared real data ------------------------------------------------------------------
+
 
 def test_cme_6e_csv_gz_is_close_stamped_utc():
     b = load_bars(need(SIXE))
@@ -107,11 +106,15 @@ def test_build_cache_on_shared_bars(tmp_path, path):
 
 # --- format conventions on small files ---------------------------------------------------------
 
+
 def test_header_csv_variants_agree(tmp_path):
     rows = ohlc_rows(5)
     want = utc("2024-03-04T00:01") + MIN * np.arange(5)
     epoch = dict(zip((r[0] for r in rows), want // 10**9))
-    iso_t = (lambda r: r[0].replace(" ", "T"))
+
+    def iso_t(r):
+        return r[0].replace(" ", "T")
+
     variants = {
         "iso.csv": csv_text("timestamp_utc,open,high,low,close,volume", rows),
         "isoz.csv": csv_text("Timestamp,Open,High,Low,Close,Volume", rows, lambda r: iso_t(r) + "Z"),
@@ -120,8 +123,9 @@ def test_header_csv_variants_agree(tmp_path):
         "ms.csv": csv_text("ts,open,high,low,close", rows, lambda r: epoch[r[0]] * 1000, volume=False),
         "ns.csv": csv_text("ts,open,high,low,close", rows, lambda r: epoch[r[0]] * 10**9, volume=False),
         # stamped at the open (Binance-style ms): one bar later is the close
-        "opentime.csv": csv_text("open_time,open,high,low,close", rows,
-                                 lambda r: (epoch[r[0]] - 60) * 1000, volume=False),
+        "opentime.csv": csv_text(
+            "open_time,open,high,low,close", rows, lambda r: (epoch[r[0]] - 60) * 1000, volume=False
+        ),
     }
     for name, text in variants.items():
         b = load_bars(write_csv(tmp_path / name, text))
@@ -139,8 +143,15 @@ def test_gzip_parquet_and_directory(tmp_path):
     with gzip.open(tmp_path / "b.csv.gz", "wt") as f:
         f.write(text)
     assert np.array_equal(load_bars(tmp_path / "b.csv.gz").close, plain.close)
-    table = pa.table({"timestamp": pa.array(plain.ts, pa.timestamp("ns", "UTC")), "open": plain.open,
-                      "high": plain.high, "low": plain.low, "close": plain.close})
+    table = pa.table(
+        {
+            "timestamp": pa.array(plain.ts, pa.timestamp("ns", "UTC")),
+            "open": plain.open,
+            "high": plain.high,
+            "low": plain.low,
+            "close": plain.close,
+        }
+    )
     pq.write_table(table, tmp_path / "c.parquet")
     from_pq = load_bars(tmp_path / "c.parquet")
     assert np.array_equal(from_pq.ts, plain.ts) and from_pq.volume is None
@@ -158,20 +169,21 @@ def test_gzip_parquet_and_directory(tmp_path):
 
 
 def test_cleaning_sorts_dedups_drops_and_repairs(tmp_path):
-    text = ("timestamp_utc,open,high,low,close,volume\n"
-            "2024-01-01 00:03:00,1.0,1.1,0.9,1.05,5\n"
-            "2024-01-01 00:01:00,1.0,1.1,0.9,1.00,5\n"
-            "2024-01-01 00:02:00,1.0,1.1,0.9,-1.0,5\n"   # negative close: dropped
-            "2024-01-01 00:02:00,1.0,1.1,0.9,,5\n"       # missing close: dropped
-            "2024-01-01 00:01:00,1.0,1.1,0.9,1.01,5\n"   # duplicate stamp: the last row wins
-            "2024-01-01 00:04:00,1.0,1.02,0.99,1.2,-3\n"  # close above high: high repaired
-            "2024-01-01 00:05:00,1.0,1.1,0.9,1.0,nan\n")
+    text = (
+        "timestamp_utc,open,high,low,close,volume\n"
+        "2024-01-01 00:03:00,1.0,1.1,0.9,1.05,5\n"
+        "2024-01-01 00:01:00,1.0,1.1,0.9,1.00,5\n"
+        "2024-01-01 00:02:00,1.0,1.1,0.9,-1.0,5\n"  # negative close: dropped
+        "2024-01-01 00:02:00,1.0,1.1,0.9,,5\n"  # missing close: dropped
+        "2024-01-01 00:01:00,1.0,1.1,0.9,1.01,5\n"  # duplicate stamp: the last row wins
+        "2024-01-01 00:04:00,1.0,1.02,0.99,1.2,-3\n"  # close above high: high repaired
+        "2024-01-01 00:05:00,1.0,1.1,0.9,1.0,nan\n"
+    )
     b = load_bars(write_csv(tmp_path / "messy.csv", text))
     assert np.array_equal(b.ts, utc("2024-01-01T00:01") + MIN * np.array([0, 2, 3, 4]))
     assert list(b.close) == [1.01, 1.05, 1.2, 1.0] and b.high[2] == 1.2
     assert list(b.volume) == [5, 5, 0, 0]
-    assert b.stats == {"rows_read": 7, "dropped_bad_price": 2, "dropped_duplicate_ts": 1,
-                       "repaired_high_low": 1}
+    assert b.stats == {"rows_read": 7, "dropped_bad_price": 2, "dropped_duplicate_ts": 1, "repaired_high_low": 1}
 
 
 def test_lean_equity_prices_are_descaled(tmp_path):
@@ -197,6 +209,7 @@ def test_bars_from_elsewhere_build_too(tmp_path):
 
 # --- bad inputs: one line, naming the file ------------------------------------------------
 
+
 def _bad(tmp_path, name, content, **kw):
     path = tmp_path / name
     if isinstance(content, bytes):
@@ -216,8 +229,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         z.writestr("x.csv", "0,1,1,1,1,1\n")
     head, row = "timestamp,open,high,low,close\n", "2024-01-01 00:00:00"
     cases = [
-        ("missing.csv", "timestamp,open,high,close\n2024-01-01 00:00:00,1,1,1\n", {},
-         "missing column(s) low"),
+        ("missing.csv", "timestamp,open,high,close\n2024-01-01 00:00:00,1,1,1\n", {}, "missing column(s) low"),
         ("nots.csv", "open,high,low,close\n1,1,1,1\n", {}, "missing column(s) timestamp"),
         ("nohead.csv", "2024-01-01 00:00:00,1.5,1.6,1.4,1.5,3\n", {}, "no header line"),
         ("badts.csv", head + "yesterday,1,1,1,1\n", {}, "unparseable timestamp 'yesterday'"),
@@ -229,8 +241,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         ("x.csv", "t,o,h,l,c\n", {"fmt": "excel"}, "unknown format 'excel'"),
         ("nothere.csv", None, {}, "no such file"),
         ("tz.csv", head + row + ",1,1,1,1\n", {"tz": "Mars/Olympus"}, "time zone 'Mars/Olympus'"),
-        ("hd.csv", "20170102 020000;1;1;1;1;0\n2017-01-02 02:01;1;1;1;1;0\n", {},
-         "unparseable HistData time"),
+        ("hd.csv", "20170102 020000;1;1;1;1;0\n2017-01-02 02:01;1;1;1;1;0\n", {}, "unparseable HistData time"),
         ("20240101_quote.zip", zbuf.getvalue(), {}, "quote bars are not supported"),
         ("trades.zip", zbuf.getvalue(), {}, "start with the date"),
         ("20240101_trade.zip", b"PK not really a zip", {}, "not a readable zip"),
@@ -245,8 +256,15 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 
 def test_build_cache_refuses_short_history_and_bad_ofi(tmp_path):
     b = load_bars(need(SIXE))
-    short = Bars(b.ts[:MAX_LOOKBACK + 5], b.open[:MAX_LOOKBACK + 5], b.high[:MAX_LOOKBACK + 5],
-                 b.low[:MAX_LOOKBACK + 5], b.close[:MAX_LOOKBACK + 5], None, source="short.csv")
+    short = Bars(
+        b.ts[: MAX_LOOKBACK + 5],
+        b.open[: MAX_LOOKBACK + 5],
+        b.high[: MAX_LOOKBACK + 5],
+        b.low[: MAX_LOOKBACK + 5],
+        b.close[: MAX_LOOKBACK + 5],
+        None,
+        source="short.csv",
+    )
     with pytest.raises(BarsError, match=r"short.csv: 125 bars, need at least 130"):
         build_cache(short, tmp_path / "s.fxcache", instrument="6E", source="t")
     with pytest.raises(BarsError, match=r"ofi has shape \(3, 8\)"):

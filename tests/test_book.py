@@ -14,7 +14,7 @@ pytest.importorskip("numba")
 pytest.importorskip("zstandard")
 
 from fxray.book import dbn as book_dbn  # noqa: E402
-from fxray.book import engine as book_engine
+from fxray.book import engine as book_engine  # noqa: E402
 from fxray.book.reader import BookSnapshots, BookStream, load_book, load_trades  # noqa: E402
 
 ES_DAY = "book/databento/esh4-glbx-mdp3-20231225.mbo.dbn.zst"
@@ -32,6 +32,7 @@ def decoded(path):
 
 def _unzstd(path):
     import zstandard
+
     return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True).read()
 
 
@@ -41,6 +42,7 @@ def records(path):
 
 
 # --- DBN layout ----------------------------------------------------------------------------
+
 
 def test_mbp10_fixture_decodes_to_documented_fields(shared_data):
     path = shared_data / FIX.format("mbp-10")
@@ -54,8 +56,14 @@ def test_mbp10_fixture_decodes_to_documented_fields(shared_data):
     assert (r0["price"], r0["size"], chr(r0["action"]), chr(r0["side"])) == (3722750000000, 1, "C", "A")
     assert (r0["flags"], r0["depth"], r0["ts_in_delta"], r0["sequence"]) == (128, 9, 22993, 1170352)
     lv0 = r0["levels"][0]
-    assert (lv0["bid_px"], lv0["ask_px"], lv0["bid_sz"], lv0["ask_sz"], lv0["bid_ct"], lv0["ask_ct"]) \
-        == (3720250000000, 3720500000000, 24, 10, 15, 8)
+    assert (lv0["bid_px"], lv0["ask_px"], lv0["bid_sz"], lv0["ask_sz"], lv0["bid_ct"], lv0["ask_ct"]) == (
+        3720250000000,
+        3720500000000,
+        24,
+        10,
+        15,
+        8,
+    )
     for ours, theirs in zip(rec, ref):  # every field of every level
         for i, lv in enumerate(theirs.levels):
             for f in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
@@ -83,6 +91,7 @@ def test_record_layouts_match_databento_decoder(shared_data, schema):
 
 # --- MBO rebuild ---------------------------------------------------------------------------
 
+
 def plain_mbo_states(rec):
     """A deliberately simple MBO book (dicts, sort at each event) -> top-10 after each event."""
     orders, levels = {}, {66: defaultdict(int), 65: defaultdict(int)}
@@ -91,10 +100,12 @@ def plain_mbo_states(rec):
     def emit(ts):
         bids = sorted((p for p, q in levels[66].items() if q > 0), reverse=True)[:10]
         asks = sorted(p for p, q in levels[65].items() if q > 0)[:10]
-        row = ([p / 1e9 for p in bids] + [-np.inf] * (10 - len(bids)),
-               [levels[66][p] for p in bids] + [0] * (10 - len(bids)),
-               [p / 1e9 for p in asks] + [np.inf] * (10 - len(asks)),
-               [levels[65][p] for p in asks] + [0] * (10 - len(asks)))
+        row = (
+            [p / 1e9 for p in bids] + [-np.inf] * (10 - len(bids)),
+            [levels[66][p] for p in bids] + [0] * (10 - len(bids)),
+            [p / 1e9 for p in asks] + [np.inf] * (10 - len(asks)),
+            [levels[65][p] for p in asks] + [0] * (10 - len(asks)),
+        )
         if not states or states[-1][1:] != row:
             states.append((ts, *row))
 
@@ -170,7 +181,7 @@ def test_es_book_is_crossed_only_in_the_preopen_auction(shared_data):
     assert after.sum() > 20_000 and (book.bid_px[after, 0] < book.ask_px[after, 0]).all()
     # the day file's own snapshot replaces the snapshot file's book (no double-counted orders)
     day_only = load_book([str(shared_data / ES_DAY)]).collect()
-    assert np.array_equal(book.bid_sz[-len(day_only):], day_only.bid_sz)
+    assert np.array_equal(book.bid_sz[-len(day_only) :], day_only.bid_sz)
     assert book.reset.sum() == 2 and stream.segments.shape == (2, 2)
 
 
@@ -189,6 +200,7 @@ def test_dbn_trade_counts_match_raw_records(shared_data):
 
 
 # --- Binance -------------------------------------------------------------------------------
+
 
 def _binance_lines(path):
     with gzip.open(path, "rt") as f:
@@ -228,7 +240,6 @@ def test_binance_top_of_book_matches_book_ticker(shared_data):
     tick = np.searchsorted(tickers[:, 0], diffs[:, 1], "right") - 1
     use = last_at_ts & (tick >= 0)
     assert use.sum() > 6000
-    got = np.column_stack([book.bid_px[row, 0], book.bid_sz[row, 0], book.ask_px[row, 0],
-                           book.ask_sz[row, 0]])[use]
+    got = np.column_stack([book.bid_px[row, 0], book.bid_sz[row, 0], book.ask_px[row, 0], book.ask_sz[row, 0]])[use]
     np.testing.assert_allclose(got, tickers[tick[use], 1:], rtol=0, atol=1e-9)
     assert not (book.bid_px[:, 0] >= book.ask_px[:, 0]).any()

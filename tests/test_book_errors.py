@@ -12,9 +12,8 @@ pytest.importorskip("numba")
 zstandard = pytest.importorskip("zstandard")
 
 from fxray.book import dbn as book_dbn  # noqa: E402
-from fxray.data import cache
-from fxray.book.reader import (OFI_NAMES, BookError, bars_from_trades, load_book, load_trades,  # noqa: E402
-                        ofi_features)
+from fxray.book.reader import OFI_NAMES, BookError, bars_from_trades, load_book, load_trades, ofi_features  # noqa: E402
+from fxray.data import cache  # noqa: E402
 
 ES_DAY = "book/databento/esh4-glbx-mdp3-20231225.mbo.dbn.zst"
 BTC = "book/binance_usdm/btcusdt_20240808.gz"
@@ -26,10 +25,18 @@ def build(book_file, trade_file, out):
     trades = load_trades(str(trade_file))
     bars = bars_from_trades(trades, "1s")
     ofi, _ = ofi_features(bars.ts, book=load_book([str(book_file)]), trades=trades)
-    cache.write(out, bars.ts, np.zeros((len(bars.ts), cache.N_FEATURES), np.float32), ofi,
-                np.column_stack([bars.open, bars.high, bars.low, bars.close]),
-                feature_names=[f"f{i}" for i in range(cache.N_FEATURES)], ofi_names=OFI_NAMES,
-                instrument="x", bar="1s", source="test")
+    cache.write(
+        out,
+        bars.ts,
+        np.zeros((len(bars.ts), cache.N_FEATURES), np.float32),
+        ofi,
+        np.column_stack([bars.open, bars.high, bars.low, bars.close]),
+        feature_names=[f"f{i}" for i in range(cache.N_FEATURES)],
+        ofi_names=OFI_NAMES,
+        instrument="x",
+        bar="1s",
+        source="test",
+    )
 
 
 def fails(tmp_path, book_file, match, trade_file=None):
@@ -75,8 +82,12 @@ def test_wrong_schema_for_a_book(tmp_path, shared_data):
 
 
 def test_wrong_schema_for_trades(tmp_path, shared_data):
-    fails(tmp_path, shared_data / FIX.format("mbp-10"), r"schema 'ohlcv-1m' cannot give trades",
-          trade_file=shared_data / FIX.format("ohlcv-1m"))
+    fails(
+        tmp_path,
+        shared_data / FIX.format("mbp-10"),
+        r"schema 'ohlcv-1m' cannot give trades",
+        trade_file=shared_data / FIX.format("ohlcv-1m"),
+    )
 
 
 def test_not_a_dbn_or_capture_file(tmp_path):
@@ -93,8 +104,8 @@ def mbo_records(shared_data) -> tuple[bytearray, int]:
 
 def test_unsorted_dbn_events(tmp_path, shared_data):
     raw, start = mbo_records(shared_data)
-    r0, r1 = raw[start:start + 56], raw[start + 56:start + 112]
-    raw[start:start + 112] = r1 + r0  # swap the two records: ts_recv goes backwards
+    r0, r1 = raw[start : start + 56], raw[start + 56 : start + 112]
+    raw[start : start + 112] = r1 + r0  # swap the two records: ts_recv goes backwards
     bad = tmp_path / "swapped.mbo.dbn"
     bad.write_bytes(bytes(raw))
     fails(tmp_path, bad, r"record 1 \(ts_recv \d+\) is earlier than record 0")
@@ -110,12 +121,16 @@ def test_mixed_record_types(tmp_path, shared_data):
 
 def test_two_instruments_need_a_choice(tmp_path, shared_data):
     raw, start = mbo_records(shared_data)
-    first_id = int.from_bytes(raw[start + 4:start + 8], "little")
-    raw[start + 56 + 4:start + 56 + 8] = (first_id + 1).to_bytes(4, "little")  # record 1: another
+    first_id = int.from_bytes(raw[start + 4 : start + 8], "little")
+    raw[start + 56 + 4 : start + 56 + 8] = (first_id + 1).to_bytes(4, "little")  # record 1: another
     bad = tmp_path / "two.mbo.dbn"
     bad.write_bytes(bytes(raw))
-    fails(tmp_path, bad, rf"record 1 is instrument {first_id + 1}, record 0 is {first_id}: "
-          r"pass instrument_id=")
+    fails(
+        tmp_path,
+        bad,
+        rf"record 1 is instrument {first_id + 1}, record 0 is {first_id}: "
+        r"pass instrument_id=",
+    )
     for iid in (first_id, first_id + 1):  # naming one reads just its record
         dbn = book_dbn.DbnFile(str(bad))
         assert [len(rec) for _, rec in dbn.chunks(instrument_id=iid)] == [1]
@@ -124,6 +139,7 @@ def test_two_instruments_need_a_choice(tmp_path, shared_data):
 
 
 # --- Binance -------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def btc_head(shared_data):
@@ -140,13 +156,12 @@ def write_capture(tmp_path, lines, name="cap.gz"):
 
 
 def test_binance_head_builds(tmp_path, btc_head):
-    build(write_capture(tmp_path, btc_head), write_capture(tmp_path, btc_head, "t.gz"),
-          tmp_path / "ok.fxcache")
+    build(write_capture(tmp_path, btc_head), write_capture(tmp_path, btc_head, "t.gz"), tmp_path / "ok.fxcache")
 
 
 def test_binance_sequence_gap(tmp_path, btc_head):
     diffs = [i for i, line in enumerate(btc_head) if "@depth" in line[:60] and i > 60]
-    lines = btc_head[: diffs[2]] + btc_head[diffs[2] + 1:]  # drop one diff after the snapshot
+    lines = btc_head[: diffs[2]] + btc_head[diffs[2] + 1 :]  # drop one diff after the snapshot
     path = write_capture(tmp_path, lines)
     fails(tmp_path, path, rf"line {diffs[3]}: depth diff pu=\d+ does not continue .* \(sequence gap\)")
 
@@ -155,13 +170,17 @@ def test_binance_snapshot_not_bridged(tmp_path, btc_head):
     # line 42 (U <= lastUpdateId <= u) is the only diff that bridges the snapshot; without it
     # the next one (line 50, now 49) is the first applied and leaves a hole
     lines = btc_head[:41] + btc_head[42:]
-    fails(tmp_path, write_capture(tmp_path, lines), r"line 49: first diff after the snapshot .* "
-          r"does not bridge lastUpdateId")
+    fails(
+        tmp_path,
+        write_capture(tmp_path, lines),
+        r"line 49: first diff after the snapshot .* "
+        r"does not bridge lastUpdateId",
+    )
 
 
 def test_binance_unsorted_lines(tmp_path, btc_head):
     t = next(i for i, x in enumerate(btc_head) if i > 60 and "@trade" in x[:60])
-    lines = btc_head[:t] + btc_head[t + 1:301] + [btc_head[t]] + btc_head[301:]  # now line 301
+    lines = btc_head[:t] + btc_head[t + 1 : 301] + [btc_head[t]] + btc_head[301:]  # now line 301
     fails(tmp_path, write_capture(tmp_path, lines), r"line 301: local time \d+ is earlier than line")
 
 

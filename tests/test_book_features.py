@@ -12,10 +12,18 @@ pytest.importorskip("zstandard")
 
 from scipy.special import ndtr  # noqa: E402
 
+from fxray.book.features import bar_starts, trade_pass  # noqa: E402
+from fxray.book.reader import (  # noqa: E402
+    OFI_NAMES,
+    BookSnapshots,
+    OfiParams,
+    Trades,
+    bars_from_trades,
+    load_book,
+    load_trades,
+    ofi_features,
+)
 from fxray.data import cache  # noqa: E402
-from fxray.book.reader import (OFI_NAMES, BookSnapshots, OfiParams, Trades, bars_from_trades,  # noqa: E402
-                        load_book, load_trades, ofi_features)
-from fxray.book.features import trade_pass, bar_starts  # noqa: E402
 
 ES_DAY = "book/databento/esh4-glbx-mdp3-20231225.mbo.dbn.zst"
 BTC = "book/binance_usdm/btcusdt_20240808.gz"
@@ -40,11 +48,10 @@ def test_ofi_level1_matches_hand_computation():
     # e_n = 1{b>=b'}q_b - 1{b<=b'}q_b' - 1{a<=a'}q_a + 1{a>=a'}q_a'   (' = previous event)
     snaps = book(
         ts=[1, 3, 10, 11, 15, 20, 25],
-        bids=[[(100.00, 5)], [(100.00, 7)], [(100.10, 3)], [(100.10, 3)], [(100.00, 8)],
-              [(100.00, 8)], [(90.00, 1)]],
-        asks=[[(100.25, 4)], [(100.25, 4)], [(100.25, 4)], [(100.20, 6)], [(100.20, 6)],
-              [(100.25, 2)], [(91.00, 1)]],
-        reset=[True, False, False, False, False, False, True])
+        bids=[[(100.00, 5)], [(100.00, 7)], [(100.10, 3)], [(100.10, 3)], [(100.00, 8)], [(100.00, 8)], [(90.00, 1)]],
+        asks=[[(100.25, 4)], [(100.25, 4)], [(100.25, 4)], [(100.20, 6)], [(100.20, 6)], [(100.25, 2)], [(91.00, 1)]],
+        reset=[True, False, False, False, False, False, True],
+    )
     # n1: bid size 5 -> 7 at the same price: 7 - 5 = +2
     # n2: bid improves to 100.10 x 3: +3 (old best leaves level 1, not subtracted)
     # n3: ask improves to 100.20 x 6: -6
@@ -61,8 +68,12 @@ def test_ofi_level1_matches_hand_computation():
 
 
 def test_multilevel_ofi_depth_imbalance_and_slopes_by_hand():
-    snaps = book(ts=[1, 2], bids=[[(10, 4), (9, 6)], [(10, 4), (9, 2)]],
-                 asks=[[(11, 5), (12, 5)], [(11, 5), (12, 9)]], reset=[True, False])
+    snaps = book(
+        ts=[1, 2],
+        bids=[[(10, 4), (9, 6)], [(10, 4), (9, 2)]],
+        asks=[[(11, 5), (12, 5)], [(11, 5), (12, 9)]],
+        reset=[True, False],
+    )
     ofi, covered = ofi_features(np.array([2]), book=snaps, bar_ns=5)  # bar (-3, 2]
     assert covered.tolist() == [True]
     # level 2: bid 6 -> 2 (-4); ask 5 -> 9 (-4); sum -8. Mean depth per level-side:
@@ -80,8 +91,13 @@ def test_trade_features_match_plain_references():
     n_bars, bar = 400, 60_000_000_000
     ts = np.sort(rng.integers(1, n_bars * bar, 20_000))
     price = 100 * np.exp(np.cumsum(rng.normal(0, 2e-4, len(ts))))
-    trades = Trades(ts, price, rng.integers(1, 20, len(ts)).astype(float),
-                    rng.choice(np.array([-1, 1], np.int8), len(ts)), np.zeros((0, 2), np.int64))
+    trades = Trades(
+        ts,
+        price,
+        rng.integers(1, 20, len(ts)).astype(float),
+        rng.choice(np.array([-1, 1], np.int8), len(ts)),
+        np.zeros((0, 2), np.int64),
+    )
     bar_ts = np.arange(1, n_bars + 1) * bar
     p = OfiParams(vpin_buckets=20, kyle_bars=30)
     got = trade_pass(trades, bar_ts, bar_starts(bar_ts, bar), p)
@@ -94,13 +110,13 @@ def test_trade_features_match_plain_references():
     # Kyle: OLS slope of dP on signed volume over the trailing 30 bars (bar 0 has no dP)
     for i in (40, 200, 399):
         lo = max(i - 29, 1)
-        slope = np.polyfit(sv[lo:i + 1], dp[lo:i + 1], 1)[0]
+        slope = np.polyfit(sv[lo : i + 1], dp[lo : i + 1], 1)[0]
         assert got[i, 1] == pytest.approx(slope, rel=1e-9)
     assert np.array_equal(got[:, 2], sv / vol)
     # VPIN: fill equal-volume buckets trade-bar by trade-bar, the way the paper describes
     traded = np.flatnonzero(vol > 0)[:10]
     vb = vol[traded].mean()
-    sigma = np.array([np.std(dp[max(i - 49, 1):i + 1], ddof=1) if i >= 2 else 0 for i in range(n_bars)])
+    sigma = np.array([np.std(dp[max(i - 49, 1) : i + 1], ddof=1) if i >= 2 else 0 for i in range(n_bars)])
     buy_share = ndtr(np.divide(dp, sigma, out=np.zeros(n_bars), where=sigma > 0))
     buckets, cur_v, cur_b, expect = [], 0.0, 0.0, np.zeros(n_bars)
     for i in range(n_bars):
@@ -132,19 +148,30 @@ def test_features_use_nothing_after_the_bar_close(es):
     assert cov[:-1].all() and (base != 0).any(axis=0).all()  # every feature is live here
     k = 30
     m = (snaps.ts > bars.ts[k])[:, None]  # every book state after bar k's close moves
-    moved = BookSnapshots(snaps.ts, snaps.bid_px + 0.25 * m, snaps.bid_sz * (1 + 2 * m),
-                          snaps.ask_px + 0.25 * m, np.where(m, snaps.ask_sz[:, ::-1], snaps.ask_sz),
-                          snaps.reset)
+    moved = BookSnapshots(
+        snaps.ts,
+        snaps.bid_px + 0.25 * m,
+        snaps.bid_sz * (1 + 2 * m),
+        snaps.ask_px + 0.25 * m,
+        np.where(m, snaps.ask_sz[:, ::-1], snaps.ask_sz),
+        snaps.reset,
+    )
     t_later = trades.ts > bars.ts[k]
-    flipped = Trades(trades.ts, trades.price * (1 + 0.01 * t_later), trades.size * (1 + t_later),
-                     np.where(t_later, -trades.side, trades.side).astype(np.int8), trades.segments)
+    flipped = Trades(
+        trades.ts,
+        trades.price * (1 + 0.01 * t_later),
+        trades.size * (1 + t_later),
+        np.where(t_later, -trades.side, trades.side).astype(np.int8),
+        trades.segments,
+    )
     after, _ = ofi_features(bars.ts, book=moved, trades=flipped)
     assert np.array_equal(after[: k + 1], base[: k + 1])
-    assert (after[k + 1:] != base[k + 1:]).any(axis=0).all()  # the perturbation does reach all 8
+    assert (after[k + 1 :] != base[k + 1 :]).any(axis=0).all()  # the perturbation does reach all 8
 
 
 def test_truncating_the_raw_file_after_a_close_keeps_earlier_bars(es, tmp_path):
     import zstandard
+
     path, trades, bars, _ = es
     raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True).read()
     start = 8 + int.from_bytes(raw[4:8], "little")
@@ -170,8 +197,13 @@ def test_bars_outside_the_data_are_zero_and_not_covered(es):
 
 def test_bars_from_trades_by_hand():
     s = 1_000_000_000
-    t = Trades(np.array([1, 59, 60, 61, 185]) * s, np.array([5.0, 7, 6, 4, 9]), np.array([1.0, 2, 3, 4, 5]),
-               np.ones(5, np.int8), np.zeros((0, 2), np.int64))
+    t = Trades(
+        np.array([1, 59, 60, 61, 185]) * s,
+        np.array([5.0, 7, 6, 4, 9]),
+        np.array([1.0, 2, 3, 4, 5]),
+        np.ones(5, np.int8),
+        np.zeros((0, 2), np.int64),
+    )
     bars = bars_from_trades(t, "1min")
     assert (bars.ts // s).tolist() == [60, 120, 240]  # (close - 60 s, close]; empty minutes skipped
     assert bars.open.tolist() == [5, 4, 9] and bars.high.tolist() == [7, 4, 9]
@@ -188,9 +220,17 @@ def test_fxcache_builds_from_real_book_data(shared_data, tmp_path, which):
     ofi, covered = ofi_features(bars.ts, book=load_book([path]), trades=trades)
     assert covered.mean() > 0.9 and (ofi[covered] != 0).any(axis=0).sum() >= 6
     out = tmp_path / f"{which}.fxcache"
-    cache.write(out, bars.ts, np.zeros((len(bars.ts), cache.N_FEATURES), np.float32), ofi,
-                np.column_stack([bars.open, bars.high, bars.low, bars.close]),
-                feature_names=[f"zero_{i}" for i in range(cache.N_FEATURES)], ofi_names=OFI_NAMES,
-                instrument=which, bar=bar, source=path)
+    cache.write(
+        out,
+        bars.ts,
+        np.zeros((len(bars.ts), cache.N_FEATURES), np.float32),
+        ofi,
+        np.column_stack([bars.open, bars.high, bars.low, bars.close]),
+        feature_names=[f"zero_{i}" for i in range(cache.N_FEATURES)],
+        ofi_names=OFI_NAMES,
+        instrument=which,
+        bar=bar,
+        source=path,
+    )
     market = cache.open(out)
     assert np.array_equal(market.ofi, ofi) and market.ofi_names == list(OFI_NAMES)

@@ -27,24 +27,23 @@ MINUTE_NS = 60 * 10**9
 
 # --- helpers ------------------------------------------------------------------------
 
+
 def make_arrays(n: int, seed: int = 0) -> dict:
     """Random bars with irregular (but strictly increasing) close times."""
     rng = np.random.default_rng(seed)
     gaps = rng.integers(1, 5, n) * MINUTE_NS
     return {
-        "ts": 1_700_000_000 * 10**9 + np.cumsum(gaps),                       # (N,) int64
+        "ts": 1_700_000_000 * 10**9 + np.cumsum(gaps),  # (N,) int64
         "features": rng.standard_normal((n, cache.N_FEATURES)).astype(np.float32),
         "ofi": rng.standard_normal((n, cache.N_OFI)).astype(np.float32),
-        "targets": 100 + rng.random((n, 4)),                                  # (N, 4) float64
+        "targets": 100 + rng.random((n, 4)),  # (N, 4) float64
     }
 
 
 def write(path, arrays: dict, **kw) -> str:
-    args = dict(feature_names=FEATURE_NAMES, ofi_names=OFI_NAMES, instrument="EURUSD",
-                bar="1min", source="test")
+    args = dict(feature_names=FEATURE_NAMES, ofi_names=OFI_NAMES, instrument="EURUSD", bar="1min", source="test")
     args.update(kw)
-    return cache.write(path, arrays["ts"], arrays["features"], arrays["ofi"], arrays["targets"],
-                       **args)
+    return cache.write(path, arrays["ts"], arrays["features"], arrays["ofi"], arrays["targets"], **args)
 
 
 def good_meta(arrays: dict, **override) -> dict:
@@ -102,6 +101,7 @@ def open_error(path, *needles: str) -> None:
 
 # --- round trip ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n", [1, 2, 997])
 def test_round_trip_arrays_and_metadata(tmp_path, n):
     arrays = make_arrays(n, seed=n)
@@ -137,9 +137,18 @@ def test_content_hash_sees_every_column(tmp_path):
 def test_ofi_none_writes_zeros_and_lists_are_accepted(tmp_path):
     arrays = make_arrays(5)
     path = tmp_path / "m.fxcache"
-    cache.write(path, arrays["ts"].tolist(), arrays["features"].tolist(), None,
-                arrays["targets"].tolist(), feature_names=tuple(FEATURE_NAMES),
-                ofi_names=OFI_NAMES, instrument="X", bar="1min", source="test")
+    cache.write(
+        path,
+        arrays["ts"].tolist(),
+        arrays["features"].tolist(),
+        None,
+        arrays["targets"].tolist(),
+        feature_names=tuple(FEATURE_NAMES),
+        ofi_names=OFI_NAMES,
+        instrument="X",
+        bar="1min",
+        source="test",
+    )
     m = cache.open(path)
     assert m.ofi.dtype == np.float32 and m.ofi.shape == (5, cache.N_OFI) and not m.ofi.any()
     np.testing.assert_array_equal(m.ts, arrays["ts"])
@@ -148,11 +157,11 @@ def test_ofi_none_writes_zeros_and_lists_are_accepted(tmp_path):
 
 def test_datetime64_ts_is_stored_as_ns(tmp_path):
     arrays = make_arrays(3)
-    arrays["ts"] = np.array(["2024-01-01T00:01", "2024-01-01T00:02", "2024-01-01T00:03"],
-                            dtype="datetime64[m]")
+    arrays["ts"] = np.array(["2024-01-01T00:01", "2024-01-01T00:02", "2024-01-01T00:03"], dtype="datetime64[m]")
     write(tmp_path / "m.fxcache", arrays)
-    want = np.array(["2024-01-01T00:01", "2024-01-01T00:02", "2024-01-01T00:03"],
-                    dtype="datetime64[ns]").astype(np.int64)
+    want = np.array(["2024-01-01T00:01", "2024-01-01T00:02", "2024-01-01T00:03"], dtype="datetime64[ns]").astype(
+        np.int64
+    )
     np.testing.assert_array_equal(cache.open(tmp_path / "m.fxcache").ts, want)
 
 
@@ -172,8 +181,12 @@ def test_huge_finite_values_are_not_mistaken_for_inf(tmp_path):
 def test_non_finite_value_found_in_any_row_of_a_long_column(tmp_path, row):
     """Long columns are scanned in chunks (on threads): no chunk edge may be skipped."""
     n = 600_000
-    arrays = {"ts": np.arange(n, dtype=np.int64), "features": np.zeros((n, 42), np.float32),
-              "ofi": np.zeros((n, 8), np.float32), "targets": np.ones((n, 4))}
+    arrays = {
+        "ts": np.arange(n, dtype=np.int64),
+        "features": np.zeros((n, 42), np.float32),
+        "ofi": np.zeros((n, 8), np.float32),
+        "targets": np.ones((n, 4)),
+    }
     arrays["ofi"][row, 7] = np.inf
     with pytest.raises(CacheError) as err:
         write(tmp_path / "m.fxcache", arrays)
@@ -199,6 +212,7 @@ def test_rewrite_replaces_the_file(tmp_path):
 
 
 # --- a million rows: no per-row cost, no copy --------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
@@ -233,8 +247,9 @@ def big(tmp_path_factory):
 
 def test_million_rows_round_trip_without_per_row_cost(big):
     path, arrays, digest, write_s, write_floor_s = big
-    assert write_s < 3 * write_floor_s + 1.0, \
+    assert write_s < 3 * write_floor_s + 1.0, (
         f"writing 1M rows took {write_s:.2f}s vs {write_floor_s:.2f}s to hash + dump: per-row work?"
+    )
     # the floor for open: one vectorised pass over every mapped value (as the checks make)
     unchecked = cache.open(path, check_values=False)
     t0 = time.perf_counter()
@@ -244,8 +259,9 @@ def test_million_rows_round_trip_without_per_row_cost(big):
     t0 = time.perf_counter()
     m = cache.open(path)
     open_s = time.perf_counter() - t0
-    assert open_s < 5 * open_floor_s + 0.3, \
+    assert open_s < 5 * open_floor_s + 0.3, (
         f"opening 1M rows took {open_s:.2f}s vs {open_floor_s:.2f}s for one pass: per-row work?"
+    )
     for name, want in arrays.items():  # np.array_equal: assert_array_equal is ~30x slower here
         assert np.array_equal(getattr(m, name), want), name
     assert m.content_hash == digest == cache.content_hash(m.ts, m.features, m.ofi, m.targets)
@@ -303,8 +319,12 @@ def test_views_see_bytes_patched_into_the_file_after_open(tmp_path):
     write(path, arrays)
     m = cache.open(path)
     raw = path.read_bytes()
-    for name, value in (("ts", np.int64(-7)), ("features", np.float32(123.5)),
-                        ("ofi", np.float32(-9.25)), ("targets", np.float64(4242.0))):
+    for name, value in (
+        ("ts", np.int64(-7)),
+        ("features", np.float32(123.5)),
+        ("ofi", np.float32(-9.25)),
+        ("targets", np.float64(4242.0)),
+    ):
         first = getattr(m, name).reshape(-1)[:2].tobytes()
         offset = raw.find(first)
         assert offset > 0 and raw.count(first) == 1, name
@@ -317,6 +337,7 @@ def test_views_see_bytes_patched_into_the_file_after_open(tmp_path):
 
 
 # --- atomic write ---------------------------------------------------------------------
+
 
 def _failing_new_file(monkeypatch, directory: Path, exc: BaseException):
     """ipc.new_file whose writer writes one batch into the temp file, then raises."""
@@ -399,6 +420,7 @@ def test_bad_arrays_do_not_touch_an_existing_file(tmp_path):
 
 # --- reader errors: files built with raw pyarrow -------------------------------------------
 
+
 def _valid(tmp_path, n=20) -> tuple[Path, dict]:
     arrays = make_arrays(n)
     path = tmp_path / "good.fxcache"
@@ -417,8 +439,7 @@ def test_directory_instead_of_file(tmp_path):
     assert_one_line(err, tmp_path / "d.fxcache")
 
 
-@pytest.mark.parametrize("content", [b"", b"ts,close\n1,2.0\n2,2.5\n", b"ARROW1"],
-                         ids=["empty", "text", "magic-only"])
+@pytest.mark.parametrize("content", [b"", b"ts,close\n1,2.0\n2,2.5\n", b"ARROW1"], ids=["empty", "text", "magic-only"])
 def test_not_an_arrow_file(tmp_path, content):
     path = tmp_path / "bad.fxcache"
     path.write_bytes(content)
@@ -429,8 +450,7 @@ def test_not_an_arrow_file(tmp_path, content):
 def test_truncated_file(tmp_path, keep):
     path, _ = _valid(tmp_path)
     raw = path.read_bytes()
-    cut = {"half": len(raw) // 2, "minus-3-bytes": len(raw) - 3,
-           "minus-1-byte": len(raw) - 1, "header-only": 8}[keep]
+    cut = {"half": len(raw) // 2, "minus-3-bytes": len(raw) - 3, "minus-1-byte": len(raw) - 1, "header-only": 8}[keep]
     bad = tmp_path / "cut.fxcache"
     bad.write_bytes(raw[:cut])
     open_error(bad, "truncated")
@@ -476,8 +496,7 @@ def _wrong_type_cases(arrays):
         "ts-timestamp": ("ts", pa.array(arrays["ts"], type=pa.timestamp("ns"))),
         "targets-float32": ("targets", fixed_list(arrays["targets"].astype(np.float32))),
         "features-float64": ("features", fixed_list(arrays["features"].astype(np.float64))),
-        "features-variable-list": ("features", pa.array(arrays["features"].tolist(),
-                                                        type=pa.list_(pa.float32()))),
+        "features-variable-list": ("features", pa.array(arrays["features"].tolist(), type=pa.list_(pa.float32()))),
         "ofi-scalar": ("ofi", pa.array(arrays["ofi"][:, 0])),
     }
 
@@ -536,8 +555,7 @@ def test_check_values_false_skips_only_the_value_scan(tmp_path):
     path = raw_write(tmp_path / "m.fxcache", raw_table(arrays))
     m = cache.open(path, check_values=False)
     assert np.isnan(m.features[3, 3]) and m.ts[7] == m.ts[6]
-    bad = raw_write(tmp_path / "w.fxcache",
-                    raw_table(arrays, features=fixed_list(arrays["features"][:, :41])))
+    bad = raw_write(tmp_path / "w.fxcache", raw_table(arrays, features=fixed_list(arrays["features"][:, :41])))
     with pytest.raises(CacheError):
         cache.open(bad, check_values=False)
 
@@ -557,8 +575,9 @@ def test_nulls(tmp_path, column):
 
 def test_null_list_entry(tmp_path):
     arrays = make_arrays(20)
-    values = pa.FixedSizeListArray.from_arrays(pa.array(arrays["ofi"].reshape(-1)), 8,
-                                               mask=pa.array(np.arange(20) == 2))
+    values = pa.FixedSizeListArray.from_arrays(
+        pa.array(arrays["ofi"].reshape(-1)), 8, mask=pa.array(np.arange(20) == 2)
+    )
     path = raw_write(tmp_path / "m.fxcache", raw_table(arrays, ofi=values))
     open_error(path, "'ofi'", "null")
 
@@ -566,16 +585,14 @@ def test_null_list_entry(tmp_path):
 @pytest.mark.parametrize("version", ["2", "0", "", '"1"'])
 def test_unknown_version(tmp_path, version):
     arrays = make_arrays(20)
-    path = raw_write(tmp_path / "m.fxcache",
-                     raw_table(arrays, meta=good_meta(arrays, **{"fxray.version": version})))
+    path = raw_write(tmp_path / "m.fxcache", raw_table(arrays, meta=good_meta(arrays, **{"fxray.version": version})))
     open_error(path, "version")
 
 
 @pytest.mark.parametrize("key", cache.REQUIRED_META)
 def test_missing_metadata_key(tmp_path, key):
     arrays = make_arrays(20)
-    path = raw_write(tmp_path / "m.fxcache",
-                     raw_table(arrays, meta=good_meta(arrays, **{key: None})))
+    path = raw_write(tmp_path / "m.fxcache", raw_table(arrays, meta=good_meta(arrays, **{key: None})))
     open_error(path, "lacks", key)
 
 
@@ -587,8 +604,7 @@ def test_no_metadata_at_all(tmp_path):
 
 def test_metadata_not_json(tmp_path):
     arrays = make_arrays(20)
-    path = raw_write(tmp_path / "m.fxcache",
-                     raw_table(arrays, meta=good_meta(arrays, instrument="EURUSD")))
+    path = raw_write(tmp_path / "m.fxcache", raw_table(arrays, meta=good_meta(arrays, instrument="EURUSD")))
     open_error(path, "not JSON")
 
 
@@ -635,12 +651,14 @@ def test_sliced_batch_is_read_at_its_offset(tmp_path):
 def test_compressed_file_is_refused(tmp_path, codec):
     if not pa.Codec.is_available(codec):
         pytest.skip(f"{codec} not built into pyarrow")
-    path = raw_write(tmp_path / "m.fxcache", raw_table(make_arrays(200)),
-                     options=ipc.IpcWriteOptions(compression=codec))
+    path = raw_write(
+        tmp_path / "m.fxcache", raw_table(make_arrays(200)), options=ipc.IpcWriteOptions(compression=codec)
+    )
     open_error(path, "compressed")
 
 
 # --- writer argument errors -------------------------------------------------------------
+
 
 def _bad_args(arrays):
     n = len(arrays["ts"])
@@ -659,8 +677,9 @@ def _bad_args(arrays):
         "ts-strings": dict(ts=[str(t) for t in arrays["ts"]]),
         "features-ragged": dict(features=[[1.0] * 42] * (n - 1) + [[1.0]]),
         "features-text": dict(features=[["x"] * 42] * n),
-        "empty": dict(ts=arrays["ts"][:0], features=arrays["features"][:0],
-                      ofi=arrays["ofi"][:0], targets=arrays["targets"][:0]),
+        "empty": dict(
+            ts=arrays["ts"][:0], features=arrays["features"][:0], ofi=arrays["ofi"][:0], targets=arrays["targets"][:0]
+        ),
         "feature-names-41": dict(feature_names=FEATURE_NAMES[:41]),
         "ofi-names-9": dict(ofi_names=OFI_NAMES + ["extra"]),
         "reserved-meta-version": dict(extra_meta={"fxray.version": "2"}),

@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd or ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
 def one_line_error(proc, *needles):
@@ -30,9 +36,12 @@ def one_line_error(proc, *needles):
 
 # --- fxray.data ---------------------------------------------------------------------
 
+
 def test_synth_then_info_with_folds(tmp_path):
     out = tmp_path / "s.fxcache"
-    p = run("fxray.data", "synth", "--bars", "30_000", "--seed", "3", "--out", str(out), "--json", str(tmp_path / "s.json"))
+    p = run(
+        "fxray.data", "synth", "--bars", "30_000", "--seed", "3", "--out", str(out), "--json", str(tmp_path / "s.json")
+    )
     assert p.returncode == 0, p.stderr
     market = cache.open(out)
     assert market.n_bars == 30_000 and market.meta["synth"]["seed"] == 3
@@ -48,8 +57,18 @@ def test_synth_then_info_with_folds(tmp_path):
 
 def test_build_from_histdata_bars(tmp_path, shared_data):
     out = tmp_path / "eu.fxcache"
-    p = run("fxray.data", "build", "--bars", str(shared_data / "bars/eurusd_m1_2017q1"), "--format", "histdata",
-            "--instrument", "EURUSD", "--out", str(out))
+    p = run(
+        "fxray.data",
+        "build",
+        "--bars",
+        str(shared_data / "bars/eurusd_m1_2017q1"),
+        "--format",
+        "histdata",
+        "--instrument",
+        "EURUSD",
+        "--out",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     market = cache.open(out)
     assert market.meta["instrument"] == "EURUSD" and market.n_bars > 90_000
@@ -61,18 +80,32 @@ def test_build_bars_and_order_flow_from_an_mbo_book(tmp_path, shared_data):
     pytest.importorskip("numba")
     out = tmp_path / "es.fxcache"
     book = shared_data / "book/databento/esh4-glbx-mdp3-20231225.mbo.dbn.zst"
-    p = run("fxray.data", "build", "--book", str(book), "--bar", "10s", "--out", str(out), "--json", str(tmp_path / "b.json"))
+    p = run(
+        "fxray.data",
+        "build",
+        "--book",
+        str(book),
+        "--bar",
+        "10s",
+        "--out",
+        str(out),
+        "--json",
+        str(tmp_path / "b.json"),
+    )
     assert p.returncode == 0, p.stderr
     market = cache.open(out)
     assert market.ofi_names[0] == "ofi_l1" and (market.ofi != 0).any(axis=1).mean() > 0.9
     assert json.loads((tmp_path / "b.json").read_text())["book_coverage"] > 0.9
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["build", "--bars", "/nonexistent/bars.csv"], ["/nonexistent/bars.csv"]),
-    (["build"], ["--bars"]),
-    (["info", "/nonexistent.fxcache"], ["/nonexistent.fxcache", "no such file"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["build", "--bars", "/nonexistent/bars.csv"], ["/nonexistent/bars.csv"]),
+        (["build"], ["--bars"]),
+        (["info", "/nonexistent.fxcache"], ["/nonexistent.fxcache", "no such file"]),
+    ],
+)
 def test_data_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needles):
     out = tmp_path / "x.fxcache"
     if args[0] == "build":
@@ -89,20 +122,38 @@ def test_info_on_a_file_that_is_not_an_fxcache(tmp_path):
 
 def test_too_few_bars_is_one_line(tmp_path):
     csv = tmp_path / "few.csv"
-    csv.write_text("timestamp_utc,open,high,low,close,volume\n"
-                   + "".join(f"2024-01-01T00:{m:02d}:00,1,1.1,0.9,1,5\n" for m in range(50)))
-    one_line_error(run("fxray.data", "build", "--bars", str(csv), "--out", str(tmp_path / "o.fxcache")),
-                   "50 bars")
+    csv.write_text(
+        "timestamp_utc,open,high,low,close,volume\n"
+        + "".join(f"2024-01-01T00:{m:02d}:00,1,1.1,0.9,1,5\n" for m in range(50))
+    )
+    one_line_error(run("fxray.data", "build", "--bars", str(csv), "--out", str(tmp_path / "o.fxcache")), "50 bars")
     assert not (tmp_path / "o.fxcache").exists()
 
 
 # --- fxray.train --------------------------------------------------------------------
 
+
 def test_train_cli_writes_per_fold_json(tmp_path, synth_cache):
     j = tmp_path / "r.json"
-    p = run("fxray.train", "--data", str(synth_cache), "--device", "cpu", "--epochs", "2", "--folds", "1",
-            "--set", "steps_per_epoch=30", "--set", "hidden=32", "--json", str(j),
-            "--checkpoint-dir", str(tmp_path / "ck"))
+    p = run(
+        "fxray.train",
+        "--data",
+        str(synth_cache),
+        "--device",
+        "cpu",
+        "--epochs",
+        "2",
+        "--folds",
+        "1",
+        "--set",
+        "steps_per_epoch=30",
+        "--set",
+        "hidden=32",
+        "--json",
+        str(j),
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(j.read_text())
     assert [f["fold"]["k"] for f in r["folds"]] == [1]
@@ -114,15 +165,22 @@ def test_train_cli_writes_per_fold_json(tmp_path, synth_cache):
     assert "fold 1 epoch 1: loss" in p.stdout and "test SR" in p.stdout
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--folds", "7"], ["--folds", "7"]),
-    (["--set", "widht=3"], ["widht"]),
-    (["--set", "gamma=2"], ["gamma"]),
-    (["--device", "tpu"], ["--device"]),
-    (["--data", "/nonexistent.fxcache"], ["/nonexistent.fxcache"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--folds", "7"], ["--folds", "7"]),
+        (["--set", "widht=3"], ["widht"]),
+        (["--set", "gamma=2"], ["gamma"]),
+        (["--device", "tpu"], ["--device"]),
+        (["--data", "/nonexistent.fxcache"], ["/nonexistent.fxcache"]),
+    ],
+)
 def test_train_cli_bad_input_is_one_line(tmp_path, synth_cache, args, needles):
     base = ["--data", str(synth_cache)] if "--data" not in args else []
-    one_line_error(run("fxray.train", *base, "--device", "cpu", *args, "--json", str(tmp_path / "r.json"))
-                   if "--device" not in args else run("fxray.train", *base, *args), *needles)
+    one_line_error(
+        run("fxray.train", *base, "--device", "cpu", *args, "--json", str(tmp_path / "r.json"))
+        if "--device" not in args
+        else run("fxray.train", *base, *args),
+        *needles,
+    )
     assert not (tmp_path / "r.json").exists()

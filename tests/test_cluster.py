@@ -19,18 +19,27 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.cluster_utils import Cluster
 
 from fxray.data import cache
-from fxray.sweep.cluster import HEAD_RESOURCE, ObjectStoreError, check_object_store, object_nodes, trial_resources
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, to_cache
+from fxray.sweep.cluster import HEAD_RESOURCE, ObjectStoreError, check_object_store, object_nodes, trial_resources
 from fxray.sweep.workers import plan_workers, put_market, start_workers
 
 ROOT = Path(__file__).resolve().parents[1]
-STORE = 80 * 2**20   # bytes of object store per simulated node (Ray's minimum is 75 MiB)
-TINY = {"num_envs": 16, "batch_size": 64, "hidden": 16, "buffer_steps": 32, "episode_len": 32,
-        "epochs": 1, "steps_per_epoch": 5, "patience": 1}
+STORE = 80 * 2**20  # bytes of object store per simulated node (Ray's minimum is 75 MiB)
+TINY = {
+    "num_envs": 16,
+    "batch_size": 64,
+    "hidden": 16,
+    "buffer_steps": 32,
+    "episode_len": 32,
+    "epochs": 1,
+    "steps_per_epoch": 5,
+    "patience": 1,
+}
 
 
 # --- cluster.yaml, offline -----------------------------------------------------------
+
 
 def load_cluster_yaml() -> dict:
     return yaml.safe_load((ROOT / "cluster.yaml").read_text())
@@ -78,11 +87,14 @@ def test_cluster_yaml_misspelt_key_is_refused(where):
 
 # --- two nodes on one box -------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def two_nodes():
     """Head + one worker node, each 1 CPU, 1 logical GPU and an 80 MiB object store."""
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "num_gpus": 1, "object_store_memory": STORE, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "num_gpus": 1, "object_store_memory": STORE, "include_dashboard": False},
+    )
     worker_node = cluster.add_node(num_cpus=1, num_gpus=1, object_store_memory=STORE)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="fxray-test-cluster")
@@ -130,13 +142,32 @@ def test_fxcache_bigger_than_a_node_store_exits_2_with_one_line(two_nodes, tmp_p
         put_market(market)  # refused before ray.put: nothing is written to the store
     assert check_object_store({"close": market.close.copy()}, str(big))  # 2.5 MiB fits: no error
     exp = tmp_path / "tiny.yaml"
-    exp.write_text("name: t\ndata: {path: null}\nfolds: {train: 6d, val: 2d, test: 2d, max_folds: 1}\n"
-                   "search: {lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}}\nsweep: {trials: 1}\n")
+    exp.write_text(
+        "name: t\ndata: {path: null}\nfolds: {train: 6d, val: 2d, test: 2d, max_folds: 1}\n"
+        "search: {lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}}\nsweep: {trials: 1}\n"
+    )
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONWARNINGS": "ignore"}
     env.pop("RAY_ADDRESS", None)
-    out = subprocess.run([sys.executable, "-m", "fxray.tune", "--experiment", str(exp), "--data", str(big),
-                          "--address", cluster.address, "--storage", str(tmp_path / "run")],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fxray.tune",
+            "--experiment",
+            str(exp),
+            "--data",
+            str(big),
+            "--address",
+            cluster.address,
+            "--storage",
+            str(tmp_path / "run"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("fxray.tune: error:")]
     assert len(errors) == 1, out.stderr[-2000:]

@@ -17,8 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from scipy import stats
 
-from fxray import compare
-from fxray import train
+from fxray import compare, train
 from fxray.rl.config import DQNConfig
 
 TINY = """\
@@ -44,13 +43,18 @@ def store(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("compare")
     uri = f"sqlite:///{d / 'mlflow.db'}"
-    tags = {"fxray.experiment": "b", "fxray.dataset_hash": "0" * 32, "fxray.profile": "cpu",
-            "fxray.folds": json.dumps(FOLDS_B)}
+    tags = {
+        "fxray.experiment": "b",
+        "fxray.dataset_hash": "0" * 32,
+        "fxray.profile": "cpu",
+        "fxray.folds": json.dumps(FOLDS_B),
+    }
     tracker = Tracker(uri, "b", sweep_tags=tags, run_name="sweep b")
     for tid, trial in expected_b()["trials"].items():
         for k, fold in enumerate(trial["folds"]):
-            tracker.log_fold(tid, f"trial-{tid}", {"lr": trial["lr"], "gamma": 0.9},
-                             FoldRecord.from_flat({"fold": k, **fold}))
+            tracker.log_fold(
+                tid, f"trial-{tid}", {"lr": trial["lr"], "gamma": 0.9}, FoldRecord.from_flat({"fold": k, **fold})
+            )
         tracker.client.set_terminated(tracker.children[tid], "FINISHED")
     tracker.client.set_terminated(tracker.parent_run_id, "FINISHED")
     env = {**os.environ, "FXRAY_CACHE_DIR": str(d / "cache"), "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore"}
@@ -62,13 +66,24 @@ def expected_b() -> dict:
     """Four trials; "late" has the best mean val Sharpe but ran 1 of 3 folds (stopped by ASHA),
     so the best is "good" (as fxray.tracking.best_trial picks)."""
     rng = np.random.default_rng(7)
-    spec = {"good": (0.004, [1.5, 2.0, 2.5]), "meh": (0.002, [0.5, 1.0, 0.0]),
-            "bad": (0.001, [-1.0, 0.2, 0.1]), "late": (0.0015, [9.0])}  # daily drift, val Sharpe per fold
+    spec = {
+        "good": (0.004, [1.5, 2.0, 2.5]),
+        "meh": (0.002, [0.5, 1.0, 0.0]),
+        "bad": (0.001, [-1.0, 0.2, 0.1]),
+        "late": (0.0015, [9.0]),
+    }  # daily drift, val Sharpe per fold
     trials = {}
     for i, (tid, (drift, vals)) in enumerate(spec.items()):
-        folds = [{"val_sharpe": v, "test_sharpe": 0.3 * v + i, "bh_test_sharpe": -0.5 + k,
-                  "test_turnover": 0.01 * (k + 1), "test_daily_returns": list(drift + 0.01 * rng.standard_normal(DAYS_B))}
-                 for k, v in enumerate(vals)]
+        folds = [
+            {
+                "val_sharpe": v,
+                "test_sharpe": 0.3 * v + i,
+                "bh_test_sharpe": -0.5 + k,
+                "test_turnover": 0.01 * (k + 1),
+                "test_daily_returns": list(drift + 0.01 * rng.standard_normal(DAYS_B)),
+            }
+            for k, v in enumerate(vals)
+        ]
         trials[tid] = {"lr": 1e-4 * (i + 1), "folds": folds}
     return {"trials": trials}
 
@@ -85,7 +100,8 @@ def ref_dsr(r, trial_returns):
     sr, g3, g4 = ref_sharpe(r), stats.skew(r), stats.kurtosis(r, fisher=False)
 
     def psr(bench):
-        return stats.norm.cdf((sr - bench) * math.sqrt(len(r) - 1) / math.sqrt(1 - g3 * sr + (g4 - 1) / 4 * sr ** 2))
+        return stats.norm.cdf((sr - bench) * math.sqrt(len(r) - 1) / math.sqrt(1 - g3 * sr + (g4 - 1) / 4 * sr**2))
+
     return psr(0.0), psr(sr0), sr0
 
 
@@ -94,24 +110,33 @@ def sweep_t(store):
     """A real tiny sweep into the same store: experiment "t"."""
     d, uri, env = store
     (d / "tiny.yaml").write_text(TINY)
-    out = subprocess.run([sys.executable, "-m", "fxray.tune", "--experiment", "tiny.yaml", "--num-cpus", "2"],
-                         env=env, cwd=d, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "fxray.tune", "--experiment", "tiny.yaml", "--num-cpus", "2"],
+        env=env,
+        cwd=d,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads((d / "runs/t/results.json").read_text())
 
 
 def run_cli(module, args, env, cwd):
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 # --- compare ----------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_compare_table_matches_the_runs(store, sweep_t):
     d, uri, env = store
-    out = run_cli("fxray.compare", ["t", "b", "--tracking-uri", uri, "--out", d / "cmp", "--json", d / "cmp.json"],
-                  env, d)
+    out = run_cli(
+        "fxray.compare", ["t", "b", "--tracking-uri", uri, "--out", d / "cmp", "--json", d / "cmp.json"], env, d
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     got = {e["experiment"]: e for e in json.loads((d / "cmp.json").read_text())["experiments"]}
 
@@ -142,7 +167,8 @@ def test_compare_table_matches_the_runs(store, sweep_t):
     assert t["best"]["run_name"] == f"trial-{best['trial_id']}"
     assert t["best_mean_val_sharpe"] == pytest.approx(best["mean_val_sharpe"], abs=1e-12)
     assert t["median_mean_val_sharpe"] == pytest.approx(
-        np.median([x["mean_val_sharpe"] for x in sweep_t["trials"]]), abs=1e-12)
+        np.median([x["mean_val_sharpe"] for x in sweep_t["trials"]]), abs=1e-12
+    )
     folds = next(x for x in sweep_t["trials"] if x["trial_id"] == best["trial_id"])["folds"]
     for row, fold in zip(t["best"]["folds"], folds, strict=True):
         assert row["test_sharpe"] == fold["test"]["sharpe"] and row["bh_test_sharpe"] == fold["bh_test_sharpe"]
@@ -177,11 +203,14 @@ def test_dsr_inputs_are_per_period():
     assert compare.trial_sharpe_variance(trial_returns[:1]) == 0.0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["nope"], "experiment 'nope' not found in"),
-    (["empty"], "experiment 'empty' has no fxray sweep run"),
-    (["--tracking-uri", "sqlite:////no/such/mlflow.db"], "sqlite:////no/such/mlflow.db: no such sqlite file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nope"], "experiment 'nope' not found in"),
+        (["empty"], "experiment 'empty' has no fxray sweep run"),
+        (["--tracking-uri", "sqlite:////no/such/mlflow.db"], "sqlite:////no/such/mlflow.db: no such sqlite file"),
+    ],
+)
 def test_compare_bad_input_is_one_line(store, capsys, args, message):
     d, uri, _ = store
     client = MlflowClient(uri)
@@ -194,6 +223,7 @@ def test_compare_bad_input_is_one_line(store, capsys, args, message):
 
 
 # --- train --from-run -------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_from_run_reproduces_per_fold_sharpe_bitwise(store, sweep_t):
@@ -208,7 +238,7 @@ def test_from_run_reproduces_per_fold_sharpe_bitwise(store, sweep_t):
     assert again["from_run"]["reproduced"] and again["from_run"]["max_abs_diff"] == 0.0
     assert again["content_hash"] == sweep_t["data"]["content_hash"]
     for fold, logged in zip(again["folds"], trial["folds"], strict=True):
-        assert fold["val"]["sharpe"] == logged["val"]["sharpe"]      # bitwise: ==, not approx
+        assert fold["val"]["sharpe"] == logged["val"]["sharpe"]  # bitwise: ==, not approx
         assert fold["test"]["sharpe"] == logged["test"]["sharpe"]
         assert fold["test_daily_returns"] == logged["test_daily_returns"]
     assert any(f["test"]["sharpe"] != 0.0 for f in again["folds"])  # a trial that traded
@@ -226,10 +256,12 @@ def test_from_run_bad_input_is_one_line(store, sweep_t, capsys, tmp_path):
     parent = next(r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags)
     other = tmp_path / "other.fxcache"
     to_cache(SynthSpec(n_bars=20000, seed=1), other)
-    cases = [(["--from-run", "0123abcd"], "--from-run 0123abcd: no such run in"),
-             (["--from-run", parent], f"--from-run {parent}: not an fxray sweep trial"),
-             (["--from-run", trial, "--data", str(other)], "differs from the data run"),
-             (["--from-run", trial, "--set", "lr=1e-3"], "--from-run takes its config from the run")]
+    cases = [
+        (["--from-run", "0123abcd"], "--from-run 0123abcd: no such run in"),
+        (["--from-run", parent], f"--from-run {parent}: not an fxray sweep trial"),
+        (["--from-run", trial, "--data", str(other)], "differs from the data run"),
+        (["--from-run", trial, "--set", "lr=1e-3"], "--from-run takes its config from the run"),
+    ]
     for args, message in cases:
         rc = train.main(["--tracking-uri", uri, "--device", "cpu", *args])
         err = capsys.readouterr().err
@@ -238,8 +270,9 @@ def test_from_run_bad_input_is_one_line(store, sweep_t, capsys, tmp_path):
 
 def test_config_round_trips_through_mlflow_params():
     """What the sweep logs (str of each value) comes back with the same values AND types."""
-    cfg = DQNConfig(lr=0.0006471234567891234, gamma=0.9361, reward_scale=10000, cost=0, dueling=False,
-                    matmul="fp32", hidden=24)
+    cfg = DQNConfig(
+        lr=0.0006471234567891234, gamma=0.9361, reward_scale=10000, cost=0, dueling=False, matmul="fp32", hidden=24
+    )
     params = {k: str(v) for k, v in cfg.as_dict().items()}
     back = train.config_from_params(params, "r")
     assert back == cfg

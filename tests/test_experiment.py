@@ -149,16 +149,14 @@ def test_not_a_mapping(tmp_path):
 
 def test_eurusd_example_makes_its_folds_on_the_real_bars(shared_data, tmp_path):
     """The real-data example, on the fxcache its header says how to build."""
-    from fxray.data import bars
-    from fxray.data import cache
+    from fxray.data import bars, cache
     from fxray.data.folds import make_folds
 
     src = shared_data / "bars" / "eurusd_m1_2017q1"
     if not src.exists():
         pytest.skip(f"{src} not found")
     out = tmp_path / "eurusd.fxcache"
-    bars.build_cache(bars.load_bars(src, "histdata", tz="Etc/GMT+5"), out, instrument="EURUSD",
-                     source="histdata")
+    bars.build_cache(bars.load_bars(src, "histdata", tz="Etc/GMT+5"), out, instrument="EURUSD", source="histdata")
     ts = cache.open(out).ts
     for profile, n_folds in (("gpu", 8), ("cpu", 3)):
         exp = E.load(ROOT / "experiments" / "eurusd_2017q1.yaml", profile)

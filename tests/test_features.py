@@ -3,13 +3,12 @@ no look-ahead, warm-up, scale invariance, the CUSUM fast path against the plain 
 
 from pathlib import Path
 
-from conftest import SHARED_DATA
-
 import numpy as np
 import pytest
+from conftest import SHARED_DATA
 
 from fxray.data import features as F
-from fxray.data.features import (ADX_INDEX, FEATURE_NAMES, LOOKBACKS, MAX_LOOKBACK, compute_features)
+from fxray.data.features import ADX_INDEX, FEATURE_NAMES, LOOKBACKS, MAX_LOOKBACK, compute_features
 
 REFS = SHARED_DATA / "refs"
 SIXE = SHARED_DATA / "bars/6EH4.XCME_1min_bars_20240101_20240131.csv.gz"
@@ -48,16 +47,19 @@ def random_bars(n, seed=0, price=100.0, vol=1e-3, with_volume=True):
 
 # --- the table -------------------------------------------------------------------------
 
+
 def test_names_lookbacks_and_docs():
     assert len(FEATURE_NAMES) == 42 == len(set(FEATURE_NAMES))
     assert ADX_INDEX == 40 and FEATURE_NAMES[40] == "adx_14"
     assert MAX_LOOKBACK == max(LOOKBACKS) <= 120
     assert all(len(row) == 4 and row[1] and row[3] for row in F.FEATURE_TABLE)
-    assert DOCS.read_text().count(F.feature_table_markdown()) == 1, \
+    assert DOCS.read_text().count(F.feature_table_markdown()) == 1, (
         "docs/features.md is stale: regenerate its table from fxray.features.feature_table_markdown()"
+    )
 
 
 # --- indicators against the StockCharts worksheets (to their rounding) ----------------------
+
 
 def test_adx_and_di_match_worksheet():
     ws = worksheet("cs-adx.csv")
@@ -127,8 +129,12 @@ def test_bollinger_matches_worksheet():
     ws = worksheet("cs-bbands.csv")
     c = ws["Close"]
     mid, upper, lower = F.bollinger(c, 20, 2.0)
-    for mine, col in ((mid, "MiddleBand"), (upper, "HighBand"), (lower, "LowBand"),
-                      (F.bollinger_pctb(c, 20, 2.0), "PercentageBand")):
+    for mine, col in (
+        (mid, "MiddleBand"),
+        (upper, "HighBand"),
+        (lower, "LowBand"),
+        (F.bollinger_pctb(c, 20, 2.0), "PercentageBand"),
+    ):
         ref = ws[col]
         defined = ~np.isnan(ref)
         assert np.isnan(mine[~defined]).all(), col
@@ -149,6 +155,7 @@ def test_ema_and_wilder_equal_the_plain_recursion():
 
 # --- CUSUM ---------------------------------------------------------------------------------
 
+
 def cusum_plain(y, h):
     """AFML snippet 2.4, per bar, each side resetting on its own (the reference)."""
     s_pos = s_neg = 0.0
@@ -163,8 +170,9 @@ def cusum_plain(y, h):
     return out
 
 
-@pytest.mark.parametrize("n,drift", [(1, 0.0), (7, 0.0), (255, 0.3), (257, 0.0), (5000, 0.05),
-                                     (40_001, 0.0), (3000, 5.0)])
+@pytest.mark.parametrize(
+    "n,drift", [(1, 0.0), (7, 0.0), (255, 0.3), (257, 0.0), (5000, 0.05), (40_001, 0.0), (3000, 5.0)]
+)
 def test_cusum_chunked_is_bit_identical_to_the_loop(n, drift):
     rng = np.random.default_rng(n)
     y = rng.normal(0, 1, n) + drift
@@ -183,6 +191,7 @@ def test_cusum_without_any_reset_still_exact():
 
 
 # --- the feature matrix --------------------------------------------------------------------
+
 
 def test_shape_dtype_finite_and_warmup_zeros():
     bars = random_bars(2000)
@@ -209,13 +218,13 @@ def test_hand_computed_features():
         "body": np.log(c[t] / o[t]),
         "close_loc": (c[t] - l[t]) / (h[t] - l[t]) - 0.5,
         "gap": np.log(o[t] / c[t - 1]),
-        "rv_10": np.sqrt(np.mean(r[t - 10:t] ** 2)),
-        "pk_30": np.sqrt(np.mean(np.log(h[t - 29:t + 1] / l[t - 29:t + 1]) ** 2) / (4 * np.log(2))),
-        "ma_dev_20": np.log(c[t] / c[t - 19:t + 1].mean()),
+        "rv_10": np.sqrt(np.mean(r[t - 10 : t] ** 2)),
+        "pk_30": np.sqrt(np.mean(np.log(h[t - 29 : t + 1] / l[t - 29 : t + 1]) ** 2) / (4 * np.log(2))),
+        "ma_dev_20": np.log(c[t] / c[t - 19 : t + 1].mean()),
         "donchian_60": (c[t] - l[w60].min()) / (h[w60].max() - l[w60].min()) - 0.5,
-        "bb_width_20": 4 * c[t - 19:t + 1].std() / c[t - 19:t + 1].mean(),
-        "vol_imb_20": (np.sign(c - o) * v)[t - 19:t + 1].sum() / v[t - 19:t + 1].sum(),
-        "vol_rel_60": np.log((v[t] + v[t - 59:t + 1].mean()) / (2 * v[t - 59:t + 1].mean())),
+        "bb_width_20": 4 * c[t - 19 : t + 1].std() / c[t - 19 : t + 1].mean(),
+        "vol_imb_20": (np.sign(c - o) * v)[t - 19 : t + 1].sum() / v[t - 19 : t + 1].sum(),
+        "vol_rel_60": np.log((v[t] + v[t - 59 : t + 1].mean()) / (2 * v[t - 59 : t + 1].mean())),
         "atr_14": F.atr(h, l, c, 14)[t] / c[t],
         "adx_14": F.adx(h, l, c, 14)[2][t],
     }
@@ -255,13 +264,13 @@ def test_no_look_ahead_bit_identical():
         k = rng.uniform(0.5, 2.0, 3000 - t - 1)  # every later bar moved, scaled, re-volumed
         o2, h2, l2, c2, v2 = (a.copy() for a in (o, h, l, c, v))
         for a in (o2, c2):
-            a[t + 1:] *= k
-        h2[t + 1:] = np.maximum(o2[t + 1:], c2[t + 1:]) * 1.01
-        l2[t + 1:] = np.minimum(o2[t + 1:], c2[t + 1:]) * 0.99
-        v2[t + 1:] = rng.integers(1, 10_000, 3000 - t - 1)
+            a[t + 1 :] *= k
+        h2[t + 1 :] = np.maximum(o2[t + 1 :], c2[t + 1 :]) * 1.01
+        l2[t + 1 :] = np.minimum(o2[t + 1 :], c2[t + 1 :]) * 0.99
+        v2[t + 1 :] = rng.integers(1, 10_000, 3000 - t - 1)
         moved = compute_features(ts, o2, h2, l2, c2, v2)
         assert np.array_equal(moved[: t + 1].view(np.uint32), base[: t + 1].view(np.uint32)), t
-        assert not np.array_equal(moved[t + 1:], base[t + 1:])  # the perturbation did bite
+        assert not np.array_equal(moved[t + 1 :], base[t + 1 :])  # the perturbation did bite
 
 
 def test_scale_free_across_price_and_volume_units():

@@ -26,6 +26,7 @@ def max_lookback() -> int:
 
 # --- the reference: plain loops, comparisons only --------------------------------------
 
+
 def reference_folds(ts, train, val, test, step, anchored, embargo, max_folds):
     """Walk the calendar windows one by one; a bar is in a window iff lo <= ts < hi.
 
@@ -59,24 +60,31 @@ def reference_folds(ts, train, val, test, step, anchored, embargo, max_folds):
                 test_bars.append(i)
         val_bars, test_bars = val_bars[embargo:], test_bars[embargo:]  # the embargo drops bars
         if train_bars and val_bars and test_bars:
-            result.append(Fold(len(result), (train_bars[0], train_bars[-1] + 1),
-                               (val_bars[0], val_bars[-1] + 1), (test_bars[0], test_bars[-1] + 1)))
+            result.append(
+                Fold(
+                    len(result),
+                    (train_bars[0], train_bars[-1] + 1),
+                    (val_bars[0], val_bars[-1] + 1),
+                    (test_bars[0], test_bars[-1] + 1),
+                )
+            )
         k += 1
     return result
 
 
 # --- random cases ------------------------------------------------------------------------
 
+
 def random_ts(rng) -> np.ndarray:
     """Strictly increasing bar closes: a base spacing, random gaps, weekend-like holes."""
     spacing = int(rng.choice([MIN_NS, 5 * MIN_NS, 60 * MIN_NS, DAY_NS]))
     n = int(rng.integers(1, 1200))
     kind = rng.integers(4)
-    if kind == 0:    # a regular grid
+    if kind == 0:  # a regular grid
         gaps = np.full(n, spacing)
     elif kind == 1:  # mostly regular, some missing bars
         gaps = spacing * rng.geometric(0.7, n)
-    else:            # jittered gaps, not on any grid
+    else:  # jittered gaps, not on any grid
         gaps = rng.integers(spacing // 2, 2 * spacing, n)
     ts = T0 + int(rng.integers(0, DAY_NS)) + np.cumsum(gaps)
     if kind >= 2 and n > 2:  # weekend-like holes: drop every bar in [Sat, Mon) of each week
@@ -118,12 +126,24 @@ def random_spec(rng, ts) -> tuple[FoldSpec, dict]:
     embargo = None if rng.random() < 0.2 else int(rng.choice([1, 2, 3, 7, 25]))
     max_folds = None if rng.random() < 0.6 else int(rng.integers(1, 6))
     anchored = bool(rng.random() < 0.4)
-    spec = FoldSpec(train=as_text(train, rng), val=as_text(val, rng), test=as_text(test, rng),
-                    step=None if step is None else as_text(step, rng), anchored=anchored,
-                    embargo=embargo, max_folds=max_folds)
-    ref = dict(train=train * MIN_NS, val=val * MIN_NS, test=test * MIN_NS,
-               step=(test if step is None else step) * MIN_NS, anchored=anchored,
-               embargo=max_lookback() + 1 if embargo is None else embargo, max_folds=max_folds)
+    spec = FoldSpec(
+        train=as_text(train, rng),
+        val=as_text(val, rng),
+        test=as_text(test, rng),
+        step=None if step is None else as_text(step, rng),
+        anchored=anchored,
+        embargo=embargo,
+        max_folds=max_folds,
+    )
+    ref = dict(
+        train=train * MIN_NS,
+        val=val * MIN_NS,
+        test=test * MIN_NS,
+        step=(test if step is None else step) * MIN_NS,
+        anchored=anchored,
+        embargo=max_lookback() + 1 if embargo is None else embargo,
+        max_folds=max_folds,
+    )
     return spec, ref
 
 
@@ -144,6 +164,7 @@ def folds_or_empty(ts, spec) -> list[Fold]:
 
 
 # --- property tests -----------------------------------------------------------------------
+
 
 def test_make_folds_equals_the_brute_force_reference():
     n_folds = n_empty = 0
@@ -182,14 +203,17 @@ def check_invariants(fold_list, ts, ref, case):
             assert a == 0, msg
         # every boundary is one calendar grid point k: T1 = T0 + k*step + train, T2 = T1 + val,
         # T3 = T2 + test and (rolling) the train start T0 + k*step
-        bounds = [calendar_ks(ts, b, train, step), calendar_ks(ts, d, train + val, step),
-                  calendar_ks(ts, f, train + val + test, step)]
+        bounds = [
+            calendar_ks(ts, b, train, step),
+            calendar_ks(ts, d, train + val, step),
+            calendar_ks(ts, f, train + val + test, step),
+        ]
         if not ref["anchored"]:
             bounds.append(calendar_ks(ts, a, 0, step))
         k_lo, k_hi = max(lo for lo, _ in bounds), min(hi for _, hi in bounds)
         assert k_lo <= k_hi, msg
         assert k_lo >= prev_k, msg  # folds in calendar order
-        if prev is not None:           # and in bar order
+        if prev is not None:  # and in bar order
             for x, y in zip((*prev.train, *prev.val, *prev.test), (a, b, c, d, e, f)):
                 assert x <= y, msg
         prev, prev_k = fold, k_lo
@@ -207,8 +231,7 @@ def test_every_fold_keeps_its_invariants():
 def test_rolling_train_starts_advance_by_step_on_a_regular_grid():
     ts = T0 + np.arange(60 * 1440, dtype=np.int64) * MIN_NS  # 60 days of minute bars
     rolling = make_folds(ts, FoldSpec(train="10d", val="2d", test="3d", step="4d", embargo=5))
-    anchored = make_folds(ts, FoldSpec(train="10d", val="2d", test="3d", step="4d", embargo=5,
-                                       anchored=True))
+    anchored = make_folds(ts, FoldSpec(train="10d", val="2d", test="3d", step="4d", embargo=5, anchored=True))
     assert len(rolling) == len(anchored) == 12  # 10+2+3 + 4k <= 60  ->  k = 0..11
     for k, (r, a) in enumerate(zip(rolling, anchored)):
         assert r.train == (4 * k * 1440, (4 * k + 10) * 1440)
@@ -219,8 +242,7 @@ def test_rolling_train_starts_advance_by_step_on_a_regular_grid():
 
 def test_hand_computed_folds_with_weekend_holes():
     # hourly bars closing Mon 01:00 .. Sat 00:00 (120 per week), four weeks, no weekends
-    ts = np.array([T0 + w * 7 * DAY_NS + h * 3600 * 10**9
-                   for w in range(4) for h in range(1, 121)], dtype=np.int64)
+    ts = np.array([T0 + w * 7 * DAY_NS + h * 3600 * 10**9 for w in range(4) for h in range(1, 121)], dtype=np.int64)
     fold_list = make_folds(ts, FoldSpec(train="1w", val="3d", test="4d", step="1w", embargo=2))
     # Windows start at the first close, Mon 01:00 of week 0. Fold k: train = the 120 bars
     # of week k; val = Mon 01:00 .. Thu 01:00 of week k+1 = its bars h = 1..72; test =
@@ -236,7 +258,8 @@ def test_a_test_window_ending_one_bar_after_the_last_close_is_covered():
     ts = T0 + np.arange(30 * 24, dtype=np.int64) * 3600 * 10**9  # closes T0 .. T0 + 30d - 1h
     spec = FoldSpec(train="20d", val="5d", test="5d", embargo=2)
     assert [f.as_dict() for f in make_folds(ts, spec)] == [
-        {"k": 0, "train": [0, 480], "val": [482, 600], "test": [602, 720]}]
+        {"k": 0, "train": [0, 480], "val": [482, 600], "test": [602, 720]}
+    ]
     with pytest.raises(FoldError, match="too short"):
         make_folds(ts[:-1], spec)
 
@@ -271,6 +294,7 @@ def test_max_folds_keeps_the_first_folds():
 
 # --- the embargo and look-ahead ----------------------------------------------------------
 
+
 def test_default_embargo_is_the_longest_lookback_plus_one():
     import fxray.data.features as features
 
@@ -288,9 +312,9 @@ def test_no_feature_window_or_reward_crosses_a_boundary():
     window reads bars c - L .. c. They must not meet (same for val | test)."""
     L = max_lookback()
     checked = 0
-    for case, ts, spec, ref in random_cases(count=120, seed=11):
+    for case, ts, spec, _ in random_cases(count=120, seed=11):
         for fold in folds_or_empty(ts, dataclasses.replace(spec, embargo=None)):
-            (a, b), (c, d), (e, f) = fold.train, fold.val, fold.test
+            (_, b), (c, d), (e, _) = fold.train, fold.val, fold.test
             last_train_reward_reads = b  # close[(b - 1) + 1]
             assert c - L > last_train_reward_reads, (case, fold)
             assert c - (b - 1) > L, (case, fold)
@@ -307,21 +331,58 @@ def test_no_feature_window_or_reward_crosses_a_boundary():
 
 # --- parse_duration --------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,ns", [
-    ("30d", 30 * DAY_NS), ("12h", 12 * 60 * MIN_NS), ("90min", 90 * MIN_NS),
-    ("2w", 14 * DAY_NS), (" 1.5d ", 36 * 60 * MIN_NS), (".5h", 30 * MIN_NS),
-    ("3 h", 3 * 60 * MIN_NS), (7, 7 * DAY_NS), (0.25, 6 * 60 * MIN_NS),
-    (np.int64(3), 3 * DAY_NS), (np.float64(2.0), 2 * DAY_NS), ("1min", MIN_NS),
-])
+
+@pytest.mark.parametrize(
+    "text,ns",
+    [
+        ("30d", 30 * DAY_NS),
+        ("12h", 12 * 60 * MIN_NS),
+        ("90min", 90 * MIN_NS),
+        ("2w", 14 * DAY_NS),
+        (" 1.5d ", 36 * 60 * MIN_NS),
+        (".5h", 30 * MIN_NS),
+        ("3 h", 3 * 60 * MIN_NS),
+        (7, 7 * DAY_NS),
+        (0.25, 6 * 60 * MIN_NS),
+        (np.int64(3), 3 * DAY_NS),
+        (np.float64(2.0), 2 * DAY_NS),
+        ("1min", MIN_NS),
+    ],
+)
 def test_parse_duration_accepts(text, ns):
     assert parse_duration(text, "folds.train") == ns
 
 
-@pytest.mark.parametrize("text", [
-    "abc", "", "5", "5m", "5 days", "d", "1e3d", "-5d", "+5d", "0d", "0min", "0.0h",
-    "5d5h", 0, -1, -0.5, 0.0, float("nan"), float("inf"), float("-inf"), True, False,
-    None, [5], "1e-20min",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "abc",
+        "",
+        "5",
+        "5m",
+        "5 days",
+        "d",
+        "1e3d",
+        "-5d",
+        "+5d",
+        "0d",
+        "0min",
+        "0.0h",
+        "5d5h",
+        0,
+        -1,
+        -0.5,
+        0.0,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        True,
+        False,
+        None,
+        [5],
+        "1e-20min",
+    ],
+)
 def test_parse_duration_rejects(text):
     with pytest.raises(FoldError) as err:
         parse_duration(text, "folds.val")
@@ -331,14 +392,22 @@ def test_parse_duration_rejects(text):
 
 # --- too-short data and bad input ---------------------------------------------------------
 
+
 def test_too_short_data_says_what_it_has_and_what_it_needs():
     ts = T0 + np.arange(10 * 1440, dtype=np.int64) * MIN_NS  # 10 days of minute bars
     with pytest.raises(FoldError) as err:
         make_folds(ts, FoldSpec(train="20d", val="5d", test="5d"))
     msg = str(err.value)
     assert "\n" not in msg
-    for needle in ("too short", "14,400 bars", "10.00 days", "train 20d", "val 5d", "test 5d",
-                   f"embargo of {max_lookback() + 1} bars"):
+    for needle in (
+        "too short",
+        "14,400 bars",
+        "10.00 days",
+        "train 20d",
+        "val 5d",
+        "test 5d",
+        f"embargo of {max_lookback() + 1} bars",
+    ):
         assert needle in msg, (needle, msg)
 
 
@@ -349,8 +418,9 @@ def test_too_short_because_the_embargo_eats_the_val_window():
     assert make_folds(ts, FoldSpec(train="20d", val="5d", test="5d", embargo=4))
 
 
-@pytest.mark.parametrize("ts", [np.array([], dtype=np.int64), [], np.array([T0])],
-                         ids=["empty", "empty-list", "one-bar"])
+@pytest.mark.parametrize(
+    "ts", [np.array([], dtype=np.int64), [], np.array([T0])], ids=["empty", "empty-list", "one-bar"]
+)
 def test_empty_or_single_bar(ts):
     with pytest.raises(FoldError) as err:
         make_folds(ts, FoldSpec(train="1d", val="1d", test="1d", embargo=1))
@@ -366,8 +436,7 @@ def test_non_increasing_ts(how):
         make_folds(ts, FoldSpec(train="10d", val="2d", test="2d", embargo=2))
 
 
-@pytest.mark.parametrize("ts", [np.linspace(0, 1e15, 100), np.zeros((10, 2), np.int64)],
-                         ids=["float", "2-D"])
+@pytest.mark.parametrize("ts", [np.linspace(0, 1e15, 100), np.zeros((10, 2), np.int64)], ids=["float", "2-D"])
 def test_ts_must_be_1d_integers(ts):
     with pytest.raises(FoldError, match="1-D array of int64"):
         make_folds(ts, FoldSpec(train="1d", val="1d", test="1d", embargo=1))
@@ -376,23 +445,34 @@ def test_ts_must_be_1d_integers(ts):
 def test_datetime64_ts_equals_int_ns():
     ts = T0 + np.arange(30 * 24, dtype=np.int64) * 3600 * 10**9
     spec = FoldSpec(train="10d", val="2d", test="2d", embargo=2)
-    assert make_folds(ts.astype("datetime64[ns]").astype("datetime64[h]"), spec) == \
-        make_folds(ts, spec)
+    assert make_folds(ts.astype("datetime64[ns]").astype("datetime64[h]"), spec) == make_folds(ts, spec)
 
 
-@pytest.mark.parametrize("field,value,key", [
-    ("embargo", 0, "folds.embargo"), ("embargo", -3, "folds.embargo"),
-    ("embargo", 2.5, "folds.embargo"), ("embargo", "5", "folds.embargo"),
-    ("embargo", True, "folds.embargo"),
-    ("max_folds", 0, "folds.max_folds"), ("max_folds", -1, "folds.max_folds"),
-    ("max_folds", 1.5, "folds.max_folds"), ("max_folds", "3", "folds.max_folds"),
-    ("max_folds", True, "folds.max_folds"),
-    ("train", "abc", "folds.train"), ("train", "0d", "folds.train"),
-    ("val", -1, "folds.val"), ("val", "5 days", "folds.val"),
-    ("test", "", "folds.test"), ("test", None, "folds.test"),
-    ("step", "x", "folds.step"), ("step", 0, "folds.step"),
-    ("anchored", "yes", "folds.anchored"), ("anchored", 1, "folds.anchored"),
-])
+@pytest.mark.parametrize(
+    "field,value,key",
+    [
+        ("embargo", 0, "folds.embargo"),
+        ("embargo", -3, "folds.embargo"),
+        ("embargo", 2.5, "folds.embargo"),
+        ("embargo", "5", "folds.embargo"),
+        ("embargo", True, "folds.embargo"),
+        ("max_folds", 0, "folds.max_folds"),
+        ("max_folds", -1, "folds.max_folds"),
+        ("max_folds", 1.5, "folds.max_folds"),
+        ("max_folds", "3", "folds.max_folds"),
+        ("max_folds", True, "folds.max_folds"),
+        ("train", "abc", "folds.train"),
+        ("train", "0d", "folds.train"),
+        ("val", -1, "folds.val"),
+        ("val", "5 days", "folds.val"),
+        ("test", "", "folds.test"),
+        ("test", None, "folds.test"),
+        ("step", "x", "folds.step"),
+        ("step", 0, "folds.step"),
+        ("anchored", "yes", "folds.anchored"),
+        ("anchored", 1, "folds.anchored"),
+    ],
+)
 def test_spec_validate_names_the_key(field, value, key):
     spec = FoldSpec(**{field: value})
     with pytest.raises(FoldError) as err:
@@ -405,8 +485,11 @@ def test_spec_validate_names_the_key(field, value, key):
 
 
 def test_valid_specs_pass_validation():
-    for spec in (FoldSpec(), FoldSpec(embargo=1, max_folds=1, step="1h", anchored=True),
-                 FoldSpec(train=30, val=0.5, test="90min", embargo=np.int64(4))):
+    for spec in (
+        FoldSpec(),
+        FoldSpec(embargo=1, max_folds=1, step="1h", anchored=True),
+        FoldSpec(train=30, val=0.5, test="90min", embargo=np.int64(4)),
+    ):
         spec.validate()
 
 

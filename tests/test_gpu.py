@@ -10,18 +10,27 @@ import pytest
 import torch
 
 from fxray.data import cache
+from fxray.data.folds import FoldSpec, make_folds
 from fxray.rl.config import DQNConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.dqn import Learner, collect
-from fxray.rl.replay import Replay
 from fxray.rl.env import TradingEnv
-from fxray.data.folds import FoldSpec, make_folds
+from fxray.rl.replay import Replay
 from fxray.rl.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-CFG = DQNConfig(hidden=64, num_envs=64, batch_size=256, buffer_steps=64, episode_len=50,
-                steps_per_epoch=60, epochs=3, patience=3, matmul="fp32")  # exact maths to compare
+CFG = DQNConfig(
+    hidden=64,
+    num_envs=64,
+    batch_size=256,
+    buffer_steps=64,
+    episode_len=50,
+    steps_per_epoch=60,
+    epochs=3,
+    patience=3,
+    matmul="fp32",
+)  # exact maths to compare
 
 
 def filled_replay(data, cfg, steps=40, seed=0):
@@ -50,8 +59,9 @@ def test_upload_through_pinned_staging_is_exact(synth_cache):
 
     market = cache.open(synth_cache)
     x = torch.empty((market.n_bars, 50), device="cuda")
-    device_mod._upload_rows(x, torch.from_numpy(market.features.copy()), torch.from_numpy(market.ofi.copy()),
-                            chunk_rows=7_001)
+    device_mod._upload_rows(
+        x, torch.from_numpy(market.features.copy()), torch.from_numpy(market.ofi.copy()), chunk_rows=7_001
+    )
     host = np.concatenate([market.features, market.ofi], 1)
     assert np.array_equal(x.cpu().numpy(), host)
     data = DeviceData(market, "cuda")
@@ -105,8 +115,9 @@ def test_graphed_fold_equals_eager_fold(synth_cache):
     off = Trainer(data, CFG.replace(graphs=False)).run_fold(fold, seed=5)
     assert on.epochs_run == off.epochs_run
     np.testing.assert_allclose([c["loss"] for c in on.curve], [c["loss"] for c in off.curve], rtol=2e-3)
-    np.testing.assert_allclose([c["val_sharpe"] for c in on.curve], [c["val_sharpe"] for c in off.curve],
-                               rtol=2e-2, atol=0.05)
+    np.testing.assert_allclose(
+        [c["val_sharpe"] for c in on.curve], [c["val_sharpe"] for c in off.curve], rtol=2e-2, atol=0.05
+    )
 
 
 def test_cpu_and_gpu_evaluate_the_same_weights_alike(synth_cache):

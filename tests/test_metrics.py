@@ -26,6 +26,7 @@ def _daily(seed, n=300, mu=4e-4, sigma=1e-2, fat=False):
 
 # --- empyrical / quantstats-style references -----------------------------------
 
+
 def ref_sharpe(r):
     s = pd.Series(r)
     return s.mean() / s.std() * np.sqrt(ANN)  # pandas std: ddof=1
@@ -55,7 +56,7 @@ def ref_psr(r, sr_star):
     sr = np.mean(r) / np.std(r, ddof=1)
     g3 = stats.skew(r)
     g4 = stats.kurtosis(r, fisher=False)
-    z = (sr - sr_star) * np.sqrt(len(r) - 1) / np.sqrt(1 - g3 * sr + (g4 - 1) / 4 * sr ** 2)
+    z = (sr - sr_star) * np.sqrt(len(r) - 1) / np.sqrt(1 - g3 * sr + (g4 - 1) / 4 * sr**2)
     return stats.norm.cdf(z)
 
 
@@ -85,7 +86,7 @@ def test_edge_cases_are_zero_not_nan():
         assert f([]) == 0.0
         assert f([0.01]) == 0.0
         assert f([0.0] * 10) == 0.0
-    assert metrics.sharpe([0.001] * 10) == 0.0   # std is rounding noise -> treated as 0
+    assert metrics.sharpe([0.001] * 10) == 0.0  # std is rounding noise -> treated as 0
     assert metrics.sortino([0.01, 0.02]) == 0.0  # no downside (empyrical: inf)
     assert metrics.psr_from_stats(0.1, 0.0, 3.0, 1) == 0.0
 
@@ -102,7 +103,7 @@ def test_bad_input_is_a_clear_error():
 def test_psr_normal_case_is_lo_standard_error():
     # Normal returns (g3 = 0, g4 = 3): PSR = Phi(SR sqrt(T-1) / sqrt(1 + SR^2/2)) (Lo 2002).
     sr, t = 0.08, 500
-    expected = stats.norm.cdf(sr * math.sqrt(t - 1) / math.sqrt(1 + sr ** 2 / 2))
+    expected = stats.norm.cdf(sr * math.sqrt(t - 1) / math.sqrt(1 + sr**2 / 2))
     assert metrics.psr_from_stats(sr, 0.0, 3.0, t) == pytest.approx(expected, abs=1e-15)
 
 
@@ -118,11 +119,11 @@ def test_dsr_numerical_example():
 
 def test_deflated_is_psr_at_expected_max():
     r = _daily(7, fat=True)
-    sr0 = metrics.expected_max_sharpe(50, 0.03 ** 2)
-    assert metrics.deflated_sharpe(r, 50, 0.03 ** 2) == pytest.approx(ref_psr(r, sr0), abs=1e-12)
-    assert metrics.deflated_sharpe(r, 1, 0.03 ** 2) == pytest.approx(ref_psr(r, 0.0), abs=1e-12)
+    sr0 = metrics.expected_max_sharpe(50, 0.03**2)
+    assert metrics.deflated_sharpe(r, 50, 0.03**2) == pytest.approx(ref_psr(r, sr0), abs=1e-12)
+    assert metrics.deflated_sharpe(r, 1, 0.03**2) == pytest.approx(ref_psr(r, 0.0), abs=1e-12)
     # more trials -> a higher bar -> a lower DSR
-    assert metrics.deflated_sharpe(r, 1000, 0.03 ** 2) < metrics.deflated_sharpe(r, 10, 0.03 ** 2)
+    assert metrics.deflated_sharpe(r, 1000, 0.03**2) < metrics.deflated_sharpe(r, 10, 0.03**2)
 
 
 @pytest.mark.parametrize("n_trials", [10, 100, 1000])

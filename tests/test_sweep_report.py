@@ -14,12 +14,25 @@ spec.loader.exec_module(sweep_report)
 def test_split_of_a_hand_made_sweep(tmp_path):
     # wall 0..20 s, two workers. w0: warmup 2-4, trial a folds 5-7 and 7.5-9, trial b 9.1-12
     # (cancelled 12-12.2), trial c 12.3-18. w1: trial d 6-19.
-    calls0 = [[102, 104, None, 0, "warmup"], [105, 107, "a", 0, "ok"], [107.5, 109, "a", 1, "ok"],
-              [109.1, 112, "b", 0, "ok"], [112, 112.2, "b", 1, "cancelled"], [112.3, 118, "c", 0, "ok"]]
+    calls0 = [
+        [102, 104, None, 0, "warmup"],
+        [105, 107, "a", 0, "ok"],
+        [107.5, 109, "a", 1, "ok"],
+        [109.1, 112, "b", 0, "ok"],
+        [112, 112.2, "b", 1, "cancelled"],
+        [112.3, 118, "c", 0, "ok"],
+    ]
     calls1 = [[106, 119, "d", 0, "ok"]]
-    results = {"experiment": "x", "profile": "gpu", "n_trials": 4, "wall_s": 20.0, "started": 100.0,
-               "trials": [{"folds": [{}]}] * 3 + [{"folds": [{"timings": {"trial_start": 104.5}}]}], "best": {"mean_val_sharpe": 1.0, "mean_test_sharpe": 0.5},
-               "workers": [{"device": "cuda:0", "calls": calls0}, {"device": "cuda:0", "calls": calls1}]}
+    results = {
+        "experiment": "x",
+        "profile": "gpu",
+        "n_trials": 4,
+        "wall_s": 20.0,
+        "started": 100.0,
+        "trials": [{"folds": [{}]}] * 3 + [{"folds": [{"timings": {"trial_start": 104.5}}]}],
+        "best": {"mean_val_sharpe": 1.0, "mean_test_sharpe": 0.5},
+        "workers": [{"device": "cuda:0", "calls": calls0}, {"device": "cuda:0", "calls": calls1}],
+    }
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
     r = sweep_report.report(str(path))
@@ -28,7 +41,7 @@ def test_split_of_a_hand_made_sweep(tmp_path):
     assert r["training_share"] == pytest.approx(training / total)
     assert r["cancelled_share"] == pytest.approx(0.2 / total)
     assert r["warmup_share"] == pytest.approx(2 / total)
-    assert r["startup_share"] == pytest.approx((2 + 1 + 6) / total)   # w0: 2 + gap after warmup 1; w1: 6
+    assert r["startup_share"] == pytest.approx((2 + 1 + 6) / total)  # w0: 2 + gap after warmup 1; w1: 6
     assert r["within_share"] == pytest.approx(0.5 / total)
     assert r["between_share"] == pytest.approx((0.1 + 0.1) / total)  # a->b, b(cancelled)->c
     assert r["tail_share"] == pytest.approx((2 + 1) / total)
@@ -46,14 +59,33 @@ def test_size_profile_runs_its_tiny_candidate_on_cpu(tmp_path):
     import sys
 
     exp = tmp_path / "x.yaml"
-    exp.write_text("name: x\ndata: {synth: {n_bars: 26000, seed: 0}}\n"
-                   "folds: {train: 6d, val: 2d, test: 2d}\n"
-                   "search: {lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}, hidden: {type: choice, values: [16, 32]}}\n")
-    out = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts/size_profile.py"),
-                          "--experiment", str(exp), "--configs", "2", "--windows", "3", "--long", "6",
-                          "--short", "3", "--json", str(tmp_path / "s.json")],
-                         env={**__import__("os").environ, "FXRAY_CACHE_DIR": str(tmp_path)},
-                         capture_output=True, text=True, timeout=300)
+    exp.write_text(
+        "name: x\ndata: {synth: {n_bars: 26000, seed: 0}}\n"
+        "folds: {train: 6d, val: 2d, test: 2d}\n"
+        "search: {lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}, hidden: {type: choice, values: [16, 32]}}\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parents[1] / "scripts/size_profile.py"),
+            "--experiment",
+            str(exp),
+            "--configs",
+            "2",
+            "--windows",
+            "3",
+            "--long",
+            "6",
+            "--short",
+            "3",
+            "--json",
+            str(tmp_path / "s.json"),
+        ],
+        env={**__import__("os").environ, "FXRAY_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "2 configs x 3 folds each, on CPU" in out.stdout
     res = json.loads((tmp_path / "s.json").read_text())
@@ -65,8 +97,16 @@ def test_size_profile_runs_its_tiny_candidate_on_cpu(tmp_path):
 
 def test_speedup_of_two_hand_made_sweeps(tmp_path):
     def sweep(wall, trials):  # trials: (lr, [(val Sharpe, fold seconds), ...])
-        return {"wall_s": wall, "trials": [{"sampled": {"lr": lr}, "folds": [
-            {"val": {"sharpe": v}, "timings": {"fold_time_s": s}} for v, s in folds]} for lr, folds in trials]}
+        return {
+            "wall_s": wall,
+            "trials": [
+                {
+                    "sampled": {"lr": lr},
+                    "folds": [{"val": {"sharpe": v}, "timings": {"fold_time_s": s}} for v, s in folds],
+                }
+                for lr, folds in trials
+            ],
+        }
 
     one = sweep(10.0, [(0.1, [(1.0, 3.0), (2.0, 3.0)]), (0.2, [(0.5, 3.0)])])
     two = sweep(5.0, [(0.2, [(0.75, 3.0)]), (0.1, [(1.0, 2.0), (2.0, 4.0)])])  # same work, other order

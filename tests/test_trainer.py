@@ -9,31 +9,37 @@ import pytest
 import torch
 
 from fxray.data import cache
+from fxray.data.folds import Fold, FoldSpec, make_folds
+from fxray.data.synth import SynthSpec, oracle_positions, simulate
 from fxray.eval.backtest import evaluate
 from fxray.rl.config import ConfigError, DQNConfig, field_docs
 from fxray.rl.device import DeviceData
 from fxray.rl.dqn import Learner, QNetwork, collect, epsilon
+from fxray.rl.env import TradingEnv
 from fxray.rl.optim import Adam
 from fxray.rl.replay import Replay
-from fxray.rl.env import TradingEnv
-from fxray.data.folds import Fold, FoldSpec, make_folds
-from fxray.data.synth import SynthSpec, oracle_positions, simulate
 from fxray.rl.trainer import Trainer, load_checkpoint, train_fold
 
 FOLDS = FoldSpec(train="20d", val="5d", test="5d")
-TINY = DQNConfig(hidden=32, num_envs=16, batch_size=64, buffer_steps=32, episode_len=20,
-                 steps_per_epoch=20, epochs=2, patience=2)
+TINY = DQNConfig(
+    hidden=32, num_envs=16, batch_size=64, buffer_steps=32, episode_len=20, steps_per_epoch=20, epochs=2, patience=2
+)
 
 
 def random_arrays(n=3000, seed=0):
     rng = np.random.default_rng(seed)
     ts = (1_700_000_000 + 60 * np.arange(1, n + 1)).astype(np.int64) * 10**9
     close = 100 * np.exp(np.cumsum(rng.normal(0, 1e-3, n)))
-    return {"ts": ts, "features": rng.normal(3, 2, (n, 42)).astype(np.float32),
-            "ofi": rng.normal(0, 1, (n, 8)).astype(np.float32), "close": close}
+    return {
+        "ts": ts,
+        "features": rng.normal(3, 2, (n, 42)).astype(np.float32),
+        "ofi": rng.normal(0, 1, (n, 8)).astype(np.float32),
+        "close": close,
+    }
 
 
 # --- device ---------------------------------------------------------------------------
+
 
 def test_device_returns_days_and_train_only_normalisation():
     arrays = random_arrays()
@@ -75,6 +81,7 @@ def test_device_accepts_an_opened_cache(synth_cache):
 
 # --- env --------------------------------------------------------------------------------
 
+
 def test_env_reward_and_resets_stay_in_the_train_range():
     data = DeviceData(random_arrays())
     data.set_fold(Fold(0, (500, 900), (1000, 1500), (1600, 2000)))
@@ -95,6 +102,7 @@ def test_env_reward_and_resets_stay_in_the_train_range():
 
 
 # --- replay: n-step returns against a per-transition reference ---------------------------
+
 
 def test_replay_n_step_matches_a_plain_reference():
     cfg = DQNConfig(n_step=3, gamma=0.8, buffer_steps=40, num_envs=5)
@@ -124,13 +132,13 @@ def test_replay_n_step_matches_a_plain_reference():
             if bool(d):
                 break
         last_a = int(log[i + k - 1][2][e])
-        want = (int(log[i][0][e]), int(log[i][1][e]), int(log[i][2][e]), ret,
-                int(log[i][0][e]) + k, last_a - 1, 0.8**k)
+        want = (int(log[i][0][e]), int(log[i][1][e]), int(log[i][2][e]), ret, int(log[i][0][e]) + k, last_a - 1, 0.8**k)
         have = tuple(float(x[j]) for x in got)
         assert np.allclose(have, want, rtol=1e-5, atol=1e-9), (j, have, want)
 
 
 # --- network and learner ---------------------------------------------------------------
+
 
 def test_q_all_equals_forward_for_each_position():
     torch.manual_seed(0)
@@ -189,6 +197,7 @@ def test_learner_reset_is_deterministic_and_device_independent():
 
 # --- the trainer -------------------------------------------------------------------------
 
+
 def test_same_seed_same_fold_is_bitwise_repeatable_on_cpu(synth_cache):
     market = cache.open(synth_cache)
     data = DeviceData(market)
@@ -237,16 +246,18 @@ def test_config_errors_name_the_key():
 
 # --- learning, not just running -------------------------------------------------------------
 
+
 def oracle_sharpe(market_spec: SynthSpec, data: DeviceData, window, cost) -> float:
     from fxray.data.features import MAX_LOOKBACK
 
     m = simulate(market_spec, market_spec.n_bars + MAX_LOOKBACK)
     a, b = window[0] + MAX_LOOKBACK, window[1] - 1 + MAX_LOOKBACK  # cache row i = simulated bar i + warm-up
     # bar t's return is driven by flow[t] and sigma[t+1]
-    pos = oracle_positions(m.flow[a:b], market_spec.beta, cost, m.sigma[a + 1:b + 1])
+    pos = oracle_positions(m.flow[a:b], market_spec.beta, cost, m.sigma[a + 1 : b + 1])
     s, e = window[0], window[1] - 1
-    res = evaluate(torch.from_numpy(pos.astype(np.int64)), data.returns[s:e], data.day[s:e], cost,
-                   n_days=data.count_days(s, e))
+    res = evaluate(
+        torch.from_numpy(pos.astype(np.int64)), data.returns[s:e], data.day[s:e], cost, n_days=data.count_days(s, e)
+    )
     return res.metrics.sharpe
 
 

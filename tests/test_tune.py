@@ -37,8 +37,12 @@ sweep: {{trials: {trials}, seed: 0, grace_folds: {grace}, reduction_factor: 2, c
 def setup(tmp_path, trials=4, steps=10, grace=2, folds=2, bars=20000):
     exp = tmp_path / "tiny.yaml"
     exp.write_text(TINY.format(trials=trials, steps=steps, grace=grace, folds=folds, bars=bars))
-    env = {**os.environ, "FXRAY_CACHE_DIR": str(tmp_path / "cache"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "FXRAY_CACHE_DIR": str(tmp_path / "cache"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "PYTHONWARNINGS": "ignore",
+    }
     env.pop("RAY_ADDRESS", None)
     return exp, env
 
@@ -46,8 +50,11 @@ def setup(tmp_path, trials=4, steps=10, grace=2, folds=2, bars=20000):
 def fault_env(env: dict, fault: str) -> None:
     """Workers of tests/faults.py, with `fault` (see there)."""
     here = str(Path(__file__).resolve().parent)
-    env.update(FXRAY_WORKER_CLASS="faults:FaultyWorker", FXRAY_FAULT=fault,
-               PYTHONPATH=os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p))
+    env.update(
+        FXRAY_WORKER_CLASS="faults:FaultyWorker",
+        FXRAY_FAULT=fault,
+        PYTHONPATH=os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p),
+    )
 
 
 def cli(args, env, cwd, timeout=300, **kw):
@@ -143,9 +150,22 @@ def test_sweep_on_logical_gpus(tmp_path):
     assert {"t_tune_started", "t_mlflow_ready", "t_worker_loaded", "t_workers_warm"} <= split.keys()
     assert split["t_worker_init"] <= split["t_worker_imported"] <= split["t_worker_loaded"] < split["t_workers_warm"]
     # the same folds trained by a plain loop (no Ray, no Tune, no MLflow) give the same val Sharpe
-    replay = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts/replay.py"), "out.json",
-                             "--device", "cpu", "--json", "replay.json"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+    replay = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parents[1] / "scripts/replay.py"),
+            "out.json",
+            "--device",
+            "cpu",
+            "--json",
+            "replay.json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert replay.returncode == 0, replay.stderr[-3000:]
     plain = json.loads((tmp_path / "replay.json").read_text())
     assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
@@ -172,16 +192,31 @@ def test_asha_stops_waste_no_fold(tmp_path):
     assert len(parents) == 1 and len(children) == 8
     # --same-trials: the same 8 configs again, each for the folds it trained above (no ASHA),
     # enqueued in the order they started; on the CPU every fold gives the same val Sharpe
-    out = cli(["--experiment", exp, "--num-cpus", 2, "--same-trials", "out.json", "--storage", "again",
-               "--json", "again.json"], env, tmp_path)
+    out = cli(
+        [
+            "--experiment",
+            exp,
+            "--num-cpus",
+            2,
+            "--same-trials",
+            "out.json",
+            "--storage",
+            "again",
+            "--json",
+            "again.json",
+        ],
+        env,
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "CPU profile: 8 trials x 3 folds" in out.stdout and "-- the trials of " in out.stdout
     assert f"/{sum(done)} folds " in out.stdout  # the progress line counts the folds it will train
     again = json.loads((tmp_path / "again.json").read_text())
 
     def per_config(res):
-        return {json.dumps(t["sampled"], sort_keys=True): [f["val"]["sharpe"] for f in t["folds"]]
-                for t in res["trials"]}
+        return {
+            json.dumps(t["sampled"], sort_keys=True): [f["val"]["sharpe"] for f in t["folds"]] for t in res["trials"]
+        }
 
     assert per_config(again) == per_config(results) and len(per_config(again)) == 8
     pair = sweep_report().speedup(str(tmp_path / "out.json"), str(tmp_path / "again.json"))
@@ -215,8 +250,9 @@ def test_a_lone_trial_spreads_its_folds_over_the_idle_workers(tmp_path):
     assert sorted(c[3] for c in calls) == [0, 1, 2] and all(c[4] == "ok" for c in calls)
     parents, (child,), client = store(tmp_path)  # each fold reached MLflow once, in order
     history = client.get_metric_history(child.info.run_id, "val_sharpe")
-    assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == \
-        [(f["fold"], f["val"]["sharpe"]) for f in trial["folds"]]
+    assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
+        (f["fold"], f["val"]["sharpe"]) for f in trial["folds"]
+    ]
 
 
 @pytest.mark.slow
@@ -273,8 +309,11 @@ def test_an_mlflow_server_that_cannot_be_reached_stops_the_sweep_before_tune(tmp
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env.update(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}", MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
-               MLFLOW_HTTP_REQUEST_TIMEOUT="5")
+    env.update(
+        MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}",
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+        MLFLOW_HTTP_REQUEST_TIMEOUT="5",
+    )
     error = failed_sweep(tmp_path, env, exp)
     assert f"MLflow store http://127.0.0.1:{port} could not be opened" in error
     assert (tmp_path / "runs/t/sweep.json").exists() and not (tmp_path / "runs/t/tune").exists()
@@ -319,16 +358,21 @@ def test_same_trials_interrupted_then_resumed(tmp_path):
     """A --same-trials sweep stopped by Ctrl+C resumes with what it started with: the
     given configs, each for its given folds, none trained twice."""
     exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
-    given = [({"lr": 1e-3, "gamma": 0.9}, 2), ({"lr": 2e-4, "gamma": 0.85}, 1),
-             ({"lr": 5e-4, "gamma": 0.95}, 2), ({"lr": 3e-3, "gamma": 0.8}, 1)]
+    given = [
+        ({"lr": 1e-3, "gamma": 0.9}, 2),
+        ({"lr": 2e-4, "gamma": 0.85}, 1),
+        ({"lr": 5e-4, "gamma": 0.95}, 2),
+        ({"lr": 3e-3, "gamma": 0.8}, 1),
+    ]
     (tmp_path / "given.json").write_text(json.dumps(hand_made_results(tmp_path, exp, given)))
     interrupt_after_a_fold(["--experiment", exp, "--num-cpus", 2, "--same-trials", "given.json"], env, tmp_path)
     folds = tmp_path / "runs/t/folds.jsonl"
     out = cli(["--storage", "runs/t", "--num-cpus", 2, "--resume", "--json", "out.json"], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "out.json").read_text())
-    assert sorted((json.dumps(t["sampled"], sort_keys=True), t["folds_done"]) for t in results["trials"]) == \
-        sorted((json.dumps(c, sort_keys=True), n) for c, n in given)
+    assert sorted((json.dumps(t["sampled"], sort_keys=True), t["folds_done"]) for t in results["trials"]) == sorted(
+        (json.dumps(c, sort_keys=True), n) for c, n in given
+    )
     assert folds.read_text().count("\n") == 6  # every given fold once
     assert [t.state.name for t in study(tmp_path).trials] == ["COMPLETE"] * 4
 
@@ -354,30 +398,49 @@ BAD = {
     "missing file": (["--experiment", "nope.yaml"], "nope.yaml: no such experiment file"),
     "nothing to resume": (["--experiment", "tiny.yaml", "--resume"], "no sweep to resume"),
     "dead address": (["--experiment", "tiny.yaml", "--address", "127.0.0.1:1"], "nothing answers there"),
-    "address and local sizes": (["--experiment", "tiny.yaml", "--address", "auto", "--num-cpus", "2"],
-                                "--num-cpus/--num-gpus size a local Ray"),
+    "address and local sizes": (
+        ["--experiment", "tiny.yaml", "--address", "auto", "--num-cpus", "2"],
+        "--num-cpus/--num-gpus size a local Ray",
+    ),
     "bad flag": (["--experiment", "tiny.yaml", "--trials", "0"], "argument --trials: 0 must be >= 1"),
     "MLflow folder missing": (["--experiment", "tiny.yaml"], "is not a writable folder"),
-    "same trials: no file": (["--experiment", "tiny.yaml", "--same-trials", "nope.json"],
-                             "--same-trials nope.json: no such file"),
-    "same trials: not results": (["--experiment", "tiny.yaml", "--same-trials", "tiny.yaml"],
-                                 "--same-trials tiny.yaml: not a sweep's results.json"),
-    "same trials: other data": (["--experiment", "tiny.yaml", "--same-trials", "other-data.json"],
-                                "ran on other data"),
-    "same trials: other folds": (["--experiment", "tiny.yaml", "--same-trials", "other-folds.json"],
-                                 "not the same folds as t here (cpu profile): pass the --experiment it ran"),
-    "same trials: other config": (["--experiment", "tiny.yaml", "--same-trials", "other-config.json"],
-                                  "not the same dqn config as t here"),
-    "same trials: two rounds": (["--experiment", "tiny.yaml", "--same-trials", "two-rounds.json"],
-                                "that sweep ran 2 rounds"),
-    "same trials and --trials": (["--experiment", "tiny.yaml", "--same-trials", "same.json", "--trials", "3"],
-                                 "--trials 3: --same-trials runs the trials of same.json (1); drop --trials"),
-    "same trials into a sweep": (["--experiment", "tiny.yaml", "--same-trials", "same.json", "--storage", "old"],
-                                 "--same-trials starts a new sweep and "),
-    "same trials on resume": (["--same-trials", "same.json", "--storage", "old", "--resume"],
-                              "--same-trials: drop it with --resume"),
-    "same trials, other profile": (["--experiment", "tiny.yaml", "--same-trials", "same.json", "--profile", "gpu"],
-                                   "same.json ran the cpu profile; drop --profile"),
+    "same trials: no file": (
+        ["--experiment", "tiny.yaml", "--same-trials", "nope.json"],
+        "--same-trials nope.json: no such file",
+    ),
+    "same trials: not results": (
+        ["--experiment", "tiny.yaml", "--same-trials", "tiny.yaml"],
+        "--same-trials tiny.yaml: not a sweep's results.json",
+    ),
+    "same trials: other data": (["--experiment", "tiny.yaml", "--same-trials", "other-data.json"], "ran on other data"),
+    "same trials: other folds": (
+        ["--experiment", "tiny.yaml", "--same-trials", "other-folds.json"],
+        "not the same folds as t here (cpu profile): pass the --experiment it ran",
+    ),
+    "same trials: other config": (
+        ["--experiment", "tiny.yaml", "--same-trials", "other-config.json"],
+        "not the same dqn config as t here",
+    ),
+    "same trials: two rounds": (
+        ["--experiment", "tiny.yaml", "--same-trials", "two-rounds.json"],
+        "that sweep ran 2 rounds",
+    ),
+    "same trials and --trials": (
+        ["--experiment", "tiny.yaml", "--same-trials", "same.json", "--trials", "3"],
+        "--trials 3: --same-trials runs the trials of same.json (1); drop --trials",
+    ),
+    "same trials into a sweep": (
+        ["--experiment", "tiny.yaml", "--same-trials", "same.json", "--storage", "old"],
+        "--same-trials starts a new sweep and ",
+    ),
+    "same trials on resume": (
+        ["--same-trials", "same.json", "--storage", "old", "--resume"],
+        "--same-trials: drop it with --resume",
+    ),
+    "same trials, other profile": (
+        ["--experiment", "tiny.yaml", "--same-trials", "same.json", "--profile", "gpu"],
+        "same.json ran the cpu profile; drop --profile",
+    ),
 }
 
 
@@ -397,29 +460,42 @@ def hand_made_results(tmp_path, exp, trials) -> dict:
     """A results.json as a finished sweep of `exp` on a 20k-bar market would write it, with
     `trials` = [(sampled config, folds done)], started in that order: what --same-trials reads."""
     from fxray.data import cache
-    from fxray.rl import experiment
     from fxray.data.folds import make_folds
+    from fxray.rl import experiment
 
     data = tmp_path / "t20k.fxcache"
     if not data.exists():
         to_cache(SynthSpec(n_bars=20000, seed=0), data)
     market, e = cache.open(data), experiment.load(exp, "cpu")
-    return {"profile": "cpu", "rounds": [{"seed": 0}], "base_config": e.config.as_dict(),
-            "data": {"path": str(data), "content_hash": market.content_hash},
-            "folds": [f.as_dict() for f in make_folds(market.ts, e.folds)],
-            "trials": [{"trial_id": f"t{i}", "sampled": sampled, "folds_done": n,
-                        "folds": [{"timings": {"trial_start": float(i)}}] * n}
-                       for i, (sampled, n) in enumerate(trials)]}
+    return {
+        "profile": "cpu",
+        "rounds": [{"seed": 0}],
+        "base_config": e.config.as_dict(),
+        "data": {"path": str(data), "content_hash": market.content_hash},
+        "folds": [f.as_dict() for f in make_folds(market.ts, e.folds)],
+        "trials": [
+            {
+                "trial_id": f"t{i}",
+                "sampled": sampled,
+                "folds_done": n,
+                "folds": [{"timings": {"trial_start": float(i)}}] * n,
+            }
+            for i, (sampled, n) in enumerate(trials)
+        ],
+    }
 
 
 def same_trials_files(tmp_path, exp):
     """--same-trials inputs: a one-trial results.json that matches tiny.yaml (same.json)
     and copies that differ from it in one thing each."""
     same = hand_made_results(tmp_path, exp, [({"lr": 1e-3, "gamma": 0.9}, 1)])
-    variants = {"same": {}, "other-data": {"data": {**same["data"], "content_hash": "0" * 16}},
-                "other-folds": {"folds": same["folds"][:1]},
-                "other-config": {"base_config": {**same["base_config"], "epochs": 3}},
-                "two-rounds": {"rounds": [{"seed": 0}, {"seed": 1}]}}
+    variants = {
+        "same": {},
+        "other-data": {"data": {**same["data"], "content_hash": "0" * 16}},
+        "other-folds": {"folds": same["folds"][:1]},
+        "other-config": {"base_config": {**same["base_config"], "epochs": 3}},
+        "two-rounds": {"rounds": [{"seed": 0}, {"seed": 1}]},
+    }
     for name, change in variants.items():
         (tmp_path / f"{name}.json").write_text(json.dumps({**same, **change}))
     (tmp_path / "old").mkdir(exist_ok=True)  # a finished sweep's run directory
@@ -438,8 +514,12 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys,
 
     env = bad_inputs(tmp_path)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"] if case != "MLflow folder missing"
-                       else f"sqlite:///{tmp_path / 'nope' / 'mlflow.db'}")
+    monkeypatch.setenv(
+        "MLFLOW_TRACKING_URI",
+        env["MLFLOW_TRACKING_URI"]
+        if case != "MLflow folder missing"
+        else f"sqlite:///{tmp_path / 'nope' / 'mlflow.db'}",
+    )
     args, expected = BAD[case]
     if case == "bad flag":  # argparse exits 2 itself, after its usage line
         with pytest.raises(SystemExit, match="2"):
@@ -457,8 +537,10 @@ def test_bad_input_through_the_real_cli(tmp_path):
     env = bad_inputs(tmp_path)
     out = cli(["--experiment", "bad.yaml"], env, tmp_path, timeout=60)
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.strip() == "fxray.tune: error: " + "bad.yaml: dqn.epochz: unknown key; known: " + \
-        out.stderr.split("known: ")[1].strip()
+    assert (
+        out.stderr.strip()
+        == "fxray.tune: error: " + "bad.yaml: dqn.epochz: unknown key; known: " + out.stderr.split("known: ")[1].strip()
+    )
     assert_nothing_written(tmp_path)
 
 
@@ -466,13 +548,15 @@ def test_bad_input_through_the_real_cli(tmp_path):
 def test_tunes_callback_telemetry_does_not_import_mlflow_into_the_driver(kept_out):
     """Tuner.fit counts the run's callbacks by class, importing Ray's MLflow integration,
     which imports mlflow itself; keep_mlflow_out_of_tune stops that (and only that)."""
-    code = ("import sys, fxray.tune, fxray.sweep.tuner\n"
-            f"if {kept_out}: fxray.sweep.tuner.keep_mlflow_out_of_tune()\n"
-            "from ray.air._internal.usage import _count_callbacks\n"
-            "from ray.tune.logger import CSVLoggerCallback\n"
-            "print(dict(_count_callbacks([CSVLoggerCallback()])), 'mlflow' in sys.modules)\n"
-            "import mlflow\n"  # still importable normally afterwards
-            "print(mlflow.__name__)")
+    code = (
+        "import sys, fxray.tune, fxray.sweep.tuner\n"
+        f"if {kept_out}: fxray.sweep.tuner.keep_mlflow_out_of_tune()\n"
+        "from ray.air._internal.usage import _count_callbacks\n"
+        "from ray.tune.logger import CSVLoggerCallback\n"
+        "print(dict(_count_callbacks([CSVLoggerCallback()])), 'mlflow' in sys.modules)\n"
+        "import mlflow\n"  # still importable normally afterwards
+        "print(mlflow.__name__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     counted, imported = out.stdout.splitlines()[-2].rsplit(" ", 1)
@@ -483,10 +567,12 @@ def test_tunes_callback_telemetry_does_not_import_mlflow_into_the_driver(kept_ou
 def test_the_driver_start_up_path_imports_no_torch_scipy_or_mlflow():
     """The driver's serial start-up must not pay for them (seconds each on the GPU
     machines): torch lives in the FoldWorkers, mlflow in the writer (fxray.track.writer)."""
-    code = ("import sys, fxray.tune, fxray.sweep.callbacks, fxray.sweep.driver\n"
-            "from fxray.track import writer, runs as mlruns\nfrom fxray.data import synth\n"
-            "synth.default_path(synth.SynthSpec()); mlruns.tracking_uri()\n"
-            "print(sorted({'torch', 'scipy', 'mlflow'} & set(sys.modules)))")
+    code = (
+        "import sys, fxray.tune, fxray.sweep.callbacks, fxray.sweep.driver\n"
+        "from fxray.track import writer, runs as mlruns\nfrom fxray.data import synth\n"
+        "synth.default_path(synth.SynthSpec()); mlruns.tracking_uri()\n"
+        "print(sorted({'torch', 'scipy', 'mlflow'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

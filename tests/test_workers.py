@@ -5,13 +5,21 @@ import pytest
 import ray
 
 from fxray.data import cache
-from fxray.rl.device import host_arrays
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, to_cache
+from fxray.rl.device import host_arrays
 from fxray.sweep.workers import plan_workers, put_market, start_workers
 
-TINY = {"num_envs": 16, "batch_size": 64, "hidden": 16, "buffer_steps": 32, "episode_len": 32,
-        "epochs": 2, "steps_per_epoch": 10, "patience": 2}
+TINY = {
+    "num_envs": 16,
+    "batch_size": 64,
+    "hidden": 16,
+    "buffer_steps": 32,
+    "episode_len": 32,
+    "epochs": 2,
+    "steps_per_epoch": 10,
+    "patience": 2,
+}
 
 
 def test_plan_cpu_box():
@@ -55,7 +63,7 @@ def test_each_worker_loads_once_on_its_own_gpu(pool):
     stats = workers.stats()
     assert [s["n_loads"] for s in stats] == [1, 1]
     assert sorted(s["gpu_ids"][0] for s in stats) == ["0", "1"]  # one per (logical) GPU
-    assert {s["device"] for s in stats} == {"cpu"}                # no CUDA here: CPU, not a crash
+    assert {s["device"] for s in stats} == {"cpu"}  # no CUDA here: CPU, not a crash
     arrays = ray.get(ref)
     assert not arrays["features"].flags.writeable  # the object store hands out read-only views
     assert arrays["close"].flags.c_contiguous
@@ -201,8 +209,9 @@ def test_closing_a_stream_cancels_on_the_borrowed_worker_and_gives_it_back(pool)
         wait_for(lambda: all(s["running"] for s in workers.stats()))  # both workers train it
         assert ray.get(workers.pool.owners.remote())[1 - index].startswith("trial-b+")
         results.close()
-        stats = wait_for(lambda: (lambda s: s if [len(x["calls"]) for x in s] == [n + 2 for n in n0]
-                                  else None)(workers.stats()))
+        stats = wait_for(
+            lambda: (lambda s: s if [len(x["calls"]) for x in s] == [n + 2 for n in n0] else None)(workers.stats())
+        )
         assert ray.get(workers.pool.owners.remote())[1 - index] is None
     for s, n in zip(stats, n0):
         assert [c[4] for c in s["calls"][n:]] == ["cancelled", "cancelled"] and s["running"] is None

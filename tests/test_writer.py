@@ -18,9 +18,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:D
 def make_sweep(storage, uri: str, **extra) -> dict:
     """A run directory with a sweep.json, as fxray.sweep.rundir.prepare_storage writes it."""
     storage.mkdir(exist_ok=True)
-    sweep = {"id": "sweep-1", "experiment": "m", "rounds": [{"seed": 3}], "data": {"path": "/data/x.fxcache"},
-             "folds": [{"k": 0}, {"k": 1}], "base": {"gamma": 0.9},
-             "mlflow": {"uri": uri, "experiment": "m", "tags": {"fxray.experiment": "m"}}, **extra}
+    sweep = {
+        "id": "sweep-1",
+        "experiment": "m",
+        "rounds": [{"seed": 3}],
+        "data": {"path": "/data/x.fxcache"},
+        "folds": [{"k": 0}, {"k": 1}],
+        "base": {"gamma": 0.9},
+        "mlflow": {"uri": uri, "experiment": "m", "tags": {"fxray.experiment": "m"}},
+        **extra,
+    }
     (storage / "sweep.json").write_text(json.dumps(sweep))
     return sweep
 
@@ -35,8 +42,9 @@ def log_fold(storage, trial_id: str, fold: int, val_sharpe, lr=0.001) -> None:
 
 def child_runs(uri: str, parent: str) -> dict:
     client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("m").experiment_id],
-                              f"tags.mlflow.parentRunId = '{parent}'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("m").experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
+    )
     return {r.data.tags["fxray.trial_id"]: r for r in runs}
 
 
@@ -85,8 +93,9 @@ def test_a_writer_started_again_writes_only_what_the_store_lacks(tmp_path):
     children = child_runs(uri, first.parent_id)
     assert sorted(children) == ["t1", "t2"]
     assert val_points(uri, children["t1"]) == [(0, 0.0), (1, 1.0)] and val_points(uri, children["t2"]) == [(0, 5.0)]
-    parents = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("m").experiment_id],
-                                            "tags.`fxray.sweep_id` = 'sweep-1'")
+    parents = MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name("m").experiment_id], "tags.`fxray.sweep_id` = 'sweep-1'"
+    )
     assert len(parents) == 1
 
 

@@ -60,8 +60,10 @@ def iter_lines(path: str, kinds: tuple):
             raw = data[start:end]
             ts, js = _split(path, lineno, raw)
             if last is not None and ts < last:
-                raise BookError(f"{path}: line {lineno}: local time {ts} is earlier than line "
-                                f"{last_line} ({last}); lines must be in arrival order")
+                raise BookError(
+                    f"{path}: line {lineno}: local time {ts} is earlier than line "
+                    f"{last_line} ({last}); lines must be in arrival order"
+                )
             last, last_line = ts, lineno
             yield lineno, _kind(raw), ts, js
         lineno += data.count(b"\n", pos)
@@ -75,8 +77,7 @@ def _split(path: str, lineno: int, raw: bytes):
     try:
         return int(ts), js
     except ValueError:
-        raise BookError(f"{path}: line {lineno}: expected '<local_ns> <json>', "
-                        f"got {raw[:60]!r}") from None
+        raise BookError(f"{path}: line {lineno}: expected '<local_ns> <json>', got {raw[:60]!r}") from None
 
 
 def _parse(path: str, lineno: int, js: bytes) -> dict:
@@ -131,10 +132,10 @@ def parse_diff(path: str, lineno: int, js: bytes) -> Diff:
     ib = js.find(b'"b":[')
     ia = js.find(b',"a":[', ib)
     if m and ib > 0 and ia > 0:
-        a_end = ia + 7 if js[ia + 6:ia + 7] == b"]" else js.find(b"]]", ia) + 2
+        a_end = ia + 7 if js[ia + 6 : ia + 7] == b"]" else js.find(b"]]", ia) + 2
         if js[a_end:].strip() == b"}}":
             U, u, pu = (int(x) for x in m.groups())
-            return Diff(U, u, pu, *_levels_text(js[ib + 4:ia]), *_levels_text(js[ia + 5:a_end]))
+            return Diff(U, u, pu, *_levels_text(js[ib + 4 : ia]), *_levels_text(js[ia + 5 : a_end]))
     d = _parse(path, lineno, js)["data"]
     return Diff(int(d["U"]), int(d["u"]), int(d["pu"]), *_levels_json(d["b"]), *_levels_json(d["a"]))
 
@@ -152,15 +153,17 @@ class _Levels:
 
     def arrays(self, path: str):
         """(ts, offsets, is_bid, price key in 1e-9 units, qty) for `levels_apply`."""
-        counts = np.array(self.counts, np.int64)           # (2 * events,) bid, ask, bid, ...
+        counts = np.array(self.counts, np.int64)  # (2 * events,) bid, ask, bid, ...
         offsets = np.r_[0, np.cumsum(counts.reshape(-1, 2).sum(1))]
         is_bid = np.repeat(np.tile([True, False], len(self.ts)), counts)
         with warnings.catch_warnings():  # a malformed number ends the parse early: checked below
             warnings.simplefilter("ignore", DeprecationWarning)
             flat = np.fromstring(b",".join(self.texts), sep=",")  # C-speed decimal parsing
         if len(flat) != 2 * counts.sum():
-            raise BookError(f"{path}: a depth level is not a [price, qty] pair of numbers "
-                            f"(parsed {len(flat)} numbers, expected {2 * counts.sum()})")
+            raise BookError(
+                f"{path}: a depth level is not a [price, qty] pair of numbers "
+                f"(parsed {len(flat)} numbers, expected {2 * counts.sum()})"
+            )
         pq = flat.reshape(-1, 2)
         key = np.rint(pq[:, 0] * PRICE_SCALE).astype(np.int64)  # exact up to 9 decimals
         return np.array(self.ts, np.int64), offsets, is_bid, key, pq[:, 1].copy()
@@ -172,15 +175,17 @@ class _Sync:
     def __init__(self, path: str, st: dict):
         self.path, self.st = path, st
         self.batch = _Levels()
-        self.buffered = []       # (lineno, Diff) seen before the snapshot
-        self.snap_line = None    # line of the snapshot, once seen
-        self.last_id = None      # its lastUpdateId
-        self.last_u = None       # final update id of the last applied diff
+        self.buffered = []  # (lineno, Diff) seen before the snapshot
+        self.snap_line = None  # line of the snapshot, once seen
+        self.last_id = None  # its lastUpdateId
+        self.last_u = None  # final update id of the last applied diff
 
     def snapshot(self, lineno: int, ts: int, js: bytes) -> None:
         if self.snap_line is not None:
-            raise BookError(f"{self.path}: line {lineno}: a second depth snapshot (first at line "
-                            f"{self.snap_line}); split the capture into one file per snapshot")
+            raise BookError(
+                f"{self.path}: line {lineno}: a second depth snapshot (first at line "
+                f"{self.snap_line}); split the capture into one file per snapshot"
+            )
         snap = _parse(self.path, lineno, js)
         self.snap_line, self.last_id = lineno, int(snap["lastUpdateId"])
         eng.clear_book(self.st)
@@ -215,14 +220,15 @@ def iter_book(path: str, st: dict, stats: dict, out_rows: int = 1 << 16):
         try:
             (sync.snapshot if kind == "snapshot" else sync.diff)(lineno, ts, js)
         except (KeyError, TypeError, IndexError) as e:
-            raise BookError(f"{path}: line {lineno}: malformed {kind} message "
-                            f"({type(e).__name__}: {e})") from None
+            raise BookError(f"{path}: line {lineno}: malformed {kind} message ({type(e).__name__}: {e})") from None
         if len(sync.batch.ts) >= DIFFS_PER_CHUNK:
             yield from _run(path, sync.batch, st, out_rows)
             sync.batch = _Levels()
     if sync.snap_line is None:
-        raise BookError(f"{path}: line {last_line}: no depth snapshot (lastUpdateId) "
-                        "in the file; cannot build a book from diffs alone")
+        raise BookError(
+            f"{path}: line {last_line}: no depth snapshot (lastUpdateId) "
+            "in the file; cannot build a book from diffs alone"
+        )
     yield from _run(path, sync.batch, st, out_rows)
 
 
@@ -230,12 +236,16 @@ def _check_diff(path: str, lineno: int, d: Diff, last_u, last_id: int) -> int:
     """Binance's continuity rules; returns the diff's final update id."""
     if last_u is None:
         if not d.U <= last_id <= d.u:
-            raise BookError(f"{path}: line {lineno}: first diff after the snapshot has "
-                            f"U={d.U} u={d.u}, which does not bridge lastUpdateId={last_id} "
-                            "(diffs missing between snapshot and stream)")
+            raise BookError(
+                f"{path}: line {lineno}: first diff after the snapshot has "
+                f"U={d.U} u={d.u}, which does not bridge lastUpdateId={last_id} "
+                "(diffs missing between snapshot and stream)"
+            )
     elif d.pu != last_u:
-        raise BookError(f"{path}: line {lineno}: depth diff pu={d.pu} does not continue the "
-                        f"previous diff's u={last_u} (sequence gap); recapture or split the file here")
+        raise BookError(
+            f"{path}: line {lineno}: depth diff pu={d.pu} does not continue the "
+            f"previous diff's u={last_u} (sequence gap); recapture or split the file here"
+        )
     return d.u
 
 
@@ -246,9 +256,22 @@ def _run(path: str, batch: _Levels, st: dict, out_rows: int):
     e = 0
     while e < len(ts):
         out = eng.new_output(min(out_rows, len(ts) - e + 2))
-        e, r = eng.levels_apply(ts, offsets, is_bid, key, qty, e, st["bid_keys"], st["bid_sizes"],
-                                st["ask_keys"], st["ask_sizes"], st["last_keys"],
-                                st["last_sizes"], st["state"], *out)
+        e, r = eng.levels_apply(
+            ts,
+            offsets,
+            is_bid,
+            key,
+            qty,
+            e,
+            st["bid_keys"],
+            st["bid_sizes"],
+            st["ask_keys"],
+            st["ask_sizes"],
+            st["last_keys"],
+            st["last_sizes"],
+            st["state"],
+            *out,
+        )
         if r:
             yield BookSnapshots(*(a[:r] for a in out))
         if e < len(ts) and r < len(out[0]) - 1:
@@ -278,8 +301,7 @@ def read_trades(path: str) -> Trades:
                 d = _parse(path, lineno, js)["data"]
                 p, q, maker = str(d["p"]).encode(), str(d["q"]).encode(), bool(d["m"])
             except (KeyError, TypeError) as e:
-                raise BookError(f"{path}: line {lineno}: malformed trade ({type(e).__name__}: "
-                                f"{e})") from None
+                raise BookError(f"{path}: line {lineno}: malformed trade ({type(e).__name__}: {e})") from None
         ts.append(t)
         nums.append(p + b"," + q)
         side.append(-1 if maker else 1)
@@ -290,5 +312,4 @@ def read_trades(path: str) -> Trades:
         raise BookError(f"{path}: a trade price or quantity is not a number")
     pq = pq.reshape(-1, 2)
     segments = np.array([[first, last]], np.int64) if first is not None else np.zeros((0, 2), np.int64)
-    return Trades(np.array(ts, np.int64), pq[:, 0].copy(), pq[:, 1].copy(), np.array(side, np.int8),
-                  segments)
+    return Trades(np.array(ts, np.int64), pq[:, 0].copy(), pq[:, 1].copy(), np.array(side, np.int8), segments)

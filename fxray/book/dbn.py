@@ -17,17 +17,40 @@ from fxray.book.types import N_LEVELS, PRICE_SCALE, BookError, BookSnapshots, By
 CHUNK_RECORDS = 1 << 17  # records per chunk: ~7 MB of MBO, ~46 MB of MBP-10
 UNDEF_PRICE = np.iinfo(np.int64).max
 
-_HEADER = [("length", "u1"), ("rtype", "u1"), ("publisher_id", "<u2"), ("instrument_id", "<u4"),
-           ("ts_event", "<u8")]
-_MBP_BODY = [("price", "<i8"), ("size", "<u4"), ("action", "u1"), ("side", "u1"), ("flags", "u1"),
-             ("depth", "u1"), ("ts_recv", "<u8"), ("ts_in_delta", "<i4"), ("sequence", "<u4")]
-_LEVEL = np.dtype([("bid_px", "<i8"), ("ask_px", "<i8"), ("bid_sz", "<u4"), ("ask_sz", "<u4"),
-                   ("bid_ct", "<u4"), ("ask_ct", "<u4")])  # DBN BidAskPair, 32 bytes
+_HEADER = [("length", "u1"), ("rtype", "u1"), ("publisher_id", "<u2"), ("instrument_id", "<u4"), ("ts_event", "<u8")]
+_MBP_BODY = [
+    ("price", "<i8"),
+    ("size", "<u4"),
+    ("action", "u1"),
+    ("side", "u1"),
+    ("flags", "u1"),
+    ("depth", "u1"),
+    ("ts_recv", "<u8"),
+    ("ts_in_delta", "<i4"),
+    ("sequence", "<u4"),
+]
+_LEVEL = np.dtype(
+    [("bid_px", "<i8"), ("ask_px", "<i8"), ("bid_sz", "<u4"), ("ask_sz", "<u4"), ("bid_ct", "<u4"), ("ask_ct", "<u4")]
+)  # DBN BidAskPair, 32 bytes
 DTYPES = {  # schema -> (rtype, record dtype)
-    "mbo": (0xA0, np.dtype(_HEADER + [
-        ("order_id", "<u8"), ("price", "<i8"), ("size", "<u4"), ("flags", "u1"), ("channel_id", "u1"),
-        ("action", "u1"), ("side", "u1"), ("ts_recv", "<u8"), ("ts_in_delta", "<i4"),
-        ("sequence", "<u4")])),
+    "mbo": (
+        0xA0,
+        np.dtype(
+            _HEADER
+            + [
+                ("order_id", "<u8"),
+                ("price", "<i8"),
+                ("size", "<u4"),
+                ("flags", "u1"),
+                ("channel_id", "u1"),
+                ("action", "u1"),
+                ("side", "u1"),
+                ("ts_recv", "<u8"),
+                ("ts_in_delta", "<i4"),
+                ("sequence", "<u4"),
+            ]
+        ),
+    ),
     "mbp-10": (0x0A, np.dtype(_HEADER + _MBP_BODY + [("levels", _LEVEL, (N_LEVELS,))])),
     "mbp-1": (0x01, np.dtype(_HEADER + _MBP_BODY + [("levels", _LEVEL, (1,))])),
     "tbbo": (0x01, np.dtype(_HEADER + _MBP_BODY + [("levels", _LEVEL, (1,))])),
@@ -55,8 +78,7 @@ class DbnFile:
         meta_len = int.from_bytes(head[4:8], "little")
         meta = self._reader.read(meta_len)
         if len(meta) < meta_len:
-            raise BookError(f"{path}: truncated in the metadata header "
-                            f"({len(meta)} of {meta_len} bytes)")
+            raise BookError(f"{path}: truncated in the metadata header ({len(meta)} of {meta_len} bytes)")
         try:
             self.meta = databento_dbn.Metadata.decode(head + meta)
         except Exception as e:  # the decoder raises its own DBNError / ValueError types
@@ -67,8 +89,10 @@ class DbnFile:
 
     def require(self, allowed: tuple, purpose: str) -> None:
         if self.schema not in allowed:
-            raise BookError(f"{self.path}: DBN schema {self.schema!r} cannot give {purpose} "
-                            f"(record 0); use one of {', '.join(allowed)}")
+            raise BookError(
+                f"{self.path}: DBN schema {self.schema!r} cannot give {purpose} "
+                f"(record 0); use one of {', '.join(allowed)}"
+            )
 
     def chunks(self, instrument_id: int | None = None, chunk_records: int = CHUNK_RECORDS):
         """Yield (first_record_index, records) chunks, validated: rtype, size, order, instrument."""
@@ -78,10 +102,15 @@ class DbnFile:
             return
         size = first[0] * 4  # header length byte counts 4-byte words; ts_out adds 8 bytes
         if size < base.itemsize:
-            raise BookError(f"{self.path}: record 0 is {size} bytes, a {self.schema} record is "
-                            f"{base.itemsize}")
-        dtype = np.dtype({"names": base.names, "formats": [base.fields[n][0] for n in base.names],
-                          "offsets": [base.fields[n][1] for n in base.names], "itemsize": size})
+            raise BookError(f"{self.path}: record 0 is {size} bytes, a {self.schema} record is {base.itemsize}")
+        dtype = np.dtype(
+            {
+                "names": base.names,
+                "formats": [base.fields[n][0] for n in base.names],
+                "offsets": [base.fields[n][1] for n in base.names],
+                "itemsize": size,
+            }
+        )
         pending, index, last_ts = first, 0, None
         while True:
             data = pending + self._reader.read(chunk_records * size - len(pending))
@@ -90,15 +119,19 @@ class DbnFile:
                 return
             n_full = len(data) // size
             if n_full * size != len(data):
-                raise BookError(f"{self.path}: truncated: record {index + n_full} is cut short "
-                                f"({len(data) - n_full * size} of {size} bytes)")
+                raise BookError(
+                    f"{self.path}: truncated: record {index + n_full} is cut short "
+                    f"({len(data) - n_full * size} of {size} bytes)"
+                )
             rec = np.frombuffer(data, dtype)
             bad = np.flatnonzero((rec["rtype"] != rtype) | (rec["length"] != first[0]))
             if len(bad):
                 i = int(bad[0])
-                raise BookError(f"{self.path}: record {index + i} has rtype 0x{rec['rtype'][i]:02x} "
-                                f"and length {rec['length'][i] * 4}, expected a {self.schema} record "
-                                f"(rtype 0x{rtype:02x}, {size} bytes)")
+                raise BookError(
+                    f"{self.path}: record {index + i} has rtype 0x{rec['rtype'][i]:02x} "
+                    f"and length {rec['length'][i] * 4}, expected a {self.schema} record "
+                    f"(rtype 0x{rtype:02x}, {size} bytes)"
+                )
             ts = rec["ts_recv"].view(np.int64)
             _check_sorted(self.path, ts, index, last_ts)
             last_ts = int(ts[-1])
@@ -107,8 +140,10 @@ class DbnFile:
                 rec = rec[ids == instrument_id]
             elif len(ids) and (ids != ids[0]).any():
                 i = int(np.flatnonzero(ids != ids[0])[0])
-                raise BookError(f"{self.path}: record {index + i} is instrument {ids[i]}, record "
-                                f"{index} is {ids[0]}: pass instrument_id= to pick one book")
+                raise BookError(
+                    f"{self.path}: record {index + i} is instrument {ids[i]}, record "
+                    f"{index} is {ids[0]}: pass instrument_id= to pick one book"
+                )
             yield index, rec
             index += n_full
             if n_full < chunk_records:
@@ -118,19 +153,25 @@ class DbnFile:
 def _check_sorted(path: str, ts: np.ndarray, index: int, last_ts: int | None) -> None:
     """Events must be in receive-time order, within and across chunks."""
     if last_ts is not None and len(ts) and ts[0] < last_ts:
-        raise BookError(f"{path}: record {index} (ts_recv {ts[0]}) is earlier than the record "
-                        f"before it ({last_ts}); events must be sorted by ts_recv")
+        raise BookError(
+            f"{path}: record {index} (ts_recv {ts[0]}) is earlier than the record "
+            f"before it ({last_ts}); events must be sorted by ts_recv"
+        )
     bad = np.flatnonzero(ts[1:] < ts[:-1])
     if len(bad):
         i = int(bad[0]) + 1
-        raise BookError(f"{path}: record {index + i} (ts_recv {ts[i]}) is earlier than record "
-                        f"{index + i - 1} ({ts[i - 1]}); events must be sorted by ts_recv")
+        raise BookError(
+            f"{path}: record {index + i} (ts_recv {ts[i]}) is earlier than record "
+            f"{index + i - 1} ({ts[i - 1]}); events must be sorted by ts_recv"
+        )
 
 
 # --- book ----------------------------------------------------------------------------------
 
-def iter_book(dbn: DbnFile, st: dict, stats: dict, instrument_id=None, out_rows: int = 1 << 16,
-              chunk_records: int = CHUNK_RECORDS):
+
+def iter_book(
+    dbn: DbnFile, st: dict, stats: dict, instrument_id=None, out_rows: int = 1 << 16, chunk_records: int = CHUNK_RECORDS
+):
     """Yield BookSnapshots from an MBO or MBP-10 file; `st` is the engine state (persists)."""
     dbn.require(BOOK_SCHEMAS, "an order book")
     if dbn.schema == "mbp-10":
@@ -145,21 +186,46 @@ def iter_book(dbn: DbnFile, st: dict, stats: dict, instrument_id=None, out_rows:
     st["state"][eng.IN_SNAP] = 0  # a new file starts a new snapshot run
     for _, rec in dbn.chunks(instrument_id, chunk_records):
         stats["messages"] += len(rec)
-        cols = (rec["ts_recv"].view(np.int64), rec["order_id"], rec["price"], rec["size"],
-                rec["flags"], rec["action"], rec["side"])
+        cols = (
+            rec["ts_recv"].view(np.int64),
+            rec["order_id"],
+            rec["price"],
+            rec["size"],
+            rec["flags"],
+            rec["action"],
+            rec["side"],
+        )
         i = 0
         while i < len(rec):
             out = eng.new_output(min(out_rows, len(rec) - i + 4))
-            i, r = eng.mbo_apply(*cols, i, st["orders"], st["bid_keys"], st["bid_sizes"],
-                                 st["ask_keys"], st["ask_sizes"], st["last_keys"],
-                                 st["last_sizes"], st["state"], *out)
+            i, r = eng.mbo_apply(
+                *cols,
+                i,
+                st["orders"],
+                st["bid_keys"],
+                st["bid_sizes"],
+                st["ask_keys"],
+                st["ask_sizes"],
+                st["last_keys"],
+                st["last_sizes"],
+                st["state"],
+                *out,
+            )
             if r:
                 yield BookSnapshots(*(a[:r] for a in out))
             if i < len(rec) and r < len(out[0]) - 2:  # stopped for level room, not output room
                 eng.grow_levels(st)
     out = eng.new_output(4)
-    r = eng.flush_snapshot(st["bid_keys"], st["bid_sizes"], st["ask_keys"], st["ask_sizes"],
-                           st["last_keys"], st["last_sizes"], st["state"], *out)
+    r = eng.flush_snapshot(
+        st["bid_keys"],
+        st["bid_sizes"],
+        st["ask_keys"],
+        st["ask_sizes"],
+        st["last_keys"],
+        st["last_sizes"],
+        st["state"],
+        *out,
+    )
     if r:
         yield BookSnapshots(*(a[:r] for a in out))
 
@@ -186,7 +252,7 @@ def _mbp10_snapshots(rec: np.ndarray, first_of_file: bool) -> BookSnapshots:
 # --- trades --------------------------------------------------------------------------------
 
 SIDE_SIGN = np.zeros(256, np.int8)
-SIDE_SIGN[ord("B")] = 1   # DBN trade side = aggressor: 'B' a buyer lifted the offer
+SIDE_SIGN[ord("B")] = 1  # DBN trade side = aggressor: 'B' a buyer lifted the offer
 SIDE_SIGN[ord("A")] = -1  # 'A' a seller hit the bid; 'N' (e.g. auction) stays 0
 
 
@@ -201,9 +267,15 @@ def read_trades(path: str, instrument_id: int | None = None) -> Trades:
             first_ts = int(ts[0]) if first_ts is None else first_ts
             last_ts = int(ts[-1])
         t = rec[rec["action"] == ACTION_TRADE]
-        parts.append(Trades(t["ts_recv"].view(np.int64).copy(), t["price"] / PRICE_SCALE,
-                            t["size"].astype(np.float64), SIDE_SIGN[t["side"]],
-                            np.zeros((0, 2), np.int64)))
+        parts.append(
+            Trades(
+                t["ts_recv"].view(np.int64).copy(),
+                t["price"] / PRICE_SCALE,
+                t["size"].astype(np.float64),
+                SIDE_SIGN[t["side"]],
+                np.zeros((0, 2), np.int64),
+            )
+        )
     out = Trades.concat(parts)
     if first_ts is not None:
         end = max(last_ts, dbn.end or last_ts)

@@ -21,10 +21,10 @@ from numba.typed import Dict
 
 from fxray.book.types import N_LEVELS, PRICE_SCALE
 
-F_LAST, F_SNAPSHOT = 0x80, 0x20                      # DBN record flags
+F_LAST, F_SNAPSHOT = 0x80, 0x20  # DBN record flags
 A_ADD, A_CANCEL, A_MODIFY, A_CLEAR = 65, 67, 77, 82  # DBN actions 'A' 'C' 'M' 'R'
-S_ASK, S_BID = 65, 66                                # DBN sides 'A' 'B'
-EMPTY_KEY = np.iinfo(np.int64).min                   # key of an absent level in `last_*`
+S_ASK, S_BID = 65, 66  # DBN sides 'A' 'B'
+EMPTY_KEY = np.iinfo(np.int64).min  # key of an absent level in `last_*`
 
 # slots of the int64 `state` vector that persists across calls
 NB, NA, IN_SNAP, RESET, SYNCED, PREV_TS, UNKNOWN, EVENTS = range(8)
@@ -36,8 +36,10 @@ def new_state() -> dict:
     """Fresh book state: level arrays, last emitted top 10, counters, order map."""
     cap = LEVEL_CAPACITY
     return {
-        "bid_keys": np.zeros(cap, np.int64), "bid_sizes": np.zeros(cap),
-        "ask_keys": np.zeros(cap, np.int64), "ask_sizes": np.zeros(cap),
+        "bid_keys": np.zeros(cap, np.int64),
+        "bid_sizes": np.zeros(cap),
+        "ask_keys": np.zeros(cap, np.int64),
+        "ask_sizes": np.zeros(cap),
         "last_keys": np.full(2 * N_LEVELS, EMPTY_KEY, np.int64),  # bid 0..9 then ask 0..9
         "last_sizes": np.zeros(2 * N_LEVELS),
         "state": np.zeros(N_STATE, np.int64),
@@ -54,11 +56,18 @@ def grow_levels(st: dict) -> None:
 
 def new_output(rows: int) -> tuple:
     """Output buffers for up to `rows` emitted book states."""
-    return (np.empty(rows, np.int64), np.empty((rows, N_LEVELS)), np.empty((rows, N_LEVELS)),
-            np.empty((rows, N_LEVELS)), np.empty((rows, N_LEVELS)), np.empty(rows, np.bool_))
+    return (
+        np.empty(rows, np.int64),
+        np.empty((rows, N_LEVELS)),
+        np.empty((rows, N_LEVELS)),
+        np.empty((rows, N_LEVELS)),
+        np.empty((rows, N_LEVELS)),
+        np.empty(rows, np.bool_),
+    )
 
 
 # --- level arrays --------------------------------------------------------------------------
+
 
 @njit(cache=True, inline="always")
 def _update_level(keys, sizes, n, key, amount, absolute):
@@ -96,8 +105,23 @@ def _update_level(keys, sizes, n, key, amount, absolute):
 
 
 @njit(cache=True)
-def _emit(ts, bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes, state,
-          o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset, r):
+def _emit(
+    ts,
+    bid_keys,
+    bid_sizes,
+    ask_keys,
+    ask_sizes,
+    last_keys,
+    last_sizes,
+    state,
+    o_ts,
+    o_bpx,
+    o_bsz,
+    o_apx,
+    o_asz,
+    o_reset,
+    r,
+):
     """Write the top 10 as output row r if it changed (or the book was reset); returns next r."""
     changed = state[RESET] != 0
     nb, na = state[NB], state[NA]
@@ -106,8 +130,7 @@ def _emit(ts, bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes, s
         sb = bid_sizes[nb - 1 - j] if j < nb else 0.0
         ka = ask_keys[na - 1 - j] if j < na else EMPTY_KEY
         sa = ask_sizes[na - 1 - j] if j < na else 0.0
-        if kb != last_keys[j] or sb != last_sizes[j] or ka != last_keys[N_LEVELS + j] \
-                or sa != last_sizes[N_LEVELS + j]:
+        if kb != last_keys[j] or sb != last_sizes[j] or ka != last_keys[N_LEVELS + j] or sa != last_sizes[N_LEVELS + j]:
             changed = True
             last_keys[j], last_sizes[j] = kb, sb
             last_keys[N_LEVELS + j], last_sizes[N_LEVELS + j] = ka, sa
@@ -136,10 +159,32 @@ def _clear(orders, state):
 
 # --- MBO -----------------------------------------------------------------------------------
 
+
 @njit(cache=True)
-def mbo_apply(ts, order_id, price, size, flags, action, side, start,
-              orders, bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes, state,
-              o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset):
+def mbo_apply(
+    ts,
+    order_id,
+    price,
+    size,
+    flags,
+    action,
+    side,
+    start,
+    orders,
+    bid_keys,
+    bid_sizes,
+    ask_keys,
+    ask_sizes,
+    last_keys,
+    last_sizes,
+    state,
+    o_ts,
+    o_bpx,
+    o_bsz,
+    o_apx,
+    o_asz,
+    o_reset,
+):
     """Apply MBO records [start, len) to the book; emit the top 10 at each F_LAST boundary.
 
     Databento MBO semantics: Add inserts an order; Cancel removes `size` from it
@@ -161,8 +206,23 @@ def mbo_apply(ts, order_id, price, size, flags, action, side, start,
             _clear(orders, state)
             state[IN_SNAP] = 1
         elif not is_snap and state[IN_SNAP] != 0:
-            r = _emit(state[PREV_TS], bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys,
-                      last_sizes, state, o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset, r)
+            r = _emit(
+                state[PREV_TS],
+                bid_keys,
+                bid_sizes,
+                ask_keys,
+                ask_sizes,
+                last_keys,
+                last_sizes,
+                state,
+                o_ts,
+                o_bpx,
+                o_bsz,
+                o_apx,
+                o_asz,
+                o_reset,
+                r,
+            )
             state[IN_SNAP] = 0
         a = action[i]
         if a == A_ADD or a == A_MODIFY or a == A_CANCEL:
@@ -196,31 +256,81 @@ def mbo_apply(ts, order_id, price, size, flags, action, side, start,
             _clear(orders, state)
         if f & F_LAST:
             state[EVENTS] += 1
-            r = _emit(ts[i], bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes,
-                      state, o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset, r)
+            r = _emit(
+                ts[i],
+                bid_keys,
+                bid_sizes,
+                ask_keys,
+                ask_sizes,
+                last_keys,
+                last_sizes,
+                state,
+                o_ts,
+                o_bpx,
+                o_bsz,
+                o_apx,
+                o_asz,
+                o_reset,
+                r,
+            )
             state[IN_SNAP] = 0
         state[PREV_TS] = ts[i]
     return len(ts), r
 
 
 @njit(cache=True)
-def flush_snapshot(bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes, state,
-                   o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset):
+def flush_snapshot(
+    bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes, state, o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset
+):
     """At the end of a file: emit a snapshot run that was never closed by F_LAST."""
     r = 0
     if state[IN_SNAP] != 0:
-        r = _emit(state[PREV_TS], bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys,
-                  last_sizes, state, o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset, 0)
+        r = _emit(
+            state[PREV_TS],
+            bid_keys,
+            bid_sizes,
+            ask_keys,
+            ask_sizes,
+            last_keys,
+            last_sizes,
+            state,
+            o_ts,
+            o_bpx,
+            o_bsz,
+            o_apx,
+            o_asz,
+            o_reset,
+            0,
+        )
         state[IN_SNAP] = 0
     return r
 
 
 # --- absolute level updates (Binance depth) ------------------------------------------------
 
+
 @njit(cache=True)
-def levels_apply(ts, offsets, is_bid, key, qty, start,
-                 bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes, state,
-                 o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset):
+def levels_apply(
+    ts,
+    offsets,
+    is_bid,
+    key,
+    qty,
+    start,
+    bid_keys,
+    bid_sizes,
+    ask_keys,
+    ask_sizes,
+    last_keys,
+    last_sizes,
+    state,
+    o_ts,
+    o_bpx,
+    o_bsz,
+    o_apx,
+    o_asz,
+    o_reset,
+):
     """Apply events [start, len(ts)): event e sets levels offsets[e]:offsets[e+1] to `qty`.
 
     `key` is the price in 1e-9 units; qty 0 removes the level. The book is
@@ -230,8 +340,7 @@ def levels_apply(ts, offsets, is_bid, key, qty, start,
     rcap = len(o_ts) - 1
     for e in range(start, len(ts)):
         lo, hi = offsets[e], offsets[e + 1]
-        if state[NB] + (hi - lo) >= len(bid_keys) - 1 or state[NA] + (hi - lo) >= len(ask_keys) - 1 \
-                or r >= rcap:
+        if state[NB] + (hi - lo) >= len(bid_keys) - 1 or state[NA] + (hi - lo) >= len(ask_keys) - 1 or r >= rcap:
             return e, r
         for j in range(lo, hi):
             if is_bid[j]:
@@ -239,8 +348,23 @@ def levels_apply(ts, offsets, is_bid, key, qty, start,
             else:
                 state[NA] = _update_level(ask_keys, ask_sizes, state[NA], -key[j], qty[j], True)
         state[EVENTS] += 1
-        r = _emit(ts[e], bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes, state,
-                  o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset, r)
+        r = _emit(
+            ts[e],
+            bid_keys,
+            bid_sizes,
+            ask_keys,
+            ask_sizes,
+            last_keys,
+            last_sizes,
+            state,
+            o_ts,
+            o_bpx,
+            o_bsz,
+            o_apx,
+            o_asz,
+            o_reset,
+            r,
+        )
     return len(ts), r
 
 

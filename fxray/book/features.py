@@ -19,8 +19,8 @@ from scipy.special import ndtr
 from fxray.book.types import BookError, BookSnapshots, Trades
 from fxray.data.schema import OFI_NAMES
 
-BOOK_COLS = (0, 1, 2, 5, 6)   # columns zeroed where the book does not cover a bar
-TRADE_COLS = (3, 4, 7)        # columns zeroed where trades do not cover a bar
+BOOK_COLS = (0, 1, 2, 5, 6)  # columns zeroed where the book does not cover a bar
+TRADE_COLS = (3, 4, 7)  # columns zeroed where trades do not cover a bar
 BPS = 1e4
 
 
@@ -28,30 +28,40 @@ BPS = 1e4
 class OfiParams:
     """Windows of the order-flow features (bars unless said otherwise)."""
 
-    ofi_levels: int = 5            # levels in multi-level OFI and depth imbalance
-    slope_levels: int = 10         # levels in the bid / ask slope regressions
-    vpin_buckets: int = 50         # n: VPIN averages the last n volume buckets (Easley et al.)
-    vpin_sigma_bars: int = 50      # window of the std of bar price changes used by BVC
-    vpin_calib_bars: int = 10      # bucket size = mean volume of the first 10 bars that traded
+    ofi_levels: int = 5  # levels in multi-level OFI and depth imbalance
+    slope_levels: int = 10  # levels in the bid / ask slope regressions
+    vpin_buckets: int = 50  # n: VPIN averages the last n volume buckets (Easley et al.)
+    vpin_sigma_bars: int = 50  # window of the std of bar price changes used by BVC
+    vpin_calib_bars: int = 10  # bucket size = mean volume of the first 10 bars that traded
     vpin_bucket_volume: float | None = None  # fixed bucket size instead (then no calibration)
-    kyle_bars: int = 30            # rolling window of the Kyle's lambda regression
-    kyle_min_bars: int = 5         # fewer valid bars in the window -> 0
+    kyle_bars: int = 30  # rolling window of the Kyle's lambda regression
+    kyle_min_bars: int = 5  # fewer valid bars in the window -> 0
 
 
 class Bars(NamedTuple):
     """OHLCV bars; unpacks as (ts, open, high, low, close, volume)."""
 
-    ts: np.ndarray      # (N,) int64 bar close time, ns
-    open: np.ndarray    # (N,) float64
+    ts: np.ndarray  # (N,) int64 bar close time, ns
+    open: np.ndarray  # (N,) float64
     high: np.ndarray
     low: np.ndarray
     close: np.ndarray
     volume: np.ndarray  # (N,) float64 traded size
 
 
-_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 10**9, "sec": 10**9, "m": 60 * 10**9,
-          "min": 60 * 10**9, "h": 3600 * 10**9, "hour": 3600 * 10**9, "d": 86400 * 10**9,
-          "day": 86400 * 10**9}
+_UNITS = {
+    "ns": 1,
+    "us": 1_000,
+    "ms": 1_000_000,
+    "s": 10**9,
+    "sec": 10**9,
+    "m": 60 * 10**9,
+    "min": 60 * 10**9,
+    "h": 3600 * 10**9,
+    "hour": 3600 * 10**9,
+    "d": 86400 * 10**9,
+    "day": 86400 * 10**9,
+}
 
 
 def parse_bar(bar: str) -> int:
@@ -71,11 +81,18 @@ def bars_from_trades(trades: Trades, bar: str = "1min") -> Bars:
     starts = np.flatnonzero(np.r_[True, close_ts[1:] != close_ts[:-1]])
     ends = np.r_[starts[1:], len(close_ts)] - 1
     px = trades.price
-    return Bars(close_ts[starts], px[starts], np.maximum.reduceat(px, starts),
-                np.minimum.reduceat(px, starts), px[ends], np.add.reduceat(trades.size, starts))
+    return Bars(
+        close_ts[starts],
+        px[starts],
+        np.maximum.reduceat(px, starts),
+        np.minimum.reduceat(px, starts),
+        px[ends],
+        np.add.reduceat(trades.size, starts),
+    )
 
 
 # --- bar assignment ------------------------------------------------------------------------
+
 
 def bar_starts(bar_ts: np.ndarray, bar_ns: int | None) -> np.ndarray:
     """(N,) exclusive start of each bar: max(previous close, close - bar_ns)."""
@@ -105,6 +122,7 @@ def covered_by(bar_ts: np.ndarray, segments: np.ndarray) -> np.ndarray:
 
 # --- book features -------------------------------------------------------------------------
 
+
 def level_ofi(prev: BookSnapshots, cur: BookSnapshots, levels: int) -> np.ndarray:
     """(n, levels) OFI contribution e_n per level (Cont, Kukanov & Stoikov 2014; Xu et al. 2019).
 
@@ -114,8 +132,12 @@ def level_ofi(prev: BookSnapshots, cur: BookSnapshots, levels: int) -> np.ndarra
     a, ap = cur.ask_px[:, :levels], prev.ask_px[:, :levels]
     qb, qbp = cur.bid_sz[:, :levels], prev.bid_sz[:, :levels]
     qa, qap = cur.ask_sz[:, :levels], prev.ask_sz[:, :levels]
-    return (np.where(b >= bp, qb, 0.0) - np.where(b <= bp, qbp, 0.0)
-            - np.where(a <= ap, qa, 0.0) + np.where(a >= ap, qap, 0.0))
+    return (
+        np.where(b >= bp, qb, 0.0)
+        - np.where(b <= bp, qbp, 0.0)
+        - np.where(a <= ap, qa, 0.0)
+        + np.where(a >= ap, qap, 0.0)
+    )
 
 
 def close_features(s: BookSnapshots, p: OfiParams) -> np.ndarray:
@@ -127,10 +149,12 @@ def close_features(s: BookSnapshots, p: OfiParams) -> np.ndarray:
     ok = np.isfinite(best_b) & np.isfinite(best_a) & (best_b + best_a > 0)
     mid = np.where(ok, (best_b + best_a) / 2, 1.0)[:, None]
     Ls = p.slope_levels
-    bid = _slope(np.where(np.isfinite(s.bid_px[:, :Ls]), (mid - s.bid_px[:, :Ls]) / mid * BPS, 0.0),
-                 s.bid_sz[:, :Ls], ok)
-    ask = _slope(np.where(np.isfinite(s.ask_px[:, :Ls]), (s.ask_px[:, :Ls] - mid) / mid * BPS, 0.0),
-                 s.ask_sz[:, :Ls], ok)
+    bid = _slope(
+        np.where(np.isfinite(s.bid_px[:, :Ls]), (mid - s.bid_px[:, :Ls]) / mid * BPS, 0.0), s.bid_sz[:, :Ls], ok
+    )
+    ask = _slope(
+        np.where(np.isfinite(s.ask_px[:, :Ls]), (s.ask_px[:, :Ls] - mid) / mid * BPS, 0.0), s.ask_sz[:, :Ls], ok
+    )
     return np.stack([imb, bid, ask], axis=1)
 
 
@@ -206,6 +230,7 @@ def _settle(comb, bar_ts, lo, hi, close, has_state, p):
 
 # --- trade features ------------------------------------------------------------------------
 
+
 def _window_sum(x: np.ndarray, w: int) -> np.ndarray:
     """Trailing sum over the last w bars (incl. current); direct convolution, so each value
     depends only on its own window (bit-identical when later bars change)."""
@@ -229,8 +254,9 @@ def trade_pass(trades: Trades, bar_ts, starts, p: OfiParams) -> np.ndarray:
     dp = np.zeros(N)
     if N > 1:
         valid[1:] = np.isfinite(px[1:]) & np.isfinite(px[:-1]) & (px[:-1] > 0) & (px[1:] > 0)
-        dp[1:] = np.where(valid[1:], BPS * np.log(np.where(valid[1:], px[1:] / np.where(
-            valid[1:], px[:-1], 1.0), 1.0)), 0.0)
+        dp[1:] = np.where(
+            valid[1:], BPS * np.log(np.where(valid[1:], px[1:] / np.where(valid[1:], px[:-1], 1.0), 1.0)), 0.0
+        )
 
     # Kyle's lambda: Cov_W(dP, S) / Var_W(S), S = signed volume of the bar
     sv = np.where(valid, buy - sell, 0.0)
@@ -241,8 +267,7 @@ def trade_pass(trades: Trades, bar_ts, starts, p: OfiParams) -> np.ndarray:
     var = _window_sum(sv * sv, p.kyle_bars) / n1 - ms * ms
     cov = _window_sum(sv * dp, p.kyle_bars) / n1 - ms * mp
     scale = _window_sum(sv * sv, p.kyle_bars) / n1
-    kyle = np.divide(cov, var, out=np.zeros(N), where=(n >= p.kyle_min_bars) & (var > 1e-12 * scale)
-                     & (var > 0))
+    kyle = np.divide(cov, var, out=np.zeros(N), where=(n >= p.kyle_min_bars) & (var > 1e-12 * scale) & (var > 0))
 
     vpin = _vpin(vol, dp, valid, p)
     return np.column_stack([vpin, kyle, trade_imb])
@@ -275,9 +300,9 @@ def _vpin(vol, dp, valid, p: OfiParams) -> np.ndarray:
     edges = np.arange(int(cum_v[-1] // vb) + 2) * vb
     edges = edges[edges <= cum_v[-1]]
     b_at = np.interp(edges, np.r_[0.0, cum_v[pos]], np.r_[0.0, cum_b[pos]])
-    imb = np.abs(2 * np.diff(b_at) - vb) / vb            # |V_B - V_S| / V per bucket
+    imb = np.abs(2 * np.diff(b_at) - vb) / vb  # |V_B - V_S| / V per bucket
     cum_imb = np.r_[0.0, np.cumsum(imb)]
-    done = np.searchsorted(edges, cum_v, "right") - 1     # completed buckets at each close
+    done = np.searchsorted(edges, cum_v, "right") - 1  # completed buckets at each close
     lo = np.maximum(done - p.vpin_buckets, 0)
     out = np.divide(cum_imb[done] - cum_imb[lo], done - lo, out=np.zeros(N), where=done > lo)
     out[:k_calib] = 0.0
@@ -286,8 +311,10 @@ def _vpin(vol, dp, valid, p: OfiParams) -> np.ndarray:
 
 # --- entry point ---------------------------------------------------------------------------
 
-def ofi_features(bar_ts, book=None, trades: Trades | None = None, *, bar_ns: int | None = None,
-                 params: OfiParams = OfiParams()):
+
+def ofi_features(
+    bar_ts, book=None, trades: Trades | None = None, *, bar_ns: int | None = None, params: OfiParams = OfiParams()
+):
     """(N, 8) float32 order-flow features (columns OFI_NAMES) and (N,) bool coverage.
 
     bar_ts  (N,) int64 bar close times, ns, strictly increasing.
@@ -324,6 +351,7 @@ def ofi_features(bar_ts, book=None, trades: Trades | None = None, *, bar_ns: int
         covered &= cov
     out = out.astype(np.float32)
     if not np.isfinite(out).all():  # every division above is guarded; this is a bug guard
-        raise BookError(f"ofi_features: non-finite value in column "
-                        f"{OFI_NAMES[int(np.argwhere(~np.isfinite(out))[0, 1])]}")
+        raise BookError(
+            f"ofi_features: non-finite value in column {OFI_NAMES[int(np.argwhere(~np.isfinite(out))[0, 1])]}"
+        )
     return out, covered

@@ -25,12 +25,25 @@ import numpy as np
 from fxray.book import binance as book_binance
 from fxray.book import dbn as book_dbn
 from fxray.book import engine as eng
-from fxray.book.features import OFI_NAMES, OfiParams, Bars, bars_from_trades, ofi_features, parse_bar
+from fxray.book.features import OFI_NAMES, Bars, OfiParams, bars_from_trades, ofi_features, parse_bar
 from fxray.book.types import N_LEVELS, BookError, BookSnapshots, Trades
 
-__all__ = ["OFI_NAMES", "N_LEVELS", "BookError", "BookSnapshots", "Trades", "BookStream", "Bars",
-           "OfiParams", "load_book", "load_trades", "ofi_features", "bars_from_trades",
-           "parse_bar", "file_format"]
+__all__ = [
+    "OFI_NAMES",
+    "N_LEVELS",
+    "BookError",
+    "BookSnapshots",
+    "Trades",
+    "BookStream",
+    "Bars",
+    "OfiParams",
+    "load_book",
+    "load_trades",
+    "ofi_features",
+    "bars_from_trades",
+    "parse_bar",
+    "file_format",
+]
 
 
 def file_format(path: str) -> str:
@@ -43,8 +56,7 @@ def file_format(path: str) -> str:
     ts, _, rest = head.partition(b" ")
     if ts.isdigit() and rest.startswith(b"{"):
         return "binance"
-    raise BookError(f"{path}: record 0: neither a DBN file nor a '<ns> <json>' capture "
-                    f"(starts {head[:16]!r})")
+    raise BookError(f"{path}: record 0: neither a DBN file nor a '<ns> <json>' capture (starts {head[:16]!r})")
 
 
 class BookStream:
@@ -59,13 +71,19 @@ class BookStream:
     previous day's snapshot file); each Binance file is its own snapshot + diffs.
     """
 
-    def __init__(self, paths: Sequence[str], instrument_id: int | None = None, *,
-                 out_rows: int = 1 << 16, chunk_records: int = book_dbn.CHUNK_RECORDS):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        instrument_id: int | None = None,
+        *,
+        out_rows: int = 1 << 16,
+        chunk_records: int = book_dbn.CHUNK_RECORDS,
+    ):
         self.paths = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
         if not self.paths:
             raise BookError("load_book: no files given")
         self.instrument_id = instrument_id
-        self.out_rows = out_rows            # max rows per yielded chunk
+        self.out_rows = out_rows  # max rows per yielded chunk
         self.chunk_records = chunk_records  # DBN records decoded per step
         self.segments = np.zeros((0, 2), np.int64)
         self.stats: dict = {}
@@ -77,16 +95,20 @@ class BookStream:
         for path in self.paths:
             if file_format(path) == "dbn":
                 dbn = book_dbn.DbnFile(path)
-                chunks, end = book_dbn.iter_book(dbn, st, stats, self.instrument_id,
-                                                 self.out_rows, self.chunk_records), dbn.end
+                chunks, end = (
+                    book_dbn.iter_book(dbn, st, stats, self.instrument_id, self.out_rows, self.chunk_records),
+                    dbn.end,
+                )
             else:
                 chunks, end = book_binance.iter_book(path, st, stats, self.out_rows), None
             stats.pop("end", None)
             first = None
             for snap in chunks:
                 if last_ts is not None and snap.ts[0] < last_ts:
-                    raise BookError(f"{path}: record 0 (ts {snap.ts[0]}) is earlier than the end "
-                                    f"of the previous file ({last_ts}); give files in time order")
+                    raise BookError(
+                        f"{path}: record 0 (ts {snap.ts[0]}) is earlier than the end "
+                        f"of the previous file ({last_ts}); give files in time order"
+                    )
                 first = int(snap.ts[0]) if first is None else first
                 last_ts = int(snap.ts[-1])
                 yield snap
@@ -94,8 +116,11 @@ class BookStream:
                 end = end or stats.get("end") or last_ts
                 segments.append((first, max(last_ts, end)))
         state = st["state"]
-        self.stats = {"messages": stats["messages"], "events": int(state[eng.EVENTS]),
-                      "unknown_orders": int(state[eng.UNKNOWN])}
+        self.stats = {
+            "messages": stats["messages"],
+            "events": int(state[eng.EVENTS]),
+            "unknown_orders": int(state[eng.UNKNOWN]),
+        }
         self.segments = np.array(segments, np.int64).reshape(-1, 2)
 
     def collect(self) -> BookSnapshots:
@@ -128,6 +153,8 @@ def load_trades(paths: Sequence[str] | str, *, instrument_id: int | None = None)
         else:
             parts.append(book_binance.read_trades(path))
         if len(parts) > 1 and len(parts[-1]) and len(parts[-2]) and parts[-1].ts[0] < parts[-2].ts[-1]:
-            raise BookError(f"{path}: trade 0 (ts {parts[-1].ts[0]}) is earlier than the last "
-                            f"trade of the previous file ({parts[-2].ts[-1]}); give files in time order")
+            raise BookError(
+                f"{path}: trade 0 (ts {parts[-1].ts[0]}) is earlier than the last "
+                f"trade of the previous file ({parts[-2].ts[-1]}); give files in time order"
+            )
     return Trades.concat(parts)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-N_LEVELS = 10           # levels per side kept in a snapshot
-PRICE_SCALE = 1e9       # DBN fixed-point prices: int64 units of 1e-9
+N_LEVELS = 10  # levels per side kept in a snapshot
+PRICE_SCALE = 1e9  # DBN fixed-point prices: int64 units of 1e-9
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -33,28 +33,33 @@ class BookSnapshots:
     indicator rules (Cont et al. 2014) treat a vanished level as all size removed.
     """
 
-    ts: np.ndarray      # (n,) int64 ns, non-decreasing
+    ts: np.ndarray  # (n,) int64 ns, non-decreasing
     bid_px: np.ndarray  # (n, 10) float64 price, best first; -inf where empty
     bid_sz: np.ndarray  # (n, 10) float64 resting size (contracts / base units)
     ask_px: np.ndarray  # (n, 10) float64 price, best first; +inf where empty
     ask_sz: np.ndarray  # (n, 10) float64
-    reset: np.ndarray   # (n,) bool: book rebuilt here (snapshot, clear, new file): no flow across it
+    reset: np.ndarray  # (n,) bool: book rebuilt here (snapshot, clear, new file): no flow across it
 
     def __len__(self) -> int:
         return len(self.ts)
 
     @staticmethod
-    def concat(parts) -> "BookSnapshots":
+    def concat(parts) -> BookSnapshots:
         """One BookSnapshots from many (e.g. all chunks of a `BookStream`)."""
         parts = list(parts)
         if not parts:
             return empty_snapshots()
-        return BookSnapshots(*(np.concatenate([getattr(p, f) for p in parts])
-                               for f in ("ts", "bid_px", "bid_sz", "ask_px", "ask_sz", "reset")))
+        return BookSnapshots(
+            *(
+                np.concatenate([getattr(p, f) for p in parts])
+                for f in ("ts", "bid_px", "bid_sz", "ask_px", "ask_sz", "reset")
+            )
+        )
 
-    def select(self, rows) -> "BookSnapshots":
-        return BookSnapshots(self.ts[rows], self.bid_px[rows], self.bid_sz[rows],
-                             self.ask_px[rows], self.ask_sz[rows], self.reset[rows])
+    def select(self, rows) -> BookSnapshots:
+        return BookSnapshots(
+            self.ts[rows], self.bid_px[rows], self.bid_sz[rows], self.ask_px[rows], self.ask_sz[rows], self.reset[rows]
+        )
 
 
 def empty_snapshots() -> BookSnapshots:
@@ -66,26 +71,29 @@ def empty_snapshots() -> BookSnapshots:
 class Trades:
     """The trade tape, in time order."""
 
-    ts: np.ndarray        # (T,) int64 ns receive time, non-decreasing
-    price: np.ndarray     # (T,) float64
-    size: np.ndarray      # (T,) float64 contracts / base units
-    side: np.ndarray      # (T,) int8: +1 buyer was the aggressor, -1 seller, 0 unknown (e.g. auction)
+    ts: np.ndarray  # (T,) int64 ns receive time, non-decreasing
+    price: np.ndarray  # (T,) float64
+    size: np.ndarray  # (T,) float64 contracts / base units
+    side: np.ndarray  # (T,) int8: +1 buyer was the aggressor, -1 seller, 0 unknown (e.g. auction)
     segments: np.ndarray  # (S, 2) int64 [start, end] ns spans the source files cover (one per file)
 
     def __len__(self) -> int:
         return len(self.ts)
 
     @staticmethod
-    def concat(parts) -> "Trades":
+    def concat(parts) -> Trades:
         parts = list(parts)
         if not parts:
-            return Trades(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int8),
-                          np.zeros((0, 2), np.int64))
-        return Trades(*(np.concatenate([getattr(p, f) for p in parts])
-                        for f in ("ts", "price", "size", "side", "segments")))
+            return Trades(
+                np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int8), np.zeros((0, 2), np.int64)
+            )
+        return Trades(
+            *(np.concatenate([getattr(p, f) for p in parts]) for f in ("ts", "price", "size", "side", "segments"))
+        )
 
 
 # --- reading bytes -------------------------------------------------------------------------
+
 
 def iter_bytes(path: str, block: int = 1 << 22):
     """Decompressed bytes of `path` (zstd, gzip or plain, told by magic bytes), in blocks.
@@ -118,8 +126,7 @@ def iter_bytes(path: str, block: int = 1 << 22):
                 except zstandard.ZstdError as e:
                     raise BookError(f"{path}: corrupt zstd data ({e})") from None
             if fed:
-                raise BookError(f"{path}: truncated zstd stream: last frame incomplete after "
-                                f"{done} decompressed bytes")
+                raise BookError(f"{path}: truncated zstd stream: last frame incomplete after {done} decompressed bytes")
         elif magic[:2] == GZIP_MAGIC:
             with gzip.open(f) as g:
                 try:

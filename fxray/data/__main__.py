@@ -37,10 +37,8 @@ def cmd_synth(args) -> dict:
     t0 = time.perf_counter()
     digest = to_cache(spec, args.out)
     seconds = time.perf_counter() - t0
-    print(f"wrote {args.out}: {spec.n_bars:,} synthetic 1-min bars, seed {spec.seed}, "
-          f"hash {digest} ({seconds:.1f}s)")
-    return {"out": str(args.out), "n_bars": spec.n_bars, "seed": spec.seed, "content_hash": digest,
-            "seconds": seconds}
+    print(f"wrote {args.out}: {spec.n_bars:,} synthetic 1-min bars, seed {spec.seed}, hash {digest} ({seconds:.1f}s)")
+    return {"out": str(args.out), "n_bars": spec.n_bars, "seed": spec.seed, "content_hash": digest, "seconds": seconds}
 
 
 def cmd_build(args) -> dict:
@@ -72,11 +70,19 @@ def cmd_build(args) -> dict:
     market = cache.open(args.out)
     seconds = time.perf_counter() - t0
     covered = float(np.mean(coverage)) if coverage is not None else 0.0
-    print(f"wrote {args.out}: {market.n_bars:,} bars of {instrument} "
-          f"({_iso(market.ts[0])} .. {_iso(market.ts[-1])}), book coverage {covered:.0%}, "
-          f"hash {digest} ({seconds:.1f}s)")
-    return {"out": str(args.out), "n_bars": market.n_bars, "instrument": instrument,
-            "content_hash": digest, "book_coverage": covered, "seconds": seconds}
+    print(
+        f"wrote {args.out}: {market.n_bars:,} bars of {instrument} "
+        f"({_iso(market.ts[0])} .. {_iso(market.ts[-1])}), book coverage {covered:.0%}, "
+        f"hash {digest} ({seconds:.1f}s)"
+    )
+    return {
+        "out": str(args.out),
+        "n_bars": market.n_bars,
+        "instrument": instrument,
+        "content_hash": digest,
+        "book_coverage": covered,
+        "seconds": seconds,
+    }
 
 
 def describe(market: cache.Market, spec: FoldSpec) -> dict:
@@ -96,13 +102,23 @@ def describe(market: cache.Market, spec: FoldSpec) -> dict:
     except ValueError as e:
         folds, folds_error = [], str(e)
     return {
-        "path": market.path, "rows": market.n_bars, "instrument": market.meta.get("instrument"),
-        "bar": market.meta.get("bar"), "source": market.meta.get("source"),
-        "content_hash": market.content_hash, "first": _iso(ts[0]), "last": _iso(ts[-1]),
-        "span_days": float((ts[-1] - ts[0]) / 86400e9), "bar_spacing_s": spacing / 1e9,
-        "gaps_over_1h": int(np.count_nonzero(gaps > 3600 * 10**9)), "nan_inf": 0,
-        "book_coverage": float(book_rows.mean()), "columns": columns,
-        "fold_spec": spec.__dict__, "folds": folds, "folds_error": folds_error,
+        "path": market.path,
+        "rows": market.n_bars,
+        "instrument": market.meta.get("instrument"),
+        "bar": market.meta.get("bar"),
+        "source": market.meta.get("source"),
+        "content_hash": market.content_hash,
+        "first": _iso(ts[0]),
+        "last": _iso(ts[-1]),
+        "span_days": float((ts[-1] - ts[0]) / 86400e9),
+        "bar_spacing_s": spacing / 1e9,
+        "gaps_over_1h": int(np.count_nonzero(gaps > 3600 * 10**9)),
+        "nan_inf": 0,
+        "book_coverage": float(book_rows.mean()),
+        "columns": columns,
+        "fold_spec": spec.__dict__,
+        "folds": folds,
+        "folds_error": folds_error,
     }
 
 
@@ -114,10 +130,11 @@ def cmd_info(args) -> dict:
 
         spec = load(args.experiment).folds
     info = describe(market, spec)
-    print(f"{info['path']}: {info['rows']:,} rows of {info['instrument']} ({info['bar']}), "
-          f"source {info['source']}")
-    print(f"  span {info['first']} .. {info['last']} ({info['span_days']:.1f} days), "
-          f"bar spacing {info['bar_spacing_s']:.0f}s, {info['gaps_over_1h']} gaps > 1h")
+    print(f"{info['path']}: {info['rows']:,} rows of {info['instrument']} ({info['bar']}), source {info['source']}")
+    print(
+        f"  span {info['first']} .. {info['last']} ({info['span_days']:.1f} days), "
+        f"bar spacing {info['bar_spacing_s']:.0f}s, {info['gaps_over_1h']} gaps > 1h"
+    )
     print(f"  NaN/Inf: none; book coverage {info['book_coverage']:.0%}; hash {info['content_hash']}")
     print(f"  {'column':<24}{'mean':>12}{'std':>12}")
     for c in info["columns"]:
@@ -127,8 +144,10 @@ def cmd_info(args) -> dict:
     else:
         print(f"  folds ({spec.train} train / {spec.val} val / {spec.test} test): {len(info['folds'])}")
         for f in info["folds"]:
-            rng = " ".join(f"{k} {_iso(market.ts[f[k][0]])[:16]}..{_iso(market.ts[f[k][1] - 1])[:16]}"
-                           for k in ("train", "val", "test"))
+            rng = " ".join(
+                f"{k} {_iso(market.ts[f[k][0]])[:16]}..{_iso(market.ts[f[k][1] - 1])[:16]}"
+                for k in ("train", "val", "test")
+            )
             print(f"    fold {f['k']}: {rng}")
     return info
 
@@ -143,7 +162,9 @@ def main(argv=None) -> int:
     b = sub.add_parser("build", help="build an fxcache from bar files (and order-book / trade files)")
     b.add_argument("--bars", type=Path, help="a bar file or a directory of them")
     b.add_argument("--format", default="auto", help="auto, csv, histdata, lean, parquet")
-    b.add_argument("--tz", default=None, help="time zone of naive timestamps (default: the format's own: UTC; HistData Etc/GMT+5)")
+    b.add_argument(
+        "--tz", default=None, help="time zone of naive timestamps (default: the format's own: UTC; HistData Etc/GMT+5)"
+    )
     b.add_argument("--instrument", help="instrument name stored in the cache (default: from the file name)")
     b.add_argument("--book", type=Path, nargs="+", help="order-book files: Databento MBO/MBP-10 DBN, Binance depth")
     b.add_argument("--trades", type=Path, nargs="+", help="trade files (DBN trades/MBO, Binance)")

@@ -53,11 +53,21 @@ from fxray.data.schema import OFI_NAMES
 FORMATS = ("auto", "csv", "parquet", "histdata", "lean")
 DEFAULT_OFI_NAMES = OFI_NAMES  # zero and real order-flow columns are named alike
 MIN_BARS_AFTER_WARMUP = 10
-_CLOSE_TS = ("timestamp_utc", "timestamp", "ts", "datetime", "date_time", "time", "date",
-             "close_time", "ts_close", "time_close", "bar_end")
+_CLOSE_TS = (
+    "timestamp_utc",
+    "timestamp",
+    "ts",
+    "datetime",
+    "date_time",
+    "time",
+    "date",
+    "close_time",
+    "ts_close",
+    "time_close",
+    "bar_end",
+)
 _OPEN_TS = ("open_time", "ts_open", "time_open", "ts_event", "bar_start")
-_PRICE = {"open": ("open", "o"), "high": ("high", "h"), "low": ("low", "l"),
-          "close": ("close", "c")}
+_PRICE = {"open": ("open", "o"), "high": ("high", "h"), "low": ("low", "l"), "close": ("close", "c")}
 _VOLUME = ("volume", "vol", "v")
 _SKIP_SUFFIXES = (".md", ".txt", ".json", ".yaml", ".yml", ".pdf", ".html")
 _HISTDATA_LINE = re.compile(rb"^\d{8} \d{6};")
@@ -72,13 +82,13 @@ class BarsError(ValueError):
 class Bars:
     """Clean bars: strictly increasing UTC close times, positive finite prices."""
 
-    ts: np.ndarray       # (N,) int64 ns since epoch, UTC, bar close time
-    open: np.ndarray     # (N,) float64
-    high: np.ndarray     # (N,) float64, >= max(open, close)
-    low: np.ndarray      # (N,) float64, <= min(open, close)
-    close: np.ndarray    # (N,) float64
+    ts: np.ndarray  # (N,) int64 ns since epoch, UTC, bar close time
+    open: np.ndarray  # (N,) float64
+    high: np.ndarray  # (N,) float64, >= max(open, close)
+    low: np.ndarray  # (N,) float64, <= min(open, close)
+    close: np.ndarray  # (N,) float64
     volume: np.ndarray | None = None  # (N,) float64 or None (no volume in the source)
-    source: str = ""     # the path it was read from
+    source: str = ""  # the path it was read from
     stats: dict = field(default_factory=dict)  # rows read / dropped / repaired
 
     def __len__(self) -> int:
@@ -90,6 +100,7 @@ def _fail(path, msg: str):
 
 
 # --- public API ------------------------------------------------------------------------
+
 
 def load_bars(path, fmt: str = "auto", tz: str | None = None) -> Bars:
     """Read a bar file or a directory of them (see the module docstring) into clean Bars."""
@@ -111,8 +122,17 @@ def load_bars(path, fmt: str = "auto", tz: str | None = None) -> Bars:
     return _clean(path, raw)
 
 
-def build_cache(bars: Bars, out, *, instrument: str, source: str, bar: str = "1min",
-                ofi=None, ofi_names=DEFAULT_OFI_NAMES, extra_meta: dict | None = None) -> str:
+def build_cache(
+    bars: Bars,
+    out,
+    *,
+    instrument: str,
+    source: str,
+    bar: str = "1min",
+    ofi=None,
+    ofi_names=DEFAULT_OFI_NAMES,
+    extra_meta: dict | None = None,
+) -> str:
     """Compute the 42 features, drop the first MAX_LOOKBACK rows (warm-up) and write an
     fxcache at `out`; targets = OHLC. `ofi`: (N, 8) aligned with the bars, or None (zeros);
     `extra_meta` adds schema metadata (e.g. the synthetic market's parameters).
@@ -121,8 +141,11 @@ def build_cache(bars: Bars, out, *, instrument: str, source: str, bar: str = "1m
     n, where = len(bars.ts), getattr(bars, "source", "") or str(out)
     need = MAX_LOOKBACK + MIN_BARS_AFTER_WARMUP
     if n < need:
-        _fail(where, f"{n} bars, need at least {need} ({MAX_LOOKBACK} feature warm-up + "
-                     f"{MIN_BARS_AFTER_WARMUP}); give it a longer history")
+        _fail(
+            where,
+            f"{n} bars, need at least {need} ({MAX_LOOKBACK} feature warm-up + "
+            f"{MIN_BARS_AFTER_WARMUP}); give it a longer history",
+        )
     if ofi is not None:
         ofi = np.asarray(ofi, np.float32)
         if ofi.shape != (n, cache.N_OFI):
@@ -130,19 +153,36 @@ def build_cache(bars: Bars, out, *, instrument: str, source: str, bar: str = "1m
     features = compute_features(bars.ts, bars.open, bars.high, bars.low, bars.close, bars.volume)
     keep = slice(MAX_LOOKBACK, None)
     targets = np.stack([bars.open, bars.high, bars.low, bars.close], axis=1)[keep]
-    return cache.write(out, bars.ts[keep], features[keep], None if ofi is None else ofi[keep],
-                       targets, feature_names=FEATURE_NAMES, ofi_names=ofi_names,
-                       instrument=instrument, bar=bar, source=source,
-                       extra_meta={"warmup_bars_dropped": MAX_LOOKBACK,
-                                   "bars.stats": getattr(bars, "stats", {}), **(extra_meta or {})})
+    return cache.write(
+        out,
+        bars.ts[keep],
+        features[keep],
+        None if ofi is None else ofi[keep],
+        targets,
+        feature_names=FEATURE_NAMES,
+        ofi_names=ofi_names,
+        instrument=instrument,
+        bar=bar,
+        source=source,
+        extra_meta={
+            "warmup_bars_dropped": MAX_LOOKBACK,
+            "bars.stats": getattr(bars, "stats", {}),
+            **(extra_meta or {}),
+        },
+    )
 
 
 # --- format detection --------------------------------------------------------------------
 
+
 def _skipped(p: Path) -> bool:
     name = p.name.lower()
-    return (name.startswith((".", "_")) or name.endswith(_SKIP_SUFFIXES)
-            or name.endswith("_quote.zip") or name.startswith("readme"))
+    return (
+        name.startswith((".", "_"))
+        or name.endswith(_SKIP_SUFFIXES)
+        or name.endswith("_quote.zip")
+        or name.startswith("readme")
+    )
 
 
 def _detect(path: Path) -> str:
@@ -152,8 +192,11 @@ def _detect(path: Path) -> str:
     if name.endswith(".zip"):
         return "lean"
     if not name.endswith((".csv", ".gz")):
-        _fail(path, "unknown bar file format (expected .csv, .csv.gz, .parquet or a Lean "
-                    "*_trade.zip); pass fmt=csv|parquet|histdata|lean")
+        _fail(
+            path,
+            "unknown bar file format (expected .csv, .csv.gz, .parquet or a Lean "
+            "*_trade.zip); pass fmt=csv|parquet|histdata|lean",
+        )
     opener = gzip.open if name.endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
@@ -165,11 +208,13 @@ def _detect(path: Path) -> str:
 
 def _read_file(path: Path, fmt: str, tz: str | None) -> dict:
     fmt = _detect(path) if fmt == "auto" else fmt
-    return {"csv": _read_table_file, "parquet": _read_table_file,
-            "histdata": _read_histdata, "lean": _read_lean}[fmt](path, fmt, tz)
+    return {"csv": _read_table_file, "parquet": _read_table_file, "histdata": _read_histdata, "lean": _read_lean}[fmt](
+        path, fmt, tz
+    )
 
 
 # --- readers: each returns {"ts": close ns UTC, "open".."close": float64, "volume": or None} -
+
 
 def _read_csv(path, source, **kw) -> pa.Table:
     try:
@@ -184,6 +229,7 @@ def _read_csv(path, source, **kw) -> pa.Table:
 def _read_table_file(path: Path, fmt: str, tz: str | None) -> dict:
     if fmt == "parquet":
         import pyarrow.parquet as pq
+
         try:
             table = pq.read_table(path)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
@@ -199,10 +245,12 @@ def _read_table_file(path: Path, fmt: str, tz: str | None) -> dict:
     missing = [k for k, v in prices.items() if v is None] + ([] if ts_name else ["timestamp"])
     if missing:
         if not any(ch.isalpha() for ch in "".join(table.column_names).replace("e", "")):
-            _fail(path, "no header line (the first row is data); add "
-                        "timestamp_utc,open,high,low,close,volume")
-        _fail(path, f"missing column(s) {', '.join(missing)}; found {', '.join(table.column_names)} "
-                    "(need timestamp_utc (or timestamp/time), open, high, low, close[, volume])")
+            _fail(path, "no header line (the first row is data); add timestamp_utc,open,high,low,close,volume")
+        _fail(
+            path,
+            f"missing column(s) {', '.join(missing)}; found {', '.join(table.column_names)} "
+            "(need timestamp_utc (or timestamp/time), open, high, low, close[, volume])",
+        )
     if table.num_rows == 0:
         _fail(path, "no rows after the header")
     column = table[ts_name].combine_chunks()
@@ -218,9 +266,13 @@ def _read_table_file(path: Path, fmt: str, tz: str | None) -> dict:
 
 def _read_histdata(path: Path, fmt: str, tz: str | None) -> dict:
     names = ["time", "open", "high", "low", "close", "volume"]
-    table = _read_csv(path, path, read_options=pcsv.ReadOptions(column_names=names),
-                      parse_options=pcsv.ParseOptions(delimiter=";"),
-                      convert_options=pcsv.ConvertOptions(column_types={"time": pa.string()}))
+    table = _read_csv(
+        path,
+        path,
+        read_options=pcsv.ReadOptions(column_names=names),
+        parse_options=pcsv.ParseOptions(delimiter=";"),
+        convert_options=pcsv.ConvertOptions(column_types={"time": pa.string()}),
+    )
     if table.num_rows == 0:
         _fail(path, "empty file")
     stamps = table["time"].combine_chunks()
@@ -240,8 +292,7 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
         _fail(path, "Lean quote bars are not supported; load the matching *_trade.zip")
     m = re.match(r"(\d{8})_", path.name)
     if not m:
-        _fail(path, "Lean zip names start with the date (YYYYMMDD_trade.zip); rename it "
-                    "or pass another fmt")
+        _fail(path, "Lean zip names start with the date (YYYYMMDD_trade.zip); rename it or pass another fmt")
     try:
         with zipfile.ZipFile(path) as z:
             members = [(i.filename, z.read(i)) for i in z.infolist() if not i.is_dir()]
@@ -254,11 +305,9 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
     for member, data in members:
         if "_tick_" in member or "_quote" in member:
             continue
-        table = _read_csv(f"{path}!{member}", pa.BufferReader(data),
-                          read_options=pcsv.ReadOptions(column_names=names))
+        table = _read_csv(f"{path}!{member}", pa.BufferReader(data), read_options=pcsv.ReadOptions(column_names=names))
         if table.num_columns != 6:
-            _fail(f"{path}!{member}", f"expected 6 columns (ms,open,high,low,close,volume), "
-                                      f"got {table.num_columns}")
+            _fail(f"{path}!{member}", f"expected 6 columns (ms,open,high,low,close,volume), got {table.num_columns}")
         vol = _numeric(f"{path}!{member}", table, "volume")
         if best is None or np.nansum(vol) > best[0]:
             best = (np.nansum(vol), member, table)
@@ -280,6 +329,7 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
 
 # --- column conversion -----------------------------------------------------------------
 
+
 def _numeric(path, table: pa.Table, name: str) -> np.ndarray:
     col = table[name].combine_chunks()
     t = col.type
@@ -293,19 +343,27 @@ def _to_utc_ns(path, col: pa.Array, name: str, tz: str) -> np.ndarray:
     """A timestamp column (ISO strings parsed by Arrow, dates, epoch numbers) -> UTC ns."""
     t = col.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        for f in ("%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%Y%m%d %H%M%S", "%Y.%m.%d %H:%M",
-                  "%Y-%m-%d %H:%M", "%d.%m.%Y %H:%M:%S"):
+        for f in (
+            "%Y-%m-%d %H:%M:%S",
+            "%Y-%m-%dT%H:%M:%S",
+            "%Y%m%d %H%M%S",
+            "%Y.%m.%d %H:%M",
+            "%Y-%m-%d %H:%M",
+            "%d.%m.%Y %H:%M:%S",
+        ):
             parsed = pc.strptime(col, format=f, unit="s", error_is_null=True)
             if parsed.null_count == col.null_count:
                 col, t = parsed, parsed.type
                 break
         else:
             first = next((v for v in col.to_pylist() if v), None)
-            _fail(path, f"unparseable timestamp {first!r} in column {name!r}; use ISO 8601 "
-                        "(YYYY-MM-DD HH:MM:SS[Z]) or epoch seconds/ms/us/ns")
+            _fail(
+                path,
+                f"unparseable timestamp {first!r} in column {name!r}; use ISO 8601 "
+                "(YYYY-MM-DD HH:MM:SS[Z]) or epoch seconds/ms/us/ns",
+            )
     if col.null_count:
-        _fail(path, f"{col.null_count} empty timestamp(s) in column {name!r}; "
-                    "fill or drop those rows")
+        _fail(path, f"{col.null_count} empty timestamp(s) in column {name!r}; fill or drop those rows")
     if pa.types.is_date(t):
         col, t = col.cast(pa.timestamp("s")), pa.timestamp("s")
     if pa.types.is_timestamp(t):
@@ -328,11 +386,15 @@ def _localize(path, naive_ns: np.ndarray, tz: str) -> np.ndarray:
     if tz.upper() in ("UTC", "Z", "ETC/UTC", "GMT"):
         return naive_ns
     try:
-        aware = pc.assume_timezone(pa.array(naive_ns, pa.timestamp("ns")), tz,
-                                   ambiguous="earliest", nonexistent="earliest")
+        aware = pc.assume_timezone(
+            pa.array(naive_ns, pa.timestamp("ns")), tz, ambiguous="earliest", nonexistent="earliest"
+        )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        _fail(path, f"time zone {tz!r} not usable ({str(e).splitlines()[0]}); use an IANA name "
-                    "such as UTC, Etc/GMT+5 or America/New_York")
+        _fail(
+            path,
+            f"time zone {tz!r} not usable ({str(e).splitlines()[0]}); use an IANA name "
+            "such as UTC, Etc/GMT+5 or America/New_York",
+        )
     return aware.cast(pa.int64()).to_numpy()
 
 
@@ -369,6 +431,10 @@ def _clean(path: Path, raw: dict) -> Bars:
         v = np.where(np.isfinite(v) & (v > 0), v, 0.0)
         if not v.any():
             v = None
-    stats = {"rows_read": n_read, "dropped_bad_price": int(n_read - np.count_nonzero(ok)),
-             "dropped_duplicate_ts": int(np.count_nonzero(~last)), "repaired_high_low": repaired}
+    stats = {
+        "rows_read": n_read,
+        "dropped_bad_price": int(n_read - np.count_nonzero(ok)),
+        "dropped_duplicate_ts": int(np.count_nonzero(~last)),
+        "repaired_high_low": repaired,
+    }
     return Bars(ts=ts, open=o, high=hi, low=lo, close=c, volume=v, source=str(path), stats=stats)

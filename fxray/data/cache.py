@@ -32,8 +32,7 @@ COLUMNS = {  # name -> (arrow value type, width or None for a scalar column)
     "ofi": (pa.float32(), N_OFI),
     "targets": (pa.float64(), len(TARGET_NAMES)),
 }
-REQUIRED_META = ("fxray.version", "feature_names", "ofi_names", "instrument", "bar",
-                 "source", "content_hash")
+REQUIRED_META = ("fxray.version", "feature_names", "ofi_names", "instrument", "bar", "source", "content_hash")
 
 
 class CacheError(ValueError):
@@ -45,10 +44,10 @@ class Market:
     """An opened fxcache: read-only numpy views into the memory-mapped file."""
 
     path: str
-    ts: np.ndarray        # (N,) int64 ns
+    ts: np.ndarray  # (N,) int64 ns
     features: np.ndarray  # (N, 42) float32
-    ofi: np.ndarray       # (N, 8) float32
-    targets: np.ndarray   # (N, 4) float64 open/high/low/close
+    ofi: np.ndarray  # (N, 8) float32
+    targets: np.ndarray  # (N, 4) float64 open/high/low/close
     meta: dict = field(repr=False)
 
     @property
@@ -85,8 +84,20 @@ def _fixed_list(values: np.ndarray, width: int) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(flat, width)
 
 
-def write(path, ts, features, ofi=None, targets=None, *, feature_names, ofi_names,
-          instrument: str, bar: str, source: str, extra_meta: dict | None = None) -> str:
+def write(
+    path,
+    ts,
+    features,
+    ofi=None,
+    targets=None,
+    *,
+    feature_names,
+    ofi_names,
+    instrument: str,
+    bar: str,
+    source: str,
+    extra_meta: dict | None = None,
+) -> str:
     """Validate the arrays and write them as an fxcache at `path`, atomically.
 
     `ofi=None` writes zeros (no order-book data). Returns the content hash.
@@ -103,8 +114,10 @@ def write(path, ts, features, ofi=None, targets=None, *, feature_names, ofi_name
     arrays = {"ts": ts, "features": features, "ofi": ofi, "targets": targets}
     _check_arrays(str(path), arrays)
     if len(feature_names) != N_FEATURES or len(ofi_names) != N_OFI:
-        raise CacheError(f"{path}: need {N_FEATURES} feature names and {N_OFI} ofi names, "
-                         f"got {len(feature_names)} and {len(ofi_names)}")
+        raise CacheError(
+            f"{path}: need {N_FEATURES} feature names and {N_OFI} ofi names, "
+            f"got {len(feature_names)} and {len(ofi_names)}"
+        )
     reserved = sorted(set(extra_meta or {}) & set(REQUIRED_META))
     if reserved:
         raise CacheError(f"{path}: extra_meta may not set reserved key(s) {', '.join(reserved)}")
@@ -120,12 +133,14 @@ def write(path, ts, features, ofi=None, targets=None, *, feature_names, ofi_name
     }
     for k, v in (extra_meta or {}).items():
         meta[k] = json.dumps(v)
-    table = pa.table({
-        "ts": pa.array(ts),
-        "features": _fixed_list(features, N_FEATURES),
-        "ofi": _fixed_list(ofi, N_OFI),
-        "targets": _fixed_list(targets, len(TARGET_NAMES)),
-    }).replace_schema_metadata(meta)
+    table = pa.table(
+        {
+            "ts": pa.array(ts),
+            "features": _fixed_list(features, N_FEATURES),
+            "ofi": _fixed_list(ofi, N_OFI),
+            "targets": _fixed_list(targets, len(TARGET_NAMES)),
+        }
+    ).replace_schema_metadata(meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not mkstemp: its 0600 mode would survive the rename; os.open applies the umask.
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
@@ -169,16 +184,19 @@ def open(path, *, check_values: bool = True) -> Market:  # noqa: A001 - mirrors 
         raise CacheError(f"{path}: not an fxcache: schema metadata lacks {', '.join(missing)}")
     version = raw_meta["fxray.version"]
     if version != FORMAT_VERSION:
-        raise CacheError(f"{path}: fxcache version {version!r} is unknown to this fxray "
-                         f"(reads {FORMAT_VERSION!r}); rebuild it with `python -m fxray.data`")
+        raise CacheError(
+            f"{path}: fxcache version {version!r} is unknown to this fxray "
+            f"(reads {FORMAT_VERSION!r}); rebuild it with `python -m fxray.data`"
+        )
     try:
         meta = {k: (v if k == "fxray.version" else json.loads(v)) for k, v in raw_meta.items()}
     except json.JSONDecodeError as e:
         raise CacheError(f"{path}: schema metadata is not JSON ({e})") from None
     _check_schema(path, schema)
     if reader.num_record_batches != 1:
-        raise CacheError(f"{path}: expected 1 record batch, found {reader.num_record_batches} "
-                         "(write it with fxray.cache.write)")
+        raise CacheError(
+            f"{path}: expected 1 record batch, found {reader.num_record_batches} (write it with fxray.data.cache.write)"
+        )
     try:
         batch = reader.get_batch(0)
     except (pa.ArrowException, OSError) as e:
@@ -191,10 +209,15 @@ def open(path, *, check_values: bool = True) -> Market:  # noqa: A001 - mirrors 
         if nulls:
             raise CacheError(f"{path}: column {name!r} has {nulls} nulls")
         data = values.buffers()[1]
-        if data is not None and data.size and not (
-                mapped.address <= data.address <= mapped.address + mapped.size - data.size):
-            raise CacheError(f"{path}: column {name!r} is not stored plainly in the file "
-                             "(compressed?); rewrite it with fxray.cache.write")
+        if (
+            data is not None
+            and data.size
+            and not (mapped.address <= data.address <= mapped.address + mapped.size - data.size)
+        ):
+            raise CacheError(
+                f"{path}: column {name!r} is not stored plainly in the file "
+                "(compressed?); rewrite it with fxray.data.cache.write"
+            )
         flat = values.to_numpy(zero_copy_only=True)
         cols[name] = flat if width is None else flat.reshape(len(col), width)
     if check_values:
@@ -210,8 +233,7 @@ def _check_schema(path: str, schema: pa.Schema) -> None:
     names = set(schema.names)
     missing = [c for c in COLUMNS if c not in names]
     if missing:
-        raise CacheError(f"{path}: missing column(s) {', '.join(missing)} "
-                         f"(an fxcache has {', '.join(COLUMNS)})")
+        raise CacheError(f"{path}: missing column(s) {', '.join(missing)} (an fxcache has {', '.join(COLUMNS)})")
     repeated = [c for c in COLUMNS if schema.names.count(c) > 1]
     if repeated:
         raise CacheError(f"{path}: column(s) {', '.join(repeated)} appear more than once")
@@ -240,16 +262,14 @@ def _as_array(path, name: str, values, dtype) -> np.ndarray:
     except (TypeError, ValueError) as e:
         if isinstance(e, CacheError):
             raise
-        raise CacheError(f"{path}: {name} is not convertible to {np.dtype(dtype)} "
-                         f"({_first_line(e)})") from None
+        raise CacheError(f"{path}: {name} is not convertible to {np.dtype(dtype)} ({_first_line(e)})") from None
 
 
 def _check_arrays(path: str, arrays: dict) -> None:
     n = len(arrays["ts"])
     for name, (_, width) in COLUMNS.items():
         if width is not None and arrays[name].shape != (n, width):
-            raise CacheError(f"{path}: {name} must have shape ({n}, {width}), "
-                             f"got {arrays[name].shape}")
+            raise CacheError(f"{path}: {name} must have shape ({n}, {width}), got {arrays[name].shape}")
     _check_values(path, arrays)
 
 
@@ -260,7 +280,7 @@ def _parallel_sum(a: np.ndarray, min_chunk_rows: int = 262_144) -> float:
 
     def part(i: int) -> float:
         with np.errstate(over="ignore", invalid="ignore"):  # per thread: errstate is a contextvar
-            return float(a[bounds[i]:bounds[i + 1]].sum())
+            return float(a[bounds[i] : bounds[i + 1]].sum())
 
     if n_chunks == 1:
         return part(0)
@@ -279,8 +299,10 @@ def _check_values(path: str, cols: dict) -> None:
         bad = np.flatnonzero(ts[1:] <= ts[:-1])
         if len(bad):
             i = int(bad[0]) + 1
-            raise CacheError(f"{path}: ts is not strictly increasing at row {i} "
-                             f"({ts[i - 1]} then {ts[i]}); sort and deduplicate the bars")
+            raise CacheError(
+                f"{path}: ts is not strictly increasing at row {i} "
+                f"({ts[i - 1]} then {ts[i]}); sort and deduplicate the bars"
+            )
     for name in ("features", "ofi", "targets"):
         a = cols[name]
         # A sum in the column's own dtype propagates NaN/Inf in one SIMD pass with no
@@ -292,5 +314,7 @@ def _check_values(path: str, cols: dict) -> None:
         if len(bad_rows):
             row = int(bad_rows[0])
             colno = int(np.flatnonzero(~np.isfinite(a[row]))[0])
-            raise CacheError(f"{path}: column {name!r} has NaN/Inf (first at row {row}, "
-                             f"element {colno}); fix the source bars or features")
+            raise CacheError(
+                f"{path}: column {name!r} has NaN/Inf (first at row {row}, "
+                f"element {colno}); fix the source bars or features"
+            )

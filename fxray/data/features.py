@@ -19,7 +19,7 @@ Conventions
   count ~75%); every other feature is within ~1e-2 of its std (tests check both).
 - Oscillators whose neutral value is not 0 are centred (RSI -> (RSI - 50)/50,
   %B -> %B - 1/2, ...). +DI, -DI and ADX stay in Wilder's points (0..100): 0 is
-  neutral for them and `fxray.device` reads raw ADX (index 40) as fold difficulty.
+  neutral for them and `fxray.rl.device` reads raw ADX (index 40) as fold difficulty.
 
 Speed (~1.4M bars/s of CPU on one core here): numpy + `scipy.signal.lfilter` for the
 recursions + `scipy.ndimage` for rolling max/min; the CUSUM reset recursion runs
@@ -37,8 +37,14 @@ from fxray.data.schema import ADX_INDEX, N_FEATURES
 # scipy (~0.6-1 s to import) is imported where it is used: the sweep driver reads
 # FEATURE_NAMES / MAX_LOOKBACK (the default market's cache key) on its start-up path.
 
-_W, _A, _BB, _P, _AFML, _LD = ("Wilder 1978", "Appel 1979", "Bollinger 2001",
-                              "Parkinson 1980", "Lopez de Prado 2018 (AFML)", "-")
+_W, _A, _BB, _P, _AFML, _LD = (
+    "Wilder 1978",
+    "Appel 1979",
+    "Bollinger 2001",
+    "Parkinson 1980",
+    "Lopez de Prado 2018 (AFML)",
+    "-",
+)
 _CU, _EA = _AFML + " 2.5.2.1", "Easley et al. 2012 (bar flavour)"
 # (name, formula, lookback in bars, source); rows t < lookback are 0.
 FEATURE_TABLE: tuple[tuple[str, str, int, str], ...] = (
@@ -97,6 +103,7 @@ _WEEK_NS = 7 * _DAY_NS
 
 # --- rolling helpers (trailing windows; NaN before the first full window) -----------
 
+
 def _rolling_sum(x: np.ndarray, w: int, cs: np.ndarray | None = None) -> np.ndarray:
     """sum of x[t-w+1 .. t] (pass cs = cumsum(x) to share it between windows).
     A float64 cumsum is sequential, so out[t] reads x[:t+1] only."""
@@ -117,7 +124,7 @@ def _rolling_extreme(x: np.ndarray, w: int, kind: str) -> np.ndarray:
         f = maximum_filter1d if kind == "max" else minimum_filter1d
         centred = f(x, w, mode="nearest")  # window [j - w//2, j - w//2 + w - 1]
         s = w - 1 - w // 2
-        out[w - 1:] = centred[w - 1 - s:len(x) - s]
+        out[w - 1 :] = centred[w - 1 - s : len(x) - s]
     return out
 
 
@@ -128,6 +135,7 @@ def _ratio(num: np.ndarray, den: np.ndarray, where_zero: float = 0.0) -> np.ndar
 
 
 # --- recursions ------------------------------------------------------------------------
+
 
 def ema(x, span: float | None = None, *, alpha: float | None = None, init: float | None = None):
     """y_t = alpha x_t + (1 - alpha) y_{t-1}, y_0 = init (default x_0); alpha = 2/(span+1)."""
@@ -158,12 +166,12 @@ def wilder(x, n: int, start: int, seed: float, *, total: bool = False) -> np.nda
         p = 1.0 - 1.0 / n
         out[start] = seed
         if start + 1 < len(x):
-            out[start + 1:] = lfilter([1.0 if total else 1.0 / n], [1.0, -p], x[start + 1:],
-                                      zi=[p * seed])[0]
+            out[start + 1 :] = lfilter([1.0 if total else 1.0 / n], [1.0, -p], x[start + 1 :], zi=[p * seed])[0]
     return out
 
 
 # --- classic indicators (raw units, NaN before they are defined) -----------------------
+
 
 def rsi(close, n: int = 14, *, seed: str = "sma") -> np.ndarray:
     """Wilder's RSI in points (0..100), defined from index n.
@@ -177,7 +185,7 @@ def rsi(close, n: int = 14, *, seed: str = "sma") -> np.ndarray:
     gain, loss = np.maximum(d, 0.0), np.maximum(-d, 0.0)
     if seed == "sma":
         start = n
-        g0, l0 = (gain[1:n + 1].mean(), loss[1:n + 1].mean()) if len(c) > n else (0.0, 0.0)
+        g0, l0 = (gain[1 : n + 1].mean(), loss[1 : n + 1].mean()) if len(c) > n else (0.0, 0.0)
     elif seed == "zero":
         start, g0, l0 = 0, 0.0, 0.0
     else:
@@ -211,16 +219,16 @@ def adx(high, low, close, n: int = 14, *, tr=None):
     the first n; DX from t=n; ADX seeded at t=2n-1 by the mean of DX_n..DX_{2n-1}.
     """
     h, l = np.asarray(high, np.float64), np.asarray(low, np.float64)
-    up = np.diff(h, prepend=h[:1])    # H_t - H_{t-1}
+    up = np.diff(h, prepend=h[:1])  # H_t - H_{t-1}
     down = -np.diff(l, prepend=l[:1])  # L_{t-1} - L_t
     plus_dm = np.where((up > down) & (up > 0), up, 0.0)
     minus_dm = np.where((down > up) & (down > 0), down, 0.0)
     tr = true_range(h, l, close) if tr is None else tr
-    sums = [wilder(x, n, n, x[1:n + 1].sum(), total=True) for x in (tr, plus_dm, minus_dm)]
+    sums = [wilder(x, n, n, x[1 : n + 1].sum(), total=True) for x in (tr, plus_dm, minus_dm)]
     plus_di = 100.0 * _ratio(sums[1], sums[0])
     minus_di = 100.0 * _ratio(sums[2], sums[0])
     dx = 100.0 * _ratio(np.abs(plus_di - minus_di), plus_di + minus_di)
-    seed = dx[n:2 * n].mean() if len(dx) >= 2 * n else 0.0
+    seed = dx[n : 2 * n].mean() if len(dx) >= 2 * n else 0.0
     return plus_di, minus_di, wilder(dx, n, 2 * n - 1, seed)
 
 
@@ -241,12 +249,12 @@ def bollinger(close, n: int = 20, k: float = 2.0):
     if len(c) >= n:
         # Two-pass variance over the n lags (exact; a cumsum of C^2 would cancel
         # catastrophically at price levels ~1e3 with sigma ~1): n vector passes.
-        m, acc, tmp = mid[n - 1:], np.zeros(len(c) - n + 1), np.empty(len(c) - n + 1)
+        m, acc, tmp = mid[n - 1 :], np.zeros(len(c) - n + 1), np.empty(len(c) - n + 1)
         for lag in range(n):
-            np.subtract(c[lag:len(c) - n + 1 + lag], m, out=tmp)
+            np.subtract(c[lag : len(c) - n + 1 + lag], m, out=tmp)
             np.multiply(tmp, tmp, out=tmp)
             acc += tmp
-        var[n - 1:] = acc / n
+        var[n - 1 :] = acc / n
     sd = np.sqrt(var)
     return mid, mid + k * sd, mid - k * sd
 
@@ -262,6 +270,7 @@ def bollinger_pctb(close, n: int = 20, k: float = 2.0, *, bands=None) -> np.ndar
 
 
 # --- CUSUM filter (AFML 2.5.2.1) ------------------------------------------------------
+
 
 def cusum_filter(y, h):
     """Two-sided CUSUM with reset: S+_t = max(0, S+_{t-1} + y_t), S-_t = min(0, S-_{t-1} + y_t);
@@ -325,6 +334,7 @@ def cusum_filter(y, h):
 
 # --- the feature matrix ---------------------------------------------------------------
 
+
 def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # noqa: A002
     """Bars (N,) -> features (N, 42) float32, finite everywhere, in FEATURE_NAMES order.
 
@@ -347,7 +357,7 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
     def put(name, values):
         j = index[name]
         out[j] = values
-        out[j, :LOOKBACKS[j]] = 0.0  # warm-up: neutral
+        out[j, : LOOKBACKS[j]] = 0.0  # warm-up: neutral
 
     if n == 0:
         return out.T.copy()
@@ -435,6 +445,8 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
 def feature_table_markdown() -> str:
     """FEATURE_TABLE as the markdown written to docs/features.md."""
     lines = ["| # | name | formula | lookback (bars) | source |", "|---|---|---|---|---|"]
-    lines += [f"| {j} | `{name}` | {formula.replace('|', '&#124;')} | {lb} | {src} |"
-              for j, (name, formula, lb, src) in enumerate(FEATURE_TABLE)]
+    lines += [
+        f"| {j} | `{name}` | {formula.replace('|', '&#124;')} | {lb} | {src} |"
+        for j, (name, formula, lb, src) in enumerate(FEATURE_TABLE)
+    ]
     return "\n".join(lines) + "\n"

@@ -49,11 +49,11 @@ def parse_duration(text: str | int | float, key: str = "duration") -> int:
 class FoldSpec:
     """Walk-forward settings; durations as strings like '20d' (calendar time)."""
 
-    train: str = "20d"         # train window length
-    val: str = "5d"            # validation window (epoch selection / early stopping)
-    test: str = "5d"           # out-of-sample window, touched once per fold
-    step: str | None = None    # shift between folds; None = the test length
-    anchored: bool = False     # True: train always starts at the first bar (expanding)
+    train: str = "20d"  # train window length
+    val: str = "5d"  # validation window (epoch selection / early stopping)
+    test: str = "5d"  # out-of-sample window, touched once per fold
+    step: str | None = None  # shift between folds; None = the test length
+    anchored: bool = False  # True: train always starts at the first bar (expanding)
     embargo: int | None = None  # bars dropped at the start of val and test; None = lookback + 1
     max_folds: int | None = None  # keep only the first N folds
 
@@ -87,7 +87,7 @@ class Fold:
         return {"k": self.k, "train": list(self.train), "val": list(self.val), "test": list(self.test)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Fold":
+    def from_dict(cls, d: dict) -> Fold:
         return cls(int(d["k"]), tuple(d["train"]), tuple(d["val"]), tuple(d["test"]))
 
 
@@ -112,8 +112,7 @@ def make_folds(ts: np.ndarray, spec: FoldSpec = FoldSpec()) -> list[Fold]:
     if ts.dtype.kind == "M":
         ts = ts.astype("datetime64[ns]").view(np.int64)
     if ts.ndim != 1 or (ts.size and ts.dtype.kind not in "iu"):
-        raise FoldError(f"ts must be a 1-D array of int64 ns bar close times, got {ts.dtype} "
-                        f"of shape {ts.shape}")
+        raise FoldError(f"ts must be a 1-D array of int64 ns bar close times, got {ts.dtype} of shape {ts.shape}")
     ts = ts.astype(np.int64, copy=False)
     train, val, test = (parse_duration(getattr(spec, k)) for k in ("train", "val", "test"))
     step = parse_duration(spec.step, "folds.step") if spec.step is not None else test
@@ -145,5 +144,6 @@ def make_folds(ts: np.ndarray, spec: FoldSpec = FoldSpec()) -> list[Fold]:
             f"data too short for one fold: {len(ts):,} bars spanning {days:.2f} days; "
             f"folds need train {spec.train} + val {spec.val} + test {spec.test} "
             f"(each with >= 1 bar after an embargo of {embargo} bars): "
-            "shorten folds.train/val/test or give more data")
+            "shorten folds.train/val/test or give more data"
+        )
     return folds

@@ -4,12 +4,11 @@ The 42 feature names (and their formulas) are in fxray.data.features; the format
 itself (Arrow types, metadata) in fxray.data.cache.
 """
 
-N_FEATURES = 42        # width of `features`
-N_OFI = 8              # width of `ofi`
+N_FEATURES = 42  # width of `features`
+N_OFI = 8  # width of `ofi`
 N_INPUTS = N_FEATURES + N_OFI  # what a policy sees of a bar (before its position)
-ADX_INDEX = 40         # features[:, 40] = ADX(14), the fold's "difficulty" in reports
+ADX_INDEX = 40  # features[:, 40] = ADX(14), the fold's "difficulty" in reports
 TARGET_NAMES = ("open", "high", "low", "close")  # `targets`, in this order
 # the order-book features' names (fxray.book.features computes them); bar-only caches
 # carry zeros under the same names, so zero and real columns are named alike
-OFI_NAMES = ("ofi_l1", "mlofi_5", "depth_imb_5", "vpin", "kyle_lambda", "bid_slope", "ask_slope",
-             "trade_imb")
+OFI_NAMES = ("ofi_l1", "mlofi_5", "depth_imb_5", "vpin", "kyle_lambda", "bid_slope", "ask_slope", "trade_imb")

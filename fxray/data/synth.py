@@ -26,37 +26,45 @@ GENERATOR_VERSION = "1"
 MINUTE_NS = 60 * 10**9
 # Sunday 2020-01-05 22:00 UTC: the first session opens here.
 EPOCH_START_NS = 1578261600 * 10**9
-SYNTH_OFI_NAMES = ("flow_imbalance", "depth_imbalance", "trade_imbalance", "flow_intensity",
-                   "unused_4", "unused_5", "unused_6", "unused_7")
+SYNTH_OFI_NAMES = (
+    "flow_imbalance",
+    "depth_imbalance",
+    "trade_imbalance",
+    "flow_intensity",
+    "unused_4",
+    "unused_5",
+    "unused_6",
+    "unused_7",
+)
 
 
 @dataclass(frozen=True)
 class SynthSpec:
     """Parameters of the synthetic market (defaults give a learnable but noisy market)."""
 
-    n_bars: int = 200_000        # bars written (after the feature warm-up is dropped)
-    seed: int = 0                # everything follows from it
-    beta: float = 0.10           # predictive strength of flow: corr(s_t, r_t) ~ beta
-    persistence: float = 0.95    # AR(1) coefficient of flow per bar (half-life ~ 13 bars)
-    base_vol: float = 1e-4       # per-bar log-return volatility in the calm regime
-    high_vol_mult: float = 2.0   # volatility multiplier of the turbulent regime
-    regime_bars: int = 1440      # mean regime duration in bars
-    price0: float = 1.10         # first price (EURUSD-like)
+    n_bars: int = 200_000  # bars written (after the feature warm-up is dropped)
+    seed: int = 0  # everything follows from it
+    beta: float = 0.10  # predictive strength of flow: corr(s_t, r_t) ~ beta
+    persistence: float = 0.95  # AR(1) coefficient of flow per bar (half-life ~ 13 bars)
+    base_vol: float = 1e-4  # per-bar log-return volatility in the calm regime
+    high_vol_mult: float = 2.0  # volatility multiplier of the turbulent regime
+    regime_bars: int = 1440  # mean regime duration in bars
+    price0: float = 1.10  # first price (EURUSD-like)
 
 
 @dataclass(frozen=True)
 class SynthMarket:
     """Simulated bars and the hidden quantities behind them (length N, aligned)."""
 
-    ts: np.ndarray       # (N,) int64 ns bar close times
-    open: np.ndarray     # (N,) float64
+    ts: np.ndarray  # (N,) int64 ns bar close times
+    open: np.ndarray  # (N,) float64
     high: np.ndarray
     low: np.ndarray
     close: np.ndarray
-    volume: np.ndarray   # (N,) float64
-    ofi: np.ndarray      # (N, 8) float32; column 0 is the planted flow s_t
-    flow: np.ndarray     # (N,) float64 s_t
-    sigma: np.ndarray    # (N,) float64 volatility of the bar's return
+    volume: np.ndarray  # (N,) float64
+    ofi: np.ndarray  # (N, 8) float32; column 0 is the planted flow s_t
+    flow: np.ndarray  # (N,) float64 s_t
+    sigma: np.ndarray  # (N,) float64 volatility of the bar's return
     spec: SynthSpec
 
 
@@ -106,14 +114,15 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
     wick = sigma * np.abs(rng.standard_normal((2, n))) * 0.6
     high = np.maximum(open_, close) * np.exp(wick[0])
     low = np.minimum(open_, close) * np.exp(-wick[1])
-    volume = np.round(100 * seasonal * np.where(regime == 1, 1.8, 1.0)
-                      * rng.lognormal(0.0, 0.4, n) * (1 + 0.3 * np.abs(flow)))
+    volume = np.round(
+        100 * seasonal * np.where(regime == 1, 1.8, 1.0) * rng.lognormal(0.0, 0.4, n) * (1 + 0.3 * np.abs(flow))
+    )
 
     ofi = np.zeros((n, 8), np.float32)
     ofi[:, 0] = flow
-    ofi[:, 1] = 0.5 * flow + np.sqrt(0.75) * rng.standard_normal(n)   # depth imbalance
-    ofi[:, 2] = np.tanh(0.7 * flow + 0.5 * rng.standard_normal(n))    # trade imbalance in [-1,1]
-    ofi[:, 3] = np.abs(flow) + 0.3 * rng.standard_normal(n)           # flow intensity
+    ofi[:, 1] = 0.5 * flow + np.sqrt(0.75) * rng.standard_normal(n)  # depth imbalance
+    ofi[:, 2] = np.tanh(0.7 * flow + 0.5 * rng.standard_normal(n))  # trade imbalance in [-1,1]
+    ofi[:, 3] = np.abs(flow) + 0.3 * rng.standard_normal(n)  # flow intensity
     return SynthMarket(ts, open_, high, low, close, volume, ofi, flow, sigma, spec)
 
 
@@ -131,13 +140,21 @@ def oracle_positions(flow: np.ndarray, beta: float, cost: float, sigma: float | 
 
 def to_cache(spec: SynthSpec, out) -> str:
     """Simulate, compute the bar features, drop their warm-up and write an fxcache
-    (through the same builder as real bars: `fxray.bars.build_cache`)."""
+    (through the same builder as real bars: `fxray.data.bars.build_cache`)."""
     from fxray.data.bars import build_cache
     from fxray.data.features import MAX_LOOKBACK
 
     m = simulate(spec, spec.n_bars + MAX_LOOKBACK)  # cache row i = simulated bar i + MAX_LOOKBACK
-    return build_cache(m, out, instrument="SYNTH", source=f"fxray.synth v{GENERATOR_VERSION}", bar="1min",
-                       ofi=m.ofi, ofi_names=SYNTH_OFI_NAMES, extra_meta={"synth": asdict(spec)})
+    return build_cache(
+        m,
+        out,
+        instrument="SYNTH",
+        source=f"fxray.synth v{GENERATOR_VERSION}",
+        bar="1min",
+        ofi=m.ofi,
+        ofi_names=SYNTH_OFI_NAMES,
+        extra_meta={"synth": asdict(spec)},
+    )
 
 
 def cache_dir() -> Path:

@@ -38,13 +38,14 @@ N_SCALARS = 6  # leading entries of the packed host transfer, see _device_pack
 
 @dataclass(frozen=True)
 class BacktestResult:
-    position: torch.Tensor     # (T,) int8 in {-1, 0, +1}, on the input device
+    position: torch.Tensor  # (T,) int8 in {-1, 0, +1}, on the input device
     net_returns: torch.Tensor  # (T,) per-bar net log returns, dtype of `returns`, on device
     daily_returns: np.ndarray  # (n_days,) float64 daily sums, on the host
     metrics: Metrics
 
 
 # --- the position path: prefix composition of per-bar maps -------------------
+
 
 def greedy_positions(q_all: torch.Tensor) -> torch.Tensor:
     """(T,) int8 positions of the greedy policy from flat; exact, no host loop over bars.
@@ -56,14 +57,13 @@ def greedy_positions(q_all: torch.Tensor) -> torch.Tensor:
     position is table[t, 1] - 1 (start flat, index 1).
     """
     if q_all.ndim != 3 or q_all.shape[1:] != (3, 3):
-        raise ValueError(f"q_all must be (T, 3, 3) [bar, previous position + 1, action], "
-                         f"got {tuple(q_all.shape)}")
+        raise ValueError(f"q_all must be (T, 3, 3) [bar, previous position + 1, action], got {tuple(q_all.shape)}")
     n_bars = q_all.shape[0]
-    table = q_all.argmax(dim=-1)        # (T, 3) int64: previous index -> new index
-    spare = torch.empty_like(table)     # ping-pong buffer: no allocation per round
+    table = q_all.argmax(dim=-1)  # (T, 3) int64: previous index -> new index
+    spare = torch.empty_like(table)  # ping-pong buffer: no allocation per round
     shift = 1
-    while shift < n_bars:               # ~log2(T) rounds (19 for 500K); T is host-known
-        spare[:shift] = table[:shift]   # prefixes shorter than the shift are complete
+    while shift < n_bars:  # ~log2(T) rounds (19 for 500K); T is host-known
+        spare[:shift] = table[:shift]  # prefixes shorter than the shift are complete
         # spare[t, i] = table[t, table[t - shift, i]]: apply the earlier block first
         torch.gather(table[shift:], 1, table[:-shift], out=spare[shift:])
         table, spare = spare, table
@@ -73,12 +73,12 @@ def greedy_positions(q_all: torch.Tensor) -> torch.Tensor:
 
 # --- evaluation of a position path -------------------------------------------
 
+
 def _check_window(returns: torch.Tensor, day: torch.Tensor, n_bars: int, cost: float) -> None:
     if n_bars == 0:
         raise ValueError("empty backtest window (T = 0)")
     if returns.shape != (n_bars,) or day.shape != (n_bars,):
-        raise ValueError(f"returns and day must be ({n_bars},), got {tuple(returns.shape)} "
-                         f"and {tuple(day.shape)}")
+        raise ValueError(f"returns and day must be ({n_bars},), got {tuple(returns.shape)} and {tuple(day.shape)}")
     if not returns.is_floating_point() or day.is_floating_point():
         raise ValueError(f"returns must be float and day integer, got {returns.dtype}, {day.dtype}")
     if returns.device != day.device:
@@ -94,17 +94,18 @@ def count_days(day: torch.Tensor | np.ndarray) -> int:
     return int((day[1:] != day[:-1]).sum()) + 1 if day.numel() else 0
 
 
-def _device_pack(position: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost: float,
-                 n_days: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _device_pack(
+    position: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost: float, n_days: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(net_returns (T,), packed (N_SCALARS + n_days,) float64) on device; no host sync."""
-    pos = position.to(returns.dtype)                                # (T,)
+    pos = position.to(returns.dtype)  # (T,)
     change = (pos - torch.cat((pos.new_zeros(1), pos[:-1]))).abs()  # (T,) |p_t - p_{t-1}|, p_-1 = 0
-    net_returns = pos * returns - cost * change                     # (T,) net log returns
+    net_returns = pos * returns - cost * change  # (T,) net log returns
 
     # Dense day ids 0..D-1 in order of appearance: days without bars (weekends,
     # holidays) get no entry, so they neither dilute nor inflate the Sharpe.
-    new_day = day[1:] != day[:-1]                                   # (T-1,) bool
-    day_id = torch.cat((day.new_zeros(1), new_day.cumsum(0)))       # (T,) int64
+    new_day = day[1:] != day[:-1]  # (T-1,) bool
+    day_id = torch.cat((day.new_zeros(1), new_day.cumsum(0)))  # (T,) int64
     # Clamp so that a too-small n_days cannot index out of bounds (a device
     # assert on CUDA); the mismatch is reported after the transfer instead.
     # float64 accumulation: 1e3+ bars a day, and atomics' order noise stays ~1e-17.
@@ -112,19 +113,22 @@ def _device_pack(position: torch.Tensor, returns: torch.Tensor, day: torch.Tenso
     daily.index_add_(0, day_id.clamp(max=n_days - 1), net_returns.double())
 
     in_market = pos != 0
-    scalars = torch.stack((
-        change.double().mean(),                          # turnover per bar
-        (change != 0).sum().double(),                    # n_trades
-        in_market.sum().double(),                        # bars in the market
-        (in_market & (net_returns > 0)).sum().double(),  # of which net winners
-        (day_id[-1] + 1).double(),                       # true number of days
-        (day[1:] < day[:-1]).sum().double(),             # day index going backwards
-    ))
+    scalars = torch.stack(
+        (
+            change.double().mean(),  # turnover per bar
+            (change != 0).sum().double(),  # n_trades
+            in_market.sum().double(),  # bars in the market
+            (in_market & (net_returns > 0)).sum().double(),  # of which net winners
+            (day_id[-1] + 1).double(),  # true number of days
+            (day[1:] < day[:-1]).sum().double(),  # day index going backwards
+        )
+    )
     return net_returns, torch.cat((scalars, daily))
 
 
-def evaluate(position: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost: float,
-             *, n_days: int | None = None) -> BacktestResult:
+def evaluate(
+    position: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost: float, *, n_days: int | None = None
+) -> BacktestResult:
     """Net returns, daily sums and metrics of any (T,) position path in {-1, 0, +1}.
 
     n_days: the window's number of distinct days (`count_days`); without it one
@@ -135,7 +139,7 @@ def evaluate(position: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, c
     if position.shape != (n_bars,):
         raise ValueError(f"position must be (T,), got {tuple(position.shape)}")
     if n_days is None:
-        n_days = count_days(day)                                    # extra host sync (documented)
+        n_days = count_days(day)  # extra host sync (documented)
     if n_days < 1:
         raise ValueError(f"n_days must be >= 1, got {n_days}")
     net_returns, packed = _device_pack(position, returns, day, cost, n_days)
@@ -147,13 +151,15 @@ def evaluate(position: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, c
     if true_days != n_days:
         raise ValueError(f"n_days={n_days} but the window has {int(true_days)} distinct days")
     daily_returns = packed[N_SCALARS:]
-    metrics = summarize(daily_returns, turnover=turnover, n_trades=int(n_trades),
-                        hit_rate=n_hits / n_in if n_in else 0.0)
+    metrics = summarize(
+        daily_returns, turnover=turnover, n_trades=int(n_trades), hit_rate=n_hits / n_in if n_in else 0.0
+    )
     return BacktestResult(position.to(torch.int8), net_returns, daily_returns, metrics)
 
 
-def backtest(q_all: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost: float,
-             *, n_days: int | None = None) -> BacktestResult:
+def backtest(
+    q_all: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost: float, *, n_days: int | None = None
+) -> BacktestResult:
     """Greedy policy of `q_all` over one window; one host sync when `n_days` is given.
 
     q_all: (T, 3, 3) Q[t, previous position + 1, action]; returns: (T,) float per-bar
@@ -166,8 +172,9 @@ def backtest(q_all: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost
     return evaluate(greedy_positions(q_all), returns, day, cost, n_days=n_days)
 
 
-def baselines(returns: torch.Tensor, day: torch.Tensor, cost: float,
-              *, n_days: int | None = None) -> dict[str, Metrics]:
+def baselines(
+    returns: torch.Tensor, day: torch.Tensor, cost: float, *, n_days: int | None = None
+) -> dict[str, Metrics]:
     """Metrics of the two reference policies of a window, for per-fold tables.
 
     buy_and_hold: long every bar, pays `cost` once to enter (no exit cost).

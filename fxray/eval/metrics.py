@@ -48,6 +48,7 @@ def _std(arr: np.ndarray) -> float:
 
 # --- per-day ratios ----------------------------------------------------------
 
+
 def sharpe(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
     """Annualised Sharpe: mean / std(ddof=1) x sqrt(periods); 0.0 if < 2 days or std 0.
 
@@ -99,8 +100,8 @@ def calmar(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
 
 # --- Probabilistic and Deflated Sharpe (Bailey & Lopez de Prado) -------------
 
-def psr_from_stats(sr: float, skew: float, kurtosis: float, n_obs: int,
-                   sr_benchmark: float = 0.0) -> float:
+
+def psr_from_stats(sr: float, skew: float, kurtosis: float, n_obs: int, sr_benchmark: float = 0.0) -> float:
     """PSR from the moments: Phi((SR - SR*) sqrt(T - 1) / sqrt(1 - g3 SR + (g4 - 1)/4 SR^2)).
 
     sr, sr_benchmark: PER-PERIOD (not annualised) Sharpe ratios; skew g3;
@@ -133,9 +134,9 @@ def probabilistic_sharpe(returns, sr_benchmark: float = 0.0) -> float:
     if std == 0:
         return 0.0
     centred = arr - arr.mean()
-    m2 = float(np.mean(centred ** 2))
-    skew = float(np.mean(centred ** 3)) / m2 ** 1.5
-    kurtosis = float(np.mean(centred ** 4)) / m2 ** 2
+    m2 = float(np.mean(centred**2))
+    skew = float(np.mean(centred**3)) / m2**1.5
+    kurtosis = float(np.mean(centred**4)) / m2**2
     return psr_from_stats(float(arr.mean()) / std, skew, kurtosis, arr.size, sr_benchmark)
 
 
@@ -152,8 +153,7 @@ def expected_max_sharpe(n_trials: int, var_sharpe: float) -> float:
         return 0.0
     from scipy.stats import norm
 
-    z = ((1 - EULER_GAMMA) * norm.ppf(1 - 1 / n_trials)
-         + EULER_GAMMA * norm.ppf(1 - 1 / (n_trials * math.e)))
+    z = (1 - EULER_GAMMA) * norm.ppf(1 - 1 / n_trials) + EULER_GAMMA * norm.ppf(1 - 1 / (n_trials * math.e))
     return float(math.sqrt(var_sharpe) * z)
 
 
@@ -168,6 +168,7 @@ def deflated_sharpe(returns, n_trials: int, var_trial_sharpes: float) -> float:
 
 
 # --- bar-level statistics and the bundle -------------------------------------
+
 
 def bar_stats(position, net_returns, initial_position: int = 0) -> tuple[float, int, float]:
     """(turnover, n_trades, hit_rate) of a per-bar position path; numpy reference.
@@ -195,23 +196,24 @@ def bar_stats(position, net_returns, initial_position: int = 0) -> tuple[float, 
 class Metrics:
     """The numbers reported per window (val / test / baseline). See the module doc for units."""
 
-    sharpe: float        # annualised, daily returns
-    sortino: float       # annualised, daily returns
+    sharpe: float  # annualised, daily returns
+    sortino: float  # annualised, daily returns
     max_drawdown: float  # log units, <= 0
-    calmar: float        # CAGR / |fractional max drawdown|
+    calmar: float  # CAGR / |fractional max drawdown|
     total_return: float  # log units: sum of net log returns
-    turnover: float      # mean |Δposition| per bar
-    n_trades: int        # bars where the position changes
-    hit_rate: float      # share of in-market bars with net return > 0
-    n_days: int          # UTC days with at least one bar
+    turnover: float  # mean |Δposition| per bar
+    n_trades: int  # bars where the position changes
+    hit_rate: float  # share of in-market bars with net return > 0
+    n_days: int  # UTC days with at least one bar
 
     def to_dict(self, prefix: str = "") -> dict[str, float]:
         """Flat float dict for trackers, e.g. to_dict("val/") -> {"val/sharpe": ...}."""
         return {f"{prefix}{k}": float(v) for k, v in asdict(self).items()}
 
 
-def summarize(daily_returns, turnover: float = 0.0, n_trades: int = 0,
-              hit_rate: float = 0.0, periods: int = PERIODS_PER_YEAR) -> Metrics:
+def summarize(
+    daily_returns, turnover: float = 0.0, n_trades: int = 0, hit_rate: float = 0.0, periods: int = PERIODS_PER_YEAR
+) -> Metrics:
     """Bundle the day-level metrics of `daily_returns` with the bar-level ones (see bar_stats)."""
     arr = _as_returns(daily_returns)
     return Metrics(

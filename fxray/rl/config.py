@@ -84,10 +84,12 @@ class TrainConfig:
 
     def validate(self) -> None:
         if self.algo not in ALGORITHMS or not isinstance(self, ALGORITHMS[self.algo]):
-            raise ConfigError(f"algo: {self.algo!r} is not an algorithm of this config; "
-                              f"known: {', '.join(sorted(ALGORITHMS))}")
-        self._positive_ints("num_envs", "episode_len", "buffer_steps", "updates_per_step", "epochs",
-                            "steps_per_epoch", "patience")
+            raise ConfigError(
+                f"algo: {self.algo!r} is not an algorithm of this config; known: {', '.join(sorted(ALGORITHMS))}"
+            )
+        self._positive_ints(
+            "num_envs", "episode_len", "buffer_steps", "updates_per_step", "epochs", "steps_per_epoch", "patience"
+        )
         self._in_unit_interval("eps_start", "eps_end", "eps_decay")
         if not _is_number(self.cost) or not 0 <= self.cost < 0.1:
             self._fail("cost", "must be in [0, 0.1) (return units)")
@@ -104,8 +106,9 @@ class TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ConfigError(f"{where or cls.SECTION}: unknown key(s) {', '.join(unknown)}; "
-                              f"known: {', '.join(sorted(names))}")
+            raise ConfigError(
+                f"{where or cls.SECTION}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+            )
         return cls(**values)
 
     def replace(self, **changes) -> TrainConfig:
@@ -193,7 +196,6 @@ def field_docs(cls: type[TrainConfig] = DQNConfig) -> dict[str, str]:
             continue
         body = ast.parse(inspect.getsource(klass)).body[0].body
         for node, nxt in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr)
-                    and isinstance(nxt.value, ast.Constant)):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
                 docs[node.target.id] = nxt.value.value
     return docs

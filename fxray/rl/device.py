@@ -42,8 +42,7 @@ def _readonly_ok():
         yield
 
 
-def _upload_rows(x: torch.Tensor, features: torch.Tensor, ofi: torch.Tensor,
-                 chunk_rows: int = 1 << 18) -> None:
+def _upload_rows(x: torch.Tensor, features: torch.Tensor, ofi: torch.Tensor, chunk_rows: int = 1 << 18) -> None:
     """x[:, :nf] = features, x[:, nf:] = ofi, from host views, at DMA speed on CUDA.
 
     A pageable host-to-device copy runs at ~5-7 GB/s (one memcpy through the driver's

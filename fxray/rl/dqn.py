@@ -71,7 +71,7 @@ def epsilon(cfg: DQNConfig, step: torch.Tensor, total_steps: int) -> torch.Tenso
 def collect(env: TradingEnv, q_network: QNetwork, replay: Replay, eps: torch.Tensor) -> None:
     """One epsilon-greedy step of every env, written to the replay."""
     t, position = env.t.clone(), env.position.clone()
-    q = q_network(env.data.states(t), position)                           # (B, 3)
+    q = q_network(env.data.states(t), position)  # (B, 3)
     explore = torch.rand(env.num_envs, device=t.device) < eps
     random_action = torch.randint(0, N_ACTIONS, (env.num_envs,), device=t.device)
     action = torch.where(explore, random_action, q.argmax(1))
@@ -107,7 +107,7 @@ class Learner:
         B = t.shape[0]
         # One online forward over [s, s_next] (2B rows): at these sizes a step is bound by
         # kernel launches, not flops, so one pass of twice the rows is nearly free.
-        market = data.states(torch.cat([t, next_t]))                      # (2B, n_inputs)
+        market = data.states(torch.cat([t, next_t]))  # (2B, n_inputs)
         q_both = self.q_network(market, torch.cat([position, next_position]))  # (2B, 3)
         q = q_both[:B]
         with torch.no_grad():  # Double DQN: online picks the next action, target evaluates it

@@ -23,9 +23,9 @@ class TradingEnv:
     def __init__(self, data: DeviceData, num_envs: int, episode_len: int, cost: float):
         self.data, self.num_envs, self.episode_len, self.cost = data, num_envs, episode_len, cost
         dev = data.device
-        self.t = torch.zeros(num_envs, dtype=torch.int64, device=dev)         # (B,) current bar
+        self.t = torch.zeros(num_envs, dtype=torch.int64, device=dev)  # (B,) current bar
         self.position = torch.zeros(num_envs, dtype=torch.int64, device=dev)  # (B,) in {-1,0,1}
-        self.ep_step = torch.zeros(num_envs, dtype=torch.int64, device=dev)   # (B,) steps this episode
+        self.ep_step = torch.zeros(num_envs, dtype=torch.int64, device=dev)  # (B,) steps this episode
 
     def _random_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
         start, end = self.data.bounds[0], self.data.bounds[1]

@@ -25,15 +25,19 @@ from pathlib import Path
 
 import yaml
 
-from fxray.rl.config import ALGORITHMS, ConfigError, TrainConfig
 from fxray.data.folds import FoldError, FoldSpec
 from fxray.data.synth import SynthSpec
+from fxray.rl.config import ALGORITHMS, ConfigError, TrainConfig
 
 CONFIG_SECTIONS = tuple(cls.SECTION for cls in ALGORITHMS.values())  # one per algorithm: dqn
 SECTIONS = ("name", "algo", "data", "folds", *CONFIG_SECTIONS, "search", "sweep", "cpu")
-SEARCH_TYPES = {"uniform": ("low", "high"), "loguniform": ("low", "high"),
-                "int": ("low", "high", "log"), "randint": ("low", "high", "log"),
-                "choice": ("values",)}
+SEARCH_TYPES = {
+    "uniform": ("low", "high"),
+    "loguniform": ("low", "high"),
+    "int": ("low", "high", "log"),
+    "randint": ("low", "high", "log"),
+    "choice": ("values",),
+}
 
 
 class ExperimentError(ValueError):
@@ -42,13 +46,13 @@ class ExperimentError(ValueError):
 
 @dataclass(frozen=True)
 class SweepSpec:
-    trials: int = 64              # Tune samples (Optuna trials) per run of the CLI
-    seed: int = 0                 # TPE sampler seed, and the training seed of every fold
-    grace_folds: int = 1          # ASHA: folds every trial runs before it can be stopped
+    trials: int = 64  # Tune samples (Optuna trials) per run of the CLI
+    seed: int = 0  # TPE sampler seed, and the training seed of every fold
+    grace_folds: int = 1  # ASHA: folds every trial runs before it can be stopped
     reduction_factor: float = 2.0  # ASHA: keep ~1/rf of the trials at each rung
-    workers_per_gpu: int = 1      # FoldWorker actors per GPU (each gets num_gpus = 1/K)
-    cpu_per_trial: float = 0.25   # logical CPUs reserved by a trial process (it only waits)
-    trials_per_worker: int = 2    # trials in flight per worker: one trains, the rest wait for its lease
+    workers_per_gpu: int = 1  # FoldWorker actors per GPU (each gets num_gpus = 1/K)
+    cpu_per_trial: float = 0.25  # logical CPUs reserved by a trial process (it only waits)
+    trials_per_worker: int = 2  # trials in flight per worker: one trains, the rest wait for its lease
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class Param:
     """One search dimension over a config field; bounds are inclusive."""
 
     name: str
-    type: str                     # uniform | loguniform | int | randint | choice
+    type: str  # uniform | loguniform | int | randint | choice
     low: float | int | None = None
     high: float | int | None = None
     values: tuple = ()
@@ -76,12 +80,12 @@ class Param:
 @dataclass(frozen=True)
 class Experiment:
     name: str
-    file: str                     # the YAML it came from
-    profile: str                  # "gpu" or "cpu" (the cpu: overrides applied)
-    data_path: str | None         # an fxcache; None = the embedded synthetic market
+    file: str  # the YAML it came from
+    profile: str  # "gpu" or "cpu" (the cpu: overrides applied)
+    data_path: str | None  # an fxcache; None = the embedded synthetic market
     synth: SynthSpec
     folds: FoldSpec
-    config: TrainConfig           # base config of every trial (of the class `algo:` names)
+    config: TrainConfig  # base config of every trial (of the class `algo:` names)
     search: tuple[Param, ...]
     sweep: SweepSpec
     raw: dict = field(repr=False, default_factory=dict)  # the file as parsed (for records)
@@ -96,9 +100,11 @@ class Experiment:
 
     def describe(self) -> str:
         d = self.config
-        return (f"{self.sweep.trials} trials x {self.folds.max_folds or 'all'} folds "
-                f"({self.folds.train}/{self.folds.val}/{self.folds.test}) x {d.epochs} epochs "
-                f"x {d.steps_per_epoch} steps, {d.num_envs} envs, batch {d.batch_size}")
+        return (
+            f"{self.sweep.trials} trials x {self.folds.max_folds or 'all'} folds "
+            f"({self.folds.train}/{self.folds.val}/{self.folds.test}) x {d.epochs} epochs "
+            f"x {d.steps_per_epoch} steps, {d.num_envs} envs, batch {d.batch_size}"
+        )
 
 
 def load(path, profile: str = "gpu", overrides: dict | None = None) -> Experiment:
@@ -164,6 +170,7 @@ def read_yaml(path) -> dict:
 
 # --- validation ---------------------------------------------------------------------
 
+
 def _build(file, profile, d, raw, where) -> Experiment:
     def fail(key, msg):
         raise ExperimentError(f"{file}: {where(key)}: {msg}")
@@ -221,15 +228,28 @@ def _build(file, profile, d, raw, where) -> Experiment:
     for k, v in sweep_raw.items():
         _check_type(fail, f"sweep.{k}", v, sweep_fields[k].default)
     sweep = SweepSpec(**sweep_raw)
-    for key, ok, rule in (("trials", sweep.trials >= 1, ">= 1"), ("grace_folds", sweep.grace_folds >= 1, ">= 1"),
-                          ("reduction_factor", sweep.reduction_factor > 1, "> 1"),
-                          ("workers_per_gpu", sweep.workers_per_gpu >= 1, ">= 1"),
-                          ("trials_per_worker", sweep.trials_per_worker >= 1, ">= 1"),
-                          ("cpu_per_trial", 0 < sweep.cpu_per_trial <= 64, "in (0, 64] (Ray refuses 0)")):
+    for key, ok, rule in (
+        ("trials", sweep.trials >= 1, ">= 1"),
+        ("grace_folds", sweep.grace_folds >= 1, ">= 1"),
+        ("reduction_factor", sweep.reduction_factor > 1, "> 1"),
+        ("workers_per_gpu", sweep.workers_per_gpu >= 1, ">= 1"),
+        ("trials_per_worker", sweep.trials_per_worker >= 1, ">= 1"),
+        ("cpu_per_trial", 0 < sweep.cpu_per_trial <= 64, "in (0, 64] (Ray refuses 0)"),
+    ):
         if not ok:
             fail(f"sweep.{key}", f"{getattr(sweep, key)!r} must be {rule}")
-    return Experiment(name=name, file=file, profile=profile, data_path=data_path, synth=synth,
-                      folds=folds, config=config, search=search, sweep=sweep, raw=raw)
+    return Experiment(
+        name=name,
+        file=file,
+        profile=profile,
+        data_path=data_path,
+        synth=synth,
+        folds=folds,
+        config=config,
+        search=search,
+        sweep=sweep,
+        raw=raw,
+    )
 
 
 def _param(file, fail, base: TrainConfig, fields, name, spec, where) -> Param:
@@ -287,8 +307,7 @@ def _section(file, d, name, allowed, where) -> dict:
 def _check_keys(file, d: dict, allowed, prefix: str, where=lambda k: k) -> None:
     for k in d:
         if k not in allowed:
-            raise ExperimentError(f"{file}: {where(prefix + str(k))}: unknown key; "
-                                  f"known: {', '.join(sorted(allowed))}")
+            raise ExperimentError(f"{file}: {where(prefix + str(k))}: unknown key; known: {', '.join(sorted(allowed))}")
 
 
 def _check_type(fail, key, value, default) -> None:

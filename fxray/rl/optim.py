@@ -36,12 +36,24 @@ class Adam:
         grads = [p.grad for p in self.params]
         torch._foreach_add_(self.steps, 1.0)
         if self.fused:
-            torch._fused_adam_(self.params, grads, self.exp_avg, self.exp_avg_sq, [], self.steps,
-                               lr=self.lr, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=self.eps,
-                               amsgrad=False, maximize=False)
+            torch._fused_adam_(
+                self.params,
+                grads,
+                self.exp_avg,
+                self.exp_avg_sq,
+                [],
+                self.steps,
+                lr=self.lr,
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=0.0,
+                eps=self.eps,
+                amsgrad=False,
+                maximize=False,
+            )
             return
         t = float(self.steps[0])  # a CPU tensor: reading it is no device sync
-        bias1, bias2_sqrt = 1 - beta1 ** t, math.sqrt(1 - beta2 ** t)
+        bias1, bias2_sqrt = 1 - beta1**t, math.sqrt(1 - beta2**t)
         for p, g, m, v in zip(self.params, grads, self.exp_avg, self.exp_avg_sq):
             m.lerp_(g, 1 - beta1)
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)

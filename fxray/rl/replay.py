@@ -38,8 +38,13 @@ class Replay:
 
     def add(self, t, position, action, reward, done) -> None:
         row = self.steps % self.S
-        for buf, value in ((self.t, t), (self.position, position), (self.action, action),
-                           (self.reward, reward), (self.done, done)):
+        for buf, value in (
+            (self.t, t),
+            (self.position, position),
+            (self.action, action),
+            (self.reward, reward),
+            (self.done, done),
+        ):
             buf.index_copy_(0, row.view(1), value.unsqueeze(0))
         self.steps.add_(1)
 
@@ -56,7 +61,7 @@ class Replay:
     def n_step_batch(self, step: torch.Tensor, env: torch.Tensor):
         """-> t, position, action, return_n, next_t, next_position, discount; each (batch,)."""
         offsets = torch.arange(self.n, device=step.device)
-        rows = (step.unsqueeze(1) + offsets) % self.S            # (batch, n)
+        rows = (step.unsqueeze(1) + offsets) % self.S  # (batch, n)
         envs = env.unsqueeze(1).expand_as(rows)
         reward, done = self.reward[rows, envs], self.done[rows, envs]
         # keep step j only if no episode ended at steps 0..j-1 (an unrolled scan over the
@@ -66,11 +71,18 @@ class Replay:
         for j in range(self.n):
             keep_cols.append(alive)
             alive = alive * (~done[:, j]).to(torch.float32)
-        keep = torch.stack(keep_cols, 1)                          # (batch, n)
+        keep = torch.stack(keep_cols, 1)  # (batch, n)
         return_n = (reward * keep * self.discounts[: self.n]).sum(1)
-        k = keep.sum(1).to(torch.int64)                           # steps included, 1..n
+        k = keep.sum(1).to(torch.int64)  # steps included, 1..n
         last_row = rows.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
         t0 = self.t[rows[:, 0], env]
         next_position = self.action[last_row, env] - 1
-        return (t0, self.position[rows[:, 0], env], self.action[rows[:, 0], env],
-                return_n, t0 + k, next_position, self.discounts[k])
+        return (
+            t0,
+            self.position[rows[:, 0], env],
+            self.action[rows[:, 0], env],
+            return_n,
+            t0 + k,
+            next_position,
+            self.discounts[k],
+        )

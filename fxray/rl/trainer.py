@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from fxray.eval.backtest import backtest, baselines
 from fxray.data.folds import Fold
+from fxray.eval.backtest import backtest, baselines
 from fxray.rl import algorithm
 from fxray.rl.algorithm import Algorithm
 from fxray.rl.config import TrainConfig
@@ -37,15 +37,15 @@ EVAL_CHUNK = 262_144  # bars per Q-network forward in evaluation (bounds activat
 
 @dataclass
 class FoldResult:
-    fold: dict                 # Fold.as_dict()
-    status: str                # "ok" | "diverged" | "cancelled" (stop() said so; not evaluated)
-    best_epoch: int            # 0-based; -1 if no epoch finished
+    fold: dict  # Fold.as_dict()
+    status: str  # "ok" | "diverged" | "cancelled" (stop() said so; not evaluated)
+    best_epoch: int  # 0-based; -1 if no epoch finished
     epochs_run: int
-    val: dict                  # metrics of the best epoch on the val window
-    test: dict                 # metrics of the best weights on the test window
-    baselines: dict            # {"buy_and_hold": {...}, "flat": {...}} on the test window
-    curve: list = field(default_factory=list)        # per epoch: loss, val_sharpe, epoch_s, eps
-    timings: dict = field(default_factory=dict)      # seconds: fold_switch, train, eval, total
+    val: dict  # metrics of the best epoch on the val window
+    test: dict  # metrics of the best weights on the test window
+    baselines: dict  # {"buy_and_hold": {...}, "flat": {...}} on the test window
+    curve: list = field(default_factory=list)  # per epoch: loss, val_sharpe, epoch_s, eps
+    timings: dict = field(default_factory=dict)  # seconds: fold_switch, train, eval, total
     adx: float = float("nan")  # mean raw ADX(14) over the train slice (the fold's "difficulty")
     test_daily_returns: list = field(default_factory=list)  # for equity curves and PSR/DSR
     checkpoint: str | None = None
@@ -92,14 +92,21 @@ class Trainer:
     def q_all(self, window: tuple[int, int]) -> torch.Tensor:
         """(T, 3, 3) Q-values for bars [start, end-1) of a window (bars with a next bar)."""
         start, end = window[0], window[1] - 1
-        parts = [self.algo.q_all(self.data.states(torch.arange(s, min(s + EVAL_CHUNK, end), device=self.data.device)))
-                 for s in range(start, end, EVAL_CHUNK)]
+        parts = [
+            self.algo.q_all(self.data.states(torch.arange(s, min(s + EVAL_CHUNK, end), device=self.data.device)))
+            for s in range(start, end, EVAL_CHUNK)
+        ]
         return torch.cat(parts)
 
     def evaluate(self, window: tuple[int, int]):
         start, end = window[0], window[1] - 1
-        return backtest(self.q_all(window), self.data.returns[start:end], self.data.day[start:end],
-                        self.cfg.cost, n_days=self.data.count_days(start, end))
+        return backtest(
+            self.q_all(window),
+            self.data.returns[start:end],
+            self.data.day[start:end],
+            self.cfg.cost,
+            n_days=self.data.count_days(start, end),
+        )
 
     # --- one fold ----------------------------------------------------------------------
     def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None, stop=None) -> FoldResult:
@@ -122,9 +129,17 @@ class Trainer:
             self.algo.reset_epoch_stats()
             for _ in range(cfg.steps_per_epoch):
                 if stop is not None and stop():  # a host-side flag: no device sync
-                    return FoldResult(fold=fold.as_dict(), status="cancelled", best_epoch=-1,
-                                      epochs_run=len(curve), val={}, test={}, baselines={}, curve=curve,
-                                      timings={"total_s": time.perf_counter() - t_start})
+                    return FoldResult(
+                        fold=fold.as_dict(),
+                        status="cancelled",
+                        best_epoch=-1,
+                        epochs_run=len(curve),
+                        val={},
+                        test={},
+                        baselines={},
+                        curve=curve,
+                        timings={"total_s": time.perf_counter() - t_start},
+                    )
                 self.graph.replay() if self.graph is not None else self._step()
             # host sync: the epoch's loss, |Q| max and epsilon, three scalars
             loss_sum, q_max, eps = self.algo.epoch_stats().tolist()
@@ -132,19 +147,39 @@ class Trainer:
             loss = loss_sum / (cfg.steps_per_epoch * cfg.updates_per_step)
             if not (math.isfinite(loss) and math.isfinite(q_max) and q_max < Q_LIMIT):
                 status = "diverged"
-                curve.append({"epoch": epoch, "loss": loss, "q_max": q_max, "val_sharpe": float("nan"),
-                              "epoch_s": t1 - t0, "eps": eps})
+                curve.append(
+                    {
+                        "epoch": epoch,
+                        "loss": loss,
+                        "q_max": q_max,
+                        "val_sharpe": float("nan"),
+                        "epoch_s": t1 - t0,
+                        "eps": eps,
+                    }
+                )
                 if log:
                     log(f"fold {fold.k} epoch {epoch}: diverged (loss {loss:.3g}, |Q| max {q_max:.3g})")
                 break
             val = self.evaluate(fold.val).metrics
             t2 = time.perf_counter()
             train_s, eval_s = train_s + (t1 - t0), eval_s + (t2 - t1)
-            curve.append({"epoch": epoch, "loss": loss, "q_max": q_max, "val_sharpe": val.sharpe,
-                          "epoch_s": t2 - t0, "train_s": t1 - t0, "val_s": t2 - t1, "eps": eps})
+            curve.append(
+                {
+                    "epoch": epoch,
+                    "loss": loss,
+                    "q_max": q_max,
+                    "val_sharpe": val.sharpe,
+                    "epoch_s": t2 - t0,
+                    "train_s": t1 - t0,
+                    "val_s": t2 - t1,
+                    "eps": eps,
+                }
+            )
             if log:
-                log(f"fold {fold.k} epoch {epoch}: loss {loss:.4f}  val sharpe {val.sharpe:+.2f}  "
-                    f"eps {eps:.2f}  {t2 - t0:.2f}s")
+                log(
+                    f"fold {fold.k} epoch {epoch}: loss {loss:.4f}  val sharpe {val.sharpe:+.2f}  "
+                    f"eps {eps:.2f}  {t2 - t0:.2f}s"
+                )
             if val.sharpe > best_sharpe:
                 best_sharpe, best_epoch, best_val, bad_epochs = val.sharpe, epoch, val, 0
                 for b, p in zip(self.best_params, self.algo.params):
@@ -153,9 +188,17 @@ class Trainer:
                 bad_epochs += 1
                 if bad_epochs >= cfg.patience:
                     break
-        result = FoldResult(fold=fold.as_dict(), status=status, best_epoch=best_epoch,
-                            epochs_run=len(curve), val={}, test={}, baselines={}, curve=curve,
-                            adx=self.data.adx_mean(fold.train))
+        result = FoldResult(
+            fold=fold.as_dict(),
+            status=status,
+            best_epoch=best_epoch,
+            epochs_run=len(curve),
+            val={},
+            test={},
+            baselines={},
+            curve=curve,
+            adx=self.data.adx_mean(fold.train),
+        )
         t3 = time.perf_counter()
         start, end = fold.test[0], fold.test[1] - 1
         n_days = self.data.count_days(start, end)
@@ -170,13 +213,18 @@ class Trainer:
             if checkpoint_dir is not None:
                 result.checkpoint = str(save_checkpoint(checkpoint_dir, self, fold, result))
         t4 = time.perf_counter()
-        result.timings = {"fold_switch_s": t_switch, "train_s": train_s, "eval_s": eval_s + (t4 - t3),
-                          "total_s": t4 - t_start}
+        result.timings = {
+            "fold_switch_s": t_switch,
+            "train_s": train_s,
+            "eval_s": eval_s + (t4 - t3),
+            "total_s": t4 - t_start,
+        }
         return result
 
 
-def train_fold(data: DeviceData, fold: Fold, config: TrainConfig, seed: int = 0, log=None,
-               checkpoint_dir=None) -> FoldResult:
+def train_fold(
+    data: DeviceData, fold: Fold, config: TrainConfig, seed: int = 0, log=None, checkpoint_dir=None
+) -> FoldResult:
     """Train `config` on one fold of `data` (a fresh Trainer; reuse a Trainer across folds)."""
     return Trainer(data, config).run_fold(fold, seed, log=log, checkpoint_dir=checkpoint_dir)
 
@@ -189,10 +237,18 @@ def save_checkpoint(directory, trainer: Trainer, fold: Fold, result: FoldResult)
     directory.mkdir(parents=True, exist_ok=True)
     stem = directory / f"fold{fold.k}"
     tensors = {k: v.detach().cpu().contiguous() for k, v in trainer.algo.state_dict().items()}
-    meta = {"config": trainer.cfg.as_dict(), "fold": fold.as_dict(), "best_epoch": result.best_epoch,
-            "val": result.val, "test": result.test, "n_inputs": trainer.data.n_inputs}
-    for suffix, write in ((".safetensors", lambda p: save_file(tensors, p)),
-                          (".json", lambda p: Path(p).write_text(json.dumps(meta, indent=1)))):
+    meta = {
+        "config": trainer.cfg.as_dict(),
+        "fold": fold.as_dict(),
+        "best_epoch": result.best_epoch,
+        "val": result.val,
+        "test": result.test,
+        "n_inputs": trainer.data.n_inputs,
+    }
+    for suffix, write in (
+        (".safetensors", lambda p: save_file(tensors, p)),
+        (".json", lambda p: Path(p).write_text(json.dumps(meta, indent=1))),
+    ):
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem.name}", suffix=suffix)
         os.close(fd)
         try:

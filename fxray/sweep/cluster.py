@@ -38,8 +38,7 @@ class ClusterError(ValueError):
 
 def node_stores() -> dict[str, float]:
     """Object store capacity in bytes of each alive node, by node id (hex)."""
-    return {n["NodeID"]: float(n["Resources"].get("object_store_memory", 0.0))
-            for n in ray.nodes() if n["Alive"]}
+    return {n["NodeID"]: float(n["Resources"].get("object_store_memory", 0.0)) for n in ray.nodes() if n["Alive"]}
 
 
 def nbytes(arrays: dict) -> int:
@@ -62,7 +61,8 @@ def check_object_store(arrays: dict, path: str, headroom: float = HEADROOM) -> d
             f"{headroom:g}x headroom, but the smallest node's store is {mib(smallest)} "
             f"({len(stores)} node(s)); give every node a bigger store (`ray start "
             f"--object-store-memory BYTES`, default 30% of RAM) or sweep a shorter fxcache "
-            f"(python -m fxray.data ... --bars)")
+            f"(python -m fxray.data ... --bars)"
+        )
     return stores
 
 
@@ -112,12 +112,16 @@ def start_ray(args) -> None:
             try:
                 socket.create_connection((host, int(port)), timeout=5).close()
             except OSError as e:
-                raise ClusterError(f"--address {args.address}: nothing answers there ({e.strerror or e}); "
-                                 "is the cluster up (ray status)?") from None
+                raise ClusterError(
+                    f"--address {args.address}: nothing answers there ({e.strerror or e}); "
+                    "is the cluster up (ray status)?"
+                ) from None
         try:
             ray.init(address=args.address, **kw)
         except (ConnectionError, RuntimeError) as e:
-            raise ClusterError(f"--address {args.address}: cannot join the Ray cluster "
-                             f"({str(e).strip().splitlines()[0]}); is it up (ray status)?") from None
+            raise ClusterError(
+                f"--address {args.address}: cannot join the Ray cluster "
+                f"({str(e).strip().splitlines()[0]}); is it up (ray status)?"
+            ) from None
     else:
         ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, **kw)

@@ -26,10 +26,16 @@ import ray
 from fxray.rl import experiment as expmod
 from fxray.sweep.cluster import start_ray
 from fxray.sweep.leases import Workers, pool_name
-from fxray.sweep.rundir import (UsageError, locate, make_fold_dicts, prepare_storage, same_trials,
-                                write_sweep)
-from fxray.sweep.tuner import (MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, close_orphans, debug_log,
-                               ended_trials, make_tuner)
+from fxray.sweep.rundir import UsageError, locate, make_fold_dicts, prepare_storage, same_trials, write_sweep
+from fxray.sweep.tuner import (
+    MLFLOW_FAILURE,
+    WORKER_FAILURE,
+    check_same_work,
+    close_orphans,
+    debug_log,
+    ended_trials,
+    make_tuner,
+)
 
 
 @dataclass
@@ -38,13 +44,13 @@ class Plan:
 
     args: object
     overrides: dict
-    file: str                 # the experiment file (a sweep's saved copy when it exists)
+    file: str  # the experiment file (a sweep's saved copy when it exists)
     storage: Path
-    sweep: dict | None        # its sweep.json, or None for a new sweep
-    same: dict | None         # --same-trials: what to replay
-    data_path: str | None     # None: the embedded market, made once the profile is known
+    sweep: dict | None  # its sweep.json, or None for a new sweep
+    same: dict | None  # --same-trials: what to replay
+    data_path: str | None  # None: the embedded market, made once the profile is known
     market: object | None
-    uri: str                  # the MLflow store
+    uri: str  # the MLflow store
     t_start: float = field(default_factory=time.time)
     phases: dict = field(default_factory=dict)  # unix times of the start-up steps, for results.json
 
@@ -58,7 +64,7 @@ class Run:
     sweep: dict
     workers: Workers
     writer: object
-    arrays_ref: object        # held for the whole sweep: a restarted worker loads it again
+    arrays_ref: object  # held for the whole sweep: a restarted worker loads it again
 
 
 def validate(args, import_s: float = 0.0) -> Plan:
@@ -66,19 +72,29 @@ def validate(args, import_s: float = 0.0) -> Plan:
     from fxray.data import cache
     from fxray.track import runs as mlruns
 
-    overrides = {k: v for k, v in (("sweep.trials", args.trials), ("sweep.seed", args.seed),
-                                   ("sweep.workers_per_gpu", args.workers_per_gpu),
-                                   ("name", args.name)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (
+            ("sweep.trials", args.trials),
+            ("sweep.seed", args.seed),
+            ("sweep.workers_per_gpu", args.workers_per_gpu),
+            ("name", args.name),
+        )
+        if v is not None
+    }
     if args.address and (args.num_cpus or args.num_gpus is not None):
-        raise UsageError("--num-cpus/--num-gpus size a local Ray; with --address the cluster's own "
-                         "resources are used: drop one of them")
+        raise UsageError(
+            "--num-cpus/--num-gpus size a local Ray; with --address the cluster's own "
+            "resources are used: drop one of them"
+        )
     file, storage, sweep = locate(args, overrides)
     same = same_trials(args, storage, sweep, overrides)
     exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
     data_path = args.data or (sweep and sweep["data"]["path"]) or (same and same["data"]["path"]) or exp.data_path
     if args.data and sweep and Path(args.data).absolute() != Path(sweep["data"]["path"]):
-        raise UsageError(f"--data {args.data}: this sweep ran on {sweep['data']['path']}; "
-                         "use --storage DIR for a new sweep")
+        raise UsageError(
+            f"--data {args.data}: this sweep ran on {sweep['data']['path']}; use --storage DIR for a new sweep"
+        )
     if data_path and not Path(data_path).exists():
         where = "--data" if args.data else f"{file}: data.path"
         raise UsageError(f"{where}: {data_path} does not exist (build it with `python -m fxray.data build`)")
@@ -86,13 +102,14 @@ def validate(args, import_s: float = 0.0) -> Plan:
     if market is not None:
         make_fold_dicts(file, exp, market)
         if sweep and sweep["data"]["content_hash"] != market.content_hash:
-            raise UsageError(f"{data_path}: its contents changed since the sweep started "
-                             f"(hash {market.content_hash} != {sweep['data']['content_hash']})")
+            raise UsageError(
+                f"{data_path}: its contents changed since the sweep started "
+                f"(hash {market.content_hash} != {sweep['data']['content_hash']})"
+            )
         if same:
             same_exp = expmod.load(file, same["profile"], overrides)
             try:
-                check_same_work(same, same_exp, make_fold_dicts(file, same_exp, market), market.content_hash,
-                                data_path)
+                check_same_work(same, same_exp, make_fold_dicts(file, same_exp, market), market.content_hash, data_path)
             except ValueError as e:
                 raise UsageError(str(e)) from None
     uri = sweep["mlflow"]["uri"] if sweep else mlruns.tracking_uri()
@@ -129,7 +146,8 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
     profile = (plan.sweep or plan.same or {}).get("profile") or (
-        args.profile if args.profile != "auto" else ("gpu" if gpus >= 1 else "cpu"))
+        args.profile if args.profile != "auto" else ("gpu" if gpus >= 1 else "cpu")
+    )
     exp = expmod.load(plan.file, profile, plan.overrides)
     market, data_path = plan.market, plan.data_path
     if market is None:
@@ -137,29 +155,36 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
         market = cache.open(data_path)
     folds = make_fold_dicts(plan.file, exp, market)
     try:
-        wplan = plan_workers(ray.cluster_resources(), exp.sweep.workers_per_gpu, exp.sweep.cpu_per_trial,
-                             args.cpu_workers, exp.sweep.trials_per_worker)
+        wplan = plan_workers(
+            ray.cluster_resources(),
+            exp.sweep.workers_per_gpu,
+            exp.sweep.cpu_per_trial,
+            args.cpu_workers,
+            exp.sweep.trials_per_worker,
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     trials = plan.sweep["rounds"][-1]["trials"] if args.resume else exp.sweep.trials
     cfg = exp.config
-    print(f"{profile.upper()} profile: {trials} trials x {len(folds)} folds x {cfg.epochs} epochs "
-          f"x {cfg.steps_per_epoch} steps ({cfg.num_envs} envs, batch {getattr(cfg, 'batch_size', '-')}) "
-          f"on {wplan.describe()}; data {data_path} ({market.n_bars:,} bars)"
-          + (" -- resuming" if args.resume else "")
-          + (f" -- the trials of {plan.same['from']}, each for as many folds as there" if plan.same else ""),
-          flush=True)
+    print(
+        f"{profile.upper()} profile: {trials} trials x {len(folds)} folds x {cfg.epochs} epochs "
+        f"x {cfg.steps_per_epoch} steps ({cfg.num_envs} envs, batch {getattr(cfg, 'batch_size', '-')}) "
+        f"on {wplan.describe()}; data {data_path} ({market.n_bars:,} bars)"
+        + (" -- resuming" if args.resume else "")
+        + (f" -- the trials of {plan.same['from']}, each for as many folds as there" if plan.same else ""),
+        flush=True,
+    )
     t0 = time.time()
     arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
-    workers = start_workers(arrays_ref, wplan, cfg.dtype, pool_name(storage),
-                            worker_class=os.environ.get("FXRAY_WORKER_CLASS"))
+    workers = start_workers(
+        arrays_ref, wplan, cfg.dtype, pool_name(storage), worker_class=os.environ.get("FXRAY_WORKER_CLASS")
+    )
     for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
         handle.warmup.remote(cfg.as_dict(), folds[0])
     phases["workers_created"] = time.time()
     # while the workers import torch and load the data: the run directory (then the writer
     # opens the store), then Tune starts its trial processes; a first fold waits on its worker
-    sweep = prepare_storage(storage, plan.sweep, exp, plan.file, profile, market, data_path, folds, args,
-                            plan.same)
+    sweep = prepare_storage(storage, plan.sweep, exp, plan.file, profile, market, data_path, folds, args, plan.same)
     run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref)
     prepared.set()
     watch_workers(workers, t0, phases)
@@ -177,8 +202,12 @@ def fit(run: Run) -> int | None:
     if sqlite_path(plan.uri) is None and not run.writer.wait_open():
         return start_failed(f"MLflow store {plan.uri} could not be opened: {MLFLOW_FAILURE[0]}", storage)
     # what a resumed round trains with is what it started with, whatever the flags say now
-    job = {"folds": sweep["folds"], "base": sweep["base"], "seed": sweep["rounds"][-1]["seed"],
-           "checkpoints": str(storage / "checkpoints")}
+    job = {
+        "folds": sweep["folds"],
+        "base": sweep["base"],
+        "seed": sweep["rounds"][-1]["seed"],
+        "checkpoints": str(storage / "checkpoints"),
+    }
     debug_log(os.environ.get("FXRAY_TUNE_DEBUG_LOG"))
     try:
         tuner = make_tuner(storage, sweep, run.exp, job, run.workers, resumed=plan.args.resume)
@@ -188,8 +217,11 @@ def fit(run: Run) -> int | None:
     except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
         run.writer.finish("FAILED")
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"fxray.tune: the sweep stopped: {type(e).__name__}: {first}\n"
-              f"continue it with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
+        print(
+            f"fxray.tune: the sweep stopped: {type(e).__name__}: {first}\n"
+            f"continue it with: python -m fxray.tune --storage {storage} --resume",
+            file=sys.stderr,
+        )
         return 1
     if MLFLOW_FAILURE:
         return start_failed(f"MLflow store {plan.uri} could not be opened: {MLFLOW_FAILURE[0]}", storage)
@@ -207,25 +239,40 @@ def finish(run: Run) -> int:
     ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
     unfinished = sweep["rounds"][-1]["trials"] - ended
     records = results.load_records(storage)
-    summary = results.write_results(storage, sweep, records, run.workers.stats(), time.time() - plan.t_start,
-                                    plan.args.json, started=plan.t_start, phases=plan.phases)
+    summary = results.write_results(
+        storage,
+        sweep,
+        records,
+        run.workers.stats(),
+        time.time() - plan.t_start,
+        plan.args.json,
+        started=plan.t_start,
+        phases=plan.phases,
+    )
     if unfinished:
         run.writer.finish("KILLED")
-        print(f"interrupted: {unfinished} trial(s) unfinished; resume with: python -m fxray.tune "
-              f"--storage {storage} --resume", file=sys.stderr)
+        print(
+            f"interrupted: {unfinished} trial(s) unfinished; resume with: python -m fxray.tune "
+            f"--storage {storage} --resume",
+            file=sys.stderr,
+        )
         return 130
     orphans = close_orphans(storage)
     if orphans:
         print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (no Tune trial ran them)")
     sweep["rounds"][-1]["done"] = errors == 0
     write_sweep(storage, sweep)
-    lost = run.writer.finish("FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"],
-                             summary["artifacts"])
-    print(f"results: {storage}\nMLflow:  mlflow ui --backend-store-uri {sweep['mlflow']['uri']} "
-          "(serves on 127.0.0.1:5000)")
+    lost = run.writer.finish("FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"], summary["artifacts"])
+    print(
+        f"results: {storage}\nMLflow:  mlflow ui --backend-store-uri {sweep['mlflow']['uri']} "
+        "(serves on 127.0.0.1:5000)"
+    )
     if lost:
-        print(f"{lost} MLflow write(s) failed (the fxray.track.writer lines above say why); "
-              f"{storage}/results.json has every fold", file=sys.stderr)
+        print(
+            f"{lost} MLflow write(s) failed (the fxray.track.writer lines above say why); "
+            f"{storage}/results.json has every fold",
+            file=sys.stderr,
+        )
     if errors:
         print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
     return 1 if errors or lost else 0
@@ -242,8 +289,10 @@ def sweep_run(args, import_s: float = 0.0) -> int:
 
 def start_failed(error: str, storage: Path) -> int:
     """A sweep that could not start (StartFailed): its one error line, how to go on, exit 1."""
-    print(f"fxray.tune: error: {error}\n"
-          f"fix it, then continue with: python -m fxray.tune --storage {storage} --resume", file=sys.stderr)
+    print(
+        f"fxray.tune: error: {error}\nfix it, then continue with: python -m fxray.tune --storage {storage} --resume",
+        file=sys.stderr,
+    )
     return 1
 
 

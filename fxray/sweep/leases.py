@@ -7,10 +7,10 @@
 The WorkerPool actor hands idle workers to trials, one owner at a time, and lends
 an idle worker no trial is waiting for. A FoldStream keeps the next fold queued on
 the leased worker while the trial reports the last one, so the device does not wait
-for Tune's round trip (fxray.trial stops queueing at ASHA's rungs), and spreads
+for Tune's round trip (fxray.sweep.trial stops queueing at ASHA's rungs), and spreads
 later folds over borrowed workers when there are more workers than trials (the end
 of a sweep); closing it cancels what it queued (the running fold ends at its next
-step, status "cancelled"). fxray.workers creates the pool with the workers.
+step, status "cancelled"). fxray.sweep.workers creates the pool with the workers.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ray.exceptions import RayActorError
 if TYPE_CHECKING:
     from fxray.sweep.workers import WorkerPlan
 
-FOLD_RETRIES = 3       # fold calls lost to a dead worker before the trial gives up
+FOLD_RETRIES = 3  # fold calls lost to a dead worker before the trial gives up
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -93,8 +93,8 @@ class WorkerPool:
 class Workers:
     """What a trial needs to reach the pool: picklable handles (passed by tune.with_parameters)."""
 
-    pool: object          # WorkerPool handle
-    handles: list         # FoldWorker handles, index = worker id
+    pool: object  # WorkerPool handle
+    handles: list  # FoldWorker handles, index = worker id
     plan: WorkerPlan
 
     @contextlib.contextmanager
@@ -115,8 +115,9 @@ class Workers:
         """Run one fold on worker `index` (see run_folds)."""
         return next(self.run_folds(index, config, [fold], seed, checkpoint_dir))
 
-    def run_folds(self, index: int, config: dict, folds: list, seed: int, checkpoint_dir=None,
-                  owner: str | None = None) -> "FoldStream":
+    def run_folds(
+        self, index: int, config: dict, folds: list, seed: int, checkpoint_dir=None, owner: str | None = None
+    ) -> FoldStream:
         """The folds' results in order, the next fold always queued on the worker; with
         `owner` (the lease's), idle workers are borrowed for later folds (see FoldStream)."""
         borrow = (lambda: self.borrow(owner)) if owner and len(self.handles) > 1 else None
@@ -152,10 +153,10 @@ class FoldStream:
     def __init__(self, handle, config: dict, folds: list, seed: int, checkpoint_dir=None, borrow=None):
         self.folds, self.token, self.borrow = list(folds), uuid.uuid4().hex, borrow
         self.args = (config, seed, checkpoint_dir)
-        self.handles = [handle]   # slot 0: the leased worker; then the borrowed ones
-        self.give_back = {}       # slot -> function returning a borrowed worker still held
-        self.placed = []          # per fold submitted: (slot, ObjectRef)
-        self.done = set()         # refs known to have finished
+        self.handles = [handle]  # slot 0: the leased worker; then the borrowed ones
+        self.give_back = {}  # slot -> function returning a borrowed worker still held
+        self.placed = []  # per fold submitted: (slot, ObjectRef)
+        self.done = set()  # refs known to have finished
         self.consumed = 0
         self._place()
 
@@ -167,7 +168,7 @@ class FoldStream:
         """Submit folds while a held worker has fewer than two unfinished; borrow when none has."""
         while len(self.placed) < len(self.folds):
             load = {slot: 0 for slot in [0, *self.give_back]}
-            for slot, ref in self.placed[self.consumed:]:
+            for slot, ref in self.placed[self.consumed :]:
                 if slot in load and ref not in self.done:
                     load[slot] += 1
             slot = min(load, key=lambda k: (load[k], k))
@@ -218,10 +219,10 @@ class FoldStream:
 
     def close(self) -> None:
         if len(self.placed) > self.consumed:
-            for slot in {slot for slot, _ in self.placed[self.consumed:]}:
+            for slot in {slot for slot, _ in self.placed[self.consumed :]}:
                 with contextlib.suppress(Exception):
                     self.handles[slot].cancel.remote(self.token)
-            self.placed = self.placed[:self.consumed]
+            self.placed = self.placed[: self.consumed]
         for give_back in self.give_back.values():
             give_back()
         self.give_back.clear()

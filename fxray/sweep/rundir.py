@@ -40,13 +40,18 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
     if sweep is None:
         return file, storage, None
     saved = storage / "experiment.yaml"
-    if args.experiment and (expmod.read_yaml(args.experiment) is not None  # missing/bad: an error too
-                            and Path(args.experiment).read_text() != saved.read_text()):
-        raise UsageError(f"{args.experiment}: differs from the file this sweep started with ({saved}); "
-                         "use --storage DIR for a new sweep")
+    if args.experiment and (
+        expmod.read_yaml(args.experiment) is not None  # missing/bad: an error too
+        and Path(args.experiment).read_text() != saved.read_text()
+    ):
+        raise UsageError(
+            f"{args.experiment}: differs from the file this sweep started with ({saved}); "
+            "use --storage DIR for a new sweep"
+        )
     if not args.resume and not sweep["rounds"][-1]["done"]:
-        raise UsageError(f"{storage}: the last sweep was interrupted; pass --resume to finish it, "
-                         "or --storage DIR to start another")
+        raise UsageError(
+            f"{storage}: the last sweep was interrupted; pass --resume to finish it, or --storage DIR to start another"
+        )
     return str(saved), storage, sweep
 
 
@@ -65,11 +70,13 @@ def same_trials(args, storage: Path, sweep: dict | None, overrides: dict) -> dic
         raise UsageError(str(e)) from None
     n = len(same["trials"])
     if args.trials not in (None, n):
-        raise UsageError(f"--trials {args.trials}: --same-trials runs the trials of {args.same_trials} "
-                         f"({n}); drop --trials")
+        raise UsageError(
+            f"--trials {args.trials}: --same-trials runs the trials of {args.same_trials} ({n}); drop --trials"
+        )
     if args.profile not in ("auto", same["profile"]):
-        raise UsageError(f"--profile {args.profile}: {args.same_trials} ran the {same['profile']} profile; "
-                         "drop --profile")
+        raise UsageError(
+            f"--profile {args.profile}: {args.same_trials} ran the {same['profile']} profile; drop --profile"
+        )
     overrides["sweep.trials"] = n
     overrides.setdefault("sweep.seed", same["seed"])
     return same
@@ -104,21 +111,36 @@ def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path,
     if sweep is None:
         storage.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(file, storage / "experiment.yaml")
-        tags = {"fxray.experiment": exp.name, "fxray.dataset_hash": market.content_hash,
-                "fxray.profile": profile, "fxray.storage": str(storage),
-                "fxray.folds": json.dumps([[f["k"], f["train"], f["val"], f["test"]] for f in folds])}
+        tags = {
+            "fxray.experiment": exp.name,
+            "fxray.dataset_hash": market.content_hash,
+            "fxray.profile": profile,
+            "fxray.storage": str(storage),
+            "fxray.folds": json.dumps([[f["k"], f["train"], f["val"], f["test"]] for f in folds]),
+        }
         commit = mlruns.git_commit()
         if commit:
             tags["mlflow.source.git.commit"] = commit
-        sweep = {"id": uuid.uuid4().hex, "experiment": exp.name, "profile": profile, "experiment_file": str(Path(file).absolute()),
-                 "data": {"path": str(Path(data_path).absolute()), "content_hash": market.content_hash,
-                          "n_bars": market.n_bars},
-                 "folds": folds, "base": exp.config.as_dict(), "rounds": [],
-                 "mlflow": {"uri": mlruns.tracking_uri(), "experiment": exp.name, "tags": tags}}
+        sweep = {
+            "id": uuid.uuid4().hex,
+            "experiment": exp.name,
+            "profile": profile,
+            "experiment_file": str(Path(file).absolute()),
+            "data": {
+                "path": str(Path(data_path).absolute()),
+                "content_hash": market.content_hash,
+                "n_bars": market.n_bars,
+            },
+            "folds": folds,
+            "base": exp.config.as_dict(),
+            "rounds": [],
+            "mlflow": {"uri": mlruns.tracking_uri(), "experiment": exp.name, "tags": tags},
+        }
     if not args.resume:
         name = "tune" if not round_names else f"tune-{len(round_names) + 1}"
-        sweep["rounds"].append({"name": name, "trials": exp.sweep.trials, "seed": exp.sweep.seed,
-                                "done": False, "started": time.time()})
+        sweep["rounds"].append(
+            {"name": name, "trials": exp.sweep.trials, "seed": exp.sweep.seed, "done": False, "started": time.time()}
+        )
         if same:  # the parent run says so too (its tags are the sweep's: the first round's)
             sweep["rounds"][-1]["same_trials"] = {"from": same["from"], "trials": same["trials"]}
             sweep["mlflow"]["tags"].setdefault("fxray.same_trials", same["from"])

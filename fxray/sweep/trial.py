@@ -1,7 +1,7 @@
 """What runs in a Tune trial process: walk one config's folds on a leased FoldWorker.
 
 No torch, no CUDA, no MLflow here: a trial only sends (config, fold, seed) to the
-worker it leased (fxray.leases) and reports each fold to Tune. The folds are cut
+worker it leased (fxray.sweep.leases) and reports each fold to Tune. The folds are cut
 into segments at the reports ASHA can act on (`asha_stops`): inside a segment the
 next fold is queued on the worker while the last one is reported; before a
 segment's last report the worker goes back to the pool, so a trial that ASHA stops
@@ -45,13 +45,16 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
     folds = job["folds"]
     if job.get("limits"):  # --same-trials: as many folds as this config trained in that sweep
         # (a config not in it: one the study sampled after a hard kill lost an enqueued one)
-        folds = folds[:job["limits"].get(config_key(config), len(folds))]
+        folds = folds[: job["limits"].get(config_key(config), len(folds))]
     checkpoint_dir = os.path.join(job["checkpoints"], trial_id)
     worker = None  # after a rung ASHA let us pass, lease the same worker again if it is free
-    for segment in segments(folds[len(done):], len(done), job["stops"]):
-        with workers.lease(trial_id, prefer=worker) as worker, \
-                contextlib.closing(workers.run_folds(worker, cfg, segment, job["seed"], checkpoint_dir,
-                                                     owner=trial_id)) as results:
+    for segment in segments(folds[len(done) :], len(done), job["stops"]):
+        with (
+            workers.lease(trial_id, prefer=worker) as worker,
+            contextlib.closing(
+                workers.run_folds(worker, cfg, segment, job["seed"], checkpoint_dir, owner=trial_id)
+            ) as results,
+        ):
             for result in results:
                 if results.consumed == len(segment):  # nothing queued after this: free the worker first
                     workers.release(trial_id)
@@ -75,7 +78,7 @@ def asha_stops(n_folds: int, grace: int, rf: float) -> list[int]:
     reduction_factor=rf) may stop a trial: its rungs (the first report at or past each
     milestone) and max_t. Same arithmetic as Ray's _Bracket (a test compares the two)."""
     n_rungs = int(np.log(n_folds / grace) / np.log(rf) + 1)
-    return sorted({math.ceil(grace * rf ** k) for k in range(n_rungs)} | {n_folds})
+    return sorted({math.ceil(grace * rf**k) for k in range(n_rungs)} | {n_folds})
 
 
 def segments(folds: list, done: int, stops) -> list[list]:

@@ -1,6 +1,6 @@
 """Tune's side of a sweep: the Tuner (OptunaSearch + ASHA over folds, fxray's callbacks,
 the stopper that ends a sweep whose start failed), and what the driver reads back from
-Tune's and Optuna's saved state. fxray.tune drives it; fxray.trial is what a trial runs.
+Tune's and Optuna's saved state. fxray.sweep.driver drives it; fxray.sweep.trial is what a trial runs.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 from ray import tune
 
 from fxray.sweep.cluster import trial_resources
-from fxray.sweep.trial import asha_stops, config_key, fold_trial
 from fxray.sweep.leases import Workers
+from fxray.sweep.trial import asha_stops, config_key, fold_trial
 
 STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
 
@@ -69,8 +69,9 @@ def close_orphans(storage: Path) -> int:
     for a trial after Tune's last state snapshot, so the restored sweep never runs it."""
     import optuna
 
-    study = optuna.load_study(study_name=STUDY, storage=optuna.storages.RDBStorage(
-        f"sqlite:///{storage / 'optuna.db'}"))
+    study = optuna.load_study(
+        study_name=STUDY, storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}")
+    )
     running = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
     for t in running:
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)
@@ -87,15 +88,23 @@ def read_same_trials(path: str) -> dict:
         trials, rounds = res["trials"], res["rounds"]
         order = sorted(trials, key=lambda t: (t["folds"][0]["timings"]["trial_start"] or 0, t["trial_id"]))
         same = [[t["sampled"], t["folds_done"]] for t in order]
-        out = {"from": str(Path(path).absolute()), "trials": same, "profile": res["profile"],
-               "seed": rounds[-1]["seed"], "data": res["data"], "folds": res["folds"], "base": res["base_config"]}
+        out = {
+            "from": str(Path(path).absolute()),
+            "trials": same,
+            "profile": res["profile"],
+            "seed": rounds[-1]["seed"],
+            "data": res["data"],
+            "folds": res["folds"],
+            "base": res["base_config"],
+        }
     except FileNotFoundError:
         raise ValueError(f"--same-trials {path}: no such file (a sweep's results.json)") from None
     except (ValueError, KeyError, IndexError, TypeError) as e:  # JSON errors are ValueErrors
         raise ValueError(f"--same-trials {path}: not a sweep's results.json ({type(e).__name__}: {e})") from None
     if len(rounds) != 1:
-        raise ValueError(f"--same-trials {path}: that sweep ran {len(rounds)} rounds with their own seeds; "
-                         "replay a one-round sweep")
+        raise ValueError(
+            f"--same-trials {path}: that sweep ran {len(rounds)} rounds with their own seeds; replay a one-round sweep"
+        )
     if not same:
         raise ValueError(f"--same-trials {path}: no trial finished a fold there")
     return out
@@ -105,13 +114,18 @@ def check_same_work(same: dict, exp, folds: list[dict], content_hash: str, data_
     """--same-trials: the new sweep must train on what that sweep trained on (ValueError)."""
     where = f"--same-trials {same['from']}"
     if content_hash != same["data"]["content_hash"]:
-        raise ValueError(f"{where}: ran on other data ({same['data']['path']}), not {data_path}: "
-                         "pass that file as --data")
-    for what, mine, theirs in (("folds", folds, same["folds"]), ("dqn config", exp.config.as_dict(), same["base"]),
-                               ("search space", sorted(exp.space()), sorted(same["trials"][0][0]))):
+        raise ValueError(
+            f"{where}: ran on other data ({same['data']['path']}), not {data_path}: pass that file as --data"
+        )
+    for what, mine, theirs in (
+        ("folds", folds, same["folds"]),
+        ("dqn config", exp.config.as_dict(), same["base"]),
+        ("search space", sorted(exp.space()), sorted(same["trials"][0][0])),
+    ):
         if mine != theirs:
-            raise ValueError(f"{where}: not the same {what} as {exp.name} here ({exp.profile} profile): "
-                             "pass the --experiment it ran")
+            raise ValueError(
+                f"{where}: not the same {what} as {exp.name} here ({exp.profile} profile): pass the --experiment it ran"
+            )
 
 
 def fold_limits(same: dict | None) -> dict[str, int] | None:
@@ -162,29 +176,52 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
     rnd = sweep["rounds"][-1]
     same = rnd.get("same_trials")  # --same-trials: given configs and lengths, no ASHA
     job = {**job, "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor), "limits": fold_limits(same)}
-    trainable = tune.with_resources(tune.with_parameters(fold_trial, job=job, workers=workers),
-                                    trial_resources(exp.sweep.cpu_per_trial))  # on the head if multi-node
+    trainable = tune.with_resources(
+        tune.with_parameters(fold_trial, job=job, workers=workers), trial_resources(exp.sweep.cpu_per_trial)
+    )  # on the head if multi-node
     path = storage / rnd["name"]
     if resumed and tune.Tuner.can_restore(str(path)):
         return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
     searcher = OptunaSearch(
-        space=exp.space(), metric="mean_val_sharpe", mode="max", study_name=STUDY,
+        space=exp.space(),
+        metric="mean_val_sharpe",
+        mode="max",
+        study_name=STUDY,
         # one seed per round, so an extension does not replay the first round's draws
         sampler=optuna.samplers.TPESampler(seed=rnd["seed"] + len(sweep["rounds"]) - 1),
         storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}"),
-        points_to_evaluate=[sampled for sampled, _ in same["trials"]] if same else None)
-    scheduler = FIFOScheduler() if same else ASHAScheduler(
-        time_attr="training_iteration", max_t=n_folds, grace_period=grace,
-        reduction_factor=exp.sweep.reduction_factor)
+        points_to_evaluate=[sampled for sampled, _ in same["trials"]] if same else None,
+    )
+    scheduler = (
+        FIFOScheduler()
+        if same
+        else ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=n_folds,
+            grace_period=grace,
+            reduction_factor=exp.sweep.reduction_factor,
+        )
+    )
     from fxray.sweep.callbacks import SweepLog
 
     return tune.Tuner(
         trainable,
-        tune_config=tune.TuneConfig(metric="mean_val_sharpe", mode="max", search_alg=searcher,
-                                    scheduler=scheduler, num_samples=rnd["trials"],
-                                    max_concurrent_trials=workers.plan.n_trials, reuse_actors=True),
+        tune_config=tune.TuneConfig(
+            metric="mean_val_sharpe",
+            mode="max",
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=rnd["trials"],
+            max_concurrent_trials=workers.plan.n_trials,
+            reuse_actors=True,
+        ),
         run_config=tune.RunConfig(
-            name=rnd["name"], storage_path=str(storage), verbose=0, stop=StartFailed(),
+            name=rnd["name"],
+            storage_path=str(storage),
+            verbose=0,
+            stop=StartFailed(),
             callbacks=[SweepLog(str(storage)), JsonLoggerCallback(), CSVLoggerCallback()],
             failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+        ),
+    )

@@ -9,7 +9,7 @@
 A FoldWorker `ray.get`s the arrays once (zero-copy, read-only) and uploads them
 into one DeviceData for its whole life; it caches a Trainer per config, so the
 folds of a trial reuse networks, replay and the captured CUDA graph. Trials reach
-the workers through fxray.leases (the pool of leases, and the stream of a trial's
+the workers through fxray.sweep.leases (the pool of leases, and the stream of a trial's
 folds on them); they never import torch nor touch CUDA (a 0-GPU Ray process can see
 every GPU). A worker that dies is restarted by Ray and reloads from the object
 store; the trial that was using it retries its fold there.
@@ -31,11 +31,11 @@ import ray
 from fxray.sweep.cluster import check_object_store
 from fxray.sweep.leases import WorkerPool, Workers
 
-TRAINER_CACHE = 2      # Trainers (networks + replay + graph) a worker keeps, most recent first
+TRAINER_CACHE = 2  # Trainers (networks + replay + graph) a worker keeps, most recent first
 
 
 def put_market(market) -> ray.ObjectRef:
-    """The arrays of `fxray.device.host_arrays(market)` into the object store, once.
+    """The arrays of `fxray.rl.device.host_arrays(market)` into the object store, once.
 
     Built here rather than by calling host_arrays, so that the driver never imports
     torch (~10 s on the GPU machines); tests/test_workers.py checks both agree.
@@ -50,23 +50,31 @@ def put_market(market) -> ray.ObjectRef:
 
 # --- how many workers, with which resources ------------------------------------------
 
+
 @dataclass(frozen=True)
 class WorkerPlan:
-    kind: str             # "gpu": one actor per 1/K GPU; "cpu": CPU-only actors
+    kind: str  # "gpu": one actor per 1/K GPU; "cpu": CPU-only actors
     n_workers: int
-    num_cpus: float       # logical CPUs each worker reserves
-    num_gpus: float       # 1/K in gpu plans, 0 in cpu plans
-    torch_threads: int    # intra-op threads of each worker
-    n_trials: int         # Tune trials in flight (max_concurrent_trials)
+    num_cpus: float  # logical CPUs each worker reserves
+    num_gpus: float  # 1/K in gpu plans, 0 in cpu plans
+    torch_threads: int  # intra-op threads of each worker
+    n_trials: int  # Tune trials in flight (max_concurrent_trials)
 
     def describe(self) -> str:
         per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""
-        return (f"{self.n_workers} {self.kind.upper()} worker(s), each {per}{self.num_cpus:g} CPU, "
-                f"{self.torch_threads} torch thread(s); {self.n_trials} trials in flight")
+        return (
+            f"{self.n_workers} {self.kind.upper()} worker(s), each {per}{self.num_cpus:g} CPU, "
+            f"{self.torch_threads} torch thread(s); {self.n_trials} trials in flight"
+        )
 
 
-def plan_workers(resources: dict, workers_per_gpu: int = 1, cpu_per_trial: float = 0.25,
-                 cpu_workers: int | None = None, trials_per_worker: int = 1) -> WorkerPlan:
+def plan_workers(
+    resources: dict,
+    workers_per_gpu: int = 1,
+    cpu_per_trial: float = 0.25,
+    cpu_workers: int | None = None,
+    trials_per_worker: int = 1,
+) -> WorkerPlan:
     """Split the cluster between workers and the trials that drive them.
 
     `trials_per_worker` trials are in flight per worker: one holds its lease, the
@@ -87,9 +95,11 @@ def plan_workers(resources: dict, workers_per_gpu: int = 1, cpu_per_trial: float
     spare = (cpus - n_trials * cpu_per_trial) / n
     num_cpus = math.floor(min(float(threads if kind == "cpu" else 1), spare) * 100) / 100
     if num_cpus <= 0 and kind == "cpu":
-        raise ValueError(f"{n} CPU workers and their {n_trials} trials ({cpu_per_trial:g} CPU each) do not "
-                         f"fit in {cpus:g} CPUs: lower sweep.cpu_per_trial, sweep.trials_per_worker or "
-                         "--cpu-workers")
+        raise ValueError(
+            f"{n} CPU workers and their {n_trials} trials ({cpu_per_trial:g} CPU each) do not "
+            f"fit in {cpus:g} CPUs: lower sweep.cpu_per_trial, sweep.trials_per_worker or "
+            "--cpu-workers"
+        )
     return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads, n_trials)
 
 
@@ -127,12 +137,13 @@ class DeviceWorker:
             warnings.simplefilter("ignore")
             self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.trainers: OrderedDict = OrderedDict()
-        self.cancelled: set = set()   # tokens whose queued folds are no longer wanted
-        self.calls: list = []         # per call: [start, end (unix s), token, fold k, status]
+        self.cancelled: set = set()  # tokens whose queued folds are no longer wanted
+        self.calls: list = []  # per call: [start, end (unix s), token, fold k, status]
         self.running: list | None = None  # [start, token, fold k] of the fold training now
 
-    def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir: str | None = None,
-                   token: str | None = None) -> dict:
+    def train_fold(
+        self, config: dict, fold: dict, seed: int, checkpoint_dir: str | None = None, token: str | None = None
+    ) -> dict:
         """Train `config` on `fold`. A fold whose `token` was cancelled returns status
         "cancelled" (at once if not started, else at its next step)."""
         t0 = time.time()
@@ -142,8 +153,13 @@ class DeviceWorker:
         else:
             self.running = [t0, token, fold["k"]]
             try:
-                result = self._train(config, fold, seed, checkpoint_dir,
-                                     stop=(lambda: token in self.cancelled) if token is not None else None)
+                result = self._train(
+                    config,
+                    fold,
+                    seed,
+                    checkpoint_dir,
+                    stop=(lambda: token in self.cancelled) if token is not None else None,
+                )
             finally:
                 self.running = None
         result["worker"] = self.index
@@ -162,9 +178,9 @@ class DeviceWorker:
         self.calls.append([t0, time.time(), None, fold["k"], "warmup"])
 
     def _train(self, config, fold, seed, checkpoint_dir, stop) -> dict:
+        from fxray.data.folds import Fold
         from fxray.rl.config import make_config
         from fxray.rl.device import DTYPES
-        from fxray.data.folds import Fold
         from fxray.rl.trainer import Trainer
 
         key = json.dumps(config, sort_keys=True)
@@ -172,8 +188,10 @@ class DeviceWorker:
         if trainer is None:
             cfg = make_config(config)
             if DTYPES[cfg.dtype] != self.data.dtype:
-                raise ValueError(f"dqn.dtype {cfg.dtype!r} differs from the worker's data "
-                                 f"({self.data.dtype}); the storage dtype is fixed per sweep")
+                raise ValueError(
+                    f"dqn.dtype {cfg.dtype!r} differs from the worker's data "
+                    f"({self.data.dtype}); the storage dtype is fixed per sweep"
+                )
             trainer = Trainer(self.data, cfg)
             self.n_trainers += 1
         self.trainers[key] = trainer
@@ -188,12 +206,21 @@ class DeviceWorker:
 
     @ray.method(concurrency_group="control")
     def stats(self) -> dict:
-        return {"index": self.index, "n_loads": self.n_loads, "n_calls": self.n_calls,
-                "n_trainers": self.n_trainers, "calls": list(self.calls), "running": self.running,
-                "restarted": self.restarted, "device": self.device, "load_s": self.load_s,
-                "timeline": self.timeline,
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
-                "node": ray.get_runtime_context().get_node_id()}
+        return {
+            "index": self.index,
+            "n_loads": self.n_loads,
+            "n_calls": self.n_calls,
+            "n_trainers": self.n_trainers,
+            "calls": list(self.calls),
+            "running": self.running,
+            "restarted": self.restarted,
+            "device": self.device,
+            "load_s": self.load_s,
+            "timeline": self.timeline,
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+        }
 
 
 FoldWorker = ray.remote(**ACTOR_OPTIONS)(DeviceWorker)
@@ -213,15 +240,17 @@ def worker_actor(path: str | None):
     return ray.remote(**ACTOR_OPTIONS)(cls)
 
 
-def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: str | None = None,
-                  worker_class: str | None = None) -> Workers:
+def start_workers(
+    arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: str | None = None, worker_class: str | None = None
+) -> Workers:
     """Create the pool and its FoldWorkers (they load the data in the background:
     `workers.stats()` waits for them). `worker_class`: see worker_actor."""
     actor = worker_actor(worker_class)
     # The ref travels inside a list so that the actor's own ray.get is the one load we count.
-    handles = [actor.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus)
-               .remote([arrays_ref], i, plan.torch_threads, dtype)
-               for i in range(plan.n_workers)]
+    handles = [
+        actor.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus).remote([arrays_ref], i, plan.torch_threads, dtype)
+        for i in range(plan.n_workers)
+    ]
     # Named (see pool_name), so that the driver's Tune callbacks, rebuilt from pickles on
     # resume, find it.
     return Workers(WorkerPool.options(name=name).remote(plan.n_workers), handles, plan)

@@ -39,13 +39,13 @@ class FoldRecord:
     fields; empty when no epoch finished); a flat form names them `val_sharpe`, ..."""
 
     fold: int = _f(0)
-    status: str = _f("ok")                     # ok | diverged | cancelled
-    epochs: int = _f(0, metric=True)           # epochs run
-    best_epoch: int = _f(-1)                   # 0-based; -1 if none finished
+    status: str = _f("ok")  # ok | diverged | cancelled
+    epochs: int = _f(0, metric=True)  # epochs run
+    best_epoch: int = _f(-1)  # 0-based; -1 if none finished
     val: dict = _f(factory=dict)
     test: dict = _f(factory=dict)
     bh_test_sharpe: float = _f(0.0, metric=True)  # buy-and-hold on the test window
-    adx: float = _f(0.0)                       # mean raw ADX(14) of the train slice
+    adx: float = _f(0.0)  # mean raw ADX(14) of the train slice
     worker: int = _f(-1)
     checkpoint: str = _f("")
     fold_switch_s: float = _f(0.0)
@@ -55,7 +55,7 @@ class FoldRecord:
     test_daily_returns: list = _f(factory=list, csv=False)
     # --- the trial's running numbers after this fold (set by the trial) ----------------------
     folds_done: int = _f(0)
-    mean_val_sharpe: float = _f(0.0, metric=True)   # the sweep objective
+    mean_val_sharpe: float = _f(0.0, metric=True)  # the sweep objective
     mean_test_sharpe: float = _f(0.0, metric=True)
     trial_start: float | None = _f(None, csv=False)
 
@@ -65,15 +65,20 @@ class FoldRecord:
         (diverged at once) scores 0.0 in every window metric, the Sharpe of staying flat."""
         timings = r["timings"]
         return cls(
-            fold=r["fold"]["k"], status=r["status"], epochs=r["epochs_run"], best_epoch=r["best_epoch"],
+            fold=r["fold"]["k"],
+            status=r["status"],
+            epochs=r["epochs_run"],
+            best_epoch=r["best_epoch"],
             val={k: float(r["val"].get(k, 0.0)) for k in WINDOW_METRICS},
             test={k: float(r["test"].get(k, 0.0)) for k in WINDOW_METRICS},
             bh_test_sharpe=r["baselines"].get("buy_and_hold", {}).get("sharpe", 0.0),
             adx=r["adx"] if math.isfinite(r["adx"]) else 0.0,
-            worker=r.get("worker", -1), checkpoint=r["checkpoint"] or "",
+            worker=r.get("worker", -1),
+            checkpoint=r["checkpoint"] or "",
             fold_time_s=timings.get("total_s", 0.0),
             **{k: timings.get(k, 0.0) for k in ("fold_switch_s", "train_s", "eval_s")},
-            test_daily_returns=list(r["test_daily_returns"]))
+            test_daily_returns=list(r["test_daily_returns"]),
+        )
 
     # --- the flat form: Tune reports and folds.jsonl -------------------------------------------
     def flat(self) -> dict:
@@ -97,8 +102,11 @@ class FoldRecord:
     # --- the other forms -----------------------------------------------------------------------
     def results_json(self) -> dict:
         """A fold of results.json: val/test metric dicts and the timings grouped."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in TIMINGS and f.name not in ("folds_done", "mean_val_sharpe", "mean_test_sharpe")}
+        out = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in TIMINGS and f.name not in ("folds_done", "mean_val_sharpe", "mean_test_sharpe")
+        }
         out["timings"] = {k: getattr(self, k) for k in TIMINGS}
         return out
 
@@ -113,5 +121,9 @@ class FoldRecord:
         return out
 
 
-CSV_COLUMNS = tuple(k for f in dataclasses.fields(FoldRecord) if f.metadata["csv"]
-                    for k in ([f"{f.name}_{m}" for m in WINDOW_METRICS] if f.name in WINDOWS else [f.name]))
+CSV_COLUMNS = tuple(
+    k
+    for f in dataclasses.fields(FoldRecord)
+    if f.metadata["csv"]
+    for k in ([f"{f.name}_{m}" for m in WINDOW_METRICS] if f.name in WINDOWS else [f.name])
+)

@@ -29,6 +29,7 @@ def fmt_s(s: float) -> str:
 
 # --- artifacts -----------------------------------------------------------------------
 
+
 def equity_png(path, daily_by_fold: list[tuple[int, list]], title: str) -> Path:
     """Equity (start 1) over the concatenated test windows of one trial; folds shaded."""
     import matplotlib
@@ -58,6 +59,7 @@ def equity_png(path, daily_by_fold: list[tuple[int, list]], title: str) -> Path:
 
 
 # --- the sweep's fold records (folds.jsonl, written by the driver) ---------------------
+
 
 def load_records(storage) -> dict:
     """{(trial_id, fold): record} from folds.jsonl; a fold logged twice keeps its last line."""
@@ -91,8 +93,17 @@ def best_trial(records: dict, n_folds: int | None = None) -> dict:
     return max(full or trials, key=lambda t: t["mean_val_sharpe"])
 
 
-def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_s: float,
-                  json_path=None, top: int = 10, started: float | None = None, phases: dict | None = None) -> dict:
+def write_results(
+    storage,
+    sweep: dict,
+    records: dict,
+    worker_stats: list,
+    wall_s: float,
+    json_path=None,
+    top: int = 10,
+    started: float | None = None,
+    phases: dict | None = None,
+) -> dict:
     """folds.csv, equity.png and results.json in the run directory (and --json), the top
     table on stdout; returns the parent run's summary metrics and artifacts."""
     storage, n_folds = Path(storage), len(sweep["folds"])
@@ -109,24 +120,50 @@ def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_
         w.writerow(cols)
         for t in trials.values():
             for r in t["folds"]:
-                w.writerow([trial_label(t["trial_id"]), *FoldRecord.from_flat(r).csv_row(),
-                            *(t["config"].get(n, "") for n in names)])
-    equity = equity_png(storage / "equity.png", [(r["fold"], r.get("test_daily_returns", []))
-                                                  for r in best["folds"]],
-                        f"{sweep['experiment']}: best {trial_label(best['trial_id'])} on its test windows")
+                w.writerow(
+                    [
+                        trial_label(t["trial_id"]),
+                        *FoldRecord.from_flat(r).csv_row(),
+                        *(t["config"].get(n, "") for n in names),
+                    ]
+                )
+    equity = equity_png(
+        storage / "equity.png",
+        [(r["fold"], r.get("test_daily_returns", [])) for r in best["folds"]],
+        f"{sweep['experiment']}: best {trial_label(best['trial_id'])} on its test windows",
+    )
     # --- results.json -------------------------------------------------------------------
     results = {
-        "experiment": sweep["experiment"], "profile": sweep["profile"], "storage": str(storage),
-        "data": sweep["data"], "folds": sweep["folds"], "base_config": sweep["base"],
-        "rounds": sweep["rounds"], "started": started, "phases": phases or {}, "wall_s": wall_s,
-        "workers": worker_stats, "n_trials": len(trials),
-        "trials": [{"trial_id": t["trial_id"], "config": {**sweep["base"], **t["config"]},
-                    "sampled": t["config"], "folds_done": t["folds_done"],
-                    "stopped_early": t["folds_done"] < n_folds, "mean_val_sharpe": t["mean_val_sharpe"],
-                    "mean_test_sharpe": t["mean_test_sharpe"], "folds": [FoldRecord.from_flat(r).results_json() for r in t["folds"]]}
-                   for t in trials.values()],
-        "best": {"config": {**sweep["base"], **best["config"]}, "sampled": best["config"],
-                 **{k: best[k] for k in ("trial_id", "folds_done", "mean_val_sharpe", "mean_test_sharpe")}},
+        "experiment": sweep["experiment"],
+        "profile": sweep["profile"],
+        "storage": str(storage),
+        "data": sweep["data"],
+        "folds": sweep["folds"],
+        "base_config": sweep["base"],
+        "rounds": sweep["rounds"],
+        "started": started,
+        "phases": phases or {},
+        "wall_s": wall_s,
+        "workers": worker_stats,
+        "n_trials": len(trials),
+        "trials": [
+            {
+                "trial_id": t["trial_id"],
+                "config": {**sweep["base"], **t["config"]},
+                "sampled": t["config"],
+                "folds_done": t["folds_done"],
+                "stopped_early": t["folds_done"] < n_folds,
+                "mean_val_sharpe": t["mean_val_sharpe"],
+                "mean_test_sharpe": t["mean_test_sharpe"],
+                "folds": [FoldRecord.from_flat(r).results_json() for r in t["folds"]],
+            }
+            for t in trials.values()
+        ],
+        "best": {
+            "config": {**sweep["base"], **best["config"]},
+            "sampled": best["config"],
+            **{k: best[k] for k in ("trial_id", "folds_done", "mean_val_sharpe", "mean_test_sharpe")},
+        },
     }
     text = json.dumps(results, indent=1)
     (storage / "results.json").write_text(text)
@@ -139,21 +176,31 @@ def write_results(storage, sweep: dict, records: dict, worker_stats: list, wall_
     artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
     if ckpt:
         artifacts += [("best_checkpoint", ckpt), ("best_checkpoint", Path(ckpt).with_suffix(".json"))]
-    summary = {"best_mean_val_sharpe": best["mean_val_sharpe"], "n_trials": len(trials),
-               "best_mean_test_sharpe": best["mean_test_sharpe"], "wall_s": wall_s, "trial_id": best["trial_id"]}
+    summary = {
+        "best_mean_val_sharpe": best["mean_val_sharpe"],
+        "n_trials": len(trials),
+        "best_mean_test_sharpe": best["mean_test_sharpe"],
+        "wall_s": wall_s,
+        "trial_id": best["trial_id"],
+    }
     return {"mlflow_summary": summary, "artifacts": artifacts}
 
 
 def print_top(trials: dict, names: list, n_folds: int, wall_s: float, top: int) -> None:
     """The best trials (those that ran every fold first), with their sampled values."""
-    ranked = sorted(trials.values(), key=lambda t: (t["folds_done"] >= n_folds, t["mean_val_sharpe"]),
-                    reverse=True)[:top]
-    print(f"\ntop {len(ranked)} of {len(trials)} trials by mean val Sharpe ({n_folds} folds; "
-          f"fewer = stopped by ASHA); wall time {wall_s / 60:.1f} min")
+    ranked = sorted(trials.values(), key=lambda t: (t["folds_done"] >= n_folds, t["mean_val_sharpe"]), reverse=True)[
+        :top
+    ]
+    print(
+        f"\ntop {len(ranked)} of {len(trials)} trials by mean val Sharpe ({n_folds} folds; "
+        f"fewer = stopped by ASHA); wall time {wall_s / 60:.1f} min"
+    )
     print(f"  {'trial':<20} {'folds':>5} {'val':>7} {'test':>7}  " + "  ".join(f"{n:>10}" for n in names))
     for t in ranked:
-        print(f"  {trial_label(t['trial_id']):<20} {t['folds_done']:>5} {t['mean_val_sharpe']:>+7.2f} "
-              f"{t['mean_test_sharpe']:>+7.2f}  " + "  ".join(f"{fmt(t['config'].get(n)):>10}" for n in names))
+        print(
+            f"  {trial_label(t['trial_id']):<20} {t['folds_done']:>5} {t['mean_val_sharpe']:>+7.2f} "
+            f"{t['mean_test_sharpe']:>+7.2f}  " + "  ".join(f"{fmt(t['config'].get(n)):>10}" for n in names)
+        )
 
 
 def fmt(v) -> str:

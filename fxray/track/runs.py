@@ -18,7 +18,6 @@ feeds it from the run directory's log; the driver never imports mlflow.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -36,15 +35,16 @@ def tracking_uri() -> str:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
 def sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 def check_uri(uri: str) -> None:
@@ -52,15 +52,24 @@ def check_uri(uri: str) -> None:
     starts; other stores are checked when the sweep opens them."""
     path = sqlite_path(uri)
     if path is not None and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
-        raise ValueError(f"MLFLOW_TRACKING_URI {uri}: {path.parent} is not a writable folder; "
-                         "point it at a writable path (or unset it for ./mlflow.db)")
+        raise ValueError(
+            f"MLFLOW_TRACKING_URI {uri}: {path.parent} is not a writable folder; "
+            "point it at a writable path (or unset it for ./mlflow.db)"
+        )
 
 
 class Tracker:
     """The sweep's parent run and its children, looked up by tag (idempotent on resume)."""
 
-    def __init__(self, uri: str, experiment: str, parent_run_id: str | None = None,
-                 sweep_tags: dict | None = None, run_name: str | None = None, sweep_id: str | None = None):
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        parent_run_id: str | None = None,
+        sweep_tags: dict | None = None,
+        run_name: str | None = None,
+        sweep_id: str | None = None,
+    ):
         global Metric, Param, RunTag, MlflowClient
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
@@ -70,14 +79,15 @@ class Tracker:
         if exp is None:
             artifacts = None
             if uri.startswith("sqlite:///"):  # artifacts beside the db, not in whatever cwd we are in
-                artifacts = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / experiment).as_uri()
+                artifacts = (Path(uri[len("sqlite:///") :]).parent / "mlartifacts" / experiment).as_uri()
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
         else:
             self.experiment_id = exp.experiment_id
         if parent_run_id is None and sweep_id is not None:  # created by a writer that died before the
             # driver recorded its id in sweep.json: found again by the sweep's id
-            found = self.client.search_runs([self.experiment_id], f"tags.`fxray.sweep_id` = '{sweep_id}'",
-                                            max_results=1)
+            found = self.client.search_runs(
+                [self.experiment_id], f"tags.`fxray.sweep_id` = '{sweep_id}'", max_results=1
+            )
             parent_run_id = found[0].info.run_id if found else None
             if parent_run_id is not None:
                 self.client.update_run(parent_run_id, status="RUNNING")
@@ -89,11 +99,11 @@ class Tracker:
             self.client.update_run(parent_run_id, status="RUNNING")
         self.parent_run_id = parent_run_id
         self.sweep_tags = sweep_tags or {}
-        self.child_tags: dict = {}             # extra tags of the children created from now on
+        self.child_tags: dict = {}  # extra tags of the children created from now on
         self.trial_tags: dict = {}  # child runs only, set by open_sweep (the round's seed, the data file)
-        self.children: dict[str, str] = {}     # trial id -> run id
-        self.finished: set[str] = set()        # trial ids whose run is FINISHED: never touched again
-        self.steps: dict[str, set] = {}        # run id -> folds already logged
+        self.children: dict[str, str] = {}  # trial id -> run id
+        self.finished: set[str] = set()  # trial ids whose run is FINISHED: never touched again
+        self.steps: dict[str, set] = {}  # run id -> folds already logged
         for run in self.child_runs():
             tid = run.data.tags.get("fxray.trial_id")
             self.children[tid] = run.info.run_id
@@ -106,8 +116,11 @@ class Tracker:
         runs, token = [], None
         while True:
             page = self.client.search_runs(
-                [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'",
-                max_results=1000, page_token=token)
+                [self.experiment_id],
+                f"tags.mlflow.parentRunId = '{self.parent_run_id}'",
+                max_results=1000,
+                page_token=token,
+            )
             runs += list(page)
             token = page.token
             if not token:
@@ -116,8 +129,12 @@ class Tracker:
     def _child(self, trial_id: str, name: str, params: dict) -> str:
         if trial_id in self.children:
             return self.children[trial_id]
-        tags = {**self.sweep_tags, **self.trial_tags, "mlflow.parentRunId": self.parent_run_id,
-                "fxray.trial_id": trial_id}
+        tags = {
+            **self.sweep_tags,
+            **self.trial_tags,
+            "mlflow.parentRunId": self.parent_run_id,
+            "fxray.trial_id": trial_id,
+        }
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
         run_id = run.info.run_id
         self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(params.items())])
@@ -137,8 +154,11 @@ class Tracker:
             return
         # out-of-sample days: fxray.compare's DSR and equity curves; before the metrics: a crash
         # in between re-logs the fold on resume (this file is overwritten)
-        self.client.log_dict(run_id, {"fold": step, "test_daily_returns": list(record.test_daily_returns)},
-                             f"test_daily_returns/fold{step}.json")
+        self.client.log_dict(
+            run_id,
+            {"fold": step, "test_daily_returns": list(record.test_daily_returns)},
+            f"test_daily_returns/fold{step}.json",
+        )
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, step) for k, v in record.mlflow_metrics().items()]
         self.client.log_batch(run_id, metrics=metrics)
@@ -151,8 +171,9 @@ class Tracker:
             return
         run_id = self.children[trial_id]
         last = Metric("folds_done", folds_done, int(time.time() * 1000), max(folds_done - 1, 0))
-        self.client.log_batch(run_id, metrics=[last],
-                              tags=[RunTag("fxray.stopped_early", str(folds_done < n_folds).lower())])
+        self.client.log_batch(
+            run_id, metrics=[last], tags=[RunTag("fxray.stopped_early", str(folds_done < n_folds).lower())]
+        )
         self.client.set_terminated(run_id, status)
         if status == "FINISHED":
             self.finished.add(trial_id)
@@ -162,10 +183,11 @@ class Tracker:
         run_id = self.parent_run_id
         if summary:
             now = int(time.time() * 1000)
-            self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()
-                                                   if isinstance(v, (int, float))],
-                                  tags=[RunTag(f"fxray.best.{k}", str(v)) for k, v in summary.items()
-                                        if not isinstance(v, (int, float))])
+            self.client.log_batch(
+                run_id,
+                metrics=[Metric(k, float(v), now, 0) for k, v in summary.items() if isinstance(v, (int, float))],
+                tags=[RunTag(f"fxray.best.{k}", str(v)) for k, v in summary.items() if not isinstance(v, (int, float))],
+            )
         for dest, local in artifacts or []:
             if Path(local).exists():
                 self.client.log_artifact(run_id, str(local), artifact_path=dest)
@@ -175,8 +197,14 @@ class Tracker:
 def open_sweep(sweep: dict) -> Tracker:
     """The Tracker of a sweep described by its sweep.json (parent run created on first use)."""
     m = sweep["mlflow"]
-    tracker = Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"),
-                      run_name=f"sweep {sweep['experiment']}", sweep_id=sweep.get("id"))
+    tracker = Tracker(
+        m["uri"],
+        m["experiment"],
+        m.get("parent_run_id"),
+        m.get("tags"),
+        run_name=f"sweep {sweep['experiment']}",
+        sweep_id=sweep.get("id"),
+    )
     # what `python -m fxray.train --from-run` needs to retrain a trial: its round's training
     # seed (an extension round may have another) and the data file the sweep read
     tracker.trial_tags = {"fxray.seed": str(sweep["rounds"][-1]["seed"]), "fxray.data_path": sweep["data"]["path"]}

@@ -57,10 +57,10 @@ class Writer:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         cmd = [sys.executable, "-m", "fxray.track.writer", str(self.storage), self.uri, self.session]
         # its own session: the terminal's Ctrl+C goes to the driver, which still has runs to end
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
-                                     start_new_session=True)
-        self.reader = threading.Thread(target=self._read, args=(self.proc,), name="fxray-mlflow-writer",
-                                       daemon=True)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, start_new_session=True
+        )
+        self.reader = threading.Thread(target=self._read, args=(self.proc,), name="fxray-mlflow-writer", daemon=True)
         self.reader.start()
 
     def _read(self, proc) -> None:
@@ -96,19 +96,29 @@ class Writer:
         self.opened.wait(timeout)
         return self.parent_id is not None and self.error is None
 
-    def finish(self, status: str, summary: dict | None = None, artifacts: list | None = None,
-               timeout: float = 600) -> int:
+    def finish(
+        self, status: str, summary: dict | None = None, artifacts: list | None = None, timeout: float = 600
+    ) -> int:
         """Write the sweep's end, wait until the writer has caught up with the log and ended
         the parent run; returns how many writes failed. A writer that died meanwhile is
         started again (it catches up from the files). -1: the store never opened."""
         if self.error is not None and self.parent_id is None:
             self.close()
             return -1
-        append_event(self.storage, kind="sweep_end", session=self.session, status=status,
-                     summary=summary or {}, artifacts=[[d, str(p)] for d, p in artifacts or []])
+        append_event(
+            self.storage,
+            kind="sweep_end",
+            session=self.session,
+            status=status,
+            summary=summary or {},
+            artifacts=[[d, str(p)] for d, p in artifacts or []],
+        )
         if self.proc.poll() is not None and self.failed is None:
-            print(f"fxray.tune: the MLflow writer had exited (code {self.proc.returncode}); "
-                  "starting it again to catch up from folds.jsonl", file=sys.stderr)
+            print(
+                f"fxray.tune: the MLflow writer had exited (code {self.proc.returncode}); "
+                "starting it again to catch up from folds.jsonl",
+                file=sys.stderr,
+            )
             self.opened.clear()
             self._start()
         try:
@@ -141,12 +151,16 @@ class Writer:
 def last_line(e: BaseException) -> str:
     """The line of an error that says what is wrong (Ray and MLflow put it last; SQLAlchemy
     adds a line of its own after it, skipped)."""
-    lines = [line for line in str(e).strip().splitlines()
-             if line.strip() and not line.startswith(("(Background on this error", "[SQL:"))]
+    lines = [
+        line
+        for line in str(e).strip().splitlines()
+        if line.strip() and not line.startswith(("(Background on this error", "[SQL:"))
+    ]
     return lines[-1] if lines else type(e).__name__
 
 
 # --- the process ------------------------------------------------------------------------------
+
 
 class Tail:
     """The complete lines appended to a file since the last call (a partial last line waits)."""
@@ -211,8 +225,13 @@ def serve(storage: str, uri: str, session: str) -> int:
         new_events = events.lines()
         for line in folds.lines():
             rec = json.loads(line)
-            write(tracker.log_fold, rec["trial_id"], trial_label(rec["trial_id"]), {**base, **rec["config"]},
-                  FoldRecord.from_flat(rec))
+            write(
+                tracker.log_fold,
+                rec["trial_id"],
+                trial_label(rec["trial_id"]),
+                {**base, **rec["config"]},
+                FoldRecord.from_flat(rec),
+            )
         for line in new_events:
             ev = json.loads(line)
             if ev["kind"] == "trial_end":
