@@ -45,7 +45,8 @@ def main(argv=None) -> int:
     from fxray.data.folds import make_folds
     from fxray.rl import experiment
     from fxray.rl.config import make_config
-    from fxray.rl.device import DeviceData, host_arrays
+    from fxray.data.arrays import host_arrays
+    from fxray.rl.device import DeviceData
     from fxray.rl.trainer import Trainer
 
     mark("import fxray (trainer, device, config)", t)

@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     from fxray.data import cache
     from fxray.data.folds import Fold
     from fxray.rl.config import make_config
-    from fxray.rl.device import DeviceData, host_arrays
+    from fxray.data.arrays import host_arrays
+    from fxray.rl.device import DeviceData
     from fxray.rl.trainer import Trainer
 
     market = cache.open(res["data"]["path"])

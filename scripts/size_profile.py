@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     from fxray.data import cache, synth
     from fxray.data.folds import Fold, make_folds
     from fxray.rl import experiment
-    from fxray.rl.device import DeviceData, host_arrays
+    from fxray.data.arrays import host_arrays
+    from fxray.rl.device import DeviceData
     from fxray.rl.trainer import Trainer
 
     torch.set_num_threads(1)  # as a FoldWorker

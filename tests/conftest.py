@@ -25,6 +25,20 @@ def synth_cache(tmp_path_factory) -> Path:
     return path
 
 
+STRONG = dict(beta=0.10, persistence=0.95, ofi_noise=0.0, ofi_span=1)  # ofi[:, 0] is the signal itself
+
+
+@pytest.fixture(scope="session")
+def strong_cache(tmp_path_factory) -> Path:
+    """60k bars of a market whose signal is strong and observed directly (the pre-2 default):
+    for tests that a learner learns at all, in seconds."""
+    from fxray.data.synth import SynthSpec, to_cache
+
+    path = tmp_path_factory.mktemp("strong") / "strong60k.fxcache"
+    to_cache(SynthSpec(n_bars=60_000, seed=0, **STRONG), path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.exists():

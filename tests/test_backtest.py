@@ -1,4 +1,6 @@
-"""fxray.backtest: the parallel scan against a plain loop over bars, on every device we have."""
+"""fxray.eval.backtest: the parallel scan against a plain loop over bars, on every device we have."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -13,11 +15,14 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # --- the plain reference: one bar at a time ------------------------------------
 
 
-def reference(q, returns, day, cost):
-    """Positions, net returns, daily sums and bar stats by a loop, as the DESIGN states them."""
+def reference(q, returns, day, cost, period=None, carry=None):
+    """Positions, net returns, daily sums, hourly (net, units) sums and bar stats by a loop,
+    as the DESIGN states them: p_{t-1} carry[t] + p_t returns[t] - cost |p_t - p_{t-1}|."""
     q, returns, day = q.tolist(), np.asarray(returns, np.float64), day.tolist()
-    position, net, daily = [], [], []
-    prev, last_day = 0, None
+    period = day if period is None else period.tolist()
+    carry = np.zeros(len(returns)) if carry is None else np.asarray(carry, np.float64)
+    position, net, daily, hourly = [], [], [], []
+    prev, last_day, last_period = 0, None, None
     for t in range(len(returns)):
         row = q[t][prev + 1]
         best = 0
@@ -25,11 +30,16 @@ def reference(q, returns, day, cost):
             if row[a] > row[best]:
                 best = a
         p = best - 1
-        net.append(p * returns[t] - cost * abs(p - prev))
+        net.append(prev * carry[t] + p * returns[t] - cost * abs(p - prev))
         if day[t] != last_day:  # a new day with bars
             daily.append(0.0)
             last_day = day[t]
+        if period[t] != last_period:
+            hourly.append([0.0, 0.0])
+            last_period = period[t]
         daily[-1] += net[-1]
+        hourly[-1][0] += net[-1]
+        hourly[-1][1] += abs(p - prev)
         position.append(p)
         prev = p
     position, net = np.array(position), np.array(net)
@@ -40,7 +50,7 @@ def reference(q, returns, day, cost):
         n_trades=int((changes > 0).sum()),
         hit_rate=((position != 0) & (net > 0)).sum() / n_in if n_in else 0.0,
     )
-    return position, net, np.array(daily), stats
+    return position, net, np.array(daily), np.array(hourly).reshape(-1, 2), stats
 
 
 def random_window(seed, n_bars, ties):
@@ -58,8 +68,24 @@ def random_window(seed, n_bars, ties):
     return q, returns, day.astype(np.int64), cost
 
 
+def periods_of(seed, day):
+    """Hours inside the days: breaks at random bars and at every day break (as UTC hours are)."""
+    rng = np.random.default_rng(seed + 77)
+    new = (rng.random(len(day)) < 0.2) | np.concatenate(([False], np.diff(day) > 0))
+    return (1000 + np.cumsum(new)).astype(np.int64)
+
+
 def to_device(device, *arrays):
     return [torch.as_tensor(a, device=device) for a in arrays]
+
+
+def window(device, returns, day, period=None, carry=None):
+    tensors = to_device(device, *[a for a in (returns, day, period, carry) if a is not None])
+    it = iter(tensors)
+    r, d = next(it), next(it)
+    p = next(it) if period is not None else None
+    c = next(it) if carry is not None else None
+    return bt.Window.of(r, d, p, c)
 
 
 def assert_metrics_close(m, daily, stats):
@@ -77,15 +103,21 @@ def test_scan_matches_loop(device, seed):
     rng = np.random.default_rng(1000 + seed)
     n_bars = int(rng.choice([1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 255, 256, 257, 1000, 4097]))
     q, returns, day, cost = random_window(seed, n_bars, ties=seed % 2 == 0)
-    position, net, daily, stats = reference(q, returns, day, cost)
+    period = periods_of(seed, day)
+    carry = rng.normal(0, 5e-4, n_bars).astype(np.float32) if seed % 3 == 0 else None  # next-open fills
+    position, net, daily, hourly, stats = reference(q, returns, day, cost, period, carry)
 
-    result = bt.backtest(*to_device(device, q, returns, day), cost)
+    result = bt.backtest(torch.as_tensor(q, device=device), window(device, returns, day, period, carry), cost)
     assert result.position.device.type == device and result.net_returns.device.type == device
     assert result.position.dtype == torch.int8
     np.testing.assert_array_equal(result.position.cpu().numpy(), position)
     np.testing.assert_allclose(result.net_returns.cpu().numpy(), net, rtol=0, atol=1e-9)
     # float32 per-bar arithmetic: ~1e-10 a bar, summed over up to 4K bars a day
     np.testing.assert_allclose(result.daily_returns, daily, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(result.periods.net, hourly[:, 0], rtol=0, atol=1e-7)
+    np.testing.assert_array_equal(result.periods.units, hourly[:, 1])
+    np.testing.assert_array_equal(result.periods.hours, np.unique(period))
+    assert (result.periods.n_trades, result.periods.n_bars) == (stats["n_trades"], n_bars)
     assert_metrics_close(result.metrics, daily, stats)
 
 
@@ -99,7 +131,7 @@ def test_hand_example():
     q[3, 0, 1] = 1.0  # from short: go flat
     returns = torch.tensor([0.01, -0.02, 0.03, 0.04])
     day = torch.tensor([5, 5, 7, 7])
-    result = bt.backtest(q, returns, day, cost=0.001)
+    result = bt.backtest(q, bt.Window.of(returns, day), cost=0.001)
     assert result.position.tolist() == [1, -1, -1, 0]
     expected_net = [0.01 - 0.001, 0.02 - 0.002, -0.03, 0.0 - 0.001]
     np.testing.assert_allclose(result.net_returns.numpy(), expected_net, atol=1e-8)
@@ -113,7 +145,7 @@ def test_hand_example():
 def test_evaluate_any_path():
     # hit rate: in-market bars with net > 0; a zero net return is not a hit
     returns = torch.tensor([0.0, 0.01, -0.01, 0.02])
-    result = bt.evaluate(torch.tensor([1, 1, 0, -1]), returns, torch.zeros(4, dtype=torch.int64), 0.0)
+    result = bt.evaluate(torch.tensor([1, 1, 0, -1]), bt.Window.of(returns, torch.zeros(4, dtype=torch.int64)), 0.0)
     assert result.position.dtype == torch.int8
     assert result.metrics.hit_rate == pytest.approx(1 / 3)
     np.testing.assert_allclose(result.net_returns.numpy(), [0.0, 0.01, 0.0, -0.02])
@@ -124,18 +156,18 @@ def test_ties_take_the_first_action():
     n_bars = 50
     day = torch.zeros(n_bars, dtype=torch.int64)
     returns = torch.full((n_bars,), 1e-3)
-    assert (bt.backtest(torch.zeros(n_bars, 3, 3), returns, day, 0.0).position == -1).all()
+    w = bt.Window.of(returns, day)
+    assert (bt.backtest(torch.zeros(n_bars, 3, 3), w, 0.0).position == -1).all()
     q = torch.zeros(n_bars, 3, 3)
     q[:, :, 0] = -1.0  # short is worse; flat and long tie
-    assert (bt.backtest(q, returns, day, 0.0).position == 0).all()
+    assert (bt.backtest(q, w, 0.0).position == 0).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_baselines(device):
     _, returns, day, cost = random_window(3, 2000, ties=False)
     cost = 1e-4
-    r, d = to_device(device, returns, day)
-    base = bt.baselines(r, d, cost)
+    base = bt.baselines(window(device, returns, day), cost)
     net = returns.astype(np.float64).copy()
     net[0] -= cost  # buy and hold pays to enter once
     _, starts = np.unique(day, return_index=True)
@@ -150,44 +182,44 @@ def test_baselines(device):
     assert flat.n_days == len(daily)
 
 
-def test_n_days_given_or_counted():
+def test_wrong_counts_are_detected():
     q, returns, day, cost = random_window(5, 3000, ties=False)
-    args = to_device("cpu", q, returns, day)
-    n_days = bt.count_days(day)
-    assert n_days == len(np.unique(day)) == bt.count_days(args[2])
-    counted = bt.backtest(*args, cost)
-    given = bt.backtest(*args, cost, n_days=n_days)
-    assert counted.metrics == given.metrics
-    for wrong in (n_days - 1, n_days + 1):
+    w = window("cpu", returns, day, periods_of(5, day))
+    assert w.n_days == len(np.unique(day)) == bt.count_days(torch.as_tensor(day))
+    assert bt.backtest(torch.as_tensor(q), w, cost).metrics.n_days == w.n_days
+    for wrong in (w.n_days - 1, w.n_days + 1):
         with pytest.raises(ValueError, match="distinct days"):
-            bt.backtest(*args, cost, n_days=wrong)
+            bt.backtest(torch.as_tensor(q), dataclasses.replace(w, n_days=wrong), cost)
+    with pytest.raises(ValueError, match="distinct periods"):
+        bt.backtest(torch.as_tensor(q), dataclasses.replace(w, n_periods=w.n_periods + 1), cost)
 
 
 def test_bad_input_is_a_clear_error():
     q, returns, day = torch.zeros(10, 3, 3), torch.zeros(10), torch.zeros(10, dtype=torch.int64)
+    w = bt.Window.of(returns, day)
     with pytest.raises(ValueError, match=r"\(T, 3, 3\)"):
-        bt.backtest(torch.zeros(10, 3), returns, day, 0.0)
-    with pytest.raises(ValueError, match="returns and day"):
-        bt.backtest(q, returns[:9], day, 0.0)
+        bt.backtest(torch.zeros(10, 3), w, 0.0)
+    with pytest.raises(ValueError, match=r"returns must be \(9,\)|day must be \(9,\)"):
+        bt.backtest(q[:9], w, 0.0)
     with pytest.raises(ValueError, match="empty"):
-        bt.backtest(q[:0], returns[:0], day[:0], 0.0)
+        bt.backtest(q[:0], bt.Window(returns[:0], day[:0], 1, day[:0], 1, np.zeros(1)), 0.0)
     with pytest.raises(ValueError, match="cost"):
-        bt.backtest(q, returns, day, -1e-4)
+        bt.backtest(q, w, -1e-4)
     with pytest.raises(ValueError, match="non-decreasing"):
-        bt.backtest(q, returns, torch.arange(10, 0, -1), 0.0)
+        bt.backtest(q, bt.Window(returns, torch.arange(10, 0, -1), 10, day, 1, np.zeros(1)), 0.0)
     with pytest.raises(ValueError, match="float"):
-        bt.backtest(q, day, day, 0.0)
+        bt.backtest(q, bt.Window(day, day, 1, day, 1, np.zeros(1)), 0.0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="sync debug mode needs CUDA")
 def test_no_host_sync_before_the_transfer():
     q, returns, day, cost = random_window(9, 5000, ties=True)
-    q, returns, day = to_device("cuda", q, returns, day)
-    n_days = bt.count_days(day)
+    w = window("cuda", returns, day, periods_of(9, day))
+    q = torch.as_tensor(q, device="cuda")
     torch.cuda.set_sync_debug_mode("error")
     try:
         position = bt.greedy_positions(q)
-        bt._device_pack(position, returns, day, cost, n_days)
+        bt._device_pack(position, w, cost)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

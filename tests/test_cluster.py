@@ -136,7 +136,7 @@ def test_fxcache_bigger_than_a_node_store_exits_2_with_one_line(two_nodes, tmp_p
     """Through the real CLI joining the running two-node cluster (--address): nothing starts."""
     cluster, _ = two_nodes
     big = tmp_path / "big.fxcache"
-    to_cache(SynthSpec(n_bars=330_000, seed=1), big)  # 330k bars x 216 B = 68 MiB of arrays
+    to_cache(SynthSpec(n_bars=330_000, seed=1), big)  # 330k bars x 224 B = 70 MiB of arrays
     market = cache.open(big)
     with pytest.raises(ObjectStoreError, match="big.fxcache"):
         put_market(market)  # refused before ray.put: nothing is written to the store
@@ -171,6 +171,6 @@ def test_fxcache_bigger_than_a_node_store_exits_2_with_one_line(two_nodes, tmp_p
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("fxray.tune: error:")]
     assert len(errors) == 1, out.stderr[-2000:]
-    assert "big.fxcache" in errors[0] and "68 MiB" in errors[0] and "80 MiB" in errors[0]
+    assert "big.fxcache" in errors[0] and "70 MiB" in errors[0] and "80 MiB" in errors[0]
     assert "--object-store-memory" in errors[0]
     assert not (tmp_path / "run").exists()  # refused before the run directory was made

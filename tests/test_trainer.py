@@ -30,10 +30,12 @@ def random_arrays(n=3000, seed=0):
     rng = np.random.default_rng(seed)
     ts = (1_700_000_000 + 60 * np.arange(1, n + 1)).astype(np.int64) * 10**9
     close = 100 * np.exp(np.cumsum(rng.normal(0, 1e-3, n)))
+    open_ = np.concatenate(([100.0], close[:-1])) * np.exp(rng.normal(0, 2e-4, n))  # opens off the last close
     return {
         "ts": ts,
         "features": rng.normal(3, 2, (n, 42)).astype(np.float32),
         "ofi": rng.normal(0, 1, (n, 8)).astype(np.float32),
+        "open": open_,
         "close": close,
     }
 
@@ -45,7 +47,10 @@ def test_device_returns_days_and_train_only_normalisation():
     arrays = random_arrays()
     data = DeviceData(arrays)
     np.testing.assert_allclose(data.returns[:-1].numpy(), np.diff(np.log(arrays["close"])), rtol=1e-6)
-    assert float(data.returns[-1]) == 0.0
+    log_o, log_c = np.log(arrays["open"]), np.log(arrays["close"])
+    np.testing.assert_allclose(data.gap[:-1].numpy(), log_o[1:] - log_c[:-1], rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(data.bar[:-1].numpy(), log_c[1:] - log_o[1:], rtol=1e-5, atol=1e-9)
+    assert float(data.returns[-1]) == float(data.gap[-1]) == float(data.bar[-1]) == 0.0
     assert np.array_equal(data.day.numpy(), arrays["ts"] // (86400 * 10**9))
     fold = Fold(0, (100, 1100), (1200, 1800), (1900, 2500))
     ptr = data.x.data_ptr()
@@ -82,10 +87,11 @@ def test_device_accepts_an_opened_cache(synth_cache):
 # --- env --------------------------------------------------------------------------------
 
 
-def test_env_reward_and_resets_stay_in_the_train_range():
+@pytest.mark.parametrize("fill", ["close", "next_open"])
+def test_env_reward_and_resets_stay_in_the_train_range(fill):
     data = DeviceData(random_arrays())
     data.set_fold(Fold(0, (500, 900), (1000, 1500), (1600, 2000)))
-    env = TradingEnv(data, num_envs=64, episode_len=7, cost=3e-4)
+    env = TradingEnv(data, num_envs=64, episode_len=7, cost=3e-4, fill=fill)
     torch.manual_seed(0)
     env.reset()
     for _ in range(200):
@@ -94,7 +100,10 @@ def test_env_reward_and_resets_stay_in_the_train_range():
         action = torch.randint(0, 3, (64,))
         reward, done = env.step(action)
         new_p = action - 1
-        expected = new_p * data.returns[t] - 3e-4 * (new_p - p).abs()
+        if fill == "close":  # the new position earns close to close
+            expected = new_p * data.returns[t] - 3e-4 * (new_p - p).abs()
+        else:  # the old one earns until the next open, the new one from there
+            expected = p * data.gap[t] + new_p * data.bar[t] - 3e-4 * (new_p - p).abs()
         torch.testing.assert_close(reward, expected)
         cont = ~done
         assert torch.equal(env.t[cont], t[cont] + 1) and torch.equal(env.position[cont], new_p[cont])
@@ -255,34 +264,34 @@ def oracle_sharpe(market_spec: SynthSpec, data: DeviceData, window, cost) -> flo
     # bar t's return is driven by flow[t] and sigma[t+1]
     pos = oracle_positions(m.flow[a:b], market_spec.beta, cost, m.sigma[a + 1 : b + 1])
     s, e = window[0], window[1] - 1
-    res = evaluate(
-        torch.from_numpy(pos.astype(np.int64)), data.returns[s:e], data.day[s:e], cost, n_days=data.count_days(s, e)
-    )
+    res = evaluate(torch.from_numpy(pos.astype(np.int64)), data.window(window, "close"), cost)
     return res.metrics.sharpe
 
 
-def test_default_config_learns_the_planted_signal_in_every_fold(synth_cache):
-    market = cache.open(synth_cache)
+def test_default_config_learns_a_strong_planted_signal_in_every_fold(strong_cache):
+    from conftest import STRONG
+
+    market = cache.open(strong_cache)
     data = DeviceData(market)
-    cfg = DQNConfig()  # the default size
-    folds = make_folds(market.ts, FoldSpec(train="20d", val="5d", test="5d", max_folds=2))
+    cfg = DQNConfig(cost=1e-5)  # the default size
+    folds = make_folds(market.ts, FoldSpec(train="20d", val="5d", test="5d", step="10d", max_folds=2))
     trainer = Trainer(data, cfg)
     for fold in folds:
         result = trainer.run_fold(fold, seed=fold.k)
-        oracle = oracle_sharpe(SynthSpec(n_bars=60_000, seed=0), data, fold.test, cfg.cost)
+        oracle = oracle_sharpe(SynthSpec(n_bars=60_000, seed=0, **STRONG), data, fold.test, cfg.cost)
         assert oracle > 5, "the planted signal should be worth trading"
         assert result.status == "ok"
         assert result.test["sharpe"] >= 0.5 * oracle, (fold.k, result.test["sharpe"], oracle)
 
 
-def test_shuffled_returns_control_does_not_look_profitable(synth_cache, tmp_path):
+def test_shuffled_returns_control_does_not_look_profitable(strong_cache, tmp_path):
     """Same features, returns permuted: the signal is gone, so must be the profit."""
-    market = cache.open(synth_cache)
+    market = cache.open(strong_cache)
     rng = np.random.default_rng(0)
     r = np.diff(np.log(market.close))
     close = market.close[0] * np.exp(np.concatenate([[0.0], np.cumsum(rng.permutation(r))]))
-    arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "close": close}
-    cfg = DQNConfig()
+    arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "open": close, "close": close}
+    cfg = DQNConfig(cost=1e-5, fill="close")
     fold = make_folds(market.ts, FoldSpec(train="20d", val="5d", test="20d", max_folds=1))[0]
     control = train_fold(DeviceData(arrays), fold, cfg, seed=0)
     real = train_fold(DeviceData(market), fold, cfg, seed=0)

@@ -1,17 +1,27 @@
-"""The embedded default market: seeded synthetic 1-minute bars with a planted signal.
+"""The embedded default market: seeded synthetic 1-minute bars with a planted signal of
+realistic strength, its oracle, and a shuffled twin with no signal at all.
 
 What it models (all vectorised numpy, deterministic for a seed):
 - a 24x5 session calendar (FX-like: Sunday 22:00 to Friday 22:00 UTC, weekend gaps);
 - volatility = base x regime (a two-state Markov chain, ~1 day per regime) x an
   intraday seasonality (busier in the London/New York overlap);
-- an order-flow imbalance `flow` s_t, a persistent AR(1) with unit variance, observed
-  at bar t's close as ofi[:, 0]; three other order-flow columns are noisy relatives;
+- a latent signal z_t, a persistent AR(1) with unit variance, never observed itself;
+- two noisy views of it, known at bar t's close: the order-flow imbalance of the last
+  ~ofi_span bars (ofi[:, 0]: an exponential average of each bar's flow, z + noise;
+  three other order-flow columns are noisier views of the bar's own flow), and the
+  close location of the bar (bars close near their high when z is high: the wicks lean);
 - the planted signal: the NEXT bar's log return is
-      r[t] = ln(C[t+1]/C[t]) = beta * sigma[t+1] * s[t] + sigma[t+1] * eps[t+1],
-  so s[t], known at t's close, predicts r[t] with correlation ~ beta.
+      r[t] = ln(C[t+1]/C[t]) = beta * g[t] * sigma[t+1] * z[t] + sigma[t+1] * eps[t+1]
+  with g = 1 (structure "flow"), or g = 1 only in the hours `session_hours` UTC and 0
+  otherwise (structure "session": an edge that switches off outside the London/New
+  York overlap, which a linear rule on the inputs cannot express).
+- `shuffle`: the twin: returns permuted within each day, so nothing predicts them;
+  the views and features are computed as usual (from the permuted prices).
 
-`oracle_positions` is the position sequence of an agent that knows beta: long when
-s > deadband, short when s < -deadband (deadband from the cost), flat otherwise.
+The defaults are sized so that the oracle rule (fxray.eval.baselines on the planted
+columns, fitted on a fold's train slice, at a realistic 0.4 bp cost) earns a pooled
+out-of-sample Sharpe of a few units, as real edges do, not tens: docs/metrics.md.
+`oracle_positions` is the agent that knows z and beta (an upper bound, not achievable).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 MINUTE_NS = 60 * 10**9
 # Sunday 2020-01-05 22:00 UTC: the first session opens here.
 EPOCH_START_NS = 1578261600 * 10**9
@@ -44,8 +54,15 @@ class SynthSpec:
 
     n_bars: int = 200_000  # bars written (after the feature warm-up is dropped)
     seed: int = 0  # everything follows from it
-    beta: float = 0.10  # predictive strength of flow: corr(s_t, r_t) ~ beta
-    persistence: float = 0.95  # AR(1) coefficient of flow per bar (half-life ~ 13 bars)
+    structure: str = "flow"  # "flow" (always on) or "session" (on only in session_hours)
+    beta: float = 0.025  # predictive strength of z: corr(z_t, r_t) ~ beta
+    persistence: float = 0.98  # AR(1) coefficient of z per bar (half-life ~ 34 bars)
+    ofi_noise: float = 2.0  # std of the noise in each bar's order flow (z has std 1)
+    ofi_span: int = 10  # bars: ofi[:, 0] is the exponential average of the bars' order flow
+    clv_noise: float = 1.0  # std of the noise in the close-location view
+    clv_strength: float = 0.6  # how far the wicks lean with the close-location view
+    session_hours: tuple = (12, 16)  # [start, end) hours UTC of the "session" structure's edge
+    shuffle: bool = False  # the twin with no signal: returns permuted within each day
     base_vol: float = 1e-4  # per-bar log-return volatility in the calm regime
     high_vol_mult: float = 2.0  # volatility multiplier of the turbulent regime
     regime_bars: int = 1440  # mean regime duration in bars
@@ -62,9 +79,10 @@ class SynthMarket:
     low: np.ndarray
     close: np.ndarray
     volume: np.ndarray  # (N,) float64
-    ofi: np.ndarray  # (N, 8) float32; column 0 is the planted flow s_t
-    flow: np.ndarray  # (N,) float64 s_t
+    ofi: np.ndarray  # (N, 8) float32; column 0 is the order-flow view of z
+    flow: np.ndarray  # (N,) float64 z_t, the latent signal
     sigma: np.ndarray  # (N,) float64 volatility of the bar's return
+    gate: np.ndarray  # (N,) float64 g_t: 1 where z_t drives r_t, else 0
     spec: SynthSpec
 
 
@@ -86,6 +104,8 @@ def _ar1(x: np.ndarray, phi: float) -> np.ndarray:
 
 def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
     """Simulate `n_bars` (default spec.n_bars) bars; deterministic for spec.seed."""
+    if spec.structure not in STRUCTURES:
+        raise ValueError(f"data.synth.structure: {spec.structure!r} must be one of {', '.join(STRUCTURES)}")
     n = spec.n_bars if n_bars is None else n_bars
     rng = np.random.default_rng(spec.seed)
     ts = session_timestamps(n)
@@ -97,33 +117,63 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
     seasonal = 0.8 + 0.6 * np.exp(-0.5 * ((hour - 14.5) / 3.0) ** 2)  # peak at 14:30 UTC
     sigma = spec.base_vol * np.where(regime == 1, spec.high_vol_mult, 1.0) * seasonal
 
-    # --- order flow: AR(1) with unit stationary variance ---------------------------
+    # --- the latent signal: AR(1) with unit stationary variance --------------------
     phi = spec.persistence
-    flow = _ar1(rng.standard_normal(n) * np.sqrt(1 - phi**2), phi)
-    flow[0] = rng.standard_normal()  # (lfilter starts at 0; close enough after the warm-up)
+    z = _ar1(rng.standard_normal(n) * np.sqrt(1 - phi**2), phi)
+    z[0] = rng.standard_normal()  # (lfilter starts at 0; close enough after the warm-up)
+    gate = np.ones(n) if spec.structure == "flow" else session_gate(ts, spec.session_hours)
 
-    # --- returns: bar t's return is predicted by flow at t-1 -----------------------
+    # --- returns: bar t's return is predicted by z at t-1 (where the gate is on) ------
     eps = rng.standard_normal(n)
     ret = np.empty(n)
     ret[0] = sigma[0] * eps[0]
-    ret[1:] = spec.beta * sigma[1:] * flow[:-1] + sigma[1:] * eps[1:]
+    ret[1:] = spec.beta * gate[:-1] * sigma[1:] * z[:-1] + sigma[1:] * eps[1:]
+    if spec.shuffle:  # the twin: each day's returns in a random order
+        day = (ts - ts[0]) // (86400 * 10**9)
+        ret = ret[np.lexsort((rng.random(n), day))]
     close = spec.price0 * np.exp(np.cumsum(ret))
     open_ = np.empty(n)
     open_[0] = spec.price0
     open_[1:] = close[:-1]
+    # the wicks lean with the close-location view: a high view shortens the upper wick
+    clv_view = z + spec.clv_noise * rng.standard_normal(n)
+    lean = np.exp(spec.clv_strength * np.clip(clv_view, -3, 3))
     wick = sigma * np.abs(rng.standard_normal((2, n))) * 0.6
-    high = np.maximum(open_, close) * np.exp(wick[0])
-    low = np.minimum(open_, close) * np.exp(-wick[1])
+    high = np.maximum(open_, close) * np.exp(wick[0] / lean)
+    low = np.minimum(open_, close) * np.exp(-wick[1] * lean)
     volume = np.round(
-        100 * seasonal * np.where(regime == 1, 1.8, 1.0) * rng.lognormal(0.0, 0.4, n) * (1 + 0.3 * np.abs(flow))
+        100 * seasonal * np.where(regime == 1, 1.8, 1.0) * rng.lognormal(0.0, 0.4, n) * (1 + 0.3 * np.abs(z))
     )
 
+    bar_flow = z + spec.ofi_noise * rng.standard_normal(n)  # each bar's own order flow: noisy
+    alpha = 2.0 / (spec.ofi_span + 1)  # the flow imbalance over the last bars: a causal EMA
+    view = _ar1(alpha * bar_flow, 1.0 - alpha)
+    view /= view.std()
     ofi = np.zeros((n, 8), np.float32)
-    ofi[:, 0] = flow
-    ofi[:, 1] = 0.5 * flow + np.sqrt(0.75) * rng.standard_normal(n)  # depth imbalance
-    ofi[:, 2] = np.tanh(0.7 * flow + 0.5 * rng.standard_normal(n))  # trade imbalance in [-1,1]
-    ofi[:, 3] = np.abs(flow) + 0.3 * rng.standard_normal(n)  # flow intensity
-    return SynthMarket(ts, open_, high, low, close, volume, ofi, flow, sigma, spec)
+    ofi[:, 0] = view
+    ofi[:, 1] = 0.5 * bar_flow + rng.standard_normal(n)  # depth imbalance: this bar's, noisier
+    ofi[:, 2] = np.tanh(0.3 * bar_flow + 0.5 * rng.standard_normal(n))  # trade imbalance in [-1,1]
+    ofi[:, 3] = np.abs(bar_flow) + 0.3 * rng.standard_normal(n)  # flow intensity
+    return SynthMarket(ts, open_, high, low, close, volume, ofi, z, sigma, gate, spec)
+
+
+STRUCTURES = ("flow", "session")
+ORACLE_INPUTS = ("ofi:flow_imbalance", "features:close_loc")  # where the views of z live
+
+
+def session_gate(ts: np.ndarray, hours: tuple) -> np.ndarray:
+    """1.0 for bars whose close hour (UTC) is in [hours[0], hours[1]), else 0.0."""
+    hour = (ts // (3600 * 10**9)) % 24
+    return ((hour >= hours[0]) & (hour < hours[1])).astype(np.float64)
+
+
+def oracle_meta(spec: SynthSpec) -> dict | None:
+    """What fxray.eval.baselines' oracle needs to know of a market: the columns of the views
+    and the hours of the edge (None for the shuffled twin: it has no edge to know)."""
+    if spec.shuffle:
+        return None
+    hours = list(spec.session_hours) if spec.structure == "session" else None
+    return {"inputs": list(ORACLE_INPUTS), "hours": hours}
 
 
 def oracle_positions(flow: np.ndarray, beta: float, cost: float, sigma: float | np.ndarray) -> np.ndarray:
@@ -153,7 +203,7 @@ def to_cache(spec: SynthSpec, out) -> str:
         bar="1min",
         ofi=m.ofi,
         ofi_names=SYNTH_OFI_NAMES,
-        extra_meta={"synth": asdict(spec)},
+        extra_meta={"synth": asdict(spec), "oracle": oracle_meta(spec)},
     )
 
 
@@ -182,3 +232,17 @@ def ensure_default(spec: SynthSpec = SynthSpec(), log=print) -> Path:
         log(f"generating the default synthetic market ({spec.n_bars:,} bars, seed {spec.seed}) -> {path}")
         to_cache(spec, path)
     return path
+
+
+def oracle_columns(meta: dict, n_features: int) -> tuple[list[int], list[int] | None] | None:
+    """(input columns of features ++ ofi, hours or None) of a cache's oracle, from its
+    metadata; None when the data carries no oracle (real data, the shuffled twin)."""
+    oracle = meta.get("oracle")
+    if not oracle:
+        return None
+    names = {"features": meta["feature_names"], "ofi": meta["ofi_names"]}
+    cols = []
+    for item in oracle["inputs"]:
+        kind, _, name = item.partition(":")
+        cols.append(names[kind].index(name) + (n_features if kind == "ofi" else 0))
+    return cols, oracle.get("hours")

@@ -2,26 +2,33 @@
 
     q_all = (T, 3, 3) Q-values, one batched forward of the Q-network over the
             window's states with all three previous positions
-    result = backtest(q_all, returns[start:end], day[start:end], cost)
-    result.metrics.sharpe
+    window = data.window(fold.val)        # fxray.rl.device: the window's returns, days, hours
+    result = backtest(q_all, window, cost)
+    result.metrics.sharpe                 # the window's own (daily) numbers: for tables
+    result.periods                        # hourly net returns and units traded: what is pooled
 
 The policy is exactly sequential -- p_t = argmax_a Q[t, p_{t-1} + 1, a] - 1 --
 but each bar is a map on the 3-element set of positions, so the whole path is a
 prefix composition of T maps: ceil(log2 T) doubling rounds of a (T, 3) gather
 (Hillis-Steele scan), no loop over bars, no host sync. Everything stays on the
 tensors' device (CPU or CUDA) until the single transfer of a handful of scalars
-and the daily-return vector; metrics are then computed on the host by
-fxray.metrics, the one definition of every metric.
+and the daily and hourly sums; metrics are then computed on the host by
+fxray.eval.metrics and fxray.eval.pooled, the one definition of every metric.
 
 Conventions
 - Initial position before the window: flat (0). No forced exit at the end.
 - Ties: torch.argmax returns the FIRST maximal action, so equal Q-values prefer
   short (a=0) over flat (a=1) over long (a=2). NaN Q-values win the argmax.
-- Per-bar net log return: p_t * r[t] - cost * |p_t - p_{t-1}|, in the dtype of
-  `returns`; r[t] = log(close[t+1] / close[t]), so the window must stop one
-  bar before the last close.
-- Daily returns: net returns summed (in float64) per UTC day having at least one
-  bar in the window; `day` must be non-decreasing (it is, ts strictly increase).
+- Per-bar net log return: p_{t-1} carry[t] + p_t fresh[t] - cost |p_t - p_{t-1}|.
+  Filled at the close the features saw (carry None): fresh[t] = r[t] =
+  log(close[t+1] / close[t]). Filled at the next bar's open: the old position earns
+  carry[t] = log(open[t+1] / close[t]) until the fill, the new one fresh[t] =
+  log(close[t+1] / open[t+1]). Either way the window stops one bar before the last close.
+- Daily returns: net returns summed (in float64) per session day having at least
+  one bar in the window (fxray.data.calendar); `day` must be non-decreasing.
+- Period returns: net returns and units of position change summed per period
+  (an hour) having a bar: fxray.eval.pooled pools them across windows and re-prices
+  them at other costs.
 """
 
 from __future__ import annotations
@@ -37,11 +44,65 @@ N_SCALARS = 6  # leading entries of the packed host transfer, see _device_pack
 
 
 @dataclass(frozen=True)
+class Window:
+    """The bars of one window on device, and the counts the host knows without a sync."""
+
+    fresh: torch.Tensor  # (T,) return earned by the position taken at bar t
+    day: torch.Tensor  # (T,) int64 session day, non-decreasing
+    n_days: int  # distinct values of `day`
+    period: torch.Tensor  # (T,) int64 period (hour) number, non-decreasing
+    n_periods: int  # distinct values of `period`
+    hours: np.ndarray  # (n_periods,) int64 those period numbers, on the host (for dating)
+    carry: torch.Tensor | None = None  # (T,) what the previous position earns before a next-open fill
+
+    @classmethod
+    def of(
+        cls,
+        returns: torch.Tensor,
+        day: torch.Tensor,
+        period: torch.Tensor | None = None,
+        carry: torch.Tensor | None = None,
+    ) -> Window:
+        """A window from tensors alone (its counts found with host syncs): tests, ad hoc use.
+        Without `period`, each day is one period."""
+        period = day if period is None else period
+        hours = np.unique(period.cpu().numpy())
+        return cls(returns, day, count_days(day), period, len(hours), hours, carry)
+
+    @property
+    def n_bars(self) -> int:
+        return self.fresh.shape[0]
+
+
+@dataclass(frozen=True)
+class PeriodReturns:
+    """A window's net returns per period at its cost, and the units traded in each (host)."""
+
+    net: np.ndarray  # (P,) float64 summed net log returns
+    units: np.ndarray  # (P,) float64 summed |position change|
+    hours: np.ndarray  # (P,) int64 period numbers
+    n_bars: int
+    n_trades: int
+    n_days: int
+
+    def as_dict(self) -> dict:
+        return {
+            "net": self.net.tolist(),
+            "units": self.units.tolist(),
+            "hours": self.hours.tolist(),
+            "n_bars": self.n_bars,
+            "n_trades": self.n_trades,
+            "n_days": self.n_days,
+        }
+
+
+@dataclass(frozen=True)
 class BacktestResult:
     position: torch.Tensor  # (T,) int8 in {-1, 0, +1}, on the input device
-    net_returns: torch.Tensor  # (T,) per-bar net log returns, dtype of `returns`, on device
+    net_returns: torch.Tensor  # (T,) per-bar net log returns, dtype of the returns, on device
     daily_returns: np.ndarray  # (n_days,) float64 daily sums, on the host
     metrics: Metrics
+    periods: PeriodReturns
 
 
 # --- the position path: prefix composition of per-bar maps -------------------
@@ -74,112 +135,123 @@ def greedy_positions(q_all: torch.Tensor) -> torch.Tensor:
 # --- evaluation of a position path -------------------------------------------
 
 
-def _check_window(returns: torch.Tensor, day: torch.Tensor, n_bars: int, cost: float) -> None:
+def _check_window(w: Window, n_bars: int, cost: float) -> None:
     if n_bars == 0:
         raise ValueError("empty backtest window (T = 0)")
-    if returns.shape != (n_bars,) or day.shape != (n_bars,):
-        raise ValueError(f"returns and day must be ({n_bars},), got {tuple(returns.shape)} and {tuple(day.shape)}")
-    if not returns.is_floating_point() or day.is_floating_point():
-        raise ValueError(f"returns must be float and day integer, got {returns.dtype}, {day.dtype}")
-    if returns.device != day.device:
-        raise ValueError(f"returns on {returns.device} but day on {day.device}")
+    tensors = {"returns": w.fresh, "day": w.day, "period": w.period}
+    if w.carry is not None:
+        tensors["carry"] = w.carry
+    for name, x in tensors.items():
+        if x.shape != (n_bars,):
+            raise ValueError(f"{name} must be ({n_bars},), got {tuple(x.shape)}")
+        if x.device != w.fresh.device:
+            raise ValueError(f"returns on {w.fresh.device} but {name} on {x.device}")
+    if not w.fresh.is_floating_point() or w.day.is_floating_point() or w.period.is_floating_point():
+        raise ValueError(
+            f"returns must be float and day, period integer, got {w.fresh.dtype}, {w.day.dtype}, {w.period.dtype}"
+        )
     if not cost >= 0:
         raise ValueError(f"cost must be >= 0 (return units per unit of position change), got {cost}")
+    if w.n_days < 1 or w.n_periods < 1:
+        raise ValueError(f"n_days and n_periods must be >= 1, got {w.n_days}, {w.n_periods}")
 
 
 def count_days(day: torch.Tensor | np.ndarray) -> int:
     """Number of distinct days of a non-decreasing day index. A host sync on device tensors:
-    call it once per window (outside the epoch loop) and pass `n_days=` to `backtest`."""
+    count once per window (outside the epoch loop), as fxray.rl.device.DeviceData.window does."""
     day = torch.as_tensor(day)
     return int((day[1:] != day[:-1]).sum()) + 1 if day.numel() else 0
 
 
-def _device_pack(
-    position: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost: float, n_days: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(net_returns (T,), packed (N_SCALARS + n_days,) float64) on device; no host sync."""
-    pos = position.to(returns.dtype)  # (T,)
-    change = (pos - torch.cat((pos.new_zeros(1), pos[:-1]))).abs()  # (T,) |p_t - p_{t-1}|, p_-1 = 0
-    net_returns = pos * returns - cost * change  # (T,) net log returns
+def _dense_ids(key: torch.Tensor) -> torch.Tensor:
+    """(T,) ids 0..K-1 of a non-decreasing key in order of appearance (gaps get no id)."""
+    return torch.cat((key.new_zeros(1), (key[1:] != key[:-1]).cumsum(0)))
 
-    # Dense day ids 0..D-1 in order of appearance: days without bars (weekends,
-    # holidays) get no entry, so they neither dilute nor inflate the Sharpe.
-    new_day = day[1:] != day[:-1]  # (T-1,) bool
-    day_id = torch.cat((day.new_zeros(1), new_day.cumsum(0)))  # (T,) int64
-    # Clamp so that a too-small n_days cannot index out of bounds (a device
-    # assert on CUDA); the mismatch is reported after the transfer instead.
-    # float64 accumulation: 1e3+ bars a day, and atomics' order noise stays ~1e-17.
-    daily = torch.zeros(n_days, dtype=torch.float64, device=returns.device)
-    daily.index_add_(0, day_id.clamp(max=n_days - 1), net_returns.double())
+
+def _device_pack(position: torch.Tensor, w: Window, cost: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(net_returns (T,), packed (N_SCALARS + D + 2P,) float64) on device; no host sync."""
+    pos = position.to(w.fresh.dtype)  # (T,)
+    prev = torch.cat((pos.new_zeros(1), pos[:-1]))  # (T,) p_{t-1}, p_-1 = 0
+    change = (pos - prev).abs()  # (T,) |p_t - p_{t-1}|
+    net_returns = pos * w.fresh - cost * change  # (T,) net log returns
+    if w.carry is not None:
+        net_returns = net_returns + prev * w.carry
+
+    # Dense ids in order of appearance: days/hours without bars (weekends, holidays)
+    # get no entry, so they neither dilute nor inflate a Sharpe. Clamped so that a
+    # wrong count cannot index out of bounds (a device assert on CUDA): the mismatch
+    # is reported after the transfer instead. float64 sums: the order noise of the
+    # atomics stays ~1e-17.
+    day_id, period_id = _dense_ids(w.day), _dense_ids(w.period)
+    daily = torch.zeros(w.n_days, dtype=torch.float64, device=pos.device)
+    daily.index_add_(0, day_id.clamp(max=w.n_days - 1), net_returns.double())
+    hourly = torch.zeros(2, w.n_periods, dtype=torch.float64, device=pos.device)  # net, units
+    hourly.index_add_(1, period_id.clamp(max=w.n_periods - 1), torch.stack((net_returns.double(), change.double())))
 
     in_market = pos != 0
     scalars = torch.stack(
         (
-            change.double().mean(),  # turnover per bar
             (change != 0).sum().double(),  # n_trades
             in_market.sum().double(),  # bars in the market
             (in_market & (net_returns > 0)).sum().double(),  # of which net winners
             (day_id[-1] + 1).double(),  # true number of days
-            (day[1:] < day[:-1]).sum().double(),  # day index going backwards
+            (period_id[-1] + 1).double(),  # true number of periods
+            ((w.day[1:] < w.day[:-1]) | (w.period[1:] < w.period[:-1])).sum().double(),  # keys going backwards
         )
     )
-    return net_returns, torch.cat((scalars, daily))
+    return net_returns, torch.cat((scalars, daily, hourly.reshape(-1)))
 
 
-def evaluate(
-    position: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost: float, *, n_days: int | None = None
-) -> BacktestResult:
-    """Net returns, daily sums and metrics of any (T,) position path in {-1, 0, +1}.
-
-    n_days: the window's number of distinct days (`count_days`); without it one
-    extra host sync finds it. A wrong value is detected and raises ValueError.
-    """
+def evaluate(position: torch.Tensor, window: Window, cost: float) -> BacktestResult:
+    """Net returns, daily and hourly sums, and metrics of any (T,) position path in {-1, 0, +1}.
+    One host sync. A window whose counts are wrong raises ValueError."""
     n_bars = position.shape[0] if position.ndim else 0
-    _check_window(returns, day, n_bars, cost)
+    _check_window(window, n_bars, cost)
     if position.shape != (n_bars,):
         raise ValueError(f"position must be (T,), got {tuple(position.shape)}")
-    if n_days is None:
-        n_days = count_days(day)  # extra host sync (documented)
-    if n_days < 1:
-        raise ValueError(f"n_days must be >= 1, got {n_days}")
-    net_returns, packed = _device_pack(position, returns, day, cost, n_days)
+    net_returns, packed = _device_pack(position, window, cost)
     packed = packed.cpu().numpy()  # the one host sync of an evaluation
 
-    turnover, n_trades, n_in, n_hits, true_days, backwards = packed[:N_SCALARS]
+    n_trades, n_in, n_hits, true_days, true_periods, backwards = packed[:N_SCALARS]
     if backwards:
-        raise ValueError("day must be non-decreasing over the window")
-    if true_days != n_days:
-        raise ValueError(f"n_days={n_days} but the window has {int(true_days)} distinct days")
-    daily_returns = packed[N_SCALARS:]
+        raise ValueError("day and period must be non-decreasing over the window")
+    if true_days != window.n_days:
+        raise ValueError(f"n_days={window.n_days} but the window has {int(true_days)} distinct days")
+    if true_periods != window.n_periods:
+        raise ValueError(f"n_periods={window.n_periods} but the window has {int(true_periods)} distinct periods")
+    d, p = window.n_days, window.n_periods
+    daily_returns = packed[N_SCALARS : N_SCALARS + d]
+    net, units = packed[N_SCALARS + d :].reshape(2, p)
+    turnover = float(units.sum() / n_bars)
     metrics = summarize(
         daily_returns, turnover=turnover, n_trades=int(n_trades), hit_rate=n_hits / n_in if n_in else 0.0
     )
-    return BacktestResult(position.to(torch.int8), net_returns, daily_returns, metrics)
+    periods = PeriodReturns(net, units, np.asarray(window.hours, dtype=np.int64), n_bars, int(n_trades), d)
+    return BacktestResult(position.to(torch.int8), net_returns, daily_returns, metrics, periods)
 
 
-def backtest(
-    q_all: torch.Tensor, returns: torch.Tensor, day: torch.Tensor, cost: float, *, n_days: int | None = None
-) -> BacktestResult:
-    """Greedy policy of `q_all` over one window; one host sync when `n_days` is given.
+def backtest(q_all: torch.Tensor, window: Window, cost: float) -> BacktestResult:
+    """Greedy policy of `q_all` over one window; one host sync.
 
-    q_all: (T, 3, 3) Q[t, previous position + 1, action]; returns: (T,) float per-bar
-    log returns r[t] = log(close[t+1] / close[t]); day: (T,) int64 UTC day number;
-    cost: return units per unit of position change. All on one device; pass views
-    of the window (returns[start:end]), nothing is copied to the host but the result.
+    q_all: (T, 3, 3) Q[t, previous position + 1, action]; window: the returns, session
+    days and hours of the same T bars, on the same device; cost: return units per unit
+    of position change. Nothing is copied to the host but the result.
     """
-    if q_all.device != returns.device:
-        raise ValueError(f"q_all on {q_all.device} but returns on {returns.device}")
-    return evaluate(greedy_positions(q_all), returns, day, cost, n_days=n_days)
+    if q_all.device != window.fresh.device:
+        raise ValueError(f"q_all on {q_all.device} but returns on {window.fresh.device}")
+    return evaluate(greedy_positions(q_all), window, cost)
 
 
-def baselines(
-    returns: torch.Tensor, day: torch.Tensor, cost: float, *, n_days: int | None = None
-) -> dict[str, Metrics]:
+def buy_and_hold(window: Window, cost: float) -> BacktestResult:
+    """Long every bar of the window: pays `cost` once to enter (no exit cost)."""
+    return evaluate(torch.ones_like(window.fresh, dtype=torch.int8), window, cost)
+
+
+def baselines(window: Window, cost: float) -> dict[str, Metrics]:
     """Metrics of the two reference policies of a window, for per-fold tables.
 
     buy_and_hold: long every bar, pays `cost` once to enter (no exit cost).
     flat: never in the market; every daily return is 0.
     """
-    hold = evaluate(torch.ones_like(returns, dtype=torch.int8), returns, day, cost, n_days=n_days)
-    flat = summarize(np.zeros(hold.metrics.n_days))
-    return {"buy_and_hold": hold.metrics, "flat": flat}
+    hold = buy_and_hold(window, cost)
+    return {"buy_and_hold": hold.metrics, "flat": summarize(np.zeros(hold.metrics.n_days))}

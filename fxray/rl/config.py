@@ -43,15 +43,22 @@ class TrainConfig:
     eps_decay: float = 0.3
     """share of all training steps over which epsilon decays linearly"""
     # --- trading -------------------------------------------------------------------
-    cost: float = 1e-5
-    """cost per unit of position change, in return units (half-spread + fees)"""
+    cost: float = 4e-5
+    """cost per unit of position change, in return units: half the spread + fees, one way
+    (4e-5 = 0.4 bp: EURUSD on an ECN; see docs/metrics.md "Costs")"""
+    fill: str = "next_open"
+    """where a position decided at bar t's close is filled: next_open (bar t+1's open; the
+    conservative default) or close (the close the features saw)"""
     # --- schedule ------------------------------------------------------------------
     epochs: int = 6
     """max epochs per fold"""
     steps_per_epoch: int = 200
     """collect steps per epoch (each followed by updates_per_step learner steps)"""
     patience: int = 2
-    """stop after this many epochs without a better val Sharpe"""
+    """stop after this many epochs without a better val score (select: val_score)"""
+    select: str = "val_score"
+    """which epoch's weights a fold keeps: val_score (the best score on the val window,
+    fxray.eval.pooled.score) or last (the last epoch; patience unused)"""
     # --- execution -----------------------------------------------------------------
     dtype: str = "float32"
     """storage precision of features on device: float32 or bfloat16"""
@@ -93,6 +100,10 @@ class TrainConfig:
         self._in_unit_interval("eps_start", "eps_end", "eps_decay")
         if not _is_number(self.cost) or not 0 <= self.cost < 0.1:
             self._fail("cost", "must be in [0, 0.1) (return units)")
+        if self.select not in ("val_score", "last"):
+            self._fail("select", "must be 'val_score' or 'last'")
+        if self.fill not in ("next_open", "close"):
+            self._fail("fill", "must be 'next_open' or 'close'")
         if self.dtype not in ("float32", "bfloat16"):
             self._fail("dtype", "must be 'float32' or 'bfloat16'")
         if self.matmul not in ("tf32", "fp32"):
@@ -132,6 +143,8 @@ class DQNConfig(TrainConfig):
     # --- learning ------------------------------------------------------------------
     lr: float = 5e-4
     """Adam learning rate"""
+    weight_decay: float = 0.0
+    """decoupled weight decay per step (AdamW): shrinks the weights that noise would fit"""
     gamma: float = 0.9
     """discount per bar"""
     n_step: int = 3
@@ -148,17 +161,22 @@ class DQNConfig(TrainConfig):
     """hard target update every N learner steps; 0 = soft updates with tau"""
     reward_scale: float = 1e4
     """rewards are multiplied by this (1e4: basis points) so Q-values are O(1)"""
+    update: str = "sampled"
+    """sampled: the n-step update of the action the agent took; all_actions: the 1-step
+    update of all three actions of each sampled state (their rewards are known)"""
 
     SECTION = "dqn"
 
     def validate(self) -> None:
         super().validate()
         self._positive_ints("hidden", "depth", "n_step", "batch_size")
-        self._in_unit_interval("lr", "gamma", "tau")
+        self._in_unit_interval("lr", "gamma", "tau", "weight_decay")
         for key in ("grad_clip", "huber_delta", "reward_scale"):
             v = getattr(self, key)
             if not _is_number(v) or v <= 0:
                 self._fail(key, "must be a number > 0")
+        if self.update not in ("sampled", "all_actions"):
+            self._fail("update", "must be 'sampled' or 'all_actions'")
         if not isinstance(self.target_every, int) or self.target_every < 0:
             self._fail("target_every", "must be an integer >= 0")
         if self.buffer_steps <= self.n_step:

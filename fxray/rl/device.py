@@ -6,7 +6,10 @@ through two small pinned buffers into device tensors: never a whole host copy.
 `DeviceData` holds, for all N bars of an fxcache:
     x        (N, 50)  features ++ ofi, float32 or bfloat16 (raw, not normalised)
     returns  (N,)     float32 r[t] = ln(close[t+1] / close[t]), from float64 closes; r[N-1] = 0
-    day      (N,)     int64 UTC day number (ts // 1 day), for daily aggregation
+    gap, bar (N,)     float32 ln(open[t+1] / close[t]) and ln(close[t+1] / open[t+1]): a fill at
+                      the next bar's open splits r[t] into what the old and the new position earn
+    day      (N,)     int64 session day (fxray.data.calendar), for daily sums
+    period   (N,)     int64 period (hour) number, for the pooled statistics
 and, for the active fold, persistent device tensors that a fold switch updates in
 place (so a captured CUDA graph stays valid across folds):
     mean, inv_std (50,)  normalisation from the fold's TRAIN slice only
@@ -22,17 +25,14 @@ import warnings
 import numpy as np
 import torch
 
+from fxray.data.arrays import host_arrays
 from fxray.data.cache import Market
+from fxray.data.calendar import Calendar
 from fxray.data.folds import Fold
 from fxray.data.schema import ADX_INDEX
+from fxray.eval.backtest import Window
 
-DAY_NS = 86400 * 10**9
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def host_arrays(market: Market) -> dict[str, np.ndarray]:
-    """The arrays a DeviceData needs, as plain numpy (what the Ray driver puts in the object store)."""
-    return {"ts": market.ts, "features": market.features, "ofi": market.ofi, "close": market.close}
 
 
 @contextlib.contextmanager
@@ -80,7 +80,7 @@ class DeviceData:
             arrays = host_arrays(arrays)
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
-        ts, features, ofi, close = (np.asarray(arrays[k]) for k in ("ts", "features", "ofi", "close"))
+        ts, features, ofi, open_, close = (np.asarray(arrays[k]) for k in ("ts", "features", "ofi", "open", "close"))
         n, nf = features.shape
         self.n_bars = n
         self.n_inputs = nf + ofi.shape[1]
@@ -88,17 +88,29 @@ class DeviceData:
         # host-side staging copy of the dataset. torch.from_numpy warns on read-only
         # arrays because it cannot promise immutability; we only read them.
         with _readonly_ok():
-            host = [torch.from_numpy(a) for a in (features, ofi, close, ts)]
+            host = [torch.from_numpy(a) for a in (features, ofi, close, open_)]
         x = torch.empty((n, self.n_inputs), dtype=torch.float32, device=self.device)
         _upload_rows(x, host[0], host[1])
-        close_d = host[2].to(self.device)  # float64 on device: log returns before the cast
-        self.returns = torch.zeros(n, dtype=torch.float32, device=self.device)
-        self.returns[:-1] = torch.diff(torch.log(close_d)).float()
-        self.day = host[3].to(self.device) // DAY_NS
-        self.day_host = np.asarray(ts) // DAY_NS  # (N,) for counting a window's days without a sync
+        log_close = torch.log(host[2].to(self.device))  # float64 on device: log returns before the cast
+        log_open = torch.log(host[3].to(self.device))
+        self.returns, self.gap, self.bar = (torch.zeros(n, dtype=torch.float32, device=self.device) for _ in range(3))
+        self.returns[:-1] = torch.diff(log_close).float()
+        self.gap[:-1] = (log_open[1:] - log_close[:-1]).float()
+        self.bar[:-1] = (log_close[1:] - log_open[1:]).float()
+        self.calendar = Calendar.of(ts)
+        cols = np.asarray(arrays.get("oracle_columns", []), dtype=np.int64)
+        hours = np.asarray(arrays.get("oracle_hours", []), dtype=np.int64)
+        # the planted market's oracle: the input columns that carry its signal and the hours
+        # of its edge (None: the data carries no oracle)
+        self.oracle = (torch.from_numpy(cols).to(self.device), tuple(hours.tolist()) or None) if len(cols) else None
+        self.references: dict = {}  # (fold, cost, fill) -> the reference rules' results (Trainer)
+        # host copies for counting a window's days and hours without a device sync
+        self.day_host, self.period_host = self.calendar.session_day(ts), self.calendar.period(ts)
+        self.day = torch.from_numpy(self.day_host).to(self.device)
+        self.period = torch.from_numpy(self.period_host).to(self.device)
         self.raw_adx = x[:, ADX_INDEX].clone()  # ADX(14), raw, for the fold's difficulty
         self.x = x if self.dtype == torch.float32 else x.to(self.dtype)
-        del x, close_d
+        del x, log_close, log_open
         # --- the active fold's persistent state (updated in place) ---------------------
         self.mean = torch.zeros(self.n_inputs, device=self.device)
         self.inv_std = torch.ones(self.n_inputs, device=self.device)
@@ -124,9 +136,34 @@ class DeviceData:
         return (self.x[t].float() - self.mean) * self.inv_std
 
     def count_days(self, start: int, end: int) -> int:
-        """Distinct UTC days among bars [start, end) (days are non-decreasing)."""
+        """Distinct session days among bars [start, end) (days are non-decreasing)."""
         d = self.day_host[start:end]
         return int(np.count_nonzero(np.diff(d)) + 1) if len(d) else 0
+
+    def window(self, window: tuple[int, int], fill: str = "next_open") -> Window:
+        """The bars of `window` that have a next bar, as the backtest takes them (no host sync).
+
+        fill "close": positions fill at the close the features saw (returns r);
+        "next_open": at the next bar's open (the old position earns the gap)."""
+        start, end = window[0], window[1] - 1
+        hours = np.unique(self.period_host[start:end])
+        fresh, carry = (self.returns, None) if fill == "close" else (self.bar, self.gap[start:end])
+        return Window(
+            fresh[start:end],
+            self.day[start:end],
+            self.count_days(start, end),
+            self.period[start:end],
+            len(hours),
+            hours,
+            carry,
+        )
+
+    def hour_gate(self, start: int, end: int, hours: tuple | None) -> torch.Tensor | None:
+        """(end - start,) bool: bars whose close hour (UTC) lies in [hours[0], hours[1])."""
+        if hours is None:
+            return None
+        hour = torch.from_numpy((self.period_host[start:end] * self.calendar.period_ns // 3_600_000_000_000) % 24)
+        return ((hour >= hours[0]) & (hour < hours[1])).to(self.device)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -90,7 +90,7 @@ class Learner:
         self.target_network.requires_grad_(False)
         self.params = list(self.q_network.parameters())
         self.target_params = list(self.target_network.parameters())
-        self.optimizer = Adam(self.params, lr=cfg.lr)  # fused and graph-safe on CUDA
+        self.optimizer = Adam(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)  # fused, graph-safe on CUDA
         # Inductor fuses the loss's forward and backward into fewer kernels (compiled once,
         # on the first call; inside a CUDA graph capture its kernels are recorded like any other)
         self.loss_fn = torch.compile(self.td_loss) if cfg.compile else self.td_loss
@@ -98,10 +98,13 @@ class Learner:
         # epoch accumulators, read once at epoch end
         self.loss_sum = torch.zeros((), device=device)
         self.q_abs_max = torch.zeros((), device=device)
+        self.fresh = self.carry = None  # the env's return arrays, for all_actions (set by DQN)
 
     def td_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor):
         """Huber TD loss of the batch (step, env) and max |Q| over it: the maths of an update
         (no randomness, no side effects: what `cfg.compile` hands to torch.compile)."""
+        if self.cfg.update == "all_actions":
+            return self.all_actions_loss(data, replay, step, env)
         cfg = self.cfg
         t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
         B = t.shape[0]
@@ -116,6 +119,32 @@ class Learner:
             td_target = return_n * cfg.reward_scale + discount * next_q
         q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
         return F.huber_loss(q_sa, td_target, delta=cfg.huber_delta), q.detach().abs().max()
+
+    def all_actions_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor):
+        """The 1-step Double-DQN loss of all three actions of each sampled state at once.
+
+        The market does not react to the agent, so the reward and the next state of every
+        action at (t, p) are known, not only of the action the agent took: p' = a - 1
+        earns p' fresh[t] + p carry[t] - cost |p' - p| and leads to (t + 1, p'). Updating
+        the three Q-values together ("action augmentation", Huang 2018, "Financial
+        trading as a game") triples the information per sample and does not depend on
+        what exploration happened to try. n_step is not used (the later actions of an
+        n-step return would depend on the first)."""
+        cfg = self.cfg
+        row = step % replay.S
+        t, position = replay.t[row, env], replay.position[row, env]  # (B,), (B,)
+        q = self.q_network(data.states(t), position)  # (B, 3)
+        with torch.no_grad():
+            new_position = self.q_network.positions.to(q.dtype)  # (3,) = a - 1
+            pos = position.to(q.dtype).unsqueeze(1)  # (B, 1)
+            reward = new_position * self.fresh[t].unsqueeze(1) - cfg.cost * (new_position - pos).abs()  # (B, 3)
+            if self.carry is not None:
+                reward = reward + pos * self.carry[t].unsqueeze(1)
+            market_next = data.states(t + 1)  # (B, n_inputs): bar t+1 is in the train range
+            next_action = self.q_network.q_all(market_next).argmax(-1, keepdim=True)  # (B, 3 p', 1)
+            next_q = self.target_network.q_all(market_next).gather(-1, next_action).squeeze(-1)  # (B, 3)
+            td_target = reward * cfg.reward_scale + cfg.gamma * next_q
+        return F.huber_loss(q, td_target, delta=cfg.huber_delta), q.detach().abs().max()
 
     def learn(self, data: DeviceData, replay: Replay, step=None, env=None) -> None:
         """One gradient step on a replay batch (sampled unless (step, env) are given)."""
@@ -162,10 +191,11 @@ class DQN:
 
     def __init__(self, data: DeviceData, cfg: DQNConfig):
         self.data, self.cfg = data, cfg
-        self.env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
+        self.env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost, cfg.fill)
         self.replay = Replay(cfg, cfg.num_envs, data.device)
         # the same (fused, graph-safe) Adam on every CUDA run, graphed or not
         self.learner = Learner(cfg, data.n_inputs, data.device)
+        self.learner.fresh, self.learner.carry = self.env.fresh, self.env.carry
         self.params = self.learner.params
         self.global_step = torch.zeros((), dtype=torch.int64, device=data.device)
         self.total_steps = cfg.epochs * cfg.steps_per_epoch

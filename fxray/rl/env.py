@@ -3,7 +3,10 @@
 Agent i at bar t holds position p in {-1, 0, +1}; action a in {0, 1, 2} sets the
 new position p' = a - 1 and earns, from bar t's close to bar t+1's close,
 
-    reward = p' * r[t] - cost * |p' - p|        (log-return units)
+    reward = p' * r[t] - cost * |p' - p|                     filled at the close (fill "close")
+    reward = p * gap[t] + p' * bar[t] - cost * |p' - p|      filled at bar t+1's open ("next_open")
+
+(log-return units; gap + bar = r: see fxray.rl.device), the same as the backtest.
 
 The market does not react to the agent, so (t, p, a) describes a transition fully.
 Episodes are time limits (not terminals): an agent restarts at a random bar of the
@@ -20,8 +23,10 @@ from fxray.rl.device import DeviceData
 
 
 class TradingEnv:
-    def __init__(self, data: DeviceData, num_envs: int, episode_len: int, cost: float):
+    def __init__(self, data: DeviceData, num_envs: int, episode_len: int, cost: float, fill: str = "next_open"):
         self.data, self.num_envs, self.episode_len, self.cost = data, num_envs, episode_len, cost
+        # (what the new position earns, what the old one earns before the fill)
+        self.fresh, self.carry = (data.returns, None) if fill == "close" else (data.bar, data.gap)
         dev = data.device
         self.t = torch.zeros(num_envs, dtype=torch.int64, device=dev)  # (B,) current bar
         self.position = torch.zeros(num_envs, dtype=torch.int64, device=dev)  # (B,) in {-1,0,1}
@@ -48,7 +53,9 @@ class TradingEnv:
         finished are already restarted when this returns.
         """
         new_position = action - 1
-        reward = new_position * self.data.returns[self.t] - self.cost * (new_position - self.position).abs()
+        reward = new_position * self.fresh[self.t] - self.cost * (new_position - self.position).abs()
+        if self.carry is not None:
+            reward = reward + self.position * self.carry[self.t]
         self.ep_step.add_(1)
         done = (self.ep_step >= self.episode_len) | (self.t + 1 >= self.data.bounds[1] - 1)
         t0, p0 = self._random_starts()

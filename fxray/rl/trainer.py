@@ -7,9 +7,9 @@
 Inside an epoch nothing talks to the host: `steps_per_epoch` replays of the
 captured (or eager) collect+learn step. At the epoch end one read of the loss
 accumulators and one backtest of the greedy policy on the val window (each one
-host sync). The best epoch's weights are kept on device; the test window is
+host sync). The selected epoch's weights are kept on device; the test window is
 evaluated once, with them. Divergence (non-finite loss or Q) ends the fold with
-status "diverged" instead of raising.
+status "diverged" instead of raising, and such a fold has no val or test result.
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fxray.data.folds import Fold
-from fxray.eval.backtest import backtest, baselines
+from fxray.eval import baselines, pooled
+from fxray.eval.backtest import BacktestResult, backtest, buy_and_hold, evaluate
+from fxray.eval.metrics import summarize
 from fxray.rl import algorithm
 from fxray.rl.algorithm import Algorithm
 from fxray.rl.config import TrainConfig
@@ -47,8 +50,13 @@ class FoldResult:
     curve: list = field(default_factory=list)  # per epoch: loss, val_sharpe, epoch_s, eps
     timings: dict = field(default_factory=dict)  # seconds: fold_switch, train, eval, total
     adx: float = float("nan")  # mean raw ADX(14) over the train slice (the fold's "difficulty")
-    test_daily_returns: list = field(default_factory=list)  # for equity curves and PSR/DSR
+    test_daily_returns: list = field(default_factory=list)  # for equity curves (per session day)
     checkpoint: str | None = None
+    val_score: float = float("nan")  # the selected epoch's score on the val window
+    # hourly returns (fxray.eval.backtest.PeriodReturns.as_dict()), what fxray.eval.pooled pools:
+    val_periods: dict = field(default_factory=dict)  # of the kept weights on the val window
+    test_periods: dict = field(default_factory=dict)  # ... and on the test window
+    baseline_periods: dict = field(default_factory=dict)  # {"buy_and_hold": {"val": ..., "test": ...}, ...}
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -98,20 +106,23 @@ class Trainer:
         ]
         return torch.cat(parts)
 
-    def evaluate(self, window: tuple[int, int]):
-        start, end = window[0], window[1] - 1
-        return backtest(
-            self.q_all(window),
-            self.data.returns[start:end],
-            self.data.day[start:end],
-            self.cfg.cost,
-            n_days=self.data.count_days(start, end),
+    def evaluate(self, window: tuple[int, int]) -> BacktestResult:
+        return backtest(self.q_all(window), self.data.window(window, self.cfg.fill), self.cfg.cost)
+
+    def score(self, result: BacktestResult) -> float:
+        """The selection score of one window (fxray.eval.pooled.score of its hourly returns)."""
+        return pooled.score(
+            pooled.pooled([result.periods.as_dict()], self.cfg.cost, self.data.calendar.periods_per_year)
         )
 
     # --- one fold ----------------------------------------------------------------------
     def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None, stop=None) -> FoldResult:
         """`stop()`, asked before every step, ends the fold at once with status "cancelled"
-        (a sweep uses it for a fold it started ahead of a trial that is then stopped)."""
+        (a sweep uses it for a fold it started ahead of a trial that is then stopped).
+
+        The kept weights are those of the epoch `cfg.select` picks: "val_score", the best
+        score on the val window (hourly pooled Sharpe, shrunk for thin evidence; stops
+        after `patience` epochs without a better one), or "last", the last epoch."""
         cfg, sync = self.cfg, self.data.synchronize
         # matmul precision is process-wide in torch: set it for whichever trainer runs now
         torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
@@ -122,7 +133,7 @@ class Trainer:
         if self.use_graph and self.graph is None:
             self._capture()
             self._begin(fold, seed)  # the capture's warm-up iterations touched weights and replay
-        best_sharpe, best_epoch, bad_epochs, status = -math.inf, -1, 0, "ok"
+        best_score, best_epoch, bad_epochs, status = -math.inf, -1, 0, "ok"
         best_val, curve, train_s, eval_s = None, [], 0.0, 0.0
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
@@ -153,6 +164,7 @@ class Trainer:
                         "loss": loss,
                         "q_max": q_max,
                         "val_sharpe": float("nan"),
+                        "val_score": float("nan"),
                         "epoch_s": t1 - t0,
                         "eps": eps,
                     }
@@ -160,7 +172,8 @@ class Trainer:
                 if log:
                     log(f"fold {fold.k} epoch {epoch}: diverged (loss {loss:.3g}, |Q| max {q_max:.3g})")
                 break
-            val = self.evaluate(fold.val).metrics
+            val = self.evaluate(fold.val)
+            score = self.score(val)
             t2 = time.perf_counter()
             train_s, eval_s = train_s + (t1 - t0), eval_s + (t2 - t1)
             curve.append(
@@ -168,7 +181,8 @@ class Trainer:
                     "epoch": epoch,
                     "loss": loss,
                     "q_max": q_max,
-                    "val_sharpe": val.sharpe,
+                    "val_sharpe": val.metrics.sharpe,
+                    "val_score": score,
                     "epoch_s": t2 - t0,
                     "train_s": t1 - t0,
                     "val_s": t2 - t1,
@@ -177,11 +191,11 @@ class Trainer:
             )
             if log:
                 log(
-                    f"fold {fold.k} epoch {epoch}: loss {loss:.4f}  val sharpe {val.sharpe:+.2f}  "
-                    f"eps {eps:.2f}  {t2 - t0:.2f}s"
+                    f"fold {fold.k} epoch {epoch}: loss {loss:.4f}  val score {score:+.2f}  eps {eps:.2f}  "
+                    f"{t2 - t0:.2f}s"
                 )
-            if val.sharpe > best_sharpe:
-                best_sharpe, best_epoch, best_val, bad_epochs = val.sharpe, epoch, val, 0
+            if cfg.select == "last" or score > best_score:
+                best_score, best_epoch, best_val, bad_epochs = score, epoch, val, 0
                 for b, p in zip(self.best_params, self.algo.params):
                     b.copy_(p)
             else:
@@ -200,15 +214,14 @@ class Trainer:
             adx=self.data.adx_mean(fold.train),
         )
         t3 = time.perf_counter()
-        start, end = fold.test[0], fold.test[1] - 1
-        n_days = self.data.count_days(start, end)
-        base = baselines(self.data.returns[start:end], self.data.day[start:end], cfg.cost, n_days=n_days)
-        result.baselines = {k: asdict(m) for k, m in base.items()}
-        if best_val is not None:
+        self._baselines(fold, result)
+        if best_val is not None and status == "ok":
             for b, p in zip(self.best_params, self.algo.params):
                 p.data.copy_(b)
             test = self.evaluate(fold.test)
-            result.val, result.test = asdict(best_val), asdict(test.metrics)
+            result.val, result.test = asdict(best_val.metrics), asdict(test.metrics)
+            result.val_periods, result.test_periods = best_val.periods.as_dict(), test.periods.as_dict()
+            result.val_score = best_score
             result.test_daily_returns = test.daily_returns.tolist()
             if checkpoint_dir is not None:
                 result.checkpoint = str(save_checkpoint(checkpoint_dir, self, fold, result))
@@ -220,6 +233,42 @@ class Trainer:
             "total_s": t4 - t_start,
         }
         return result
+
+    def _baselines(self, fold: Fold, result: FoldResult) -> None:
+        """The reference policies of the fold's windows: per-window metrics (test) for tables,
+        and their hourly returns on val and test for the pooled statistics beside the policy's.
+        They depend on the fold, the cost and the fill only: computed once per worker."""
+        key = (fold.as_dict().__repr__(), self.cfg.cost, self.cfg.fill)
+        if key not in self.data.references:
+            self.data.references[key] = self._references(fold)
+        result.baselines, result.baseline_periods = self.data.references[key]
+
+    def _references(self, fold: Fold) -> tuple[dict, dict]:
+        """buy_and_hold and flat; the supervised rule ("ridge": all the inputs) and, on a planted
+        market, the oracle (the same rule on the columns that carry the signal, in the hours it
+        is on; fxray.eval.baselines), both fitted on the train slice only."""
+        cfg, data = self.cfg, self.data
+        windows = {w: data.window(getattr(fold, w), cfg.fill) for w in ("val", "test")}
+        runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cfg.cost) for w in windows}}
+        a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
+        train = data.window(fold.train, cfg.fill)
+        rules = {"ridge": (None, None)}
+        if data.oracle is not None:
+            rules["oracle"] = data.oracle
+        for name, (columns, hours) in rules.items():
+            x = data.states(torch.arange(a, b, device=data.device))
+            rule = baselines.fit_rule(
+                x, train.fresh, cfg.cost, carry=train.carry, columns=columns, gate=data.hour_gate(a, b, hours)
+            )
+            runs[name] = {}
+            for w in windows:
+                s, e = getattr(fold, w)[0], getattr(fold, w)[1] - 1
+                x = data.states(torch.arange(s, e, device=data.device))
+                runs[name][w] = evaluate(rule.positions(x, data.hour_gate(s, e, hours)), windows[w], cfg.cost)
+        table = {name: asdict(run["test"].metrics) for name, run in runs.items()}
+        table["flat"] = asdict(summarize(np.zeros(runs["buy_and_hold"]["test"].metrics.n_days)))
+        periods = {name: {w: r.periods.as_dict() for w, r in run.items()} for name, run in runs.items()}
+        return table, periods
 
 
 def train_fold(

@@ -67,12 +67,12 @@ class SweepLog(Callback):
         elapsed = time.time() - self.t0
         eta = (self.total - done) * elapsed / self.session_folds
         n_folds = len(self.sweep["folds"])
+        score = "diverged" if rec["status"] != "ok" else f"{rec['score']:+.2f}"
+        best_score = "diverged" if best["status"] != "ok" else f"{best['score']:+.2f}"
         print(
             f"[{done:>4}/{self.total} folds {fmt_s(elapsed)}, ETA <= {fmt_s(eta)}] "
-            f"{trial_label(trial.trial_id)} fold {rec['fold'] + 1}/{n_folds}: "
-            f"val {rec['val_sharpe']:+.2f} test {rec['test_sharpe']:+.2f} "
-            f"mean val {result['mean_val_sharpe']:+.2f}  | best {best['mean_val_sharpe']:+.2f} "
-            f"({trial_label(best['trial_id'])})",
+            f"{trial_label(trial.trial_id)} fold {rec['fold'] + 1}/{n_folds}: score {score} "
+            f"(pooled val Sharpe of its folds)  | best {best_score} ({trial_label(best['trial_id'])})",
             flush=True,
         )
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import ray
 
+from fxray.data.calendar import Calendar
 from fxray.rl import experiment as expmod
 from fxray.sweep.cluster import start_ray
 from fxray.sweep.leases import Workers, pool_name
@@ -35,6 +36,7 @@ from fxray.sweep.tuner import (
     debug_log,
     ended_trials,
     make_tuner,
+    trials_started,
 )
 
 
@@ -65,6 +67,7 @@ class Run:
     workers: Workers
     writer: object
     arrays_ref: object  # held for the whole sweep: a restarted worker loads it again
+    calendar: object  # fxray.data.calendar.Calendar of the data: what the pooled statistics annualise by
 
 
 def validate(args, import_s: float = 0.0) -> Plan:
@@ -185,7 +188,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     # while the workers import torch and load the data: the run directory (then the writer
     # opens the store), then Tune starts its trial processes; a first fold waits on its worker
     sweep = prepare_storage(storage, plan.sweep, exp, plan.file, profile, market, data_path, folds, args, plan.same)
-    run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref)
+    run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts))
     prepared.set()
     watch_workers(workers, t0, phases)
     return run
@@ -206,6 +209,7 @@ def fit(run: Run) -> int | None:
         "folds": sweep["folds"],
         "base": sweep["base"],
         "seed": sweep["rounds"][-1]["seed"],
+        "periods_per_year": run.calendar.periods_per_year,
         "checkpoints": str(storage / "checkpoints"),
     }
     debug_log(os.environ.get("FXRAY_TUNE_DEBUG_LOG"))
@@ -248,6 +252,8 @@ def finish(run: Run) -> int:
         plan.args.json,
         started=plan.t_start,
         phases=plan.phases,
+        periods_per_year=run.calendar.periods_per_year,
+        n_trials_started=trials_started(storage),
     )
     if unfinished:
         run.writer.finish("KILLED")

@@ -25,19 +25,21 @@ from pathlib import Path
 import numpy as np
 from ray import tune
 
+from fxray.eval import pooled
 from fxray.rl.config import make_config
 from fxray.sweep.leases import Workers
 from fxray.track.records import FoldRecord
 
 
 def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
-    """Train the sampled config on every fold, in time order, reporting after each."""
+    """Train the sampled config on every fold, in time order, reporting after each; a fold
+    that diverged ends the trial (its score is DIVERGED: no config that diverges can win)."""
     started = time.time()  # when Tune's trial process got to us (the report's trial_start)
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" per fold is noise
     trial_id = tune.get_context().get_trial_id()
     cfg = {**job["base"], **config}
     make_config(cfg)  # a sampled combination the config rejects fails here, not on a worker
-    done: list[dict] = []
+    done: list[dict] = []  # per fold: val/test Sharpe and val hourly returns (what the score pools)
     ckpt = tune.get_checkpoint()  # a restored trial continues after its last reported fold
     if ckpt is not None:
         with ckpt.as_directory() as d:
@@ -56,16 +58,45 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
             ) as results,
         ):
             for result in results:
-                if results.consumed == len(segment):  # nothing queued after this: free the worker first
+                diverged = result["status"] != "ok"
+                if results.consumed == len(segment) or diverged:  # nothing more to run here: free it first
                     workers.release(trial_id)
                 record = FoldRecord.from_result(result)
-                done.append({"val_sharpe": record.val["sharpe"], "test_sharpe": record.test["sharpe"]})
+                done.append(
+                    {
+                        "ok": record.ok,
+                        "val_sharpe": record.val.get("sharpe"),
+                        "test_sharpe": record.test.get("sharpe"),
+                        "val_periods": record.val_periods,
+                    }
+                )
                 record.folds_done, record.trial_start = len(done), started
-                record.mean_val_sharpe = sum(d["val_sharpe"] for d in done) / len(done)
-                record.mean_test_sharpe = sum(d["test_sharpe"] for d in done) / len(done)
+                record.score = objective(done, cfg["cost"], job["periods_per_year"])
+                record.mean_val_sharpe, record.mean_test_sharpe = (
+                    mean(d[k] for d in done if d["ok"]) for k in ("val_sharpe", "test_sharpe")
+                )
                 with tempfile.TemporaryDirectory() as d:
                     Path(d, "folds.json").write_text(json.dumps(done))
                     tune.report(record.flat(), checkpoint=tune.Checkpoint.from_directory(d))
+                if diverged:
+                    return
+
+
+DIVERGED = -100.0  # the score of a trial with a fold whose training diverged: below any Sharpe
+
+
+def objective(done: list[dict], cost: float, periods_per_year: float) -> float:
+    """The sweep's objective after the folds `done`: fxray.eval.pooled.score of the val windows
+    of all of them pooled (comparable across fold counts, as ASHA needs: it is one Sharpe
+    estimate that gets more precise with more folds, not a sum); DIVERGED if one diverged."""
+    if not all(d["ok"] for d in done):
+        return DIVERGED
+    return pooled.score(pooled.pooled([d["val_periods"] for d in done], cost, periods_per_year))
+
+
+def mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def config_key(config: dict) -> str:

@@ -78,6 +78,17 @@ def close_orphans(storage: Path) -> int:
     return len(running)
 
 
+def trials_started(storage: Path) -> int:
+    """Every trial the study ever started, in any state (the N of the Deflated Sharpe Ratio:
+    each was a chance to get lucky, whether ASHA stopped it, it failed or it finished)."""
+    import optuna
+
+    study = optuna.load_study(
+        study_name=STUDY, storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}")
+    )
+    return len(study.get_trials(deepcopy=False))
+
+
 def read_same_trials(path: str) -> dict:
     """What `--same-trials RESULTS` replays: a finished one-round sweep's trials, in the
     order they started there, each with the folds it trained there (ASHA's stops become
@@ -184,7 +195,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
         return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
     searcher = OptunaSearch(
         space=exp.space(),
-        metric="mean_val_sharpe",
+        metric="score",
         mode="max",
         study_name=STUDY,
         # one seed per round, so an extension does not replay the first round's draws
@@ -207,7 +218,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            metric="mean_val_sharpe",
+            metric="score",
             mode="max",
             search_alg=searcher,
             scheduler=scheduler,

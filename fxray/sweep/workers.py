@@ -25,9 +25,9 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
 import ray
 
+from fxray.data.arrays import host_arrays
 from fxray.sweep.cluster import check_object_store
 from fxray.sweep.leases import WorkerPool, Workers
 
@@ -35,15 +35,8 @@ TRAINER_CACHE = 2  # Trainers (networks + replay + graph) a worker keeps, most r
 
 
 def put_market(market) -> ray.ObjectRef:
-    """The arrays of `fxray.rl.device.host_arrays(market)` into the object store, once.
-
-    Built here rather than by calling host_arrays, so that the driver never imports
-    torch (~10 s on the GPU machines); tests/test_workers.py checks both agree.
-    Columns are made contiguous (close is a strided view of targets; the others are
-    already, and are not copied) so every `ray.get` is zero-copy.
-    """
-    arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "close": market.close}
-    arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    """The arrays of `fxray.data.arrays.host_arrays(market)` into the object store, once."""
+    arrays = host_arrays(market)
     check_object_store(arrays, market.path)  # every node's store must hold a copy: fail now, not hang
     return ray.put(arrays)
 

@@ -35,16 +35,21 @@ def _f(default=None, *, metric=False, csv=True, factory=None):
 
 @dataclass
 class FoldRecord:
-    """One fold of one trial. `val`/`test`: {metric: value} of the selected epoch (Metrics
-    fields; empty when no epoch finished); a flat form names them `val_sharpe`, ..."""
+    """One fold of one trial. `val`/`test`: {metric: value} of the kept weights on the
+    window (Metrics fields: per-window numbers, for tables; empty when the fold has no
+    result, e.g. it diverged); a flat form names them `val_sharpe`, ... (None if empty).
+    `val_periods`/`test_periods`: the windows' hourly returns (PeriodReturns.as_dict()),
+    what the pooled statistics are made of; `baseline_periods` the same of the reference
+    rules ({"buy_and_hold" | "ridge" | "oracle": {"val": ..., "test": ...}})."""
 
     fold: int = _f(0)
     status: str = _f("ok")  # ok | diverged | cancelled
     epochs: int = _f(0, metric=True)  # epochs run
-    best_epoch: int = _f(-1)  # 0-based; -1 if none finished
+    best_epoch: int = _f(-1)  # 0-based; -1 if none was kept
     val: dict = _f(factory=dict)
     test: dict = _f(factory=dict)
-    bh_test_sharpe: float = _f(0.0, metric=True)  # buy-and-hold on the test window
+    val_score: float | None = _f(None, metric=True)  # the kept epoch's selection score on the val window
+    bh_test_sharpe: float | None = _f(None, metric=True)  # buy-and-hold on the test window
     adx: float = _f(0.0)  # mean raw ADX(14) of the train slice
     worker: int = _f(-1)
     checkpoint: str = _f("")
@@ -53,32 +58,44 @@ class FoldRecord:
     eval_s: float = _f(0.0)
     fold_time_s: float = _f(0.0, metric=True)
     test_daily_returns: list = _f(factory=list, csv=False)
+    val_periods: dict = _f(factory=dict, csv=False)
+    test_periods: dict = _f(factory=dict, csv=False)
+    baseline_periods: dict = _f(factory=dict, csv=False)
     # --- the trial's running numbers after this fold (set by the trial) ----------------------
     folds_done: int = _f(0)
-    mean_val_sharpe: float = _f(0.0, metric=True)  # the sweep objective
-    mean_test_sharpe: float = _f(0.0, metric=True)
+    score: float = _f(0.0, metric=True)  # the sweep's objective: fxray.sweep.trial.objective
+    mean_val_sharpe: float | None = _f(None, metric=True)  # per-fold means: for tables only
+    mean_test_sharpe: float | None = _f(None, metric=True)
     trial_start: float | None = _f(None, csv=False)
 
     @classmethod
     def from_result(cls, r: dict) -> FoldRecord:
-        """A FoldResult dict (fxray.rl.trainer) -> a record. A fold with no finished epoch
-        (diverged at once) scores 0.0 in every window metric, the Sharpe of staying flat."""
-        timings = r["timings"]
+        """A FoldResult dict (fxray.rl.trainer) -> a record."""
+        timings, has = r["timings"], bool(r["val"])
         return cls(
             fold=r["fold"]["k"],
             status=r["status"],
             epochs=r["epochs_run"],
             best_epoch=r["best_epoch"],
-            val={k: float(r["val"].get(k, 0.0)) for k in WINDOW_METRICS},
-            test={k: float(r["test"].get(k, 0.0)) for k in WINDOW_METRICS},
-            bh_test_sharpe=r["baselines"].get("buy_and_hold", {}).get("sharpe", 0.0),
+            val={k: float(r["val"][k]) for k in WINDOW_METRICS} if has else {},
+            test={k: float(r["test"][k]) for k in WINDOW_METRICS} if has else {},
+            val_score=r.get("val_score") if has else None,
+            bh_test_sharpe=r["baselines"].get("buy_and_hold", {}).get("sharpe"),
             adx=r["adx"] if math.isfinite(r["adx"]) else 0.0,
             worker=r.get("worker", -1),
             checkpoint=r["checkpoint"] or "",
             fold_time_s=timings.get("total_s", 0.0),
             **{k: timings.get(k, 0.0) for k in ("fold_switch_s", "train_s", "eval_s")},
             test_daily_returns=list(r["test_daily_returns"]),
+            val_periods=r.get("val_periods", {}),
+            test_periods=r.get("test_periods", {}),
+            baseline_periods=r.get("baseline_periods", {}),
         )
+
+    @property
+    def ok(self) -> bool:
+        """A fold with a result (val and test windows scored)."""
+        return self.status == "ok" and bool(self.val_periods)
 
     # --- the flat form: Tune reports and folds.jsonl -------------------------------------------
     def flat(self) -> dict:
@@ -86,7 +103,7 @@ class FoldRecord:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in WINDOWS:
-                out.update({f"{f.name}_{k}": value.get(k, 0.0) for k in WINDOW_METRICS})
+                out.update({f"{f.name}_{k}": value.get(k) for k in WINDOW_METRICS})
             else:
                 out[f.name] = value
         return out
@@ -96,29 +113,31 @@ class FoldRecord:
         """A flat dict (a folds.jsonl line, a Tune result) -> a record; keys it does not know
         (the trial id, the config, Tune's own) are ignored."""
         names = {f.name for f in dataclasses.fields(cls)} - set(WINDOWS)
-        windows = {w: {k: d[f"{w}_{k}"] for k in WINDOW_METRICS if f"{w}_{k}" in d} for w in WINDOWS}
+        windows = {w: {k: d[f"{w}_{k}"] for k in WINDOW_METRICS if d.get(f"{w}_{k}") is not None} for w in WINDOWS}
         return cls(**{k: v for k, v in d.items() if k in names}, **windows)
 
     # --- the other forms -----------------------------------------------------------------------
     def results_json(self) -> dict:
         """A fold of results.json: val/test metric dicts and the timings grouped."""
+        running = ("folds_done", "score", "mean_val_sharpe", "mean_test_sharpe")
         out = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in TIMINGS and f.name not in ("folds_done", "mean_val_sharpe", "mean_test_sharpe")
+            if f.name not in TIMINGS and f.name not in running
         }
         out["timings"] = {k: getattr(self, k) for k in TIMINGS}
         return out
 
     def csv_row(self) -> list:
         flat = self.flat()
-        return [flat[c] for c in CSV_COLUMNS]
+        return ["" if flat[c] is None else flat[c] for c in CSV_COLUMNS]
 
     def mlflow_metrics(self) -> dict[str, float]:
-        """{name: value} logged at step = fold: every window metric and the fields marked `metric`."""
-        out = {f"{w}_{k}": float(getattr(self, w).get(k, 0.0)) for w in WINDOWS for k in WINDOW_METRICS}
-        out.update({f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["metric"]})
-        return out
+        """{name: value} logged at step = fold: every window metric and the fields marked
+        `metric`; an undefined value (None: e.g. a diverged fold's Sharpe) is not logged."""
+        out = {f"{w}_{k}": getattr(self, w).get(k) for w in WINDOWS for k in WINDOW_METRICS}
+        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["metric"]})
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 
 CSV_COLUMNS = tuple(

@@ -1,8 +1,9 @@
-"""A sweep's results from its fold log: the trials table, the best trial, and the files
-written at the end of a run (folds.csv, equity.png, results.json, the top-trials table).
+"""A sweep's results from its fold log: the trials table, the best trial, the pooled
+out-of-sample verdict, and the files written at the end of a run (folds.csv,
+equity.png, results.json, the last screen).
 
     records = load_records(storage)        # {(trial_id, fold): FoldRecord flat dict} from folds.jsonl
-    best = best_trial(records, n_folds)    # the trial the sweep picked
+    best = best_trial(records, n_folds)    # the trial the sweep picked (highest score)
     write_results(storage, sweep, records, ...)   # the files, and the parent run's summary
 
 No Ray and no mlflow here: the driver calls it after Tune, tests call it on any folds.jsonl.
@@ -14,7 +15,11 @@ import csv
 import json
 from pathlib import Path
 
+from fxray.eval import pooled, selection
 from fxray.track.records import CSV_COLUMNS, FoldRecord
+from fxray.track.report import equity_png, print_last_screen
+
+REFERENCES = ("oracle", "ridge", "buy_and_hold")  # the rules beside every policy (fxray.eval.baselines)
 
 
 def trial_label(trial_id: str) -> str:
@@ -25,37 +30,6 @@ def trial_label(trial_id: str) -> str:
 def fmt_s(s: float) -> str:
     s = int(max(s, 0))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-# --- artifacts -----------------------------------------------------------------------
-
-
-def equity_png(path, daily_by_fold: list[tuple[int, list]], title: str) -> Path:
-    """Equity (start 1) over the concatenated test windows of one trial; folds shaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(9, 4))
-    start, level, starts = 0, 0.0, []
-    for i, (k, daily) in enumerate(daily_by_fold):
-        log_eq = level + np.concatenate([[0.0], np.cumsum(daily)])  # daily log returns add
-        x = np.arange(start, start + len(log_eq))
-        ax.plot(x, np.exp(log_eq), color="tab:blue")
-        if i % 2:
-            ax.axvspan(x[0], x[-1], color="0.92")
-        starts.append((k, x[0]))
-        start, level = x[-1], log_eq[-1]
-    for k, x0 in starts:  # labels at the top, in axes coordinates: the y range is final now
-        ax.annotate(f"fold {k}", (x0, 0.97), xycoords=("data", "axes fraction"), fontsize=7, va="top")
-    ax.axhline(1.0, color="0.5", lw=0.8)
-    ax.set(title=title, xlabel="test day (folds concatenated)", ylabel="equity")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
 
 
 # --- the sweep's fold records (folds.jsonl, written by the driver) ---------------------
@@ -73,24 +47,54 @@ def load_records(storage) -> dict:
 
 
 def trials_table(records: dict) -> dict:
-    """{trial_id: {"config", "folds": [records in fold order], "mean_val_sharpe", ...}}."""
+    """{trial_id: {"config", "folds": [records in fold order], "folds_done", "score", "status"}}:
+    cheap (the progress line calls it per fold); the pooled statistics are `pooled_stats`."""
     trials: dict = {}
     for (tid, _), rec in sorted(records.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         t = trials.setdefault(tid, {"trial_id": tid, "config": rec["config"], "folds": []})
         t["folds"].append(rec)
     for t in trials.values():
         f = t["folds"]
-        t["folds_done"] = len(f)
-        t["mean_val_sharpe"] = sum(r["val_sharpe"] for r in f) / len(f)
-        t["mean_test_sharpe"] = sum(r["test_sharpe"] for r in f) / len(f)
+        t["folds_done"], t["score"] = len(f), f[-1]["score"]
+        t["status"] = "ok" if all(r["status"] == "ok" for r in f) else "diverged"
+        t["mean_val_sharpe"], t["mean_test_sharpe"] = f[-1].get("mean_val_sharpe"), f[-1].get("mean_test_sharpe")
     return trials
 
 
 def best_trial(records: dict, n_folds: int | None = None) -> dict:
-    """Highest mean val Sharpe, among trials that ran every fold when any did."""
+    """The highest score (the sweep's objective), among trials that ran every fold when
+    any did; a trial that diverged only when nothing else ran."""
     trials = list(trials_table(records).values())
-    full = [t for t in trials if n_folds and t["folds_done"] >= n_folds]
-    return max(full or trials, key=lambda t: t["mean_val_sharpe"])
+    ok = [t for t in trials if t["status"] == "ok"] or trials
+    full = [t for t in ok if n_folds and t["folds_done"] >= n_folds]
+    return max(full or ok, key=lambda t: t["score"])
+
+
+def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
+    """A trial's pooled val and test statistics, the references' on the same test windows,
+    and its share of the oracle (None without one)."""
+    folds = [FoldRecord.from_flat(r) for r in trial["folds"]]
+    ok = [f for f in folds if f.ok]
+    out = {w: pooled.pooled([getattr(f, f"{w}_periods") for f in ok], cost, periods_per_year) for w in ("val", "test")}
+    refs = {}
+    for name in REFERENCES:
+        windows = [f.baseline_periods[name]["test"] for f in ok if name in f.baseline_periods]
+        if windows and len(windows) == len(ok):
+            refs[name] = pooled.pooled(windows, cost, periods_per_year)
+    out["test"]["oracle_share"] = pooled.oracle_share(out["test"], refs.get("oracle"))
+    out["test"]["ridge_share"] = pooled.oracle_share(out["test"], refs.get("ridge"))
+    out["baselines"] = refs
+    return out
+
+
+def fold_windows(trial: dict) -> dict:
+    """{fold k: {"val": periods, "test": periods}} of the folds with a result (walk-forward's input)."""
+    out = {}
+    for r in trial["folds"]:
+        f = FoldRecord.from_flat(r)
+        if f.ok:
+            out[f.fold] = {"val": f.val_periods, "test": f.test_periods}
+    return out
 
 
 def write_results(
@@ -103,21 +107,24 @@ def write_results(
     top: int = 10,
     started: float | None = None,
     phases: dict | None = None,
+    periods_per_year: float | None = None,
+    n_trials_started: int | None = None,
 ) -> dict:
-    """folds.csv, equity.png and results.json in the run directory (and --json), the top
-    table on stdout; returns the parent run's summary metrics and artifacts."""
+    """folds.csv, equity.png and results.json in the run directory (and --json), the last
+    screen on stdout; returns the parent run's summary metrics and artifacts."""
     storage, n_folds = Path(storage), len(sweep["folds"])
     trials = trials_table(records)
     if not trials:
         print("no trial finished a fold")
         return {"mlflow_summary": {}, "artifacts": [(None, storage / "experiment.yaml")]}
+    cost, ppy = sweep["base"]["cost"], periods_per_year or sweep.get("calendar", {}).get("periods_per_year", 6261.0)
+    stats = {tid: pooled_stats(t, cost, ppy) for tid, t in trials.items()}
     best = best_trial(records, n_folds)
     names = sorted({k for t in trials.values() for k in t["config"]})
     # --- fold table: one row per trial x fold -------------------------------------
-    cols = ["trial", *CSV_COLUMNS, *names]
     with open(storage / "folds.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(cols)
+        w.writerow(["trial", *CSV_COLUMNS, *names])
         for t in trials.values():
             for r in t["folds"]:
                 w.writerow(
@@ -127,10 +134,17 @@ def write_results(
                         *(t["config"].get(n, "") for n in names),
                     ]
                 )
+    # --- the verdict: the best trial out of sample, deflated, and choosing in real time ----
+    n_started = max(n_trials_started or 0, len(trials))
+    b = stats[best["trial_id"]]
+    deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], n_started)
+    wf_trials = [{"trial_id": tid, "folds": fold_windows(t)} for tid, t in trials.items() if t["status"] == "ok"]
+    walk = selection.walk_forward(wf_trials, n_folds, cost, ppy)
+    best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
     equity = equity_png(
         storage / "equity.png",
-        [(r["fold"], r.get("test_daily_returns", [])) for r in best["folds"]],
-        f"{sweep['experiment']}: best {trial_label(best['trial_id'])} on its test windows",
+        best_folds,
+        f"{sweep['experiment']}: best {trial_label(best['trial_id'])}, test windows (out of sample)",
     )
     # --- results.json -------------------------------------------------------------------
     results = {
@@ -146,23 +160,34 @@ def write_results(
         "wall_s": wall_s,
         "workers": worker_stats,
         "n_trials": len(trials),
+        "n_trials_started": n_started,
+        "periods_per_year": ppy,
         "trials": [
             {
                 "trial_id": t["trial_id"],
                 "config": {**sweep["base"], **t["config"]},
                 "sampled": t["config"],
                 "folds_done": t["folds_done"],
-                "stopped_early": t["folds_done"] < n_folds,
+                "stopped_early": t["folds_done"] < n_folds and t["status"] == "ok",
+                "status": t["status"],
+                "score": t["score"],
                 "mean_val_sharpe": t["mean_val_sharpe"],
                 "mean_test_sharpe": t["mean_test_sharpe"],
+                "val": stats[tid]["val"],
+                "test": stats[tid]["test"],
                 "folds": [FoldRecord.from_flat(r).results_json() for r in t["folds"]],
             }
-            for t in trials.values()
+            for tid, t in trials.items()
         ],
         "best": {
             "config": {**sweep["base"], **best["config"]},
             "sampled": best["config"],
-            **{k: best[k] for k in ("trial_id", "folds_done", "mean_val_sharpe", "mean_test_sharpe")},
+            **{k: best[k] for k in ("trial_id", "folds_done", "score", "mean_val_sharpe", "mean_test_sharpe")},
+            "val": b["val"],
+            "test": b["test"],
+            "baselines": b["baselines"],
+            **deflated,
+            "walk_forward": walk,
         },
     }
     text = json.dumps(results, indent=1)
@@ -170,38 +195,26 @@ def write_results(
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(text)
-    print_top(trials, names, n_folds, wall_s, top)
-    best_fold = max(best["folds"], key=lambda r: r["val_sharpe"])
-    ckpt = best_fold.get("checkpoint") or ""
+    print_last_screen(results, names, n_folds, top)
+    ckpt = max((f for f in best_folds if f.ok), key=lambda f: f.val_score, default=None)
+    ckpt = ckpt.checkpoint if ckpt is not None else ""
     artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
     if ckpt:
         artifacts += [("best_checkpoint", ckpt), ("best_checkpoint", Path(ckpt).with_suffix(".json"))]
+    test = b["test"]
     summary = {
-        "best_mean_val_sharpe": best["mean_val_sharpe"],
+        "best_score": best["score"],
+        "best_test_sharpe": test["sharpe"],
+        "best_test_sharpe_se": test["sharpe_se"],
+        "best_test_psr": test["psr"],
+        "best_test_dsr": deflated["dsr"],
+        "best_test_oracle_share": test["oracle_share"],
+        "best_test_break_even_cost": test["break_even_cost"],
         "n_trials": len(trials),
-        "best_mean_test_sharpe": best["mean_test_sharpe"],
+        "n_trials_counted": n_started,
+        "walk_forward_test_sharpe": walk["sharpe"] if walk else None,
         "wall_s": wall_s,
         "trial_id": best["trial_id"],
     }
-    return {"mlflow_summary": summary, "artifacts": artifacts}
-
-
-def print_top(trials: dict, names: list, n_folds: int, wall_s: float, top: int) -> None:
-    """The best trials (those that ran every fold first), with their sampled values."""
-    ranked = sorted(trials.values(), key=lambda t: (t["folds_done"] >= n_folds, t["mean_val_sharpe"]), reverse=True)[
-        :top
-    ]
-    print(
-        f"\ntop {len(ranked)} of {len(trials)} trials by mean val Sharpe ({n_folds} folds; "
-        f"fewer = stopped by ASHA); wall time {wall_s / 60:.1f} min"
-    )
-    print(f"  {'trial':<20} {'folds':>5} {'val':>7} {'test':>7}  " + "  ".join(f"{n:>10}" for n in names))
-    for t in ranked:
-        print(
-            f"  {trial_label(t['trial_id']):<20} {t['folds_done']:>5} {t['mean_val_sharpe']:>+7.2f} "
-            f"{t['mean_test_sharpe']:>+7.2f}  " + "  ".join(f"{fmt(t['config'].get(n)):>10}" for n in names)
-        )
-
-
-def fmt(v) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+    summary.update({f"{name}_test_sharpe": s["sharpe"] for name, s in b["baselines"].items()})
+    return {"mlflow_summary": {k: v for k, v in summary.items() if v is not None}, "artifacts": artifacts}

@@ -23,6 +23,8 @@ import subprocess
 import time
 from pathlib import Path
 
+RETURNS_DIR = "fold_returns"  # child-run artifacts fold<k>.json: fold_returns(record)
+
 # mlflow (1-3 s to import) is bound here by Tracker(): the driver imports this module for
 # tracking_uri() and check_uri(), and must not pay for mlflow itself
 Metric = Param = RunTag = MlflowClient = None
@@ -152,13 +154,9 @@ class Tracker:
         step = int(record.fold)
         if step in self.steps[run_id]:
             return
-        # out-of-sample days: fxray.compare's DSR and equity curves; before the metrics: a crash
-        # in between re-logs the fold on resume (this file is overwritten)
-        self.client.log_dict(
-            run_id,
-            {"fold": step, "test_daily_returns": list(record.test_daily_returns)},
-            f"test_daily_returns/fold{step}.json",
-        )
+        # the windows' hourly returns, the references' too: what fxray.compare pools; before the
+        # metrics: a crash in between re-logs the fold on resume (this file is overwritten)
+        self.client.log_dict(run_id, fold_returns(record), f"{RETURNS_DIR}/fold{step}.json")
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, step) for k, v in record.mlflow_metrics().items()]
         self.client.log_batch(run_id, metrics=metrics)
@@ -209,3 +207,16 @@ def open_sweep(sweep: dict) -> Tracker:
     # seed (an extension round may have another) and the data file the sweep read
     tracker.trial_tags = {"fxray.seed": str(sweep["rounds"][-1]["seed"]), "fxray.data_path": sweep["data"]["path"]}
     return tracker
+
+
+def fold_returns(record) -> dict:
+    """A fold's returns as a child run's artifact: the hourly returns of its val and test
+    windows, the references' on them, and the test window's daily returns."""
+    return {
+        "fold": record.fold,
+        "status": record.status,
+        "val": record.val_periods,
+        "test": record.test_periods,
+        "baselines": record.baseline_periods,
+        "test_daily_returns": list(record.test_daily_returns),
+    }

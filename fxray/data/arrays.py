@@ -1,0 +1,31 @@
+"""What a device-resident dataset is made of: the fxcache's columns a DeviceData uploads,
+as plain numpy (no torch: the sweep driver puts them in Ray's object store as they are).
+
+    arrays = host_arrays(market)    # ts, features, ofi, open, close (+ the oracle's columns)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fxray.data.cache import Market
+from fxray.data.synth import oracle_columns
+
+
+def host_arrays(market: Market) -> dict[str, np.ndarray]:
+    """Contiguous arrays (close and open are strided views of targets: copied; the others
+    are already contiguous and are not), so every `ray.get` of them is zero-copy."""
+    oracle = oracle_columns(market.meta, market.features.shape[1])
+    cols, hours = oracle if oracle else ([], None)
+    arrays = {
+        "ts": market.ts,
+        "features": market.features,
+        "ofi": market.ofi,
+        "open": market.targets[:, 0],
+        "close": market.close,
+    }
+    return {
+        **{k: np.ascontiguousarray(v) for k, v in arrays.items()},
+        "oracle_columns": np.asarray(cols, dtype=np.int64),
+        "oracle_hours": np.asarray(hours or [], np.int64),
+    }

@@ -1,0 +1,129 @@
+"""Pooled statistics: one number, with its error, from all the windows of a kind.
+
+    stats = pooled([fold_a_val_periods, fold_b_val_periods, ...], cost, periods_per_year)
+    stats["sharpe"], stats["sharpe_se"], stats["psr"], stats["break_even_cost"]
+
+A window of a few days holds 3-5 daily returns: its Sharpe has a standard error of
+~7 (annualised), and one lucky trade scores sqrt(252/n) whatever it earned. So
+whatever selects (epochs, trials) or is reported pools the net returns of ALL the
+windows of its kind -- the folds' val windows, or their test windows -- at the
+period of fxray.data.calendar (an hour: ~120 per 5-day window), annualised by the
+instrument's calendar. Per-window numbers (fxray.eval.metrics) are for tables.
+
+Every statistic here (formulas and references in docs/metrics.md):
+- sharpe      mean / std (ddof=1) of the period returns x sqrt(periods per year)
+- sharpe_se   Lo (2002) with the skewness/kurtosis terms of Mertens (2002):
+              Var(SR) = (1 - g3 SR + (g4 - 1)/4 SR^2) / (T - 1), SR per period
+- psr         PSR(0) = Phi(SR / se) (Bailey & Lopez de Prado 2012)
+- break_even_cost  the cost per unit of position change at which the pooled net
+              return is 0 (so is the Sharpe): gross return / units traded
+- sharpe_2x, sharpe_3x  the same positions re-priced at 2x and 3x the cost
+- evidence    "none" (no trade, or no period with a return), "thin" (fewer than
+              MIN_ACTIVE periods with a return: the Sharpe of a handful of
+              observations says little, and `score` shrinks it), "ok"
+Undefined is not zero: with no evidence sharpe is 0.0 (flat's value) and the
+ratios that need a dispersion (sharpe_se, psr, break_even_cost) are None.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+MIN_ACTIVE = 20  # periods with a non-zero return below which a Sharpe is thin evidence
+COST_MULTIPLES = (2, 3)
+
+
+def concat(windows: list[dict], key: str) -> np.ndarray:
+    parts = [np.asarray(w[key], dtype=np.float64) for w in windows]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def sharpe_per_period(returns: np.ndarray) -> float:
+    """mean / std(ddof=1), 0.0 when undefined (fewer than 2 returns, no dispersion)."""
+    if returns.size < 2:
+        return 0.0
+    std = float(returns.std(ddof=1))
+    return float(returns.mean() / std) if std > 1e-12 * max(abs(float(returns.mean())), 1e-300) else 0.0
+
+
+def sharpe_se_per_period(returns: np.ndarray, sr: float) -> float | None:
+    """Lo/Mertens standard error of the per-period Sharpe `sr` of `returns` (None if undefined)."""
+    n = returns.size
+    if n < 3:
+        return None
+    centred = returns - returns.mean()
+    m2 = float(np.mean(centred**2))
+    if m2 <= 0:
+        return None
+    skew = float(np.mean(centred**3)) / m2**1.5
+    kurt = float(np.mean(centred**4)) / m2**2
+    # g4 >= 1 + g3^2 for any sample: the variance term is >= (1 - g3 SR / 2)^2 >= 0
+    var = max(1.0 - skew * sr + (kurt - 1.0) / 4.0 * sr * sr, 0.0) / (n - 1)
+    return math.sqrt(var)
+
+
+def normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def pooled(windows: list[dict], cost: float, periods_per_year: float) -> dict:
+    """The pooled statistics of `windows` (PeriodReturns.as_dict() each) at `cost`."""
+    net, units = concat(windows, "net"), concat(windows, "units")
+    n_trades = int(sum(w["n_trades"] for w in windows))
+    n_bars = int(sum(w["n_bars"] for w in windows))
+    ann = math.sqrt(periods_per_year)
+    active = int(np.count_nonzero(net))
+    evidence = "none" if n_trades == 0 or active == 0 else ("thin" if active < MIN_ACTIVE else "ok")
+    out = {
+        "sharpe": 0.0,
+        "sharpe_se": None,
+        "psr": None,
+        "n_periods": int(net.size),
+        "n_days": int(sum(w["n_days"] for w in windows)),
+        "n_trades": n_trades,
+        "turnover": float(units.sum() / n_bars) if n_bars else 0.0,
+        "hit_rate": float(np.mean(net[net != 0] > 0)) if active else None,
+        "total_return": float(net.sum()),
+        "break_even_cost": None,
+        "n_active": active,
+        "evidence": evidence,
+        "cost": cost,
+        "periods_per_year": periods_per_year,
+    }
+    out.update({f"sharpe_{k}x": 0.0 for k in COST_MULTIPLES})
+    if evidence == "none":
+        return out
+    sr = sharpe_per_period(net)
+    se = sharpe_se_per_period(net, sr)
+    gross = net + cost * units
+    out.update(
+        sharpe=sr * ann,
+        sharpe_se=se * ann if se is not None else None,
+        psr=normal_cdf(sr / se) if se else None,
+        break_even_cost=float(gross.sum() / units.sum()) if units.sum() > 0 else None,
+    )
+    for k in COST_MULTIPLES:
+        out[f"sharpe_{k}x"] = sharpe_per_period(gross - k * cost * units) * ann
+    return out
+
+
+def score(stats: dict) -> float:
+    """What selects (epochs, trials): the pooled Sharpe, shrunk toward flat's 0 in proportion
+    to how far the evidence falls short of MIN_ACTIVE active periods (0 with none).
+
+    One lucky trade makes one active period: its Sharpe (sqrt(ppy / n) annualised,
+    whatever it earned) is scaled by 1/MIN_ACTIVE, so it cannot outrank a policy
+    that trades through the windows with an edge."""
+    if stats["evidence"] == "none":
+        return 0.0
+    return stats["sharpe"] * min(1.0, stats["n_active"] / MIN_ACTIVE)
+
+
+def oracle_share(policy: dict, oracle: dict) -> float | None:
+    """The policy's pooled Sharpe as a share of the oracle's on the same windows (None
+    when the oracle has no positive Sharpe to share)."""
+    if oracle is None or oracle["evidence"] == "none" or oracle["sharpe"] <= 0:
+        return None
+    return policy["sharpe"] / oracle["sharpe"]

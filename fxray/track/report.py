@@ -1,0 +1,148 @@
+"""What a person sees of a sweep: its last screen (the top trials and the best trial's
+pooled out-of-sample line with its baselines, DSR and a verdict in words), and the
+equity plot of the best trial's test windows beside the reference rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HOUR_S = 3600
+
+
+def fmt(v, spec: str = "+.2f", none: str = "n/a") -> str:
+    return none if v is None else format(v, spec)
+
+
+def bp(cost) -> str:
+    return "n/a" if cost is None else f"{cost * 1e4:.2f} bp"
+
+
+def sharpe_line(s: dict) -> str:
+    """'+4.10 ± 2.40' or a flag for no evidence."""
+    if s is None:
+        return "n/a"
+    if s["evidence"] == "none":
+        return "no trades (no evidence)"
+    line = f"{s['sharpe']:+.2f} ± {fmt(s['sharpe_se'], '.2f')}"
+    return line + (f" (thin: {s['n_active']} active hours)" if s["evidence"] == "thin" else "")
+
+
+def verdict(best: dict) -> str:
+    """One line: is the best trial's out-of-sample Sharpe more than the luckiest of N would show?"""
+    dsr, n = best.get("dsr"), best.get("n_trials_counted")
+    if dsr is None:
+        return "verdict: undefined (the best trial has no out-of-sample evidence to deflate)"
+    if dsr >= 0.95:
+        return (
+            f"verdict: significant (DSR {dsr:.2f} >= 0.95): the best trial's out-of-sample Sharpe is above "
+            f"what the luckiest of {n} skill-less configs would show"
+        )
+    return (
+        f"verdict: not significant (DSR {dsr:.2f} < 0.95): the best trial's out-of-sample Sharpe is within "
+        f"what the luckiest of {n} skill-less configs would show"
+    )
+
+
+def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -> None:
+    trials = sorted(
+        results["trials"], key=lambda t: (t["status"] == "ok", t["folds_done"] >= n_folds, t["score"]), reverse=True
+    )[:top]
+    print(
+        f"\ntop {len(trials)} of {results['n_trials']} trials by score (pooled val Sharpe of the folds each ran; "
+        f"{n_folds} folds, fewer = stopped by ASHA); wall time {results['wall_s'] / 60:.1f} min"
+    )
+    print(
+        f"  {'trial':<20} {'folds':>5} {'score':>7} {'val SR':>14} {'test SR':>14}  "
+        + "  ".join(f"{n:>10}" for n in names)
+    )
+    for t in trials:
+        score = "diverged" if t["status"] != "ok" else f"{t['score']:+.2f}"
+        val, test = (f"{s['sharpe']:+6.2f}±{fmt(s['sharpe_se'], '.2f'):>5}" for s in (t["val"], t["test"]))
+        print(
+            f"  {'trial-' + t['trial_id']:<20} {t['folds_done']:>5} {score:>7} {val:>14} {test:>14}  "
+            + "  ".join(f"{fmt_value(t['sampled'].get(n)):>10}" for n in names)
+        )
+    b = results["best"]
+    test, refs, cost = b["test"], b["baselines"], results["base_config"]["cost"]
+    print(
+        f"\nbest trial-{b['trial_id']} out of sample: {b['folds_done']} test windows, {test['n_days']} days, "
+        f"{test['n_periods']} hours; cost {bp(cost)} per unit traded, fill {results['base_config'].get('fill')}"
+    )
+    print(
+        f"  pooled test Sharpe {sharpe_line(test)}  PSR {fmt(test['psr'], '.3f')}  DSR {fmt(b.get('dsr'), '.3f')} "
+        f"(N = {b.get('n_trials_counted')} trials started)"
+    )
+    print(
+        f"  at 2x cost {test['sharpe_2x']:+.2f}, 3x cost {test['sharpe_3x']:+.2f}; break-even cost "
+        f"{bp(test['break_even_cost'])}; {test['n_trades']} trades, turnover {test['turnover']:.4f} per bar"
+    )
+    beside = [f"{name} {sharpe_line(s)}" for name, s in refs.items()]
+    share = test.get("oracle_share")
+    print(
+        "  beside it: "
+        + ", ".join(beside)
+        + ", flat 0"
+        + (f"; share of the oracle {share:.2f}" if share is not None else "")
+    )
+    wf = b.get("walk_forward")
+    if wf:
+        print(
+            f"  walk-forward selection (each test window's trial chosen on the val windows before it): "
+            f"{sharpe_line(wf)}"
+        )
+    print("  " + verdict(b))
+    print(f"  judge it further: python -m fxray.compare {results['experiment']}")
+
+
+def fmt_value(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def equity_png(path, folds: list, title: str) -> Path:
+    """Equity (start 1) of the best trial over its test windows, hour by hour on a dated axis,
+    beside the reference rules on the same windows; each test window shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    lines = {
+        "policy": ("tab:blue", 2.0),
+        "oracle": ("tab:green", 1.2),
+        "ridge": ("tab:orange", 1.2),
+        "buy_and_hold": ("0.4", 1.0),
+    }
+    series: dict = {name: ([], []) for name in lines}
+    for f in folds:
+        if not f.ok:
+            continue
+        t = np.asarray(f.test_periods["hours"], dtype="int64") * HOUR_S
+        dates = t.astype("datetime64[s]")
+        ax.axvspan(dates[0], dates[-1], color="0.94", zorder=0)
+        ax.annotate(f"fold {f.fold}", (dates[0], 0.98), xycoords=("data", "axes fraction"), fontsize=7, va="top")
+        windows = {"policy": f.test_periods, **{k: v["test"] for k, v in f.baseline_periods.items()}}
+        for name, w in windows.items():
+            if name in series:
+                series[name][0].append(dates)
+                series[name][1].append(np.asarray(w["net"], dtype=np.float64))
+    for name, (dates, nets) in series.items():
+        if not dates:
+            continue
+        x = np.concatenate(dates)
+        ax.plot(
+            x,
+            np.exp(np.cumsum(np.concatenate(nets))),
+            color=lines[name][0],
+            lw=lines[name][1],
+            label=name.replace("_", " "),
+        )
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set(title=title, ylabel="equity (net of costs)")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
