@@ -42,10 +42,10 @@ def main(argv=None) -> int:
     mark(f"CUDA context + first op ({dev})", t)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fxray.data import cache, synth
+    from fxray.data.arrays import host_arrays
     from fxray.data.folds import make_folds
     from fxray.rl import experiment
     from fxray.rl.config import make_config
-    from fxray.data.arrays import host_arrays
     from fxray.rl.device import DeviceData
     from fxray.rl.trainer import Trainer
 

@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     torch.zeros(1, device=device).add_(1).cpu()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fxray.data import cache
+    from fxray.data.arrays import host_arrays
     from fxray.data.folds import Fold
     from fxray.rl.config import make_config
-    from fxray.data.arrays import host_arrays
     from fxray.rl.device import DeviceData
     from fxray.rl.trainer import Trainer
 

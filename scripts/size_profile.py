@@ -51,9 +51,9 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fxray.data import cache, synth
+    from fxray.data.arrays import host_arrays
     from fxray.data.folds import Fold, make_folds
     from fxray.rl import experiment
-    from fxray.data.arrays import host_arrays
     from fxray.rl.device import DeviceData
     from fxray.rl.trainer import Trainer
 

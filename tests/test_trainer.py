@@ -263,7 +263,6 @@ def oracle_sharpe(market_spec: SynthSpec, data: DeviceData, window, cost) -> flo
     a, b = window[0] + MAX_LOOKBACK, window[1] - 1 + MAX_LOOKBACK  # cache row i = simulated bar i + warm-up
     # bar t's return is driven by flow[t] and sigma[t+1]
     pos = oracle_positions(m.flow[a:b], market_spec.beta, cost, m.sigma[a + 1 : b + 1])
-    s, e = window[0], window[1] - 1
     res = evaluate(torch.from_numpy(pos.astype(np.int64)), data.window(window, "close"), cost)
     return res.metrics.sharpe
 

@@ -5,9 +5,9 @@ import pytest
 import ray
 
 from fxray.data import cache
+from fxray.data.arrays import host_arrays
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, to_cache
-from fxray.data.arrays import host_arrays
 from fxray.sweep.workers import plan_workers, put_market, start_workers
 
 TINY = {
