@@ -1,291 +1,113 @@
-"""Compare sweeps logged in MLflow, and deflate each best Sharpe for the trials it was picked from.
+"""Compare sweeps logged in MLflow, and say whether each one's best trial is better than luck.
 
     python -m fxray.compare                                   # every fxray sweep in ./mlflow.db
     python -m fxray.compare smoke default --tracking-uri sqlite:///$PWD/mlflow.db --json compare.json
     python -m fxray.compare smoke --out compare/ --no-log     # PNGs only on disk
 
-Per experiment (its latest sweep, i.e. parent run): the number of trials, the best and
-median mean val Sharpe, the best trial's per-fold val / test Sharpe against buy-and-hold
-and flat, its test turnover, and on its out-of-sample test days (the folds' test windows
-concatenated): the Sharpe, the Probabilistic Sharpe Ratio PSR(0) and the Deflated Sharpe
-Ratio DSR = PSR(SR0), SR0 the Sharpe the best of N zero-skill trials reaches by luck
-(Bailey & Lopez de Prado 2014; fxray.eval.metrics). PNGs (per-fold Sharpe, equity of the best
-trials' test windows, Optuna's hyperparameter importance) go to --out and to each
-sweep's parent run under compare/.
-
-The best trial is the one the sweep picked: highest mean val Sharpe among trials that
-ran every fold (when any did). Its test days were never used for selection, yet the
-trial was still picked out of N, so DSR asks the honest question: is its out-of-sample
-Sharpe above what the luckiest of N skill-less configs would show?
+Per experiment (its latest sweep, i.e. parent run): the trials, the best trial (the one
+the sweep picked: the highest score, the pooled val Sharpe of the folds it ran, among
+trials that ran every fold) and, pooled over ALL its test windows at the hourly period:
+its Sharpe with the standard error, PSR(0), the Deflated Sharpe Ratio with N = every trial
+the sweep started, the same positions at 2x and 3x the cost, the break-even cost, the
+reference rules on the same windows (the oracle when the market carries one, the ridge
+rule, buy-and-hold, flat) and the share of the oracle; walk-forward selection; and in
+words whether the best trial is significant. Per-fold values are shown for the table
+only: a Sharpe of a 5-day window is noise. PNGs (per-fold Sharpe, the best trials' equity
+on their test windows beside the references, Optuna's hyperparameter importance) go to
+--out and to each sweep's parent run under compare/.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from fxray.eval import metrics
+from fxray.track.compare import CompareError, load_experiment, open_store, summarize, sweep_experiments
+from fxray.track.report import bp, fmt, sharpe_line, verdict
 
-PER_FOLD = ("val_sharpe", "test_sharpe", "bh_test_sharpe", "test_turnover")  # best trial, step = fold
-RETURNS_DIR = "test_daily_returns"  # child-run artifacts fold<k>.json, logged by fxray.track.runs
 PLOTS = ("sharpe_by_fold.png", "equity.png", "importance.png")
-
-
-class CompareError(ValueError):
-    """Bad input (unknown experiment, no runs, no store): one line, exit code 2."""
-
-
-@dataclass
-class Trial:
-    run_id: str
-    name: str
-    params: dict  # the logged DQNConfig, as strings
-    val_sharpe: dict  # fold k -> annualised val Sharpe
-    per_fold: dict = field(default_factory=dict)  # metric -> {fold k: value} (best trial only)
-    test_daily: list | None = None  # [(k, daily log returns)] in fold order; None: not logged
-
-    @property
-    def folds_done(self) -> int:
-        return len(self.val_sharpe)
-
-    @property
-    def mean_val_sharpe(self) -> float:
-        return float(np.mean(list(self.val_sharpe.values())))
-
-
-# --- reading MLflow -----------------------------------------------------------------------
-
-
-def open_store(uri: str | None):
-    """An MlflowClient on `uri` (default: as fxray.tune logs); a missing sqlite file is an error,
-    not a new empty store."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one per small download
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
-        raise CompareError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
-    mlflow.set_tracking_uri(uri)
-    return MlflowClient(uri), uri
-
-
-def sweep_experiments(client) -> list[str]:
-    """Names of the experiments holding at least one fxray sweep (a run tagged with its folds)."""
-    import mlflow
-
-    exps = client.search_experiments()
-    runs = mlflow.search_runs([e.experiment_id for e in exps], "tags.`fxray.folds` != ''", output_format="list")
-    ids = {r.info.experiment_id for r in runs}
-    return [e.name for e in exps if e.experiment_id in ids]
-
-
-def load_experiment(client, name: str, uri: str) -> dict:
-    """The latest sweep of experiment `name`: its parent run, folds and trials (child runs)."""
-    import mlflow
-
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        known = ", ".join(sweep_experiments(client)) or "none"
-        raise CompareError(f"experiment {name!r} not found in {uri} (fxray sweeps there: {known})")
-    runs = mlflow.search_runs([exp.experiment_id], output_format="list")
-    parents = [r for r in runs if "fxray.folds" in r.data.tags and "mlflow.parentRunId" not in r.data.tags]
-    if not parents:
-        raise CompareError(f"experiment {name!r} has no fxray sweep run in {uri} (run python -m fxray.tune)")
-    parent = max(parents, key=lambda r: r.info.start_time)
-    trials = []
-    for r in runs:
-        if r.data.tags.get("mlflow.parentRunId") != parent.info.run_id:
-            continue
-        val = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "val_sharpe")}
-        if val:  # a trial with no finished fold has nothing to compare
-            trials.append(Trial(r.info.run_id, r.info.run_name, dict(r.data.params), val))
-    if not trials:
-        raise CompareError(f"experiment {name!r}: sweep run {parent.info.run_id} has no trial with a finished fold")
-    n_folds = len(json.loads(parent.data.tags["fxray.folds"]))
-    full = [t for t in trials if t.folds_done >= n_folds]
-    best = max(full or trials, key=lambda t: t.mean_val_sharpe)  # as fxray.track.results.best_trial
-    best.per_fold = {k: {m.step: m.value for m in client.get_metric_history(best.run_id, k)} for k in PER_FOLD}
-    with tempfile.TemporaryDirectory() as tmp:
-        for t in trials:
-            t.test_daily = read_test_returns(client, t, Path(tmp) / t.run_id)
-        space = search_space(client, parent, trials, Path(tmp) / "experiment")
-    return {
-        "name": name,
-        "experiment_id": exp.experiment_id,
-        "parent": parent,
-        "n_sweeps": len(parents),
-        "n_folds": n_folds,
-        "trials": trials,
-        "best": best,
-        "space": space,
-    }
-
-
-def read_test_returns(client, trial: Trial, dst: Path) -> list | None:
-    """[(fold k, daily returns)] from a child run's artifacts; None if a logged fold lacks them."""
-    if not client.list_artifacts(trial.run_id, RETURNS_DIR):
-        return None
-    dst.mkdir(parents=True)
-    local = Path(client.download_artifacts(trial.run_id, RETURNS_DIR, str(dst)))
-    folds = {}
-    for path in local.glob("fold*.json"):  # {"fold": k, "test_daily_returns": [log return per UTC day]}
-        record = json.loads(path.read_text())
-        folds[record["fold"]] = record["test_daily_returns"]
-    if not set(trial.val_sharpe) <= set(folds):
-        return None
-    return [(k, folds[k]) for k in sorted(trial.val_sharpe)]
-
-
-# --- the numbers ----------------------------------------------------------------------------
-
-
-def per_period_sharpe(daily_returns) -> float:
-    """mean / std(ddof=1) of daily returns, NOT annualised: the units of PSR / DSR (0.0 if undefined)."""
-    return metrics.sharpe(daily_returns, periods=1)
-
-
-def trial_sharpe_variance(trial_returns: list) -> float:
-    """Variance (ddof=1) across trials of their per-period Sharpe on their own test days:
-    V of the expected-max-Sharpe formula, in the units of SR^. 0.0 with fewer than 2 trials."""
-    srs = [per_period_sharpe(r) for r in trial_returns]
-    return float(np.var(srs, ddof=1)) if len(srs) >= 2 else 0.0
-
-
-def mean_or_none(values: list) -> float | None:
-    present = [v for v in values if v is not None]  # a fold whose metric was not logged
-    return float(np.mean(present)) if present else None
-
-
-def summarize(exp: dict) -> dict:
-    """The comparison numbers of one loaded experiment (see the module doc)."""
-    trials, best = exp["trials"], exp["best"]
-    vals = [t.mean_val_sharpe for t in trials]
-    folds = sorted(best.val_sharpe)
-    pf = best.per_fold
-    rows = [
-        {
-            "fold": k,
-            "val_sharpe": best.val_sharpe[k],
-            "test_sharpe": pf["test_sharpe"].get(k),
-            "bh_test_sharpe": pf["bh_test_sharpe"].get(k),
-            "flat_test_sharpe": 0.0,  # flat earns 0 every day: Sharpe 0 by fxray.eval.metrics' convention
-            "test_turnover": pf["test_turnover"].get(k),
-        }
-        for k in folds
-    ]
-    out = {
-        "experiment": exp["name"],
-        "experiment_id": exp["experiment_id"],
-        "parent_run_id": exp["parent"].info.run_id,
-        "n_sweeps": exp["n_sweeps"],
-        "n_folds": exp["n_folds"],
-        "n_trials": len(trials),
-        "best_mean_val_sharpe": best.mean_val_sharpe,
-        "median_mean_val_sharpe": float(np.median(vals)),
-        "best": {
-            "run_id": best.run_id,
-            "run_name": best.name,
-            "folds_done": best.folds_done,
-            "mean_val_sharpe": best.mean_val_sharpe,
-            "mean_test_sharpe": mean_or_none([r["test_sharpe"] for r in rows]),
-            "folds": rows,
-        },
-    }
-    oos = {
-        "n_trials": len(trials),
-        "n_days": 0,
-        "sharpe": None,
-        "psr": None,
-        "dsr": None,
-        "sr0_annualised": None,
-        "var_trial_sharpe": None,
-        "n_trials_in_variance": 0,
-    }
-    if best.test_daily is not None:
-        # N counts every trial tried (each was a chance to get lucky); V uses those whose days were logged
-        days = np.concatenate([np.asarray(d, dtype=np.float64) for _, d in best.test_daily])
-        logged = [
-            np.concatenate([np.asarray(d, dtype=np.float64) for _, d in t.test_daily]) for t in trials if t.test_daily
-        ]
-        var = trial_sharpe_variance(logged)
-        sr0 = metrics.expected_max_sharpe(len(trials), var)
-        oos.update(
-            n_days=int(days.size),
-            sharpe=metrics.sharpe(days),
-            psr=metrics.probabilistic_sharpe(days),
-            dsr=metrics.deflated_sharpe(days, len(trials), var),
-            sr0_annualised=sr0 * math.sqrt(metrics.PERIODS_PER_YEAR),
-            var_trial_sharpe=var,
-            n_trials_in_variance=len(logged),
-        )
-    out["best"]["out_of_sample"] = oos
-    return out
 
 
 # --- the report -----------------------------------------------------------------------------
 
 
-def fmt(v, spec="+7.2f") -> str:
-    """format(v, spec), or "n/a" as wide, for a number that was not logged."""
-    return "n/a".rjust(int(spec.lstrip("+").split(".")[0] or 0)) if v is None else format(v, spec)
-
-
 def report(s: dict) -> str:
-    b, o = s["best"], s["best"]["out_of_sample"]
+    b = s["best"]
+    test, refs = b["test"], b["baselines"]
     lines = [
         f"== {s['experiment']}: sweep run {s['parent_run_id']}"
         + (f" (latest of {s['n_sweeps']} sweeps)" if s["n_sweeps"] > 1 else ""),
-        f"   {s['n_trials']} trials x {s['n_folds']} folds; mean val Sharpe: best "
-        f"{s['best_mean_val_sharpe']:+.2f}, median {s['median_mean_val_sharpe']:+.2f}",
-        f"   best {b['run_name']} (run {b['run_id']}): mean val {b['mean_val_sharpe']:+.2f}, "
-        f"mean test {fmt(b['mean_test_sharpe'], '+.2f')}",
-        f"   {'fold':>4} {'val SR':>7} {'test SR':>7} {'B&H SR':>7} {'flat SR':>7} {'turnover':>8}",
+        f"   {s['n_trials']} trials x {s['n_folds']} folds ({s['n_trials_counted']} started); score (pooled val "
+        f"Sharpe of the folds run): best {s['best_score']:+.2f}, median {fmt(s['median_score'])}",
+        f"   best {b['run_name']} (run {b['run_id']}), {b['folds_done']} folds: pooled val Sharpe "
+        f"{sharpe_line(b['val'])}",
+        f"   {'fold':>4} {'val SR':>7} {'test SR':>7} {'B&H SR':>7} {'flat SR':>7} {'turnover':>8}   "
+        "(per-window values: for the table only)",
     ]
     for r in b["folds"]:
         lines.append(
-            f"   {r['fold']:>4} {fmt(r['val_sharpe'])} {fmt(r['test_sharpe'])} "
-            f"{fmt(r['bh_test_sharpe'])} {fmt(r['flat_test_sharpe'])} {fmt(r['test_turnover'], '8.4f')}"
+            f"   {r['fold']:>4} {fmt(r['val_sharpe'], '+7.2f', '    n/a')} "
+            f"{fmt(r['test_sharpe'], '+7.2f', '    n/a')} {fmt(r['bh_test_sharpe'], '+7.2f', '    n/a')} "
+            f"{r['flat_test_sharpe']:+7.2f} {fmt(r['test_turnover'], '8.4f', '     n/a')}"
         )
-    if o["sharpe"] is None:
-        lines.append("   out of sample: n/a (this sweep logged no test_daily_returns artifacts)")
-    else:
-        lines += [
-            f"   out of sample, {o['n_days']} test days: Sharpe {o['sharpe']:+.2f}  PSR(0) {o['psr']:.3f}  "
-            f"DSR {o['dsr']:.3f}",
-            f"     (DSR = PSR(SR0): N = {o['n_trials']} trials, variance of per-day trial Sharpes "
-            f"{o['var_trial_sharpe']:.3g} over {o['n_trials_in_variance']}: the best of N by luck "
-            f"SR0 = {o['sr0_annualised']:+.2f} annualised)",
-        ]
+    lines += [
+        f"   out of sample, pooled over {test['n_days']} test days ({test['n_periods']} hours) at "
+        f"{bp(s['cost'])}: Sharpe {sharpe_line(test)}  PSR(0) {fmt(test['psr'], '.3f')}  DSR {fmt(b['dsr'], '.3f')}",
+        f"     (DSR: N = {b['n_trials_counted']} trials started; the best of N by luck would reach "
+        f"{fmt(b['sr0'], '+.2f')} here)",
+        f"     at 2x cost {test['sharpe_2x']:+.2f}, at 3x {test['sharpe_3x']:+.2f}; break-even cost "
+        f"{bp(test['break_even_cost'])}; {test['n_trades']} trades",
+        "     beside it: "
+        + ", ".join(f"{n} {sharpe_line(r)}" for n, r in refs.items())
+        + ", flat 0"
+        + (f"; share of the oracle {test['oracle_share']:.2f}" if test.get("oracle_share") is not None else ""),
+    ]
+    wf = b.get("walk_forward")
+    if wf:
+        lines.append(
+            f"     walk-forward selection (each test window's trial chosen on the val windows before it): "
+            f"{sharpe_line(wf)}"
+        )
+    lines.append("   " + verdict(b))
     return "\n".join(lines)
 
 
 def summary_table(sums: list[dict]) -> str:
-    """One row per experiment; Sharpe annualised; PSR / DSR on the best trial's test days."""
+    """One row per experiment; pooled test Sharpe of the best trial, its SE, PSR, DSR, oracle share."""
     head = (
-        f"{'experiment':<20} {'trials':>6} {'best val':>8} {'median':>7} {'test':>7} {'OOS SR':>7} "
-        f"{'PSR':>6} {'DSR':>6}"
+        f"{'experiment':<20} {'trials':>6} {'score':>7} {'test SR':>8} {'± se':>6} {'PSR':>6} {'DSR':>6} "
+        f"{'oracle':>7} {'share':>6}"
     )
     rows = [head, "-" * len(head)]
     for s in sums:
-        o = s["best"]["out_of_sample"]
+        b = s["best"]
+        t, oracle = b["test"], b["baselines"].get("oracle")
         rows.append(
-            f"{s['experiment'][:20]:<20} {s['n_trials']:>6} {s['best_mean_val_sharpe']:>+8.2f} "
-            f"{s['median_mean_val_sharpe']:>+7.2f} {fmt(s['best']['mean_test_sharpe'])} "
-            f"{fmt(o['sharpe'])} {fmt(o['psr'], '6.3f')} {fmt(o['dsr'], '6.3f')}"
+            f"{s['experiment'][:20]:<20} {s['n_trials']:>6} {s['best_score']:>+7.2f} {t['sharpe']:>+8.2f} "
+            f"{fmt(t['sharpe_se'], '6.2f', '   n/a')} {fmt(t['psr'], '6.3f', '   n/a')} "
+            f"{fmt(b['dsr'], '6.3f', '   n/a')} {fmt(oracle and oracle['sharpe'], '+7.2f', '    n/a')} "
+            f"{fmt(t.get('oracle_share'), '6.2f', '   n/a')}"
         )
     return "\n".join(rows)
 
 
 # --- plots ----------------------------------------------------------------------------------
+
+
+def robust_limits(values) -> tuple[float, float] | None:
+    """y-limits that keep the bulk in view: the 5-95 % range widened, so one outlier (+309)
+    does not squash every other point (the clipped points are marked)."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    if v.size < 3:
+        return None
+    lo, hi = np.percentile(v, [5, 95])
+    pad = 0.25 * max(hi - lo, 1.0)
+    return min(lo - pad, -pad), max(hi + pad, pad)
 
 
 def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
@@ -294,51 +116,71 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fxray.track.records import FoldRecord
+    from fxray.track.report import equity_png
+
     out.mkdir(parents=True, exist_ok=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     paths = [out / name for name in PLOTS]
-    # per-fold Sharpe of each best trial: test bars, val dots, buy-and-hold dashes
-    fig, ax = plt.subplots(figsize=(9, 4))
+    plt.rcParams.update({"font.size": 10})
+    # per-fold Sharpe of each best trial: test bars, val dots, buy-and-hold dashes (one colour each)
+    fig, ax = plt.subplots(figsize=(10, 4.2))
     width = min(0.8 / len(sums), 0.3)
+    values = []
     for i, s in enumerate(sums):
         rows = s["best"]["folds"]
         x = np.array([r["fold"] for r in rows]) + (i - (len(sums) - 1) / 2) * width
         c = colors[i % len(colors)]
-        ax.bar(x, [r["test_sharpe"] or 0.0 for r in rows], width, color=c, label=f"{s['experiment']} test")
-        ax.plot(x, [r["val_sharpe"] for r in rows], "o", color=c, mec="k", label=f"{s['experiment']} val")
-        ax.plot(
-            x,
-            [r["bh_test_sharpe"] if r["bh_test_sharpe"] is not None else np.nan for r in rows],
-            "_",
-            color="k",
-            ms=14,
-            mew=2,
-            label="buy & hold (test)" if i == 0 else None,
-        )
+        test = [r["test_sharpe"] if r["test_sharpe"] is not None else np.nan for r in rows]
+        val = [r["val_sharpe"] if r["val_sharpe"] is not None else np.nan for r in rows]
+        bh = [r["bh_test_sharpe"] if r["bh_test_sharpe"] is not None else np.nan for r in rows]
+        values += test + val + bh
+        ax.bar(x, test, width, color=c, alpha=0.85, label=f"{s['experiment']} test")
+        ax.plot(x, val, "o", color=c, mec="k", label=f"{s['experiment']} val")
+        ax.plot(x, bh, "_", color=c, ms=14, mew=2.5, label=f"{s['experiment']} buy & hold (test)")
+    limits = robust_limits(values)
+    if limits:
+        ax.set_ylim(*limits)
+        clipped = [v for v in values if np.isfinite(v) and not limits[0] <= v <= limits[1]]
+        if clipped:
+            ax.annotate(
+                f"{len(clipped)} value(s) beyond the axis (max |{max(map(abs, clipped)):.0f}|)",
+                (0.01, 0.02),
+                xycoords="axes fraction",
+                fontsize=8,
+                color="0.3",
+            )
     ax.axhline(0.0, color="0.5", lw=0.8)
     ax.set_xticks(sorted({r["fold"] for s in sums for r in s["best"]["folds"]}))
-    ax.set(xlabel="fold", ylabel="Sharpe (annualised)", title="best trial of each sweep, per fold")
-    ax.legend(fontsize=7, ncol=len(sums) + 1, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    ax.set(
+        xlabel="fold",
+        ylabel="Sharpe of one window (annualised)",
+        title="best trial of each sweep, per fold (one window is noise: see the pooled numbers)",
+    )
+    ax.legend(fontsize=7, ncol=len(sums), loc="upper center", bbox_to_anchor=(0.5, -0.15))
     fig.tight_layout()
-    fig.savefig(paths[0], dpi=100)
+    fig.savefig(paths[0], dpi=110)
     plt.close(fig)
-    # equity of each best trial over its test windows, concatenated (daily log returns add)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    for i, e in enumerate(exps):
-        daily = e["best"].test_daily
-        label = f"{e['name']} ({e['best'].name})"
-        if daily:
-            log_eq = np.concatenate([[0.0], np.cumsum(np.concatenate([d for _, d in daily]))])
-            ax.plot(np.exp(log_eq), color=colors[i % len(colors)], label=label)
-        else:
-            ax.plot([], [], color=colors[i % len(colors)], label=label + ": no test returns logged")
-    ax.axhline(1.0, color="0.5", lw=0.8)
-    ax.set(xlabel="test day (folds concatenated)", ylabel="equity", title="best trials, out of sample")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=100)
-    plt.close(fig)
-    # Optuna's fANOVA importance of the searched hyperparameters for mean val Sharpe
+    # equity of each best trial over its test windows, dated, beside the references
+    with tempfile.TemporaryDirectory() as tmp:
+        parts = []
+        for e, s in zip(exps, sums):
+            best = next(t for t in e["trials"] if t["trial_id"] == s["best"]["trial_id"])
+            part = Path(tmp) / f"{len(parts)}.png"
+            equity_png(
+                part,
+                [FoldRecord.from_flat(f) for f in best["folds"]],
+                f"{e['name']}: best {s['best']['run_name']}, test windows (out of sample)",
+            )
+            parts.append(plt.imread(part))
+        fig, axes = plt.subplots(len(parts), 1, figsize=(10, 4.2 * len(parts)), squeeze=False)
+        for ax, img in zip(axes[:, 0], parts):
+            ax.imshow(img)
+            ax.axis("off")
+        fig.tight_layout()
+        fig.savefig(paths[1], dpi=110)
+        plt.close(fig)
+    # Optuna's fANOVA importance of the searched hyperparameters for the score
     fig, axes = plt.subplots(1, len(exps), figsize=(4.5 * len(exps), 3), squeeze=False)
     for ax, e in zip(axes[0], exps):
         imp = importance(e)
@@ -348,7 +190,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
             ax.set_xlim(0, 1)
         else:
             ax.text(0.5, 0.5, "n/a: needs >= 2 trials\nand a searched parameter", ha="center", va="center")
-        ax.set_title(f"{e['name']}: importance for mean val Sharpe (Optuna fANOVA)", fontsize=9)
+        ax.set_title(f"{e['name']}: importance for the score (Optuna fANOVA)", fontsize=9)
     fig.tight_layout()
     fig.savefig(paths[2], dpi=100)
     plt.close(fig)
@@ -356,18 +198,18 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
 
 
 def importance(exp: dict) -> dict:
-    """{param: fANOVA importance} for mean val Sharpe over the trials; {} when it is undefined."""
+    """{param: fANOVA importance} for the score over the trials; {} when it is undefined."""
     import optuna
 
     space = exp["space"]
-    trials = [t for t in exp["trials"] if all(n in t.params for n in space)]
+    trials = [t for t in exp["trials"] if all(n in t["params"] for n in space) and t["status"] == "ok"]
     if len(trials) < 2 or not space:
         return {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize")
     for t in trials:
-        params = {n: cast(d, t.params[n]) for n, d in space.items()}
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=space, value=t.mean_val_sharpe))
+        params = {n: cast(d, t["params"][n]) for n, d in space.items()}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=space, value=t["score"]))
     try:
         return optuna.importance.get_param_importances(
             study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)
@@ -391,8 +233,8 @@ def search_space(client, parent, trials: list, dst: Path) -> dict:
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
     space = {}
-    for n in sorted({k for t in trials for k in t.params}):
-        values = {t.params.get(n) for t in trials}
+    for n in sorted({k for t in trials for k in t["params"]}):
+        values = {t["params"].get(n) for t in trials}
         if len(values) < 2 or None in values:
             continue
         try:
@@ -421,6 +263,9 @@ def run(args) -> dict:
     if not names:
         raise CompareError(f"no fxray sweep in {uri} (run python -m fxray.tune first)")
     exps = [load_experiment(client, n, uri) for n in names]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, e in enumerate(exps):
+            e["space"] = search_space(client, e["parent"], e["trials"], Path(tmp) / str(i))
     sums = [summarize(e) for e in exps]
     for s in sums:
         print(report(s) + "\n")
@@ -452,10 +297,12 @@ def main(argv=None) -> int:
         metavar="EXPERIMENT",
         help="MLflow experiment names (default: every experiment with an fxray sweep)",
     )
-    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)")
-    p.add_argument("--out", default="compare", help="directory for the PNGs (default ./compare)")
+    p.add_argument(
+        "--tracking-uri", metavar="URI", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)"
+    )
+    p.add_argument("--out", default="compare", metavar="DIR", help="directory for the PNGs (default ./compare)")
     p.add_argument("--no-log", action="store_true", help="do not log the PNGs to the sweeps' parent runs")
-    p.add_argument("--json", help="write the numbers here")
+    p.add_argument("--json", metavar="PATH", help="write the numbers here")
     args = p.parse_args(argv)
     from mlflow.exceptions import MlflowException
 

@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from fxray.data import cache
@@ -32,6 +31,9 @@ from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
 from fxray.rl.device import DeviceData
 from fxray.rl.trainer import Trainer
+from fxray.track.records import FoldRecord
+from fxray.track.report import bp, fmt, sharpe_line
+from fxray.track.results import pooled_stats
 
 
 def resolve_device(name: str) -> str:
@@ -91,24 +93,41 @@ def load_setup(args):
 
 
 def fold_table(results: list[dict]) -> str:
+    """Per-fold values (a window's own daily Sharpe: for the table, not for judging)."""
+    refs = [n for n in ("oracle", "ridge") if results and n in results[0]["baselines"]]
     head = (
         f"{'fold':>4} {'status':>8} {'best':>4} {'val SR':>8} {'test SR':>8} {'B&H SR':>8} "
-        f"{'flat SR':>8} {'test DD':>8} {'trades':>7} {'ADX':>6} {'time s':>7}"
+        + "".join(f"{n + ' SR':>10}" for n in refs)
+        + f" {'test DD log':>11} {'trades':>7} {'ADX':>6} {'time s':>7}"
     )
     rows = [head, "-" * len(head)]
+    nan = float("nan")
     for r in results:
-        val, test, bh = r["val"], r["test"], r["baselines"]["buy_and_hold"]
+        val, test, base = r["val"], r["test"], r["baselines"]
         rows.append(
-            f"{r['fold']['k']:>4} {r['status']:>8} {r['best_epoch']:>4} "
-            f"{val.get('sharpe', float('nan')):>8.2f} {test.get('sharpe', float('nan')):>8.2f} "
-            f"{bh['sharpe']:>8.2f} {r['baselines']['flat']['sharpe']:>8.2f} "
-            f"{test.get('max_drawdown', float('nan')):>8.4f} {test.get('n_trades', 0):>7} "
-            f"{r['adx']:>6.1f} {r['timings']['total_s']:>7.1f}"
+            f"{r['fold']['k']:>4} {r['status']:>8} {r['best_epoch']:>4} {val.get('sharpe', nan):>8.2f} "
+            f"{test.get('sharpe', nan):>8.2f} {base['buy_and_hold']['sharpe']:>8.2f} "
+            + "".join(f"{base[n]['sharpe']:>10.2f}" for n in refs)
+            + f" {test.get('max_drawdown', nan):>11.4f} {test.get('n_trades', 0):>7} {r['adx']:>6.1f} "
+            f"{r['timings']['total_s']:>7.1f}"
         )
-    if results:
-        mean = lambda k: float(np.nanmean([r[k].get("sharpe", np.nan) for r in results]))  # noqa: E731
-        rows.append(f"mean val Sharpe {mean('val'):+.2f}   mean test Sharpe {mean('test'):+.2f}")
     return "\n".join(rows)
+
+
+def pooled_report(pooled: dict, cost: float, fill: str) -> str:
+    """The numbers to judge by: val and test windows pooled, with errors and the references."""
+    val, test, refs = pooled["val"], pooled["test"], pooled["baselines"]
+    lines = [
+        f"pooled over {test['n_days']} test days ({test['n_periods']} hours) at {bp(cost)}, fill {fill}:",
+        f"  val  Sharpe {sharpe_line(val)}",
+        f"  test Sharpe {sharpe_line(test)}  PSR {fmt(test['psr'], '.3f')}; at 2x cost {test['sharpe_2x']:+.2f}, "
+        f"3x {test['sharpe_3x']:+.2f}; break-even cost {bp(test['break_even_cost'])}; {test['n_trades']} trades",
+        "  beside it: "
+        + ", ".join(f"{n} {sharpe_line(s)}" for n, s in refs.items())
+        + ", flat 0"
+        + (f"; share of the oracle {test['oracle_share']:.2f}" if test.get("oracle_share") is not None else ""),
+    ]
+    return "\n".join(lines)
 
 
 def run(args) -> dict:
@@ -148,6 +167,9 @@ def run(args) -> dict:
         r = trainer.run_fold(folds[k], seed=seed, log=lambda s: print(s, flush=True), checkpoint_dir=ckpt)
         results.append(r.as_dict())
     print(fold_table(results))
+    records = [FoldRecord.from_result(r).flat() for r in results]
+    pooled = pooled_stats({"folds": records}, cfg.cost, data.calendar.periods_per_year)
+    print(pooled_report(pooled, cfg.cost, cfg.fill))
     out = {
         "experiment": name,
         "data": str(data_path),
@@ -158,8 +180,8 @@ def run(args) -> dict:
         "fold_spec": spec.__dict__ if spec else None,
         "folds": results,
         "timings": {"load_s": t_load, "total_s": time.perf_counter() - t0},
-        "mean_val_sharpe": float(np.nanmean([r["val"].get("sharpe", np.nan) for r in results])),
-        "mean_test_sharpe": float(np.nanmean([r["test"].get("sharpe", np.nan) for r in results])),
+        "pooled": pooled,
+        "calendar": data.calendar.as_dict(),
     }
     if origin:
         out["from_run"] = check_reproduced(args.from_run, origin["logged"], results, args.tolerance)

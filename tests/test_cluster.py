@@ -143,7 +143,7 @@ def test_fxcache_bigger_than_a_node_store_exits_2_with_one_line(two_nodes, tmp_p
     assert check_object_store({"close": market.close.copy()}, str(big))  # 2.5 MiB fits: no error
     exp = tmp_path / "tiny.yaml"
     exp.write_text(
-        "name: t\ndata: {path: null}\nfolds: {train: 6d, val: 2d, test: 2d, max_folds: 1}\n"
+        "name: t\ndata: {path: null}\nfolds: {train: 4d, val: 2d, test: 2d, max_folds: 1}\n"
         "search: {lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}}\nsweep: {trials: 1}\n"
     )
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONWARNINGS": "ignore"}

@@ -23,7 +23,7 @@ from fxray.rl.config import DQNConfig
 TINY = """\
 name: t
 data: {synth: {n_bars: 20000, seed: 0}}
-folds: {train: 6d, val: 2d, test: 2d, max_folds: 2}
+folds: {train: 4d, val: 2d, test: 2d, max_folds: 2}
 dqn: {num_envs: 16, batch_size: 64, hidden: 16, buffer_steps: 32, episode_len: 32,
       epochs: 2, steps_per_epoch: 20, patience: 2}
 search:
@@ -32,7 +32,10 @@ search:
 sweep: {trials: 3, seed: 0, grace_folds: 2, reduction_factor: 2, cpu_per_trial: 0.25}
 """
 FOLDS_B = [[k, [0, 10], [12, 14], [16, 18]] for k in range(3)]  # index ranges: only their count matters here
-DAYS_B = 20  # test days per fold
+HOURS_B = 100  # test (and val) hours per fold
+PPY_B = 6000.0  # the periods per year the "b" sweep logged
+STARTED_B = 6  # trials the "b" sweep started (two never finished a fold)
+COST_B = 4e-5
 
 
 @pytest.fixture(scope="module")
@@ -52,57 +55,83 @@ def store(tmp_path_factory):
     tracker = Tracker(uri, "b", sweep_tags=tags, run_name="sweep b")
     for tid, trial in expected_b()["trials"].items():
         for k, fold in enumerate(trial["folds"]):
-            tracker.log_fold(
-                tid, f"trial-{tid}", {"lr": trial["lr"], "gamma": 0.9}, FoldRecord.from_flat({"fold": k, **fold})
-            )
+            params = {"lr": trial["lr"], "gamma": 0.9, "cost": COST_B}
+            tracker.log_fold(tid, f"trial-{tid}", params, FoldRecord.from_flat({"fold": k, **fold}))
         tracker.client.set_terminated(tracker.children[tid], "FINISHED")
-    tracker.client.set_terminated(tracker.parent_run_id, "FINISHED")
+    tracker.end_sweep("FINISHED", {"periods_per_year": PPY_B, "n_trials_counted": STARTED_B})
     env = {**os.environ, "FXRAY_CACHE_DIR": str(d / "cache"), "MLFLOW_TRACKING_URI": uri, "PYTHONWARNINGS": "ignore"}
     env.pop("RAY_ADDRESS", None)
     return d, uri, env
 
 
+def periods(rng, drift, hours=HOURS_B):
+    net = drift + 1e-3 * rng.standard_normal(hours)
+    units = (rng.random(hours) < 0.3).astype(float)
+    return {
+        "net": list(net),
+        "units": list(units),
+        "hours": list(range(hours)),
+        "n_bars": 60 * hours,
+        "n_trades": int(units.sum()),
+        "n_days": hours // 24,
+    }
+
+
 def expected_b() -> dict:
-    """Four trials; "late" has the best mean val Sharpe but ran 1 of 3 folds (stopped by ASHA),
-    so the best is "good" (as fxray.tracking.best_trial picks)."""
+    """Four trials; "late" has the best score but ran 1 of 3 folds (stopped by ASHA), so the
+    best is "good" (as fxray.track.results.best_trial picks). Each fold: hourly val and test
+    returns, the references' on the test window, the running score."""
     rng = np.random.default_rng(7)
     spec = {
-        "good": (0.004, [1.5, 2.0, 2.5]),
-        "meh": (0.002, [0.5, 1.0, 0.0]),
-        "bad": (0.001, [-1.0, 0.2, 0.1]),
-        "late": (0.0015, [9.0]),
-    }  # daily drift, val Sharpe per fold
+        "good": (2e-4, [1.5, 2.0, 2.5]),
+        "meh": (1e-4, [0.5, 1.0, 0.0]),
+        "bad": (0.0, [-1.0, 0.2, 0.1]),
+        "late": (5e-5, [9.0]),
+    }  # hourly drift, the running score after each fold
     trials = {}
-    for i, (tid, (drift, vals)) in enumerate(spec.items()):
-        folds = [
-            {
-                "val_sharpe": v,
-                "test_sharpe": 0.3 * v + i,
-                "bh_test_sharpe": -0.5 + k,
-                "test_turnover": 0.01 * (k + 1),
-                "test_daily_returns": list(drift + 0.01 * rng.standard_normal(DAYS_B)),
+    for i, (tid, (drift, scores)) in enumerate(spec.items()):
+        folds = []
+        for k, score in enumerate(scores):
+            refs = {
+                "oracle": {"test": periods(rng, 3e-4)},
+                "ridge": {"test": periods(rng, 1e-4)},
+                "buy_and_hold": {"test": periods(rng, 0.0)},
             }
-            for k, v in enumerate(vals)
-        ]
+            folds.append(
+                {
+                    "val_sharpe": 1.0 + i,
+                    "test_sharpe": 0.3 * i,
+                    "bh_test_sharpe": -0.5 + k,
+                    "test_turnover": 0.01 * (k + 1),
+                    "score": score,
+                    "val_periods": periods(rng, drift),
+                    "test_periods": periods(rng, drift),
+                    "baseline_periods": refs,
+                    "test_daily_returns": list(1e-3 * rng.standard_normal(4)),
+                }
+            )
         trials[tid] = {"lr": 1e-4 * (i + 1), "folds": folds}
     return {"trials": trials}
 
 
-def ref_sharpe(r):
-    return np.mean(r) / np.std(r, ddof=1)
+def pooled_ref(windows, ppy=PPY_B):
+    """Sharpe, SE (Lo/Mertens with scipy's moments) and PSR(0) of concatenated hourly nets."""
+    r = np.concatenate([w["net"] for w in windows])
+    sr = np.mean(r) / np.std(r, ddof=1)
+    g3, g4 = stats.skew(r), stats.kurtosis(r, fisher=False)
+    se = math.sqrt((1 - g3 * sr + (g4 - 1) / 4 * sr**2) / (len(r) - 1))
+    return sr * math.sqrt(ppy), se * math.sqrt(ppy), stats.norm.cdf(sr / se)
 
 
-def ref_dsr(r, trial_returns):
-    """Bailey & Lopez de Prado (2014) from the formulas, with scipy's moments: (PSR(0), DSR)."""
-    n, g = len(trial_returns), 0.5772156649015329
-    v = np.var([ref_sharpe(x) for x in trial_returns], ddof=1)
-    sr0 = math.sqrt(v) * ((1 - g) * stats.norm.ppf(1 - 1 / n) + g * stats.norm.ppf(1 - 1 / (n * math.e)))
-    sr, g3, g4 = ref_sharpe(r), stats.skew(r), stats.kurtosis(r, fisher=False)
-
-    def psr(bench):
-        return stats.norm.cdf((sr - bench) * math.sqrt(len(r) - 1) / math.sqrt(1 - g3 * sr + (g4 - 1) / 4 * sr**2))
-
-    return psr(0.0), psr(sr0), sr0
+def ref_dsr(best_windows, all_windows, n_trials):
+    """DSR on SE-normalised trial Sharpes, from the formulas (Bailey & Lopez de Prado 2014)."""
+    g = 0.5772156649015329
+    z = [s / se for s, se, _ in (pooled_ref(w) for w in all_windows)]
+    z0 = math.sqrt(np.var(z, ddof=1)) * (
+        (1 - g) * stats.norm.ppf(1 - 1 / n_trials) + g * stats.norm.ppf(1 - 1 / (n_trials * math.e))
+    )
+    sr, se, _ = pooled_ref(best_windows)
+    return stats.norm.cdf(sr / se - z0)
 
 
 @pytest.fixture(scope="module")
@@ -140,67 +169,63 @@ def test_compare_table_matches_the_runs(store, sweep_t):
     assert out.returncode == 0, out.stderr[-3000:]
     got = {e["experiment"]: e for e in json.loads((d / "cmp.json").read_text())["experiments"]}
 
-    # "b": every number against what was logged
+    # "b": every number against an independent computation on what was logged
     b, trials = got["b"], expected_b()["trials"]
-    means = {tid: np.mean([f["val_sharpe"] for f in t["folds"]]) for tid, t in trials.items()}
-    assert b["n_trials"] == 4 and b["n_folds"] == 3
+    assert b["n_trials"] == 4 and b["n_folds"] == 3 and b["n_trials_counted"] == STARTED_B
     assert b["best"]["run_name"] == "trial-good"  # "late" scored higher on 1 fold of 3
-    assert b["best_mean_val_sharpe"] == pytest.approx(means["good"], abs=1e-12)
-    assert b["median_mean_val_sharpe"] == pytest.approx(np.median(list(means.values())), abs=1e-12)
+    assert b["best_score"] == 2.5 and b["median_score"] == pytest.approx(np.median([2.5, 0.0, 0.1, 9.0]))
     for row, fold in zip(b["best"]["folds"], trials["good"]["folds"], strict=True):
         for key in ("val_sharpe", "test_sharpe", "bh_test_sharpe", "test_turnover"):
             assert row[key] == fold[key], key
         assert row["flat_test_sharpe"] == 0.0
-    oos = b["best"]["out_of_sample"]
-    returns = {tid: np.concatenate([f["test_daily_returns"] for f in t["folds"]]) for tid, t in trials.items()}
-    psr, dsr, sr0 = ref_dsr(returns["good"], list(returns.values()))
-    assert oos["n_days"] == 3 * DAYS_B and oos["n_trials"] == 4 == oos["n_trials_in_variance"]
-    assert oos["sharpe"] == pytest.approx(ref_sharpe(returns["good"]) * math.sqrt(252), rel=1e-12)
-    assert oos["psr"] == pytest.approx(psr, abs=1e-12) and oos["dsr"] == pytest.approx(dsr, abs=1e-12)
-    assert oos["sr0_annualised"] == pytest.approx(sr0 * math.sqrt(252), rel=1e-12)
-    assert 0.05 < dsr < psr < 0.999  # the numbers test something: deflation bites, neither saturates
+    good = trials["good"]["folds"]
+    for window in ("val", "test"):
+        sr, se, psr = pooled_ref([f[f"{window}_periods"] for f in good])
+        s = b["best"][window]
+        assert s["sharpe"] == pytest.approx(sr, rel=1e-12) and s["sharpe_se"] == pytest.approx(se, rel=1e-9)
+        assert s["psr"] == pytest.approx(psr, abs=1e-9) and s["n_periods"] == 3 * HOURS_B
+    test = b["best"]["test"]
+    net = np.concatenate([f["test_periods"]["net"] for f in good])
+    units = np.concatenate([f["test_periods"]["units"] for f in good])
+    gross = net + COST_B * units
+    assert test["break_even_cost"] == pytest.approx(gross.sum() / units.sum(), rel=1e-12)
+    for k in (2, 3):
+        r = gross - k * COST_B * units
+        assert test[f"sharpe_{k}x"] == pytest.approx(r.mean() / r.std(ddof=1) * math.sqrt(PPY_B), rel=1e-12)
+    oracle, _, _ = pooled_ref([f["baseline_periods"]["oracle"]["test"] for f in good])
+    assert b["best"]["baselines"]["oracle"]["sharpe"] == pytest.approx(oracle, rel=1e-12)
+    assert test["oracle_share"] == pytest.approx(test["sharpe"] / oracle, rel=1e-12)
+    dsr = ref_dsr(
+        [f["test_periods"] for f in good], [[f["test_periods"] for f in t["folds"]] for t in trials.values()], STARTED_B
+    )
+    assert b["best"]["dsr"] == pytest.approx(dsr, abs=1e-9) and 0.01 < dsr < 0.99  # deflation bites, no saturation
 
     # "t": the real sweep, against the results.json it wrote
     t = got["t"]
     best = sweep_t["best"]
     assert t["n_trials"] == sweep_t["n_trials"] == 3
     assert t["best"]["run_name"] == f"trial-{best['trial_id']}"
-    assert t["best_mean_val_sharpe"] == pytest.approx(best["mean_val_sharpe"], abs=1e-12)
-    assert t["median_mean_val_sharpe"] == pytest.approx(
-        np.median([x["mean_val_sharpe"] for x in sweep_t["trials"]]), abs=1e-12
-    )
+    assert t["best_score"] == pytest.approx(best["score"], abs=1e-12)
+    for window in ("val", "test"):
+        for key in ("sharpe", "sharpe_se", "psr", "n_periods", "n_trades", "break_even_cost"):
+            assert t["best"][window][key] == pytest.approx(best[window][key], rel=1e-12), (window, key)
+    assert t["best"]["dsr"] == pytest.approx(best["dsr"], abs=1e-12)
+    assert t["best"]["n_trials_counted"] == best["n_trials_counted"] == 3
     folds = next(x for x in sweep_t["trials"] if x["trial_id"] == best["trial_id"])["folds"]
     for row, fold in zip(t["best"]["folds"], folds, strict=True):
         assert row["test_sharpe"] == fold["test"]["sharpe"] and row["bh_test_sharpe"] == fold["bh_test_sharpe"]
         assert row["test_turnover"] == fold["test"]["turnover"]
-    days = np.concatenate([f["test_daily_returns"] for f in folds])
-    all_days = [np.concatenate([f["test_daily_returns"] for f in x["folds"]]) for x in sweep_t["trials"]]
-    psr, dsr, _ = ref_dsr(days, all_days)
-    assert t["best"]["out_of_sample"]["n_days"] == len(days)
-    assert t["best"]["out_of_sample"]["psr"] == pytest.approx(psr, abs=1e-12)
-    assert t["best"]["out_of_sample"]["dsr"] == pytest.approx(dsr, abs=1e-12)
 
-    # the report, the PNGs, and the PNGs on each sweep's parent run
+    # the report says it in words; the PNGs, and the PNGs on each sweep's parent run
     assert "== b: sweep run" in out.stdout and "best trial-good" in out.stdout
-    assert f"DSR {b['best']['out_of_sample']['dsr']:.3f}" in out.stdout
+    assert f"DSR {b['best']['dsr']:.3f}" in out.stdout and "verdict: " in out.stdout
+    assert "at 2x cost" in out.stdout and "break-even cost" in out.stdout and "share of the oracle" in out.stdout
     client = MlflowClient(uri)
     for e in got.values():
         logged = {a.path for a in client.list_artifacts(e["parent_run_id"], "compare")}
         assert logged == {f"compare/{p}" for p in compare.PLOTS}
     for p in compare.PLOTS:
         assert (d / "cmp" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_dsr_inputs_are_per_period():
-    """V is the variance of PER-DAY Sharpes: an annualised one's variance / 252."""
-    rng = np.random.default_rng(1)
-    trial_returns = [0.001 * i + 0.01 * rng.standard_normal(50) for i in range(5)]
-    per_day = [ref_sharpe(r) for r in trial_returns]
-    assert compare.per_period_sharpe(trial_returns[0]) == pytest.approx(per_day[0], rel=1e-12)
-    assert compare.trial_sharpe_variance(trial_returns) == pytest.approx(np.var(per_day, ddof=1), rel=1e-12)
-    annual = [compare.metrics.sharpe(r) for r in trial_returns]
-    assert compare.trial_sharpe_variance(trial_returns) == pytest.approx(np.var(annual, ddof=1) / 252, rel=1e-12)
-    assert compare.trial_sharpe_variance(trial_returns[:1]) == 0.0
 
 
 @pytest.mark.parametrize(

@@ -121,8 +121,9 @@ def random_spec(rng, ts) -> tuple[FoldSpec, dict]:
         m = int(rng.uniform(lo, hi) * span_min)
         return max(grain, m // grain * grain)
 
-    train, val, test = minutes(0.05, 0.6), minutes(0.01, 0.25), minutes(0.01, 0.25)
-    step = None if rng.random() < 0.3 else minutes(0.01, 0.3)
+    train, val, test = minutes(0.05, 0.5), minutes(0.005, 0.1), minutes(0.005, 0.1)
+    # the step keeps every fold's test window clear of every val window: >= val + test
+    step = None if rng.random() < 0.3 else val + test + minutes(0.0, 0.1) * int(rng.random() < 0.7)
     embargo = None if rng.random() < 0.2 else int(rng.choice([1, 2, 3, 7, 25]))
     max_folds = None if rng.random() < 0.6 else int(rng.integers(1, 6))
     anchored = bool(rng.random() < 0.4)
@@ -139,7 +140,7 @@ def random_spec(rng, ts) -> tuple[FoldSpec, dict]:
         train=train * MIN_NS,
         val=val * MIN_NS,
         test=test * MIN_NS,
-        step=(test if step is None else step) * MIN_NS,
+        step=(val + test if step is None else step) * MIN_NS,
         anchored=anchored,
         embargo=max_lookback() + 1 if embargo is None else embargo,
         max_folds=max_folds,
@@ -176,6 +177,27 @@ def test_make_folds_equals_the_brute_force_reference():
         n_empty += not got
     # the generator must exercise both outcomes, and many folds
     assert n_folds > 500 and 10 < n_empty < 250, (n_folds, n_empty)
+
+
+def test_no_test_window_is_a_window_selection_saw():
+    """Over random specs: every fold's test window is disjoint from every fold's val window
+    (in bars and in calendar time), and test windows never overlap each other; a step
+    shorter than val + test is refused, with the keys to change."""
+    checked = 0
+    for case, ts, spec, _ in random_cases(count=200, seed=5):
+        folds = folds_or_empty(ts, spec)
+        vals = [range(*f.val) for f in folds]
+        tests = [range(*f.test) for f in folds]
+        for i, te in enumerate(tests):
+            assert not any(set(te) & set(v) for v in vals), (case, spec)
+            assert not any(set(te) & set(other) for j, other in enumerate(tests) if j != i), (case, spec)
+            times = (ts[te.start], ts[te.stop - 1])
+            assert not any(ts[v.start] <= times[1] and times[0] <= ts[v.stop - 1] for v in vals), (case, spec)
+            checked += 1
+    assert checked > 300
+    with pytest.raises(FoldError, match=r"folds.step: '5d' is shorter than val \+ test .*use step >= val \+ test"):
+        FoldSpec(val="5d", test="5d", step="5d").validate()
+    FoldSpec(val="5d", test="5d", step="10d").validate()
 
 
 def calendar_ks(ts, i, offset, step) -> tuple[int, int]:
@@ -230,14 +252,14 @@ def test_every_fold_keeps_its_invariants():
 
 def test_rolling_train_starts_advance_by_step_on_a_regular_grid():
     ts = T0 + np.arange(60 * 1440, dtype=np.int64) * MIN_NS  # 60 days of minute bars
-    rolling = make_folds(ts, FoldSpec(train="10d", val="2d", test="3d", step="4d", embargo=5))
-    anchored = make_folds(ts, FoldSpec(train="10d", val="2d", test="3d", step="4d", embargo=5, anchored=True))
-    assert len(rolling) == len(anchored) == 12  # 10+2+3 + 4k <= 60  ->  k = 0..11
+    rolling = make_folds(ts, FoldSpec(train="10d", val="2d", test="3d", step="6d", embargo=5))
+    anchored = make_folds(ts, FoldSpec(train="10d", val="2d", test="3d", step="6d", embargo=5, anchored=True))
+    assert len(rolling) == len(anchored) == 8  # 10+2+3 + 6k <= 60  ->  k = 0..7
     for k, (r, a) in enumerate(zip(rolling, anchored)):
-        assert r.train == (4 * k * 1440, (4 * k + 10) * 1440)
-        assert a.train == (0, (4 * k + 10) * 1440)
-        assert r.val == a.val == ((4 * k + 10) * 1440 + 5, (4 * k + 12) * 1440)
-        assert r.test == a.test == ((4 * k + 12) * 1440 + 5, (4 * k + 15) * 1440)
+        assert r.train == (6 * k * 1440, (6 * k + 10) * 1440)
+        assert a.train == (0, (6 * k + 10) * 1440)
+        assert r.val == a.val == ((6 * k + 10) * 1440 + 5, (6 * k + 12) * 1440)
+        assert r.test == a.test == ((6 * k + 12) * 1440 + 5, (6 * k + 15) * 1440)
 
 
 def test_hand_computed_folds_with_weekend_holes():
@@ -322,8 +344,8 @@ def test_no_feature_window_or_reward_crosses_a_boundary():
             assert e - (d - 1) > L, (case, fold)
             checked += 1
     # coarse random specs rarely leave room for a 121-bar embargo: use minute bars
-    ts = T0 + np.arange(30 * 1440, dtype=np.int64) * MIN_NS
-    for fold in make_folds(ts, FoldSpec(train="5d", val="1d", test="1d", step="1d")):
+    ts = T0 + np.arange(50 * 1440, dtype=np.int64) * MIN_NS
+    for fold in make_folds(ts, FoldSpec(train="5d", val="1d", test="1d", step="2d")):
         assert fold.val[0] - L > fold.train[1] and fold.test[0] - L > fold.val[1]
         checked += 1
     assert checked > 20
@@ -487,7 +509,7 @@ def test_spec_validate_names_the_key(field, value, key):
 def test_valid_specs_pass_validation():
     for spec in (
         FoldSpec(),
-        FoldSpec(embargo=1, max_folds=1, step="1h", anchored=True),
+        FoldSpec(embargo=1, max_folds=1, step="10d", anchored=True),
         FoldSpec(train=30, val=0.5, test="90min", embargo=np.int64(4)),
     ):
         spec.validate()

@@ -61,7 +61,7 @@ def test_size_profile_runs_its_tiny_candidate_on_cpu(tmp_path):
     exp = tmp_path / "x.yaml"
     exp.write_text(
         "name: x\ndata: {synth: {n_bars: 26000, seed: 0}}\n"
-        "folds: {train: 6d, val: 2d, test: 2d}\n"
+        "folds: {train: 4d, val: 2d, test: 2d}\n"
         "search: {lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}, hidden: {type: choice, values: [16, 32]}}\n"
     )
     out = subprocess.run(

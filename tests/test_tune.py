@@ -24,7 +24,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:D
 TINY = """\
 name: t
 data: {{synth: {{n_bars: {bars}, seed: 0}}}}
-folds: {{train: 6d, val: 2d, test: 2d, max_folds: {folds}}}
+folds: {{train: 4d, val: 2d, test: 2d, max_folds: {folds}}}
 dqn: {{num_envs: 16, batch_size: 64, hidden: 16, buffer_steps: 32, episode_len: 32,
       epochs: 2, steps_per_epoch: {steps}, patience: 2}}
 search:

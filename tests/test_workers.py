@@ -46,7 +46,7 @@ def pool(tmp_path_factory):
     path = tmp_path_factory.mktemp("w") / "m.fxcache"
     to_cache(SynthSpec(n_bars=20_000, seed=3), path)
     market = cache.open(path)
-    folds = [f.as_dict() for f in make_folds(market.ts, FoldSpec("6d", "2d", "2d", max_folds=2))]
+    folds = [f.as_dict() for f in make_folds(market.ts, FoldSpec("4d", "2d", "2d", max_folds=2))]
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, namespace="fxray-test-workers")
     try:
         ref = put_market(market)

@@ -13,12 +13,14 @@ with a daily break, crypto 24x7, synthetic), and the statistics must not assume 
   than a day: 22:00 UTC for FX and the synthetic market, 23:00 UTC for CME Globex).
   UTC days would cut a Sunday-evening stub off every FX week (26 % of the EURUSD
   test "days" were such stubs). A market with no gap of a day (24x7) keeps UTC days.
+  Bar times are close times: a bar closing exactly at a boundary (22:00, or 10:00
+  for the hour 09-10) belongs to the day or hour it ends, so times are taken 1 ns early.
 - Periods: whole UTC hours of the bar's close time (the decision time of the bar's
   position; its return is earned until the next close). Windows of a few days hold
   too few days for a Sharpe ratio (5 daily returns: standard error ~7); they hold
   ~100 hours.
-- Annualisation: periods per year = the share of calendar hours that hold a bar,
-  over the whole file, times the hours of a year (365.25 x 24). A 7-day market is
+- Annualisation: periods per year = the hours of the week that hold a bar (each weighted
+  by the share of the weeks it did), times the weeks of a year. A 7-day market is
   not 252 days.
 """
 
@@ -45,10 +47,10 @@ class Calendar:
         return cls(session_offset(ts), HOUR_NS, periods_per_year(ts, HOUR_NS))
 
     def session_day(self, ts) -> np.ndarray:
-        return (np.asarray(ts, dtype=np.int64) - self.session_offset_ns) // DAY_NS
+        return (np.asarray(ts, dtype=np.int64) - 1 - self.session_offset_ns) // DAY_NS
 
     def period(self, ts) -> np.ndarray:
-        return np.asarray(ts, dtype=np.int64) // self.period_ns
+        return (np.asarray(ts, dtype=np.int64) - 1) // self.period_ns
 
     def as_dict(self) -> dict:
         return {
@@ -71,10 +73,16 @@ def session_offset(ts: np.ndarray) -> int:
 
 
 def periods_per_year(ts: np.ndarray, period_ns: int = HOUR_NS) -> float:
-    """Periods holding at least one bar per calendar year of periods, over the span of `ts`."""
+    """Periods holding a bar per year, from the weekly pattern of `ts`: for each hour of the
+    week, the share of the weeks the data spans in which that hour held a bar, summed over
+    the week's hours, times the weeks of a year (exact at the edges of the span: a partial
+    first or last week counts only the hours it covers)."""
+    weeks_per_year = HOURS_PER_YEAR / (7 * 24)
     if len(ts) < 2:
         return HOURS_PER_YEAR * HOUR_NS / period_ns
-    periods = ts // period_ns
-    active = int(np.count_nonzero(np.diff(periods)) + 1)
-    span = int(periods[-1] - periods[0] + 1)
-    return HOURS_PER_YEAR * HOUR_NS / period_ns * active / span
+    active = np.unique((np.asarray(ts, dtype=np.int64) - 1) // period_ns)
+    per_week = 7 * DAY_NS // period_ns
+    span = np.arange(active[0], active[-1] + 1)
+    covered = np.bincount(span % per_week, minlength=per_week)
+    held = np.bincount(active % per_week, minlength=per_week)
+    return float(np.sum(held[covered > 0] / covered[covered > 0]) * weeks_per_year)

@@ -10,6 +10,11 @@ first `embargo` bars of val and of test are dropped, so no feature window
 (lookback L) nor 1-bar reward straddles a boundary: embargo >= L + 1.
 A fold exists only if its test window is fully covered by the data
 (T3 <= last close + one bar) and every segment keeps at least one bar.
+
+Out of sample means out of sample: with step >= val + test (the default step is
+val + test; a shorter one is refused), no fold's test window overlaps any fold's val
+window, so no window that selected an epoch or a trial is reported as a test window,
+and the test windows never overlap each other (they can be pooled).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ class FoldSpec:
     train: str = "20d"  # train window length
     val: str = "5d"  # validation window (epoch selection / early stopping)
     test: str = "5d"  # out-of-sample window, touched once per fold
-    step: str | None = None  # shift between folds; None = the test length
+    step: str | None = None  # shift between folds; None = val + test (the least that keeps them apart)
     anchored: bool = False  # True: train always starts at the first bar (expanding)
     embargo: int | None = None  # bars dropped at the start of val and test; None = lookback + 1
     max_folds: int | None = None  # keep only the first N folds
@@ -61,7 +66,14 @@ class FoldSpec:
         for key in ("train", "val", "test"):
             parse_duration(getattr(self, key), f"folds.{key}")
         if self.step is not None:
-            parse_duration(self.step, "folds.step")
+            step = parse_duration(self.step, "folds.step")
+            val, test = parse_duration(self.val, "folds.val"), parse_duration(self.test, "folds.test")
+            if step < val + test:
+                raise FoldError(
+                    f"folds.step: {self.step!r} is shorter than val + test ({self.val} + {self.test}): fold k+1's "
+                    "val window would overlap fold k's test window, and a window the selection saw would be "
+                    "reported out of sample; use step >= val + test, or leave step out (it defaults to that)"
+                )
         if self.embargo is not None and not _is_positive_int(self.embargo):
             raise FoldError(f"folds.embargo: {self.embargo!r} must be an integer >= 1 (bars)")
         if self.max_folds is not None and not _is_positive_int(self.max_folds):
@@ -115,7 +127,7 @@ def make_folds(ts: np.ndarray, spec: FoldSpec = FoldSpec()) -> list[Fold]:
         raise FoldError(f"ts must be a 1-D array of int64 ns bar close times, got {ts.dtype} of shape {ts.shape}")
     ts = ts.astype(np.int64, copy=False)
     train, val, test = (parse_duration(getattr(spec, k)) for k in ("train", "val", "test"))
-    step = parse_duration(spec.step, "folds.step") if spec.step is not None else test
+    step = parse_duration(spec.step, "folds.step") if spec.step is not None else val + test
     embargo = spec.embargo if spec.embargo is not None else default_embargo()
     if len(ts) == 0:
         raise FoldError("no bars: cannot make folds")

@@ -214,6 +214,7 @@ def write_results(
         "n_trials_counted": n_started,
         "walk_forward_test_sharpe": walk["sharpe"] if walk else None,
         "wall_s": wall_s,
+        "periods_per_year": ppy,
         "trial_id": best["trial_id"],
     }
     summary.update({f"{name}_test_sharpe": s["sharpe"] for name, s in b["baselines"].items()})

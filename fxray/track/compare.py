@@ -1,0 +1,199 @@
+"""Sweeps as MLflow holds them, read back and judged with the same pooled statistics as the
+sweep's own results.json (fxray.compare is the command; this is its reading and its numbers).
+
+    client, uri = open_store(uri)
+    exp = load_experiment(client, "default", uri)     # the latest sweep: parent, trials, folds
+    s = summarize(exp)                                # best trial, pooled val/test, DSR, ...
+
+Each child run holds, per fold, the artifact fold_returns/fold<k>.json (fxray.track.runs:
+the hourly returns of the val and test windows and of the reference rules) and the
+metric `score` (the sweep's objective; its last point is the trial's). So the numbers
+here are recomputed from what was logged, not copied from results.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from fxray.eval import selection
+from fxray.track.results import REFERENCES, pooled_stats, trial_label
+from fxray.track.runs import RETURNS_DIR
+
+DEFAULT_PPY = 6261.0  # periods per year of a 24x5 market, for sweeps that did not log theirs
+
+
+class CompareError(ValueError):
+    """Bad input (unknown experiment, no runs, no store): one line, exit code 2."""
+
+
+def open_store(uri: str | None):
+    """An MlflowClient on `uri` (default: as fxray.tune logs); a missing sqlite file is an error,
+    not a new empty store."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one per small download
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        raise CompareError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(uri), uri
+
+
+def sweep_experiments(client) -> list[str]:
+    """Names of the experiments holding at least one fxray sweep (a run tagged with its folds)."""
+    import mlflow
+
+    exps = client.search_experiments()
+    runs = mlflow.search_runs([e.experiment_id for e in exps], "tags.`fxray.folds` != ''", output_format="list")
+    ids = {r.info.experiment_id for r in runs}
+    return [e.name for e in exps if e.experiment_id in ids]
+
+
+def read_folds(client, run_id: str, dst: Path) -> list[dict]:
+    """A child run's folds as FoldRecord flat dicts (enough for fxray.track.results.pooled_stats)."""
+    if not client.list_artifacts(run_id, RETURNS_DIR):
+        return []
+    dst.mkdir(parents=True)
+    local = Path(client.download_artifacts(run_id, RETURNS_DIR, str(dst)))
+    folds = []
+    for path in local.glob("fold*.json"):
+        r = json.loads(path.read_text())
+        folds.append(
+            {
+                "fold": r["fold"],
+                "status": r["status"],
+                "val_periods": r["val"],
+                "test_periods": r["test"],
+                "baseline_periods": r["baselines"],
+                "test_daily_returns": r.get("test_daily_returns", []),
+            }
+        )
+    return sorted(folds, key=lambda f: f["fold"])
+
+
+def load_experiment(client, name: str, uri: str) -> dict:
+    """The latest sweep of experiment `name`: its parent run, folds and trials (child runs)."""
+    import mlflow
+
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        known = ", ".join(sweep_experiments(client)) or "none"
+        raise CompareError(f"experiment {name!r} not found in {uri} (fxray sweeps there: {known})")
+    runs = mlflow.search_runs([exp.experiment_id], output_format="list")
+    parents = [r for r in runs if "fxray.folds" in r.data.tags and "mlflow.parentRunId" not in r.data.tags]
+    if not parents:
+        raise CompareError(f"experiment {name!r} has no fxray sweep run in {uri} (run python -m fxray.tune)")
+    parent = max(parents, key=lambda r: r.info.start_time)
+    trials = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in runs:
+            if r.data.tags.get("mlflow.parentRunId") != parent.info.run_id:
+                continue
+            folds = read_folds(client, r.info.run_id, Path(tmp) / r.info.run_id)
+            if not folds:  # a trial with no finished fold has nothing to compare
+                continue
+            score = client.get_metric_history(r.info.run_id, "score")
+            per_fold = {
+                k: {m.step: m.value for m in client.get_metric_history(r.info.run_id, k)}
+                for k in ("val_sharpe", "test_sharpe", "bh_test_sharpe", "test_turnover")
+            }
+            trials.append(
+                {
+                    "trial_id": r.data.tags.get("fxray.trial_id", r.info.run_id),
+                    "run_id": r.info.run_id,
+                    "name": r.info.run_name,
+                    "params": dict(r.data.params),
+                    "folds": folds,
+                    "folds_done": len(folds),
+                    "score": max(score, key=lambda m: m.step).value if score else 0.0,
+                    "status": "ok" if all(f["status"] == "ok" for f in folds) else "diverged",
+                    "per_fold": per_fold,
+                }
+            )
+    if not trials:
+        raise CompareError(f"experiment {name!r}: sweep run {parent.info.run_id} has no trial with a finished fold")
+    return {
+        "name": name,
+        "experiment_id": exp.experiment_id,
+        "parent": parent,
+        "n_sweeps": len(parents),
+        "n_folds": len(json.loads(parent.data.tags["fxray.folds"])),
+        "trials": trials,
+    }
+
+
+def best_of(trials: list, n_folds: int) -> dict:
+    """The trial the sweep picked: highest score among those that ran every fold (when any did),
+    never one that diverged while another did not (as fxray.track.results.best_trial)."""
+    ok = [t for t in trials if t["status"] == "ok"] or trials
+    full = [t for t in ok if t["folds_done"] >= n_folds]
+    return max(full or ok, key=lambda t: t["score"])
+
+
+def summarize(exp: dict) -> dict:
+    """The comparison numbers of one loaded experiment: the best trial's pooled val and test
+    statistics beside the references', its share of the oracle, DSR with N = every trial the
+    sweep started, walk-forward selection, and the per-fold rows for tables."""
+    trials, parent = exp["trials"], exp["parent"]
+    metrics = parent.data.metrics
+    cost = float(trials[0]["params"].get("cost", 0.0))
+    ppy = float(metrics.get("periods_per_year", DEFAULT_PPY))
+    n_started = int(metrics.get("n_trials_counted", len(trials)))
+    stats = {t["trial_id"]: pooled_stats(t, cost, ppy) for t in trials}
+    best = best_of(trials, exp["n_folds"])
+    b = stats[best["trial_id"]]
+    deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], max(n_started, len(trials)))
+    walk = selection.walk_forward(
+        [
+            {
+                "trial_id": t["trial_id"],
+                "folds": {
+                    f["fold"]: {"val": f["val_periods"], "test": f["test_periods"]}
+                    for f in t["folds"]
+                    if f["status"] == "ok"
+                },
+            }
+            for t in trials
+            if t["status"] == "ok"
+        ],
+        exp["n_folds"],
+        cost,
+        ppy,
+    )
+    pf = best["per_fold"]
+    rows = [
+        {"fold": f["fold"], **{k: pf[k].get(f["fold"]) for k in pf}, "flat_test_sharpe": 0.0} for f in best["folds"]
+    ]
+    scores = [t["score"] for t in trials if t["status"] == "ok"]
+    return {
+        "experiment": exp["name"],
+        "experiment_id": exp["experiment_id"],
+        "parent_run_id": parent.info.run_id,
+        "n_sweeps": exp["n_sweeps"],
+        "n_folds": exp["n_folds"],
+        "n_trials": len(trials),
+        "n_trials_counted": deflated["n_trials_counted"],
+        "cost": cost,
+        "periods_per_year": ppy,
+        "best_score": best["score"],
+        "median_score": float(np.median(scores)) if scores else None,
+        "best": {
+            "run_id": best["run_id"],
+            "run_name": best["name"] or trial_label(best["trial_id"]),
+            "trial_id": best["trial_id"],
+            "folds_done": best["folds_done"],
+            "score": best["score"],
+            "val": b["val"],
+            "test": b["test"],
+            "baselines": {k: b["baselines"][k] for k in REFERENCES if k in b["baselines"]},
+            **deflated,
+            "walk_forward": walk,
+            "folds": rows,
+        },
+    }
