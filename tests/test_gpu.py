@@ -159,11 +159,11 @@ def test_cpu_and_gpu_learn_step_alike(synth_cache):
         torch.testing.assert_close(p.cpu(), q, rtol=1e-3, atol=1e-4)
 
 
-def test_gpu_fold_learns_like_cpu(synth_cache):
+def test_gpu_fold_learns_like_cpu(strong_cache):
     """Different RNG streams, same problem: both devices find the planted signal."""
-    market = cache.open(synth_cache)
+    market = cache.open(strong_cache)
     fold = make_folds(market.ts, FoldSpec(max_folds=1))[0]
-    cfg = DQNConfig()
+    cfg = DQNConfig(cost=1e-5)
     gpu = Trainer(DeviceData(market, "cuda"), cfg).run_fold(fold, seed=0)
     cpu = Trainer(DeviceData(market, "cpu"), cfg).run_fold(fold, seed=0)
     assert gpu.test["sharpe"] > 0.5 * cpu.test["sharpe"] > 0

@@ -145,6 +145,9 @@ class DQNConfig(TrainConfig):
     """Adam learning rate"""
     weight_decay: float = 0.0
     """decoupled weight decay per step (AdamW): shrinks the weights that noise would fit"""
+    input_noise: float = 0.0
+    """std of Gaussian noise added to the normalised inputs of each update (Bishop 1995: like
+    an L2 penalty): a bar's features identify it, and without noise its return can be memorised"""
     gamma: float = 0.9
     """discount per bar"""
     n_step: int = 3
@@ -171,6 +174,8 @@ class DQNConfig(TrainConfig):
         super().validate()
         self._positive_ints("hidden", "depth", "n_step", "batch_size")
         self._in_unit_interval("lr", "gamma", "tau", "weight_decay")
+        if not _is_number(self.input_noise) or not 0 <= self.input_noise <= 10:
+            self._fail("input_noise", "must be a number in [0, 10]")
         for key in ("grad_clip", "huber_delta", "reward_scale"):
             v = getattr(self, key)
             if not _is_number(v) or v <= 0:

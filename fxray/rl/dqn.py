@@ -111,6 +111,8 @@ class Learner:
         # One online forward over [s, s_next] (2B rows): at these sizes a step is bound by
         # kernel launches, not flops, so one pass of twice the rows is nearly free.
         market = data.states(torch.cat([t, next_t]))  # (2B, n_inputs)
+        if cfg.input_noise > 0:  # the online network's view only: a state is never seen twice alike
+            market = market + cfg.input_noise * torch.randn_like(market)
         q_both = self.q_network(market, torch.cat([position, next_position]))  # (2B, 3)
         q = q_both[:B]
         with torch.no_grad():  # Double DQN: online picks the next action, target evaluates it
@@ -133,7 +135,10 @@ class Learner:
         cfg = self.cfg
         row = step % replay.S
         t, position = replay.t[row, env], replay.position[row, env]  # (B,), (B,)
-        q = self.q_network(data.states(t), position)  # (B, 3)
+        market = data.states(t)
+        if cfg.input_noise > 0:
+            market = market + cfg.input_noise * torch.randn_like(market)
+        q = self.q_network(market, position)  # (B, 3)
         with torch.no_grad():
             new_position = self.q_network.positions.to(q.dtype)  # (3,) = a - 1
             pos = position.to(q.dtype).unsqueeze(1)  # (B, 1)

@@ -314,7 +314,13 @@ def _check_type(fail, key, value, default) -> None:
     """A value must have its field's type (judged from the default; None allows anything)."""
     if default is None or default is dataclasses.MISSING:
         return
-    if isinstance(default, bool):
+    if isinstance(default, tuple):
+        ok = isinstance(value, (list, tuple)) and len(value) == len(default)
+        ok, want = (
+            ok and all(isinstance(v, type(d)) and not isinstance(v, bool) for v, d in zip(value, default)),
+            f"a list of {len(default)} {type(default[0]).__name__}s",
+        )
+    elif isinstance(default, bool):
         ok, want = isinstance(value, bool), "true or false"
     elif isinstance(default, int):
         ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
