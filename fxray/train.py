@@ -88,6 +88,8 @@ def load_setup(args):
     if args.epochs is not None:
         sets["epochs"] = args.epochs
     cfg = make_config({**exp.config.as_dict(), **sets}, where="--set")
+    for line in exp_mod.load(file, profile, {**overrides, **{f"dqn.{k}": v for k, v in sets.items()}}).warnings():
+        print(f"fxray.train: warning: {line}", file=sys.stderr)
     data_path = args.data or exp.data_path or synth.ensure_default(exp.synth, log=print)
     return data_path, exp.folds, cfg, f"{exp.name} ({profile} profile)"
 

@@ -163,6 +163,15 @@ def test_train_cli_writes_per_fold_json(tmp_path, synth_cache):
         assert "buy_and_hold" in f["baselines"] and f["timings"]["total_s"] > 0
         assert Path(f["checkpoint"]).exists()
     assert "fold 1 epoch 1: loss" in p.stdout and "test SR" in p.stdout
+    # the numbers to judge by: val and test windows pooled, with their error, the references beside
+    keys = {"sharpe", "sharpe_se", "psr", "n_periods", "n_days", "n_trades", "turnover", "break_even_cost"}
+    for window in ("val", "test"):
+        assert keys <= set(r["pooled"][window]), window
+    test = r["pooled"]["test"]
+    assert test["n_periods"] == len(r["folds"][0]["test_periods"]["net"]) > 0
+    assert {"oracle", "ridge", "buy_and_hold"} <= set(r["pooled"]["baselines"])  # a planted market: it has one
+    assert test["oracle_share"] == pytest.approx(test["sharpe"] / r["pooled"]["baselines"]["oracle"]["sharpe"])
+    assert "pooled over" in p.stdout and "share of the oracle" in p.stdout and "break-even cost" in p.stdout
 
 
 @pytest.mark.parametrize(

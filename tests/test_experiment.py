@@ -165,3 +165,18 @@ def test_eurusd_example_makes_its_folds_on_the_real_bars(shared_data, tmp_path):
         assert len(folds) == n_folds
         # step = val + test: a test window is neither a later val window nor another test window
         assert all(b.val[0] >= a.test[1] for a, b in zip(folds, folds[1:]))
+
+
+def test_a_cost_below_a_tenth_of_a_basis_point_is_a_warning_naming_the_key(tmp_path):
+    exp = E.load(write(tmp_path, GOOD.replace("dqn: {", "dqn: {cost: 5.0e-6, ")), "gpu")
+    (line,) = exp.warnings()
+    assert "dqn.cost: 5e-06 is below a tenth of a basis point" in line and str(tmp_path) in line
+    assert E.load(write(tmp_path, GOOD.replace("dqn: {", "dqn: {cost: 4.0e-5, ")), "gpu").warnings() == []
+
+
+@pytest.mark.parametrize("name", ["default", "smoke", "eurusd_2017q1", "session", "shuffled"])
+def test_shipped_experiments_state_a_realistic_cost_with_its_source(name):
+    text = (ROOT / "experiments" / f"{name}.yaml").read_text()
+    for profile in ("gpu", "cpu"):
+        assert E.load(ROOT / "experiments" / f"{name}.yaml", profile).warnings() == []
+    assert "cost:" in text and "bp" in text  # the value, and a comment with its source

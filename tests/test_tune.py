@@ -100,6 +100,14 @@ def check_complete_sweep(tmp_path, n_trials):
         assert by_id[t["trial_id"]].data.metrics["mean_val_sharpe"] == pytest.approx(t["mean_val_sharpe"])
         assert by_id[t["trial_id"]].data.metrics["folds_done"] == 2
     assert all(t["folds_done"] == 2 for t in results["trials"])
+    # the pooled verdict, with the keys scripts rely on
+    keys = {"sharpe", "sharpe_se", "psr", "n_periods", "n_days", "n_trades", "turnover", "break_even_cost"}
+    for t in results["trials"]:
+        assert keys <= set(t["val"]) and keys <= set(t["test"])
+    best = results["best"]
+    assert keys <= set(best["val"]) and keys <= set(best["test"]) and "oracle_share" in best["test"]
+    assert best["n_trials_counted"] == n_trials and "dsr" in best and best["walk_forward"]["n_periods"] > 0
+    assert best["score"] == max(t["score"] for t in results["trials"] if t["folds_done"] == best["folds_done"])
     artifacts = {a.path for a in client.list_artifacts(parent_id)}
     assert {"experiment.yaml", "folds.csv", "equity.png", "best_checkpoint"} <= artifacts
     return results

@@ -40,6 +40,9 @@ SEARCH_TYPES = {
 }
 
 
+MIN_REALISTIC_COST = 1e-5  # return units per unit traded: 0.1 bp, below any real market's one-way cost
+
+
 class ExperimentError(ValueError):
     """A bad experiment file; the message is one line naming the file and the key."""
 
@@ -97,6 +100,18 @@ class Experiment:
     def trial_config(self, sampled: dict) -> TrainConfig:
         """The full config of a trial: the base config with the sampled values."""
         return self.config.replace(**sampled)
+
+    def warnings(self) -> list[str]:
+        """Settings that are valid but unrealistic, one line each, naming the key."""
+        out = []
+        cost = self.config.cost
+        if cost < MIN_REALISTIC_COST:
+            out.append(
+                f"{self.file}: {self.config.SECTION}.cost: {cost:g} is below a tenth of a basis point "
+                f"({MIN_REALISTIC_COST:g}); FX on an ECN costs ~0.35-0.45 bp one way, ES futures ~0.3 bp, "
+                "a crypto perpetual ~5 bp (docs/metrics.md): an edge that exists only below that is none"
+            )
+        return out
 
     def describe(self) -> str:
         d = self.config

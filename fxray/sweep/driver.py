@@ -93,6 +93,8 @@ def validate(args, import_s: float = 0.0) -> Plan:
     file, storage, sweep = locate(args, overrides)
     same = same_trials(args, storage, sweep, overrides)
     exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
+    for line in exp.warnings():
+        print(f"fxray.tune: warning: {line}", file=sys.stderr)
     data_path = args.data or (sweep and sweep["data"]["path"]) or (same and same["data"]["path"]) or exp.data_path
     if args.data and sweep and Path(args.data).absolute() != Path(sweep["data"]["path"]):
         raise UsageError(
