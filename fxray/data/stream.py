@@ -45,6 +45,8 @@ _B = 1.0 / _N  # the average form's input weight
 _A12, _A26, _A9 = (2.0 / (span + 1.0) for span in (12, 26, 9))
 _NAN = float("nan")
 _INDEX = {name: j for j, name in enumerate(FEATURE_NAMES)}
+_RETURNS = tuple((k, _INDEX[f"ret_{k}"]) for k in (1, 2, 5, 10, 20, 60))
+_VOL = tuple((w, _INDEX[f"rv_{w}"], _INDEX[f"pk_{w}"]) for w in (10, 30, 60))
 _KEEP = 61  # values kept per series: x_t .. x_{t-60}
 
 
@@ -86,8 +88,10 @@ class FeatureStream:
         self.last_ts: int | None = None
         self.log_close: deque[float] = deque(maxlen=_KEEP)  # ln C_{t-60} .. ln C_t
         self.close: deque[float] = deque(maxlen=20)  # Bollinger's window
-        self.high: deque[float] = deque(maxlen=60)
+        self.high: deque[float] = deque(maxlen=60)  # Donchian's window
         self.low: deque[float] = deque(maxlen=60)
+        self.high14: deque[float] = deque(maxlen=14)  # the stochastic's
+        self.low14: deque[float] = deque(maxlen=14)
         self.sums = {k: _Cumsum() for k in ("r2", "pk2", "c", "v", "signed_v", "typical_v", "events")}
         self.prev: tuple[float, float, float] | None = None  # previous (high, low, close)
         self.ema12 = self.ema26 = self.signal = 0.0
@@ -131,9 +135,9 @@ class FeatureStream:
         r = lc - prev_lc if t else 0.0  # r_0 = 0
 
         # --- returns, bar shape ---
-        for k, name in ((1, "ret_1"), (2, "ret_2"), (5, "ret_5"), (10, "ret_10"), (20, "ret_20"), (60, "ret_60")):
+        for k, j in _RETURNS:
             if t >= k:
-                f[_INDEX[name]] = lc - self.log_close[-1 - k]
+                f[j] = lc - self.log_close[-1 - k]
         hl = lh - ll
         f[_INDEX["hl_range"]] = hl
         f[_INDEX["body"]] = lc - lo
@@ -145,21 +149,21 @@ class FeatureStream:
         sums["r2"].add(r * r)
         sums["pk2"].add(hl * hl / _PK)
         rv = {}
-        for w in (10, 30, 60):
+        for w, j_rv, j_pk in _VOL:
             rv[w] = math.sqrt(max(sums["r2"].window(w, n) / w, 0.0)) if n >= w else _NAN
-            f[_INDEX[f"rv_{w}"]] = rv[w]
-            f[_INDEX[f"pk_{w}"]] = math.sqrt(max(sums["pk2"].window(w, n) / w, 0.0)) if n >= w else _NAN
+            f[j_rv] = rv[w]
+            f[j_pk] = math.sqrt(max(sums["pk2"].window(w, n) / w, 0.0)) if n >= w else _NAN
         both = rv[10] > 0 and rv[60] > 0  # False while either is NaN
 
         # --- trend, oscillators ---
         sums["c"].add(c)
         sma20, sma60 = sums["c"].window(20, n) / 20, sums["c"].window(60, n) / 60
-        self.high.append(h)
-        self.low.append(l)
-        for name, w in (("donchian_60", 60), ("stoch_k_14", 14)):
+        windows = ((self.high, self.low, 60, "donchian_60"), (self.high14, self.low14, 14, "stoch_k_14"))
+        for highs, lows, w, name in windows:
+            highs.append(h)
+            lows.append(l)
             if n >= w:
-                hh = max(self.high) if w == 60 else max(list(self.high)[-w:])
-                lo_ = min(self.low) if w == 60 else min(list(self.low)[-w:])
+                hh, lo_ = max(highs), min(lows)
                 f[_INDEX[name]] = _ratio(c - lo_, hh - lo_, 0.5) - 0.5
         self._rsi(t, c, f)
         self._macd(t, c, f)
@@ -212,9 +216,13 @@ class FeatureStream:
         self._directional(t, h, l, c, f)
         self.prev = (h, l, c)
         self.n_bars, self.last_ts = n, ts
-        for j, lookback in enumerate(LOOKBACKS):  # warm-up: neutral; then NaN (short windows) -> 0
-            if t < lookback or f[j] != f[j] or math.isinf(f[j]):
-                f[j] = 0.0
+        if t < MAX_LOOKBACK:  # warm-up: neutral
+            for j, lookback in enumerate(LOOKBACKS):
+                if t < lookback:
+                    f[j] = 0.0
+        total = sum(f)
+        if total - total != 0:  # a NaN or inf somewhere (short windows): 0, as the batch's nan_to_num
+            f = [x if math.isfinite(x) else 0.0 for x in f]
         return np.array(f, dtype=np.float32)
 
     # --- the recursions ------------------------------------------------------------------
