@@ -265,3 +265,81 @@ def test_export_bad_input_is_one_line(eurusd_trained, bundles, tmp_path):
         assert not (tmp_path / "o").exists()
     with pytest.raises(BundleError, match="missing"):
         load(broken_bundle(bundles["last"], tmp_path / "p", "missing"))
+
+
+# --- from an MLflow run of a real sweep ---------------------------------------------------
+
+SWEEP = """\
+name: t
+data: {synth: {n_bars: 20000, seed: 0}}
+folds: {train: 4d, val: 2d, test: 2d, max_folds: 2}
+dqn: {num_envs: 16, batch_size: 64, hidden: 16, buffer_steps: 32, episode_len: 32,
+      epochs: 2, steps_per_epoch: 20, patience: 2}
+search:
+  lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}
+sweep: {trials: 2, seed: 0, grace_folds: 2, reduction_factor: 2, cpu_per_trial: 0.25}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")  # mlflow's own
+def test_export_a_sweeps_run_and_reproduce_its_last_folds_test_metrics(tmp_path):
+    """`fxray.tune` for real (Ray, Optuna, MLflow; ~30 s), then `fxray.export RUN_ID` of a trial
+    and `fxray.backtest --window test`: the metrics MLflow logged for the last fold's test
+    window, every one of them, bit for bit (CPU)."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from fxray.track.records import WINDOW_METRICS
+
+    (tmp_path / "t.yaml").write_text(SWEEP)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {
+        **os.environ,
+        "FXRAY_CACHE_DIR": str(tmp_path / "cache"),
+        "MLFLOW_TRACKING_URI": uri,
+        "PYTHONWARNINGS": "ignore",
+    }
+    env.pop("RAY_ADDRESS", None)
+
+    def run(module, args):
+        cmd = [sys.executable, "-m", module, *map(str, args)]
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+    r = run("fxray.tune", ["--experiment", tmp_path / "t.yaml"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    trial = next(x for x in runs if "mlflow.parentRunId" in x.data.tags)
+    run_id = trial.info.run_id
+    r = run("fxray.export", [run_id, "--out", tmp_path / "policy", "--json", tmp_path / "manifest.json"])
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["model"]["source"]["run_id"] == run_id and [m["name"] for m in manifest["members"]] == ["fold1"]
+    logged_score = client.get_metric_history(run_id, "val_score")
+    assert manifest["members"][0]["val_score"] == next(m.value for m in logged_score if m.step == 1)
+    data = manifest["data"]["path"]
+    r = run(
+        "fxray.backtest",
+        [
+            "--policy",
+            tmp_path / "policy",
+            "--data",
+            data,
+            "--window",
+            "test",
+            "--device",
+            "cpu",
+            "--json",
+            tmp_path / "bt.json",
+        ],
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads((tmp_path / "bt.json").read_text())["policy"]["metrics"]
+    logged = {
+        k: next(m.value for m in client.get_metric_history(run_id, f"test_{k}") if m.step == 1) for k in WINDOW_METRICS
+    }
+    assert {k: float(v) for k, v in got.items()} == logged
+    r = run("fxray.export", ["f" * 32, "--out", tmp_path / "p2"])
+    assert r.returncode == 2 and "no such run" in r.stderr and not (tmp_path / "p2").exists()
