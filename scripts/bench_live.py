@@ -107,8 +107,10 @@ def main(argv=None) -> int:
         policy_dir = args.policy or make_policy(Path(d))
         from fxray.policy.bundle import load
 
-        net = load(policy_dir).network
+        manifest = load(policy_dir).manifest
+        net = manifest["network"]
         out = {
+            "onnx_max_abs_diff_vs_torch": manifest["onnx"]["max_abs_diff_vs_torch"],
             "bars": len(bars),
             "source": str(args.bars),
             "network": f"{net['hidden']}x{net['depth']} dueling={net['dueling']}",
