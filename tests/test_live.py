@@ -185,3 +185,43 @@ def test_cli_bad_bars_are_one_line_and_write_nothing(mutate, needle, bundle_dirs
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bars.csv"]  # no positions file, no temp file
+
+
+@pytest.mark.slow
+def test_cli_on_the_shared_histdata_file_gives_the_backtests_positions(bundle_dirs, eurusd_trained, tmp_path):
+    """End to end through both commands: `fxray.live --format histdata` on the raw file the
+    cache was built from, and `fxray.backtest --positions` on the cache: the same ts and
+    positions for every bar after the warm-up."""
+    from conftest import EURUSD_JAN, SHARED_DATA
+
+    policy = str(bundle_dirs["last"])
+    live = [sys.executable, "-m", "fxray.live", "--policy", policy, "--bars", str(SHARED_DATA / EURUSD_JAN)]
+    r = subprocess.run(
+        [*live, "--format", "histdata", "--out", str(tmp_path / "live.csv")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    bt = [sys.executable, "-m", "fxray.backtest", "--policy", policy, "--data", str(eurusd_trained["cache"])]
+    r = subprocess.run(
+        [*bt, "--device", "cpu", "--positions", str(tmp_path / "bt.csv")], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    streamed = [line.split(",") for line in (tmp_path / "live.csv").read_text().splitlines()[1:]]
+    assert [p for _, p in streamed[:MAX_LOOKBACK]] == ["warmup"] * MAX_LOOKBACK
+    backtested = [line.split(",") for line in (tmp_path / "bt.csv").read_text().splitlines()[1:]]
+    assert len(backtested) == len(streamed) - MAX_LOOKBACK - 1 > 30_000  # the backtest stops a bar early
+    assert streamed[MAX_LOOKBACK:-1] == backtested
+
+
+def test_cli_refuses_a_broken_bundle(bundle_dirs, eurusd_trained, tmp_path):
+    import shutil
+
+    shutil.copytree(bundle_dirs["last"], tmp_path / "b")
+    (tmp_path / "b/normalisation.safetensors").unlink()
+    cmd = [sys.executable, "-m", "fxray.live", "--policy", str(tmp_path / "b"), "--bars", "-"]
+    r = subprocess.run(cmd, input=csv_text(eurusd_trained["bars"], 10), capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "normalisation.safetensors: missing from the bundle" in lines[0]
+    assert r.stdout == ""
