@@ -44,3 +44,42 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+EURUSD_JAN = "bars/eurusd_m1_2017q1/DAT_ASCII_EURUSD_M1_201701.csv"
+
+
+@pytest.fixture(scope="session")
+def eurusd_trained(tmp_path_factory, shared_data) -> dict:
+    """A real tiny training on real bars: the shared EURUSD January 2017 HistData bars built
+    into an fxcache, `python -m fxray.train` on it (experiments/smoke.yaml: 2 folds, a 32x2
+    network, CPU; ~10 s) with --checkpoint-dir and --json. Paths of all of it."""
+    import json
+    import subprocess
+    import sys
+
+    from fxray.data.bars import build_cache, load_bars
+
+    d = tmp_path_factory.mktemp("eurusd")
+    bars = load_bars(shared_data / EURUSD_JAN, fmt="histdata")
+    build_cache(bars, d / "jan.fxcache", instrument="EURUSD", source=str(bars.source))
+    root = Path(__file__).resolve().parents[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fxray.train",
+        "--data",
+        d / "jan.fxcache",
+        "--experiment",
+        root / "experiments/smoke.yaml",
+    ]
+    cmd += ["--device", "cpu", "--checkpoint-dir", d / "ckpt", "--json", d / "train.json"]
+    out = subprocess.run([str(c) for c in cmd], cwd=d, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return {
+        "dir": d,
+        "bars": bars,
+        "cache": d / "jan.fxcache",
+        "checkpoints": d / "ckpt" / "seed0",
+        "train": json.loads((d / "train.json").read_text()),
+    }

@@ -5,6 +5,7 @@
     rl/                   data/, eval/
     track/                data/, eval/
     sweep/                data/, eval/, rl/, track/
+    policy/               data/, eval/, rl/
     the CLIs (fxray/*.py, */__main__.py) anything; nothing but a CLI imports sweep/.
 Ray only in sweep/; mlflow only in track/ and the CLIs.
 """
@@ -22,6 +23,7 @@ ALLOWED = {
     "rl": {"rl", "data", "eval"},
     "track": {"track", "data", "eval"},
     "sweep": {"sweep", "data", "eval", "rl", "track"},
+    "policy": {"policy", "data", "eval", "rl"},
 }
 THIRD_PARTY = {"ray": {"sweep"}, "mlflow": {"track"}}  # who may import them, besides the CLIs
 

@@ -279,7 +279,8 @@ def train_fold(
 
 
 def save_checkpoint(directory, trainer: Trainer, fold: Fold, result: FoldResult) -> Path:
-    """Best weights as safetensors + a JSON sidecar (config, fold, epoch, metrics), atomically."""
+    """Best weights as safetensors + a JSON sidecar (config, fold, epoch, metrics, and the fold's
+    train-slice normalisation that the weights expect: a policy needs it to run), atomically."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -293,6 +294,9 @@ def save_checkpoint(directory, trainer: Trainer, fold: Fold, result: FoldResult)
         "val": result.val,
         "test": result.test,
         "n_inputs": trainer.data.n_inputs,
+        "val_score": result.val_score,
+        # float32 values as JSON floats: exact round trip (fxray.policy.export reads them)
+        "normalisation": {"mean": trainer.data.mean.tolist(), "inv_std": trainer.data.inv_std.tolist()},
     }
     for suffix, write in (
         (".safetensors", lambda p: save_file(tensors, p)),

@@ -1,0 +1,172 @@
+"""Run a frozen policy bundle on an fxcache and score it as every fxray number is scored.
+
+    python -m fxray.backtest --policy policy/ --data eurusd_2017q2.fxcache --json bt.json
+    python -m fxray.backtest --policy policy/ --data new.fxcache --from 2017-04-03 --to 2017-05-01
+    python -m fxray.backtest --policy policy/ --data trained_on.fxcache --window test   # the fold's test window
+    python -m fxray.backtest --policy policy/ --data new.fxcache --engine onnxruntime --positions pos.csv
+
+The greedy policy from flat over the window (fxray.eval.backtest), filled as the bundle
+says (next open or close), at the bundle's cost (or --cost), with the inputs normalised by
+the bundle's train-slice statistics, never by the new data's. Reported: the window's
+metrics, the pooled hourly Sharpe with its standard error and PSR, break-even cost, and
+buy-and-hold and flat beside it (docs/policy.md). Data whose feature names or order differ
+from the bundle's is refused. Every failure is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fxray.data import cache
+from fxray.policy.bundle import BundleError, check_inputs, load
+from fxray.policy.frozen import ENGINES, q_values, score
+from fxray.rl.device import DeviceData
+from fxray.track.report import bp, fmt, sharpe_line
+from fxray.train import resolve_device
+
+
+def iso(ns: int) -> str:
+    return str(np.datetime64(int(ns), "ns").astype("datetime64[s]")) + "Z"
+
+
+def parse_time(text: str, flag: str) -> int:
+    try:
+        t = np.datetime64(text.rstrip("Z"), "ns")
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: not a UTC time; write e.g. 2017-04-03 or 2017-04-03T12:00") from None
+    return int(t.astype(np.int64))
+
+
+def choose_window(args, bundle, market) -> tuple[int, int]:
+    """[start, end) bar indices of the data to run on."""
+    n = market.n_bars
+    if args.window in ("val", "test"):
+        if market.content_hash != bundle.content_hash:
+            raise ValueError(
+                f"--window {args.window}: {market.path} is not the data the policy was trained on "
+                f"(hash {market.content_hash}, the bundle's {bundle.content_hash}); use --window all or --from/--to"
+            )
+        start, end = bundle.members[-1].fold[args.window]
+    elif args.window == "all":
+        start, end = 0, n
+    else:
+        raise ValueError(f"--window {args.window!r}: use all, val or test")
+    if args.start:
+        start = max(start, int(np.searchsorted(market.ts, parse_time(args.start, "--from"), "left")))
+    if args.end:
+        end = min(end, int(np.searchsorted(market.ts, parse_time(args.end, "--to"), "left")))
+    if end - start < 2:
+        raise ValueError(f"{market.path}: the window holds {max(end - start, 0)} bars; a backtest needs at least 2")
+    return start, end
+
+
+def run(args) -> dict:
+    bundle = load(args.policy)
+    market = cache.open(args.data)
+    check_inputs(bundle, market.feature_names, market.ofi_names, str(args.data))
+    if args.engine not in ENGINES:
+        raise ValueError(f"--engine {args.engine!r}: use one of {', '.join(ENGINES)}")
+    if args.cost is not None and not 0 <= args.cost < 0.1:
+        raise ValueError(f"--cost {args.cost}: must be in [0, 0.1) (return units per unit of position change)")
+    device = resolve_device(args.device)
+    window = choose_window(args, bundle, market)
+    data = DeviceData(market, device, dtype=bundle.network.get("input_dtype", "float32"))
+    q = q_values(bundle, data, window, args.engine)
+    report, result = score(bundle, data, window, q, args.cost)
+    start, end = window
+    out = {
+        "policy": str(args.policy),
+        "model": bundle.manifest["model"]["choice"],
+        "members": [m.name for m in bundle.members],
+        "trained_on": bundle.content_hash,
+        "data": {
+            "path": str(args.data),
+            "content_hash": market.content_hash,
+            "instrument": market.meta.get("instrument"),
+            "bar": market.meta.get("bar"),
+            "n_bars": market.n_bars,
+            "same_as_training": market.content_hash == bundle.content_hash,
+        },
+        "window": {"start": start, "end": end, "first": iso(market.ts[start]), "last": iso(market.ts[end - 1])},
+        "engine": args.engine,
+        "device": device,
+        **report,
+    }
+    print_report(out, bundle)
+    if args.positions:
+        write_positions(args.positions, market.ts[start : end - 1], result.position.cpu().numpy())
+    return out
+
+
+def print_report(out: dict, bundle) -> None:
+    d, w = out["data"], out["window"]
+    notes = [f"note: instrument {d['instrument']!r}, the policy's {bundle.manifest['data']['instrument']!r}"] * (
+        d["instrument"] != bundle.manifest["data"]["instrument"]
+    )
+    print(
+        f"fxray.backtest: {out['model']} policy ({', '.join(out['members'])}) on {d['path']} ({d['instrument']}, "
+        f"{d['bar']}), {w['first']} .. {w['last']} ({w['end'] - w['start']:,} bars), cost {bp(out['cost'])}, "
+        f"fill {out['fill']}, {out['engine']} on {out['device']}"
+    )
+    for note in notes:
+        print(f"  {note}")
+    rows = [("policy", out["policy"])] + list(out["baselines"].items())
+    for name, r in rows:
+        s, m = r["pooled"], r["metrics"]
+        extra = f"PSR {fmt(s['psr'], '.3f')}, break-even cost {bp(s['break_even_cost'])}, " if name == "policy" else ""
+        print(
+            f"  {name:<13} pooled Sharpe {sharpe_line(s)} over {s['n_periods']} hours; {extra}"
+            f"total {m['total_return']:+.4f} log, max DD {m['max_drawdown']:.4f} log, {m['n_trades']} trades"
+        )
+
+
+def write_positions(path: Path, ts: np.ndarray, position: np.ndarray) -> None:
+    """ts (ns, bar close), position: the decision at each bar's close. Atomic."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write("ts,position\n")
+            f.writelines(f"{t},{p}\n" for t, p in zip(ts.tolist(), position.tolist()))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fxray.backtest", description=__doc__.splitlines()[0])
+    p.add_argument("--policy", required=True, type=Path, help="a bundle directory (python -m fxray.export)")
+    p.add_argument("--data", required=True, type=Path, help="an fxcache (python -m fxray.data build)")
+    p.add_argument("--window", default="all", help="all (default), or val / test: the bundle's last fold's window")
+    p.add_argument("--from", dest="start", help="first bar close time to include (UTC, e.g. 2017-04-03)")
+    p.add_argument("--to", dest="end", help="bars closing before this time (UTC)")
+    p.add_argument("--cost", type=float, help="cost per unit of position change (default: the bundle's)")
+    p.add_argument("--engine", default="torch", help="torch (CPU or GPU) or onnxruntime (CPU)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (engine torch)")
+    p.add_argument("--json", type=Path, help="write the report as JSON here")
+    p.add_argument("--positions", type=Path, help="write ts,position per bar as CSV here")
+    args = p.parse_args(argv)
+    try:
+        with torch.no_grad():
+            out = run(args)
+    except (BundleError, ValueError, OSError) as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1, default=float))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

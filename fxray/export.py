@@ -1,0 +1,138 @@
+"""Export a trained policy as a self-contained bundle (docs/policy.md).
+
+    python -m fxray.export RUN_ID --out policy/                    # an MLflow trial run of a sweep
+    python -m fxray.export RUN_ID --out policy/ --model ensemble   # last | best | ensemble | fold:K
+    python -m fxray.export runs/ckpt/seed0 --data eurusd.fxcache --out policy/   # fxray.train --checkpoint-dir
+    python -m fxray.export runs/ckpt/seed0/fold1.safetensors --data eurusd.fxcache --out policy/
+
+RUN_ID: the trial's fold checkpoints (<storage>/checkpoints/<trial_id>/fold<k>.safetensors),
+its val scores and its data file come from the run's tags and metrics (the data's content
+hash is checked against the run's). CHECKPOINT: a fold<k>.safetensors (that fold), or a
+directory of them (--model picks); --data names the fxcache it was trained on.
+Every failure is one line on stderr and exit 2, and nothing at --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from fxray.data import cache
+from fxray.policy.export import MODELS, ExportError, choose, export_bundle, load_candidate
+
+
+def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
+    """(candidates, source) of an MLflow trial run: its fold checkpoints with their val scores."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        raise ExportError(f"--tracking-uri {uri}: no such sqlite file")
+    client = MlflowClient(uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ExportError(f"{run_id}: no such run in {uri}") from None
+    tags = run.data.tags
+    missing = [
+        t for t in ("mlflow.parentRunId", "fxray.trial_id", "fxray.storage", "fxray.dataset_hash") if t not in tags
+    ]
+    if missing:
+        raise ExportError(f"{run_id}: not an fxray sweep trial run (no tag {', '.join(missing)})")
+    scores = {m.step: m.value for m in client.get_metric_history(run_id, "val_score")}
+    folder = Path(tags["fxray.storage"]) / "checkpoints" / tags["fxray.trial_id"]
+    paths = sorted(folder.glob("fold*.safetensors"))
+    if not paths:
+        raise ExportError(f"{folder}: no fold checkpoints of run {run_id} (the sweep's run directory moved?)")
+    candidates = []
+    for p in paths:
+        c = load_candidate(p)
+        c.val_score = scores.get(c.k, c.val_score)
+        candidates.append(c)
+    source = {
+        "kind": "mlflow run",
+        "run_id": run_id,
+        "tracking_uri": uri,
+        "trial_id": tags["fxray.trial_id"],
+        "dataset_hash": tags["fxray.dataset_hash"],
+        "data_path": tags.get("fxray.data_path"),
+    }
+    return candidates, source
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fxray.export", description=__doc__.splitlines()[0])
+    p.add_argument("source", help="an MLflow trial run id, a fold<k>.safetensors, or a directory of them")
+    p.add_argument("--out", required=True, type=Path, help="the bundle directory to write")
+    p.add_argument("--model", default="last", help=f"which network(s): {', '.join(MODELS)} (default last)")
+    p.add_argument("--data", type=Path, help="the fxcache it was trained on (default: the run's data file)")
+    p.add_argument("--tracking-uri", help="MLflow store of RUN_ID (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    p.add_argument("--json", type=Path, help="also write the manifest here")
+    args = p.parse_args(argv)
+    try:
+        manifest = export(args)
+    except (ValueError, OSError) as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(manifest, indent=1))
+    return 0
+
+
+def export(args) -> dict:
+    source_path = Path(args.source)
+    if source_path.exists():
+        paths = sorted(source_path.glob("fold*.safetensors")) if source_path.is_dir() else [source_path]
+        if not paths:
+            raise ExportError(f"{source_path}: no fold<k>.safetensors checkpoints in this directory")
+        candidates = [load_candidate(q) for q in paths]
+        source = {"kind": "checkpoint", "path": str(source_path)}
+        expected_hash = None
+        if args.data is None:
+            raise ExportError(
+                f"{source_path}: a checkpoint does not name its data; pass --data with the fxcache it was trained on"
+            )
+    elif re.fullmatch(r"[0-9a-f]{32}", args.source):
+        candidates, source = run_candidates(args.source, args.tracking_uri)
+        expected_hash = source["dataset_hash"]
+        if args.data is None and not (source["data_path"] and Path(source["data_path"]).is_file()):
+            raise ExportError(
+                f"{args.source}: its data file {source['data_path'] or '(not recorded)'} is not here; "
+                "pass --data with a copy"
+            )
+    else:
+        raise ExportError(
+            f"{args.source}: no such checkpoint file or directory, and not an MLflow run id (32 hex digits)"
+        )
+    data_path = args.data or Path(source["data_path"])
+    market = cache.open(data_path)
+    if expected_hash is not None and market.content_hash != expected_hash:
+        raise ExportError(
+            f"{data_path}: content hash {market.content_hash} differs from the data run {args.source} trained on "
+            f"({expected_hash}); pass --data with that file"
+        )
+    members = choose(candidates, args.model)
+    manifest = export_bundle(members, market, args.out, model=args.model, source=source, force=args.force)
+    names = ", ".join(f"{m['name']} (val score {_fmt(m['val_score'])})" for m in manifest["members"])
+    net, graph = manifest["network"], manifest["onnx"]
+    print(
+        f"wrote {args.out}: {args.model} = {names}; {net['hidden']}x{net['depth']} QNetwork, ONNX opset "
+        f"{graph['opset']} (max |ONNX - torch| {graph['max_abs_diff_vs_torch']:.2g}), "
+        f"cost {manifest['trading']['cost']:g}, fill {manifest['trading']['fill']}, data {market.content_hash}"
+    )
+    return manifest
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:+.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

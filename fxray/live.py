@@ -1,0 +1,187 @@
+"""Feed bars to a policy bundle one at a time and write its positions: the live loop, end to end.
+
+    python -m fxray.live --policy policy/ --bars bars.csv --out positions.csv
+    tail -f feed.csv | python -m fxray.live --policy policy/ --bars -       # one line out per bar in
+    python -m fxray.live --policy policy/ --bars DAT_ASCII_EURUSD_M1_201703.csv --format histdata
+
+In a program: `from fxray.live import Policy, WARMING_UP` (fxray.policy.live; docs/policy.md
+has an adapter for an event-driven engine's bar callback).
+
+--format csv (the default, for files and stdin): a header line, then one bar per line:
+ts (or timestamp / timestamp_utc / time / datetime: the bar CLOSE time, as int ns since
+epoch or ISO 8601; naive times are UTC unless --tz), open, high, low, close, and
+optionally volume and the bundle's ofi columns by name. Read strictly: a bar out of time
+order or with a NaN / non-positive price is an error, not skipped. Other formats
+(histdata, lean, parquet) are read and cleaned by fxray.data.bars.load_bars first.
+Output: `ts,position` per bar, position -1 / 0 / 1, or `warmup` for the first
+MAX_LOOKBACK bars. Errors: one line on stderr naming the line, exit 2; --out is
+written atomically (nothing on error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fxray.data.stream import StreamError
+from fxray.policy.bundle import BundleError
+from fxray.policy.live import ENGINES, WARMING_UP, Policy, to_ns
+
+__all__ = ["Policy", "WARMING_UP", "main"]
+
+TS_COLUMNS = ("ts", "timestamp", "timestamp_utc", "time", "datetime")
+
+
+def parse_ts(text: str, tz) -> int:
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    t = dt.datetime.fromisoformat(text)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=tz or dt.UTC)
+    return to_ns(t)
+
+
+def csv_bars(lines, where: str, ofi_names: list[str], tz):
+    """(line number, ts text, ts ns, open, high, low, close, volume, ofi or None) per data line."""
+    header = next(lines, None)
+    if header is None:
+        raise ValueError(f"{where}: empty; the first line must be a header (ts,open,high,low,close[,volume])")
+    cols = [c.strip().lower() for c in header.strip().split(",")]
+    ts_col = next((c for c in TS_COLUMNS if c in cols), None)
+    missing = [c for c in ("open", "high", "low", "close") if c not in cols] + ([] if ts_col else ["ts"])
+    if missing:
+        raise ValueError(f"{where}: header {header.strip()!r} lacks {', '.join(missing)}")
+    at = {c: cols.index(c) for c in cols}
+    ofi_at = [at[n] for n in ofi_names if n in at]
+    if ofi_at and len(ofi_at) != len(ofi_names):
+        raise ValueError(f"{where}: give all ofi columns ({', '.join(ofi_names)}) or none")
+    for number, line in enumerate(lines, start=2):
+        if not line.strip():
+            continue
+        cells = line.strip().split(",")
+        try:
+            if len(cells) != len(cols):
+                raise ValueError(f"{len(cells)} fields, the header has {len(cols)}")
+            ts_text = cells[at[ts_col]].strip()
+            values = [float(cells[at[c]]) for c in ("open", "high", "low", "close")]
+            volume = float(cells[at["volume"]]) if "volume" in at else None
+            ofi = [float(cells[j]) for j in ofi_at] or None
+            ts = parse_ts(ts_text, tz)
+        except ValueError as e:
+            raise ValueError(f"{where} line {number}: {e}") from None
+        yield number, ts_text, ts, *values, volume, ofi
+
+
+def loaded_bars(path: Path, fmt: str, tz: str | None):
+    """The same tuples from a file fxray.data.bars reads (cleaned: sorted, bad rows dropped)."""
+    from fxray.data.bars import load_bars
+
+    bars = load_bars(path, fmt=fmt, tz=tz)
+    volume = bars.volume if bars.volume is not None else np.zeros(len(bars))
+    for i in range(len(bars)):
+        ts = int(bars.ts[i])
+        yield i + 1, str(ts), ts, bars.open[i], bars.high[i], bars.low[i], bars.close[i], volume[i], None
+
+
+def stream(args, policy: Policy, out) -> dict:
+    """Feed every bar to the policy, write `ts,position` lines to `out`; the loop's summary."""
+    if args.format == "csv":
+        tz = None
+        if args.tz:
+            from zoneinfo import ZoneInfo
+
+            tz = ZoneInfo(args.tz)
+        if str(args.bars) == "-":
+            source, where = sys.stdin, "stdin"
+        else:
+            opener = gzip.open if str(args.bars).endswith(".gz") else open
+            source, where = opener(args.bars, "rt"), str(args.bars)
+        bars = csv_bars(iter(source), where, policy.ofi_names, tz)
+    else:
+        where = str(args.bars)
+        bars = loaded_bars(args.bars, args.format, args.tz)
+    live = str(args.bars) == "-"
+    latency, positions, changes, last = [], 0, 0, 0
+    out.write("ts,position\n")
+    for number, ts_text, ts, o, h, l, c, v, ofi in bars:
+        t0 = time.perf_counter_ns()
+        try:
+            pos = policy.on_bar(ts, o, h, l, c, v, ofi)
+        except StreamError as e:
+            raise ValueError(f"{where} line {number}: {e}") from None
+        latency.append(time.perf_counter_ns() - t0)
+        if pos is WARMING_UP:
+            out.write(f"{ts_text},warmup\n")
+        else:
+            positions += 1
+            changes += pos != last
+            last = pos
+            out.write(f"{ts_text},{pos}\n")
+        if live:
+            out.flush()  # a live feed: each position as soon as its bar is in
+    warm = np.asarray(latency[policy.bundle.warmup_bars :], dtype=np.float64) / 1e3
+    return {
+        "bars": len(latency),
+        "warmup_bars": min(len(latency), policy.bundle.warmup_bars),
+        "positions": positions,
+        "position_changes": changes,
+        "final_position": last if positions else None,
+        "on_bar_us": {
+            "median": float(np.median(warm)) if warm.size else None,
+            "p99": float(np.percentile(warm, 99)) if warm.size else None,
+            "n": int(warm.size),
+        },
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fxray.live", description=__doc__.splitlines()[0])
+    p.add_argument("--policy", required=True, type=Path, help="a bundle directory (python -m fxray.export)")
+    p.add_argument("--bars", required=True, type=Path, help="a bar file, or - for stdin (csv)")
+    p.add_argument("--format", default="csv", help="csv (strict, default), histdata, lean, parquet, auto")
+    p.add_argument("--tz", help="time zone of naive times (default UTC; histdata: its own Etc/GMT+5)")
+    p.add_argument("--engine", default="numpy", help=f"the Q-network's engine: {', '.join(ENGINES)}")
+    p.add_argument("--out", type=Path, help="write the positions here (default stdout)")
+    p.add_argument("--json", type=Path, help="write the loop's summary (bars, positions, latency) here")
+    args = p.parse_args(argv)
+    tmp = None
+    try:
+        policy = Policy(args.policy, engine=args.engine)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=f".{args.out.name}.")
+            with os.fdopen(fd, "w") as out:
+                summary = stream(args, policy, out)
+            os.replace(tmp, args.out)
+        else:
+            summary = stream(args, policy, sys.stdout)
+    except (BundleError, ValueError, OSError) as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    finally:
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+    lat = summary["on_bar_us"]
+    print(
+        f"fxray.live: {summary['bars']} bars ({summary['warmup_bars']} warm-up), {summary['positions']} positions, "
+        f"{summary['position_changes']} changes; on_bar median {lat['median'] or 0:.1f} us, "
+        f"p99 {lat['p99'] or 0:.1f} us",
+        file=sys.stderr,
+    )
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
