@@ -54,7 +54,7 @@ class TrainConfig:
     """max epochs per fold"""
     steps_per_epoch: int = 200
     """collect steps per epoch (each followed by updates_per_step learner steps)"""
-    patience: int = 2
+    patience: int = 4
     """stop after this many epochs without a better val score (select: val_score)"""
     select: str = "val_score"
     """which epoch's weights a fold keeps: val_score (the best score on the val window,
@@ -145,12 +145,12 @@ class DQNConfig(TrainConfig):
     """Adam learning rate"""
     weight_decay: float = 0.0
     """decoupled weight decay per step (AdamW): shrinks the weights that noise would fit"""
-    input_noise: float = 0.0
+    input_noise: float = 1.0
     """std of Gaussian noise added to the normalised inputs of each update (Bishop 1995: like
     an L2 penalty): a bar's features identify it, and without noise its return can be memorised"""
-    gamma: float = 0.9
-    """discount per bar"""
-    n_step: int = 3
+    gamma: float = 0.97
+    """discount per bar (0.97: a horizon of ~33 bars, the planted signal's persistence)"""
+    n_step: int = 5
     """n-step return horizon (bars)"""
     batch_size: int = 1024
     """transitions per learner step"""

@@ -100,19 +100,20 @@ class Learner:
         self.q_abs_max = torch.zeros((), device=device)
         self.fresh = self.carry = None  # the env's return arrays, for all_actions (set by DQN)
 
-    def td_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor):
+    def td_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
         """Huber TD loss of the batch (step, env) and max |Q| over it: the maths of an update
-        (no randomness, no side effects: what `cfg.compile` hands to torch.compile)."""
+        (no randomness, no side effects: what `cfg.compile` hands to torch.compile; the input
+        noise is drawn by `learn` and added to the states of the batch here: (2B, n_inputs))."""
         if self.cfg.update == "all_actions":
-            return self.all_actions_loss(data, replay, step, env)
+            return self.all_actions_loss(data, replay, step, env, noise)
         cfg = self.cfg
         t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
         B = t.shape[0]
         # One online forward over [s, s_next] (2B rows): at these sizes a step is bound by
         # kernel launches, not flops, so one pass of twice the rows is nearly free.
         market = data.states(torch.cat([t, next_t]))  # (2B, n_inputs)
-        if cfg.input_noise > 0:  # the online network's view only: a state is never seen twice alike
-            market = market + cfg.input_noise * torch.randn_like(market)
+        if noise is not None:  # the states and next states alike: a bar is never seen twice the same
+            market = market + noise
         q_both = self.q_network(market, torch.cat([position, next_position]))  # (2B, 3)
         q = q_both[:B]
         with torch.no_grad():  # Double DQN: online picks the next action, target evaluates it
@@ -122,7 +123,7 @@ class Learner:
         q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
         return F.huber_loss(q_sa, td_target, delta=cfg.huber_delta), q.detach().abs().max()
 
-    def all_actions_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor):
+    def all_actions_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
         """The 1-step Double-DQN loss of all three actions of each sampled state at once.
 
         The market does not react to the agent, so the reward and the next state of every
@@ -136,8 +137,8 @@ class Learner:
         row = step % replay.S
         t, position = replay.t[row, env], replay.position[row, env]  # (B,), (B,)
         market = data.states(t)
-        if cfg.input_noise > 0:
-            market = market + cfg.input_noise * torch.randn_like(market)
+        if noise is not None:  # the sampled states only (the rows of `noise` past B are unused)
+            market = market + noise[: t.shape[0]]
         q = self.q_network(market, position)  # (B, 3)
         with torch.no_grad():
             new_position = self.q_network.positions.to(q.dtype)  # (3,) = a - 1
@@ -156,7 +157,10 @@ class Learner:
         cfg = self.cfg
         if step is None:
             step, env = replay.sample_indices(cfg.batch_size)
-        loss, q_max = self.loss_fn(data, replay, step, env)
+        noise = None
+        if cfg.input_noise > 0:  # N(0, input_noise^2) on the normalised inputs (config: input_noise)
+            noise = cfg.input_noise * torch.randn(2 * step.shape[0], data.n_inputs, device=step.device)
+        loss, q_max = self.loss_fn(data, replay, step, env, noise)
         self.optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
