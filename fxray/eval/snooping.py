@@ -179,7 +179,7 @@ def superior_ability(
         spa_pvalue_lower=float(p["lower"]),
         spa_pvalue_upper=float(p["upper"]),
         reality_check_pvalue=float(rc.pvalues["upper"]),
-        stepm_kept=[kept_ids[i] for i in stepm.superior_models],
+        stepm_kept=sorted(kept_ids[i] for i in stepm.superior_models),
         block_size=b,
         best_t=float(math.sqrt(d.shape[0]) * d[:, best].mean() / omega[best]),
         best_trial_id=kept_ids[best],
