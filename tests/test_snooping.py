@@ -105,6 +105,11 @@ def test_spa_without_an_edge_and_without_a_trade():
     noise = rng.standard_normal((500, 6)) * 1e-4
     got = snooping.superior_ability(noise, None, list("uvwxyz"), reps=300)
     assert got["spa_pvalue"] > 0.1 and got["stepm_kept"] == []
+    losers = snooping.superior_ability(noise - 3e-5, None, list("uvwxyz"), reps=300)  # every trial below flat
+    assert losers["spa_pvalue"] == 1.0 and losers["reality_check_pvalue"] > 0.9  # Hansen's max(T, 0) = 0
+    spa = SPA(np.zeros(500), -(noise - 3e-5), block_size=losers["block_size"], reps=300, seed=0)
+    spa.compute()
+    assert 0.05 < spa.pvalues["consistent"] < 0.95  # what arch alone says there
     flat = snooping.superior_ability(np.zeros((500, 3)), None, list("xyz"))
     assert flat["spa_pvalue"] is None and flat["n_identical"] == 3 and flat["stepm_kept"] == []
 

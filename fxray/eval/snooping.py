@@ -17,12 +17,13 @@ their val windows only, so the test hours of every rung are untouched by that ch
 
 arch 8.0.0's SPA does not studentize its statistic (`studentize` only sets Hansen's
 re-centring threshold; a later arch does). Hansen's SPA is the max over models of the
-studentized mean excess return, with the full-sample long-run standard deviation in the
-bootstrap too, so each column is divided by its own long-run standard deviation
-(`long_run_std`: the stationary bootstrap's kernel, as arch computes it) before arch
-sees it: the statistic and its bootstrap are then Hansen's, and a high-volatility trial
-no longer decides the maximum alone. White's Reality Check is the unstudentized test
-with every model re-centred (arch's "upper" p-value).
+studentized mean excess return (or 0 when none is positive: then p = 1), with the
+full-sample long-run standard deviation in the bootstrap too, so each column is divided
+by its own long-run standard deviation (`long_run_std`: the stationary bootstrap's
+kernel, as arch computes it) before arch sees it: the statistic and its bootstrap are
+then Hansen's, and a high-volatility trial no longer decides the maximum alone. White's
+Reality Check is the unstudentized test with every model re-centred (arch's "upper"
+p-value).
 """
 
 from __future__ import annotations
@@ -172,12 +173,17 @@ def superior_ability(
     rc.compute()
     stepm = StepM(zeros, -studentized, size=size, block_size=b, reps=reps, bootstrap="stationary", seed=seed)
     stepm.compute()
-    p = spa.pvalues
+    p = {k: float(v) for k, v in spa.pvalues.items()}
+    if d.mean(axis=0).max() <= 0:
+        # Hansen's statistic is max(max_k t_k, 0): 0 when no trial's mean beats the benchmark,
+        # and its bootstrap (>= 0) always reaches it: p = 1. arch leaves out the max with 0
+        # (its p-value is then about 0.5 instead, for models far below the benchmark).
+        p = dict.fromkeys(p, 1.0)
     best = int(np.argmax(d.mean(axis=0) / omega))
     out.update(
-        spa_pvalue=float(p["consistent"]),
-        spa_pvalue_lower=float(p["lower"]),
-        spa_pvalue_upper=float(p["upper"]),
+        spa_pvalue=p["consistent"],
+        spa_pvalue_lower=p["lower"],
+        spa_pvalue_upper=p["upper"],
         reality_check_pvalue=float(rc.pvalues["upper"]),
         stepm_kept=sorted(kept_ids[i] for i in stepm.superior_models),
         block_size=b,

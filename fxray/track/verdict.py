@@ -187,7 +187,8 @@ def verdict_png(path, rows: list[tuple[str, dict]]):
             vals = np.asarray(pl["placebos"])
             lo, hi = min(vals.min(), pl["real"]), max(vals.max(), pl["real"])
             pad = 0.1 * max(hi - lo, 1.0)
-            ax_p.hist(vals, bins=max(5, min(30, len(vals))), range=(lo - pad, hi + pad), color="0.6", label="placebos")
+            ax_p.hist(vals, bins=30, range=(lo - pad, hi + pad), color="0.6", label=f"{len(vals)} placebo sweeps")
+            ax_p.plot(vals, np.zeros_like(vals), "|", color="k", ms=18)  # each one, when they are few
             ax_p.axvline(pl["real"], color="tab:red", lw=2, label=f"real {pl['real']:+.2f}")
             ax_p.set_title(f"{name}: best pooled test Sharpe, placebo p = {pl['pvalue']:.3f}", fontsize=9)
             ax_p.legend(fontsize=8)
