@@ -60,6 +60,7 @@ def sweep_with_placebos(args, import_s: float = 0.0) -> int:
         print("fxray.tune: the placebo sweeps wait for a sweep that finished", file=sys.stderr)
         return code
     stop_workers(run.workers)
+    del run  # and its data's object-store copy: each placebo puts its own
     storage, sweep = plan.storage, read_sweep(plan.storage)
     bests, sweeps = [], []
     for i in range(1, args.placebo + 1):
