@@ -29,8 +29,10 @@ import numpy as np
 
 from fxray.track.compare import CompareError, load_experiment, open_store, summarize, sweep_experiments
 from fxray.track.report import bp, fmt, sharpe_line, verdict
+from fxray.track.verdict import json_ready, verdict_png
+from fxray.track.verdict import text as verdict_text
 
-PLOTS = ("sharpe_by_fold.png", "equity.png", "importance.png")
+PLOTS = ("sharpe_by_fold.png", "equity.png", "importance.png", "verdict.png")
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -74,6 +76,7 @@ def report(s: dict) -> str:
             f"{sharpe_line(wf)}"
         )
     lines.append("   " + verdict(b))
+    lines.append(verdict_text(s["verdict"]))
     return "\n".join(lines)
 
 
@@ -194,6 +197,8 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(paths[2], dpi=100)
     plt.close(fig)
+    # is it real: the placebo sweeps with the real best marked, the CSCV logits (fxray.track.verdict)
+    verdict_png(paths[3], [(s["experiment"], s["verdict"]) for s in sums])
     return paths
 
 
@@ -277,7 +282,11 @@ def run(args) -> dict:
             for p in paths:
                 client.log_artifact(e["parent"].info.run_id, str(p), artifact_path="compare")
         print(f"logged to the parent runs under compare/: {', '.join(e['parent'].info.run_id for e in exps)}")
-    result = {"tracking_uri": uri, "experiments": sums, "plots": [str(p) for p in paths]}
+    result = {
+        "tracking_uri": uri,
+        "experiments": [{**s, "verdict": json_ready(s["verdict"])} for s in sums],
+        "plots": [str(p) for p in paths],
+    }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))

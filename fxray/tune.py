@@ -5,6 +5,7 @@
     python -m fxray.tune --experiment experiments/X.yaml --data X.fxcache --address auto
     python -m fxray.tune --resume                                      # finish an interrupted sweep
     python -m fxray.tune --same-trials runs/default/results.json --storage runs/again   # same work again
+    python -m fxray.tune --experiment experiments/smoke.yaml --placebo 4   # + 4 sweeps on signal-free copies
 
 Each trial is a plain function (fxray/sweep/trial.py) that walks the folds in time order
 on a leased FoldWorker and calls `tune.report` after each fold; the objective is the
@@ -66,6 +67,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="run the trials of a finished sweep again "
         "(its results.json): the same configs, each for as many folds as it trained there",
     )
+    p.add_argument(
+        "--placebo",
+        type=positive_int,
+        metavar="N",
+        help="then run the same search N times on placebo copies of the data (returns sign-randomised, "
+        "features as they are) and rank the real best among them (docs/tune.md)",
+    )
     p.add_argument("--json", help="write per-trial, per-fold results here")
     return p.parse_args(argv)
 
@@ -80,6 +88,10 @@ def positive_int(text: str) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        if args.placebo:
+            from fxray.sweep.placebo import sweep_with_placebos
+
+            return sweep_with_placebos(args, IMPORT_S)
         return sweep_run(args, IMPORT_S)
     except USER_ERRORS as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -97,7 +97,10 @@ def object_nodes(ref: ray.ObjectRef) -> list[str]:
 
 def start_ray(args) -> None:
     """Join a cluster (--address) or start a local one; dashboard off, namespace fixed
-    (the driver's callbacks find the worker pool by name)."""
+    (the driver's callbacks find the worker pool by name). A Ray already started in this
+    process is kept: the placebo sweeps (fxray.sweep.placebo) run in the real one's."""
+    if ray.is_initialized():
+        return
     # Our SweepLog prints a line per fold: Tune's own tables and its warning about the
     # per-fold state snapshot (wanted: it makes --resume lose nothing) would drown it.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")

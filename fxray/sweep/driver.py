@@ -55,6 +55,7 @@ class Plan:
     uri: str  # the MLflow store
     t_start: float = field(default_factory=time.time)
     phases: dict = field(default_factory=dict)  # unix times of the start-up steps, for results.json
+    mlflow_extra: dict = field(default_factory=dict)  # a new sweep's extra parent tags / run name (a placebo's)
 
 
 @dataclass
@@ -189,7 +190,9 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     phases["workers_created"] = time.time()
     # while the workers import torch and load the data: the run directory (then the writer
     # opens the store), then Tune starts its trial processes; a first fold waits on its worker
-    sweep = prepare_storage(storage, plan.sweep, exp, plan.file, profile, market, data_path, folds, args, plan.same)
+    sweep = prepare_storage(
+        storage, plan.sweep, exp, plan.file, profile, market, data_path, folds, args, plan.same, plan.mlflow_extra
+    )
     run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts))
     prepared.set()
     watch_workers(workers, t0, phases)

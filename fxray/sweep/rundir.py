@@ -102,9 +102,13 @@ def make_fold_dicts(file, exp, market) -> list[dict]:
         raise UsageError(f"{file}: folds: {e} ({market.path})") from None
 
 
-def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path, folds, args, same=None) -> dict:
+def prepare_storage(
+    storage: Path, sweep, exp, file, profile, market, data_path, folds, args, same=None, mlflow_extra=None
+) -> dict:
     """Create the run directory (first run) or open a new round (an extension) or keep
-    the last one (a resume). Everything here is validated already: nothing is half-written."""
+    the last one (a resume). Everything here is validated already: nothing is half-written.
+    `mlflow_extra` (a new sweep only): {"tags": more parent tags, "run_name": the parent's
+    name, "sweep": more sweep.json keys}, what a placebo sweep says it is (fxray.sweep.placebo)."""
     from fxray.track import runs as mlruns
 
     round_names = [r["name"] for r in sweep["rounds"]] if sweep else []
@@ -136,6 +140,11 @@ def prepare_storage(storage: Path, sweep, exp, file, profile, market, data_path,
             "rounds": [],
             "mlflow": {"uri": mlruns.tracking_uri(), "experiment": exp.name, "tags": tags},
         }
+        extra = mlflow_extra or {}
+        tags.update(extra.get("tags", {}))
+        if extra.get("run_name"):
+            sweep["mlflow"]["run_name"] = extra["run_name"]
+        sweep.update(extra.get("sweep", {}))
     if not args.resume:
         name = "tune" if not round_names else f"tune-{len(round_names) + 1}"
         sweep["rounds"].append(

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fxray.eval import selection
+from fxray.eval import selection, snooping
 from fxray.track.results import REFERENCES, pooled_stats, trial_label
 from fxray.track.runs import RETURNS_DIR
+from fxray.track.verdict import KEYS, add_placebo, snooping_verdict
 
 DEFAULT_PPY = 6261.0  # periods per year of a 24x5 market, for sweeps that did not log theirs
 
@@ -86,10 +87,20 @@ def load_experiment(client, name: str, uri: str) -> dict:
         known = ", ".join(sweep_experiments(client)) or "none"
         raise CompareError(f"experiment {name!r} not found in {uri} (fxray sweeps there: {known})")
     runs = mlflow.search_runs([exp.experiment_id], output_format="list")
-    parents = [r for r in runs if "fxray.folds" in r.data.tags and "mlflow.parentRunId" not in r.data.tags]
+    sweeps = [r for r in runs if "fxray.folds" in r.data.tags and "mlflow.parentRunId" not in r.data.tags]
+    parents = [r for r in sweeps if "fxray.placebo" not in r.data.tags]  # a placebo sweep is not the experiment's
     if not parents:
         raise CompareError(f"experiment {name!r} has no fxray sweep run in {uri} (run python -m fxray.tune)")
     parent = max(parents, key=lambda r: r.info.start_time)
+    # the placebo sweeps of this one (fxray.tune --placebo): their best trial's pooled test Sharpe, as
+    # each logged it in its parent's summary (recomputing it would download every placebo trial's folds)
+    placebos = [
+        r.data.metrics["best_test_sharpe"]
+        for r in sweeps
+        if r.data.tags.get("fxray.placebo_of") == parent.info.run_id
+        and r.info.status == "FINISHED"
+        and "best_test_sharpe" in r.data.metrics
+    ]
     trials = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in runs:
@@ -125,6 +136,7 @@ def load_experiment(client, name: str, uri: str) -> dict:
         "n_sweeps": len(parents),
         "n_folds": len(json.loads(parent.data.tags["fxray.folds"])),
         "trials": trials,
+        "placebo_best_test_sharpe": placebos,
     }
 
 
@@ -166,6 +178,9 @@ def summarize(exp: dict) -> dict:
         cost,
         ppy,
     )
+    verdict = snooping_verdict(trials, exp["n_folds"], ppy, deflated)
+    if exp.get("placebo_best_test_sharpe"):
+        add_placebo(verdict, snooping.placebo_pvalue(b["test"]["sharpe"], exp["placebo_best_test_sharpe"]))
     pf = best["per_fold"]
     rows = [
         {"fold": f["fold"], **{k: pf[k].get(f["fold"]) for k in pf}, "flat_test_sharpe": 0.0} for f in best["folds"]
@@ -181,6 +196,8 @@ def summarize(exp: dict) -> dict:
         "n_trials_counted": deflated["n_trials_counted"],
         "cost": cost,
         "periods_per_year": ppy,
+        **{k: verdict[k] for k in KEYS},  # the "is it real" numbers; the details under "verdict"
+        "verdict": verdict,
         "best_score": best["score"],
         "median_score": float(np.median(scores)) if scores else None,
         "best": {

@@ -18,6 +18,9 @@ from pathlib import Path
 from fxray.eval import pooled, selection
 from fxray.track.records import CSV_COLUMNS, FoldRecord
 from fxray.track.report import equity_png, print_last_screen
+from fxray.track.verdict import json_ready, snooping_verdict
+from fxray.track.verdict import metrics as verdict_metrics
+from fxray.track.verdict import text as verdict_text
 
 REFERENCES = ("oracle", "ridge", "buy_and_hold")  # the rules beside every policy (fxray.eval.baselines)
 
@@ -140,6 +143,7 @@ def write_results(
     deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], n_started)
     wf_trials = [{"trial_id": tid, "folds": fold_windows(t)} for tid, t in trials.items() if t["status"] == "ok"]
     walk = selection.walk_forward(wf_trials, n_folds, cost, ppy)
+    verdict = snooping_verdict(list(trials.values()), n_folds, ppy, deflated)  # SPA, PBO (docs/metrics.md)
     best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
     equity = equity_png(
         storage / "equity.png",
@@ -189,6 +193,7 @@ def write_results(
             **deflated,
             "walk_forward": walk,
         },
+        "verdict": json_ready(verdict),  # fxray.sweep.placebo adds the placebo sweeps' p-value
     }
     text = json.dumps(results, indent=1)
     (storage / "results.json").write_text(text)
@@ -196,6 +201,7 @@ def write_results(
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(text)
     print_last_screen(results, names, n_folds, top)
+    print(verdict_text(verdict))
     ckpt = max((f for f in best_folds if f.ok), key=lambda f: f.val_score, default=None)
     ckpt = ckpt.checkpoint if ckpt is not None else ""
     artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
@@ -218,4 +224,5 @@ def write_results(
         "trial_id": best["trial_id"],
     }
     summary.update({f"{name}_test_sharpe": s["sharpe"] for name, s in b["baselines"].items()})
+    summary.update(verdict_metrics(verdict))
     return {"mlflow_summary": {k: v for k, v in summary.items() if v is not None}, "artifacts": artifacts}

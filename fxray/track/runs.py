@@ -200,7 +200,7 @@ def open_sweep(sweep: dict) -> Tracker:
         m["experiment"],
         m.get("parent_run_id"),
         m.get("tags"),
-        run_name=f"sweep {sweep['experiment']}",
+        run_name=m.get("run_name") or f"sweep {sweep['experiment']}",
         sweep_id=sweep.get("id"),
     )
     # what `python -m fxray.train --from-run` needs to retrain a trial: its round's training
