@@ -206,6 +206,8 @@ def test_a_planted_market_beats_every_placebo_sweep(tmp_path):
 def test_its_shuffled_twin_does_not(tmp_path):
     v = placebo_sweep(tmp_path, "shuffled", shuffle=True)["verdict"]
     placebo = v["placebo"]
-    assert placebo["pvalue"] > 1 / (N_PLACEBO + 1) and placebo["rank"] > 1, placebo
-    assert placebo["z"] < 2, placebo
+    # Under the null the real sweep's rank is uniform over 1..N+1: rank 1 comes one time in five
+    # with N = 4, so the rank cannot tell here. The distance can: the planted market stands more
+    # than 3 placebo deviations above their mean; its shuffled twin does not.
+    assert placebo["z"] < 3, placebo
     assert v["spa_pvalue"] is None or v["spa_pvalue"] > 0.05
