@@ -1,8 +1,8 @@
 """Compare sweeps logged in MLflow, and say whether each one's best trial is better than luck.
 
-    python -m fxray.compare                                   # every fxray sweep in ./mlflow.db
-    python -m fxray.compare smoke default --tracking-uri sqlite:///$PWD/mlflow.db --json compare.json
-    python -m fxray.compare smoke --out compare/ --no-log     # PNGs only on disk
+    fxray compare                                   # every fxray sweep in ./mlflow.db
+    fxray compare smoke default --tracking-uri sqlite:///$PWD/mlflow.db --json compare.json
+    fxray compare smoke --out compare/ --no-log     # PNGs only on disk
 
 Per experiment (its latest sweep, i.e. parent run): the trials, the best trial (the one
 the sweep picked: the highest score, the pooled val Sharpe of the folds it ran, among
@@ -285,10 +285,11 @@ def run(args) -> dict:
     return result
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m fxray.compare",
+        prog="fxray compare",
         description=__doc__.split("\n\n")[0],
+        epilog="examples:\n" + __doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -303,6 +304,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="compare", metavar="DIR", help="directory for the PNGs (default ./compare)")
     p.add_argument("--no-log", action="store_true", help="do not log the PNGs to the sweeps' parent runs")
     p.add_argument("--json", metavar="PATH", help="write the numbers here")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     from mlflow.exceptions import MlflowException
 
