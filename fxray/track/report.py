@@ -43,10 +43,14 @@ def verdict(best: dict) -> str:
     )
 
 
+def ranked(trials: list, n_folds: int) -> list:
+    """results.json's trials, best first: the order of the last screen (and of the MLflow
+    rank tags): trials that did not diverge, then those that ran every fold, by score."""
+    return sorted(trials, key=lambda t: (t["status"] == "ok", t["folds_done"] >= n_folds, t["score"]), reverse=True)
+
+
 def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -> None:
-    trials = sorted(
-        results["trials"], key=lambda t: (t["status"] == "ok", t["folds_done"] >= n_folds, t["score"]), reverse=True
-    )[:top]
+    trials = ranked(results["trials"], n_folds)[:top]
     print(
         f"\ntop {len(trials)} of {results['n_trials']} trials by score (pooled val Sharpe of the folds each ran; "
         f"{n_folds} folds, fewer = stopped by ASHA); wall time {results['wall_s'] / 60:.1f} min"
@@ -91,7 +95,8 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
             f"{sharpe_line(wf)}"
         )
     print("  " + verdict(b))
-    print(f"  judge it further: python -m fxray.compare {results['experiment']}")
+    uri = results.get("tracking_uri")
+    print(f"  judge it further: fxray compare {results['experiment']}" + (f" --tracking-uri {uri}" if uri else ""))
 
 
 def fmt_value(v) -> str:
