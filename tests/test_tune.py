@@ -101,7 +101,13 @@ def check_complete_sweep(tmp_path, n_trials):
         assert by_id[t["trial_id"]].data.metrics["folds_done"] == 2
     assert all(t["folds_done"] == 2 for t in results["trials"])
     artifacts = {a.path for a in client.list_artifacts(parent_id)}
-    assert {"experiment.yaml", "folds.csv", "equity.png", "best_checkpoint"} <= artifacts
+    assert {"experiment.yaml", "folds.csv", "equity.png", "best_checkpoint", "summary.md"} <= artifacts
+    # the trials ranked as the last screen lists them, the best one named on the parent
+    ranks = {r.data.tags["fxray.rank"]: r for r in children}
+    assert sorted(ranks) == [f"{i:02d}" for i in range(1, n_trials + 1)]
+    assert ranks["01"].data.tags["fxray.trial_id"] == results["best"]["trial_id"]
+    assert parents[0].data.tags["fxray.best_run_id"] == ranks["01"].info.run_id
+    assert "verdict:" in parents[0].data.tags["mlflow.note.content"]
     return results
 
 
