@@ -137,6 +137,9 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
         values += test + val + bh
         points += [(xi, v, c) for series in (test, val, bh) for xi, v in zip(x, series)]
         ax.bar(x, test, width, color=c, alpha=0.85, label=f"{s['experiment']} test")
+        for xi, v in zip(x, test):  # undefined (a flat window, < 2 days): said, not drawn as 0
+            if not np.isfinite(v):
+                ax.annotate("n/a", (xi, 0), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
         ax.plot(x, val, "o", color=c, mec="k", label=f"{s['experiment']} val")
         ax.plot(x, bh, "_", color=c, ms=14, mew=2.5, label=f"{s['experiment']} buy & hold (test)")
     limits = robust_limits(values)

@@ -59,8 +59,8 @@ CHROMIUM_FLAGS = [
 RUN_COLUMNS = ("Dataset", "Source", "Models", "score", "mean_val_sharpe", "mean_test_sharpe", "folds_done", RANK_TAG)
 
 
-def pick_sweep(uri: str, experiment: str | None, top: int) -> tuple[str, str, list]:
-    """(experiment id, parent run id, [(run id, name)]) of the latest sweep's `top` trials, by the
+def pick_sweep(uri: str, experiment: str | None, top: int) -> tuple[str, str, str, list]:
+    """(experiment id, parent run id, its name, [(run id, name)]) of the latest sweep's `top` trials, by the
     rank the sweep gave them (tag fxray.rank), else by mean val Sharpe (sweeps before the tag)."""
     from mlflow.tracking import MlflowClient
 
@@ -80,7 +80,8 @@ def pick_sweep(uri: str, experiment: str | None, top: int) -> tuple[str, str, li
         return (0, rank) if rank else (1, -r.data.metrics.get("mean_val_sharpe", float("-inf")))
 
     children.sort(key=key)
-    return parent.info.experiment_id, parent.info.run_id, [(r.info.run_id, r.info.run_name) for r in children[:top]]
+    top_runs = [(r.info.run_id, r.info.run_name) for r in children[:top]]
+    return parent.info.experiment_id, parent.info.run_id, parent.info.run_name, top_runs
 
 
 def free_port() -> int:
@@ -235,6 +236,9 @@ async def take(shots: list[dict], profile: Path, size: tuple[int, int]) -> list[
                     await page.wait_text(s["needles"])
                     await asyncio.sleep(2.0)  # charts and tables settle after their data
                     await page.close_assistant()
+                    for text in s.get("click", ()):  # e.g. the description's "Show more"
+                        await page.click_text("button, a, span", text)
+                        await asyncio.sleep(1.0)
                     if s.get("columns"):
                         chosen = await choose_columns(page, s["columns"])
                         notes.append(f"{s['out'].name}: columns toggled: {', '.join(chosen) or 'none found'}")
@@ -279,7 +283,7 @@ def main(argv=None) -> int:
             subprocess.run([*cmd, "--storage", str(tmp / "run"), "--tracking-uri", uri], cwd=tmp, check=True)
         if not uri.startswith("sqlite:///") or not Path(uri[len("sqlite:///") :]).is_file():
             sys.exit(f"mlflow_screenshot: error: {uri}: not an existing sqlite store")
-        eid, parent_id, top = pick_sweep(uri, args.experiment, args.top)
+        eid, parent_id, parent_name, top = pick_sweep(uri, args.experiment, args.top)
         names, ids = [n for _, n in top], [r for r, _ in top]
         port = free_port()
         base = f"http://127.0.0.1:{port}"
@@ -287,7 +291,7 @@ def main(argv=None) -> int:
         shots = [
             {
                 "url": f"{base}/#/experiments/{eid}?workflowType=machine_learning",
-                "needles": ["Runs"],
+                "needles": [parent_name, "matching runs"],
                 "out": out / "mlflow_landing.png",
                 "what": "the experiment in MLflow's machine-learning view",
             },
@@ -307,6 +311,7 @@ def main(argv=None) -> int:
             {
                 "url": run_url(base, eid, parent_id),
                 "needles": ["best_test_sharpe", "verdict"],
+                "click": ["Show more"],
                 "out": out / "mlflow_summary.png",
                 "what": "the sweep's parent run: its summary and verdict metrics",
             },

@@ -357,6 +357,18 @@ def test_interrupt_then_resume(tmp_path):
     check_complete_sweep(tmp_path, 4)
     # a resumed trial continues after its last reported fold: no fold is trained twice
     assert folds.read_text().count("\n") == 4 * 2
+    # --resume once more: the sweep finished, so it says so, exit 0, before Ray, touching nothing
+    run_dir = tmp_path / "runs/t"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    (parent,), _, client = store(tmp_path)
+    t0 = time.time()
+    done = cli(["--experiment", exp, "--resume"], env, tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]
+    assert done.stdout.startswith(f"nothing to resume: the sweep in {run_dir} finished at "), done.stdout
+    assert "profile" not in done.stdout and time.time() - t0 < 30
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    again = client.get_run(parent.info.run_id)
+    assert again.data.metrics == parent.data.metrics and again.info.end_time == parent.info.end_time
 
 
 @pytest.mark.slow

@@ -347,7 +347,7 @@ def default_experiment() -> str:
     """experiments/default.yaml of the cwd, else the one beside this package's checkout."""
     if Path(DEFAULT_EXPERIMENT).exists():
         return DEFAULT_EXPERIMENT
-    beside = Path(__file__).resolve().parents[1] / DEFAULT_EXPERIMENT
+    beside = Path(__file__).resolve().parents[2] / DEFAULT_EXPERIMENT  # fxray/rl/ -> the checkout
     return str(beside) if beside.exists() else DEFAULT_EXPERIMENT
 
 

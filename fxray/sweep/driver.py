@@ -99,7 +99,11 @@ def validate(args, import_s: float = 0.0) -> Plan:
             f"--set: {storage} holds a sweep whose config its first round fixed; "
             "use --storage DIR for a new sweep (--trials/--seed extend this one)"
         )
-    if sweep and getattr(args, "tracking_uri", None) and os.environ["MLFLOW_TRACKING_URI"] != sweep["mlflow"]["uri"]:
+    if (
+        sweep
+        and getattr(args, "tracking_uri", None)
+        and os.environ.get("MLFLOW_TRACKING_URI") != sweep["mlflow"]["uri"]
+    ):
         raise UsageError(f"--tracking-uri: this sweep logs to {sweep['mlflow']['uri']}; drop --tracking-uri")
     overrides.update(expmod.set_overrides(sets, file) if sets else {})
     same = same_trials(args, storage, sweep, overrides)
