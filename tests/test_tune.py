@@ -86,8 +86,10 @@ def check_complete_sweep(tmp_path, n_trials):
     assert len(trial_ids) == n_trials
     for run in children:
         assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent_id
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
+        # one point per fold (fold_time_s: every fold logs it; a window Sharpe that is undefined is not logged)
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "fold_time_s")]
         assert sorted(steps) == [0, 1], steps
+        assert {m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")} <= {0, 1}
         assert "lr" in run.data.params and run.data.params["epochs"] == "2"
         assert run.data.tags["fxray.dataset_hash"] and json.loads(run.data.tags["fxray.folds"])
         assert run.data.tags["fxray.seed"] == "0" and Path(run.data.tags["fxray.data_path"]).is_file()
@@ -134,6 +136,11 @@ def test_sweep_on_logical_gpus(tmp_path):
     assert "Actor STARTED" not in out.stdout + out.stderr
     assert out.stdout.count(" fold 2/2: ") == 4 and "top 4 of 4 trials" in out.stdout
     assert "mlflow ui --backend-store-uri" in out.stdout
+    assert f"judge it further: fxray compare t --tracking-uri {env['MLFLOW_TRACKING_URI']}" in out.stdout
+    assert "the trials, best first:" in out.stdout and "#/experiments/" in out.stdout
+    # the libraries' noise is kept out without --verbose (fxray/sweep/logs.py)
+    for noise in ("Token authentication", "core_worker.cc", "A new study created", "Creating initial MLflow"):
+        assert noise not in out.stderr, noise
     results = check_complete_sweep(tmp_path, 4)
     assert json.loads((tmp_path / "out.json").read_text()) == results
     workers = results["workers"]
@@ -255,9 +262,11 @@ def test_a_lone_trial_spreads_its_folds_over_the_idle_workers(tmp_path):
     calls = [c for w in results["workers"] for c in w["calls"] if c[4] != "warmup"]
     assert sorted(c[3] for c in calls) == [0, 1, 2] and all(c[4] == "ok" for c in calls)
     parents, (child,), client = store(tmp_path)  # each fold reached MLflow once, in order
-    history = client.get_metric_history(child.info.run_id, "val_sharpe")
+    history = client.get_metric_history(child.info.run_id, "fold_time_s")
+    assert sorted(m.step for m in history) == [f["fold"] for f in trial["folds"]]
+    history = client.get_metric_history(child.info.run_id, "val_sharpe")  # an undefined (0.0) one is not logged
     assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
-        (f["fold"], f["val"]["sharpe"]) for f in trial["folds"]
+        (f["fold"], f["val"]["sharpe"]) for f in trial["folds"] if f["val"]["sharpe"] != 0.0
     ]
 
 

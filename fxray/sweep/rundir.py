@@ -51,7 +51,7 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
         raise UsageError(f"{storage}: no sweep to resume (no sweep.json); run without --resume")
     if sweep is None:
         return file, storage, None
-    if args.resume and sweep["rounds"][-1]["done"]:  # before Ray or anything else starts
+    if args.resume and sweep["rounds"][-1]["done"] and not getattr(args, "same_trials", None):  # before Ray starts
         raise NothingToResume(
             f"nothing to resume: the sweep in {storage} finished at {finished_at(storage, sweep['rounds'][-1])} "
             f"(results: {storage / 'results.json'}; run without --resume to extend it)"
