@@ -142,19 +142,38 @@ def write_positions(path: Path, ts: np.ndarray, position: np.ndarray) -> None:
             os.unlink(tmp)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fxray backtest", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--policy", metavar="DIR", required=True, type=Path, help="a bundle directory (python -m fxray.export)"
+    )
+    p.add_argument(
+        "--data", metavar="FXCACHE", required=True, type=Path, help="an fxcache (python -m fxray.data build)"
+    )
+    p.add_argument(
+        "--window",
+        metavar="all|val|test",
+        default="all",
+        help="all (default), or val / test: the bundle's last fold's window",
+    )
+    p.add_argument(
+        "--from", metavar="TIME", dest="start", help="first bar close time to include (UTC, e.g. 2017-04-03)"
+    )
+    p.add_argument("--to", metavar="TIME", dest="end", help="bars closing before this time (UTC)")
+    p.add_argument(
+        "--cost", metavar="COST", type=float, help="cost per unit of position change (default: the bundle's)"
+    )
+    p.add_argument(
+        "--engine", metavar="torch|onnxruntime", default="torch", help="torch (CPU or GPU) or onnxruntime (CPU)"
+    )
+    p.add_argument("--device", metavar="DEVICE", default="auto", help="cpu, cuda, cuda:N or auto (engine torch)")
+    p.add_argument("--json", metavar="PATH", type=Path, help="write the report as JSON here")
+    p.add_argument("--positions", metavar="CSV", type=Path, help="write ts,position per bar as CSV here")
+    return p
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fxray.backtest", description=__doc__.splitlines()[0])
-    p.add_argument("--policy", required=True, type=Path, help="a bundle directory (python -m fxray.export)")
-    p.add_argument("--data", required=True, type=Path, help="an fxcache (python -m fxray.data build)")
-    p.add_argument("--window", default="all", help="all (default), or val / test: the bundle's last fold's window")
-    p.add_argument("--from", dest="start", help="first bar close time to include (UTC, e.g. 2017-04-03)")
-    p.add_argument("--to", dest="end", help="bars closing before this time (UTC)")
-    p.add_argument("--cost", type=float, help="cost per unit of position change (default: the bundle's)")
-    p.add_argument("--engine", default="torch", help="torch (CPU or GPU) or onnxruntime (CPU)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (engine torch)")
-    p.add_argument("--json", type=Path, help="write the report as JSON here")
-    p.add_argument("--positions", type=Path, help="write ts,position per bar as CSV here")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         with torch.no_grad():
             out = run(args)

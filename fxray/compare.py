@@ -1,8 +1,8 @@
 """Compare sweeps logged in MLflow, and say whether each one's best trial is better than luck.
 
-    python -m fxray.compare                                   # every fxray sweep in ./mlflow.db
-    python -m fxray.compare smoke default --tracking-uri sqlite:///$PWD/mlflow.db --json compare.json
-    python -m fxray.compare smoke --out compare/ --no-log     # PNGs only on disk
+    fxray compare                                   # every fxray sweep in ./mlflow.db
+    fxray compare smoke default --tracking-uri sqlite:///$PWD/mlflow.db --json compare.json
+    fxray compare smoke --out compare/ --no-log     # PNGs only on disk
 
 Per experiment (its latest sweep, i.e. parent run): the trials, the best trial (the one
 the sweep picked: the highest score, the pooled val Sharpe of the folds it ran, among
@@ -120,7 +120,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from fxray.track.records import FoldRecord
-    from fxray.track.report import equity_png
+    from fxray.track.report import plot_equity
 
     out.mkdir(parents=True, exist_ok=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -129,7 +129,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
     # per-fold Sharpe of each best trial: test bars, val dots, buy-and-hold dashes (one colour each)
     fig, ax = plt.subplots(figsize=(10, 4.2))
     width = min(0.8 / len(sums), 0.3)
-    values = []
+    values, points = [], []  # points: (x, value, colour) of every marker and bar
     for i, s in enumerate(sums):
         rows = s["best"]["folds"]
         x = np.array([r["fold"] for r in rows]) + (i - (len(sums) - 1) / 2) * width
@@ -138,16 +138,33 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
         val = [r["val_sharpe"] if r["val_sharpe"] is not None else np.nan for r in rows]
         bh = [r["bh_test_sharpe"] if r["bh_test_sharpe"] is not None else np.nan for r in rows]
         values += test + val + bh
+        points += [(xi, v, c) for series in (test, val, bh) for xi, v in zip(x, series)]
         ax.bar(x, test, width, color=c, alpha=0.85, label=f"{s['experiment']} test")
+        for xi, v in zip(x, test):  # undefined (a flat window, < 2 days): said, not drawn as 0
+            if not np.isfinite(v):
+                ax.annotate("n/a", (xi, 0), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
         ax.plot(x, val, "o", color=c, mec="k", label=f"{s['experiment']} val")
         ax.plot(x, bh, "_", color=c, ms=14, mew=2.5, label=f"{s['experiment']} buy & hold (test)")
     limits = robust_limits(values)
     if limits:
         ax.set_ylim(*limits)
-        clipped = [v for v in values if np.isfinite(v) and not limits[0] <= v <= limits[1]]
+        # every value beyond the axis: a marker at the edge with its value, so none is hidden
+        clipped = [(x, v, c) for x, v, c in points if np.isfinite(v) and not limits[0] <= v <= limits[1]]
+        for x, v, c in clipped:
+            edge = limits[1] if v > limits[1] else limits[0]
+            ax.plot(x, edge, "^" if v > 0 else "v", color=c, mec="k", ms=9, clip_on=False, zorder=5)
+            ax.annotate(
+                f"{v:+.0f}",
+                (x, edge),
+                xytext=(0, -18 if v > 0 else 9),
+                textcoords="offset points",
+                ha="center",
+                fontsize=8,
+                fontweight="bold",
+            )
         if clipped:
             ax.annotate(
-                f"{len(clipped)} value(s) beyond the axis (max |{max(map(abs, clipped)):.0f}|)",
+                f"{len(clipped)} value(s) beyond the axis, marked at its edge (the axis keeps the 5-95 % range)",
                 (0.01, 0.02),
                 xycoords="axes fraction",
                 fontsize=8,
@@ -160,40 +177,36 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
         ylabel="Sharpe of one window (annualised)",
         title="best trial of each sweep, per fold (one window is noise: see the pooled numbers)",
     )
-    ax.legend(fontsize=7, ncol=len(sums), loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    ax.legend(fontsize=8.5, ncol=len(sums), loc="upper center", bbox_to_anchor=(0.5, -0.15))
     fig.tight_layout()
     fig.savefig(paths[0], dpi=110)
     plt.close(fig)
     # equity of each best trial over its test windows, dated, beside the references
-    with tempfile.TemporaryDirectory() as tmp:
-        parts = []
-        for e, s in zip(exps, sums):
-            best = next(t for t in e["trials"] if t["trial_id"] == s["best"]["trial_id"])
-            part = Path(tmp) / f"{len(parts)}.png"
-            equity_png(
-                part,
-                [FoldRecord.from_flat(f) for f in best["folds"]],
-                f"{e['name']}: best {s['best']['run_name']}, test windows (out of sample)",
-            )
-            parts.append(plt.imread(part))
-        fig, axes = plt.subplots(len(parts), 1, figsize=(10, 4.2 * len(parts)), squeeze=False)
-        for ax, img in zip(axes[:, 0], parts):
-            ax.imshow(img)
-            ax.axis("off")
-        fig.tight_layout()
-        fig.savefig(paths[1], dpi=110)
-        plt.close(fig)
+    fig, axes = plt.subplots(len(exps), 1, figsize=(10, 4.2 * len(exps)), squeeze=False)
+    for ax, e, s in zip(axes[:, 0], exps, sums):
+        best = next(t for t in e["trials"] if t["trial_id"] == s["best"]["trial_id"])
+        plot_equity(
+            ax,
+            [FoldRecord.from_flat(f) for f in best["folds"]],
+            f"{e['name']}: best {s['best']['run_name']}, test windows (out of sample)",
+        )
+    for ax in axes[:, 0]:  # each panel its own dates (sweeps may cover other data): labels on all
+        ax.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=110)
+    plt.close(fig)
     # Optuna's fANOVA importance of the searched hyperparameters for the score
-    fig, axes = plt.subplots(1, len(exps), figsize=(4.5 * len(exps), 3), squeeze=False)
-    for ax, e in zip(axes[0], exps):
+    fig, axes = plt.subplots(1, len(exps), figsize=(4.8 * len(exps), 3.2), squeeze=False)
+    for i, (ax, e) in enumerate(zip(axes[0], exps)):
         imp = importance(e)
         if imp:
             names = list(imp)[::-1]
-            ax.barh(names, [imp[n] for n in names], color="tab:blue")
+            ax.barh(names, [imp[n] for n in names], color=colors[i % len(colors)])  # the experiment's colour
             ax.set_xlim(0, 1)
         else:
             ax.text(0.5, 0.5, "n/a: needs >= 2 trials\nand a searched parameter", ha="center", va="center")
-        ax.set_title(f"{e['name']}: importance for the score (Optuna fANOVA)", fontsize=9)
+        n_ok = sum(t["status"] == "ok" for t in e["trials"])
+        ax.set_title(f"{e['name']}: importance for the score\n(Optuna fANOVA over {n_ok} trials)", fontsize=10)
     fig.tight_layout()
     fig.savefig(paths[2], dpi=100)
     plt.close(fig)
@@ -294,10 +307,11 @@ def run(args) -> dict:
     return result
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m fxray.compare",
+        prog="fxray compare",
         description=__doc__.split("\n\n")[0],
+        epilog="examples:\n" + __doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -312,6 +326,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="compare", metavar="DIR", help="directory for the PNGs (default ./compare)")
     p.add_argument("--no-log", action="store_true", help="do not log the PNGs to the sweeps' parent runs")
     p.add_argument("--json", metavar="PATH", help="write the numbers here")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     from mlflow.exceptions import MlflowException
 

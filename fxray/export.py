@@ -65,16 +65,28 @@ def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
     return candidates, source
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fxray.export", description=__doc__.splitlines()[0])
-    p.add_argument("source", help="an MLflow trial run id, a fold<k>.safetensors, or a directory of them")
-    p.add_argument("--out", required=True, type=Path, help="the bundle directory to write")
-    p.add_argument("--model", default="last", help=f"which network(s): {', '.join(MODELS)} (default last)")
-    p.add_argument("--data", type=Path, help="the fxcache it was trained on (default: the run's data file)")
-    p.add_argument("--tracking-uri", help="MLflow store of RUN_ID (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fxray export", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "source", metavar="RUN_ID|PATH", help="an MLflow trial run id, a fold<k>.safetensors, or a directory of them"
+    )
+    p.add_argument("--out", metavar="DIR", required=True, type=Path, help="the bundle directory to write")
+    p.add_argument(
+        "--model", metavar="WHICH", default="last", help=f"which network(s): {', '.join(MODELS)} (default last)"
+    )
+    p.add_argument(
+        "--data", metavar="FXCACHE", type=Path, help="the fxcache it was trained on (default: the run's data file)"
+    )
+    p.add_argument(
+        "--tracking-uri", metavar="URI", help="MLflow store of RUN_ID (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)"
+    )
     p.add_argument("--force", action="store_true", help="replace an existing --out")
-    p.add_argument("--json", type=Path, help="also write the manifest here")
-    args = p.parse_args(argv)
+    p.add_argument("--json", metavar="PATH", type=Path, help="also write the manifest here")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         manifest = export(args)
     except (ValueError, OSError) as e:

@@ -144,16 +144,24 @@ def stream(args, policy: Policy, out) -> dict:
     }
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fxray live", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--policy", metavar="DIR", required=True, type=Path, help="a bundle directory (python -m fxray.export)"
+    )
+    p.add_argument("--bars", metavar="PATH|-", required=True, type=Path, help="a bar file, or - for stdin (csv)")
+    p.add_argument(
+        "--format", metavar="FORMAT", default="csv", help="csv (strict, default), histdata, lean, parquet, auto"
+    )
+    p.add_argument("--tz", metavar="ZONE", help="time zone of naive times (default UTC; histdata: its own Etc/GMT+5)")
+    p.add_argument("--engine", metavar="ENGINE", default="numpy", help=f"the Q-network's engine: {', '.join(ENGINES)}")
+    p.add_argument("--out", metavar="PATH", type=Path, help="write the positions here (default stdout)")
+    p.add_argument("--json", metavar="PATH", type=Path, help="write the loop's summary (bars, positions, latency) here")
+    return p
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fxray.live", description=__doc__.splitlines()[0])
-    p.add_argument("--policy", required=True, type=Path, help="a bundle directory (python -m fxray.export)")
-    p.add_argument("--bars", required=True, type=Path, help="a bar file, or - for stdin (csv)")
-    p.add_argument("--format", default="csv", help="csv (strict, default), histdata, lean, parquet, auto")
-    p.add_argument("--tz", help="time zone of naive times (default UTC; histdata: its own Etc/GMT+5)")
-    p.add_argument("--engine", default="numpy", help=f"the Q-network's engine: {', '.join(ENGINES)}")
-    p.add_argument("--out", type=Path, help="write the positions here (default stdout)")
-    p.add_argument("--json", type=Path, help="write the loop's summary (bars, positions, latency) here")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     tmp = None
     try:
         policy = Policy(args.policy, engine=args.engine)

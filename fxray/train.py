@@ -1,17 +1,18 @@
 """Train one DQN config over every walk-forward fold, with no Ray.
 
-    python -m fxray.train                                  # embedded synthetic market
-    python -m fxray.train --data eurusd.fxcache --epochs 3 --folds 0,1 --device cuda
-    python -m fxray.train --set lr=1e-3 --set hidden=128 --json result.json
+    fxray train                                  # embedded synthetic market
+    fxray train --data eurusd.fxcache --epochs 3 --folds 0,1 --device cuda
+    fxray train --set lr=1e-3 --set hidden=128 --json result.json
     # tiny CPU run (seconds):
-    python -m fxray.train --synth-bars 60000 --set steps_per_epoch=50 --epochs 2 --folds 0
+    fxray train --synth-bars 60000 --set steps_per_epoch=50 --epochs 2 --folds 0
     # re-train a sweep's trial from MLflow (config, folds, data hash, seed) and check its Sharpe:
-    python -m fxray.train --from-run 20ed2998c1e44394887c65ed43ac6c64 --device cpu
+    fxray train --from-run 20ed2998c1e44394887c65ed43ac6c64 --device cpu
 
 A line per epoch (loss, val Sharpe, epoch time), then a per-fold table: val and
 test Sharpe of the selected epoch against buy-and-hold and flat on the test window.
 With --from-run, also the logged against the reproduced per-fold Sharpe (exit 1 if they
 differ by more than --tolerance; 0 = bitwise, what a CPU run gives).
+Also as python -m fxray.train.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def run(args) -> dict:
                 f"{args.from_run} trained on ({origin['dataset_hash']}); pass --data with that file"
             )
         folds = origin["folds"]
-        chosen = [k for k in parse_folds(args.folds, len(folds)) if k in origin["logged"]["val_sharpe"]]
+        chosen = [k for k in parse_folds(args.folds, len(folds)) if k in origin["logged"]["fold_time_s"]]
     else:
         folds = make_folds(market.ts, spec)
         chosen = parse_folds(args.folds, len(folds))
@@ -227,7 +228,12 @@ def load_run(args) -> dict:
             "pass --data with a copy of it"
         )
     folds = [Fold(k, tuple(tr), tuple(va), tuple(te)) for k, tr, va, te in json.loads(tags["fxray.folds"])]
-    logged = {m: {p.step: p.value for p in client.get_metric_history(run_id, m)} for m in ("val_sharpe", "test_sharpe")}
+    # fold_time_s: logged for every fold that ran; a window's Sharpe is not logged where it is
+    # undefined (fxray.track.records.mlflow_metrics), which the trainer reports as 0.0
+    logged = {
+        m: {p.step: p.value for p in client.get_metric_history(run_id, m)}
+        for m in ("val_sharpe", "test_sharpe", "fold_time_s")
+    }
     return {
         "config": config_from_params(run.data.params, run_id),
         "folds": folds,
@@ -273,7 +279,7 @@ def check_reproduced(run_id: str, logged: dict, results: list[dict], tolerance: 
     for r in results:
         k, row = r["fold"]["k"], {"fold": r["fold"]["k"]}
         for w in ("val", "test"):
-            row[f"logged_{w}_sharpe"] = logged[f"{w}_sharpe"].get(k)
+            row[f"logged_{w}_sharpe"] = logged[f"{w}_sharpe"].get(k, 0.0 if k in logged["fold_time_s"] else None)
             row[f"{w}_sharpe"] = float(r[w].get("sharpe", 0.0))
             if row[f"logged_{w}_sharpe"] is None:
                 diff = float("inf")  # a fold whose test Sharpe was never logged cannot be checked
@@ -293,27 +299,43 @@ def check_reproduced(run_id: str, logged: dict, results: list[dict], tolerance: 
     return {"run_id": run_id, "folds": rows, "max_abs_diff": diff, "tolerance": tolerance, "reproduced": ok}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fxray.train", description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, help="an fxcache (default: the experiment's data, else the synthetic market)")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fxray train",
+        description=__doc__.split("\n\n")[0],
+        epilog="examples:\n" + __doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        metavar="FXCACHE",
+        help="an fxcache (default: the experiment's data, else the synthetic market)",
+    )
     p.add_argument(
         "--experiment",
         type=Path,
+        metavar="YAML",
         help="experiment YAML for folds and the base config (default: experiments/default.yaml)",
     )
-    p.add_argument("--epochs", type=int, help="max epochs per fold (overrides the config)")
-    p.add_argument("--folds", help="fold numbers, e.g. 0,2 (default: all)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--epochs", type=int, metavar="N", help="max epochs per fold (overrides the config)")
+    p.add_argument("--folds", metavar="K,K,...", help="fold numbers, e.g. 0,2 (default: all)")
+    p.add_argument("--device", default="auto", metavar="DEVICE", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument(
         "--seed",
         type=int,
+        metavar="INT",
         help="fold k trains with seed + k (default 0; with --from-run: "
         "the run's seed, used for every fold as in the sweep)",
     )
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (fxray/rl/config.py)")
-    p.add_argument("--synth-bars", type=int, help="size of the synthetic market when no --data")
-    p.add_argument("--checkpoint-dir", type=Path, help="write each fold's best weights here (safetensors + JSON)")
-    p.add_argument("--json", type=Path, help="write per-fold metrics, config and timings as JSON")
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a config field, repeatable (fxray/rl/config.py)"
+    )
+    p.add_argument("--synth-bars", type=int, metavar="N", help="size of the synthetic market when no --data")
+    p.add_argument(
+        "--checkpoint-dir", type=Path, metavar="DIR", help="write each fold's best weights here (safetensors + JSON)"
+    )
+    p.add_argument("--json", type=Path, metavar="PATH", help="write per-fold metrics, config and timings as JSON")
     p.add_argument(
         "--from-run",
         metavar="RUN_ID",
@@ -321,14 +343,22 @@ def main(argv=None) -> int:
         "folds, seed and data (content hash checked); compare its per-fold Sharpe",
     )
     p.add_argument(
-        "--tracking-uri", help="MLflow store of --from-run (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)"
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow store of --from-run (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)",
     )
     p.add_argument(
         "--tolerance",
         type=float,
         default=0.0,
+        metavar="X",
         help="--from-run: max |Sharpe difference| that counts as reproduced (default 0: bitwise, as on CPU)",
     )
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.from_run and (args.set or args.epochs is not None or args.experiment or args.synth_bars):
         print(

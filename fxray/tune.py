@@ -1,24 +1,32 @@
 """Sweep hyperparameters over walk-forward folds: Ray Tune + Optuna TPE + ASHA + MLflow.
 
-    python -m fxray.tune --trials 64                                   # the embedded market
-    python -m fxray.tune --experiment experiments/smoke.yaml           # tiny, < 2 min on a CPU
-    python -m fxray.tune --experiment experiments/X.yaml --data X.fxcache --address auto
-    python -m fxray.tune --resume                                      # finish an interrupted sweep
-    python -m fxray.tune --same-trials runs/default/results.json --storage runs/again   # same work again
-    python -m fxray.tune --experiment experiments/smoke.yaml --placebo 4   # + 4 sweeps on signal-free copies
+examples:
+  fxray tune --trials 64                                   # the embedded market
+  fxray tune --experiment experiments/smoke.yaml           # tiny, < 2 min on a CPU
+  fxray tune --experiment experiments/X.yaml --data X.fxcache --address auto
+  fxray tune --experiment experiments/smoke.yaml --set epochs=3 --set sweep.trials=8
+  fxray tune --tracking-uri sqlite:///$PWD/sweeps.db       # MLflow store (default ./mlflow.db)
+  fxray tune --resume                                      # finish an interrupted sweep
+  fxray tune --same-trials runs/default/results.json --storage runs/again   # same work again
+  fxray tune --experiment experiments/smoke.yaml --placebo 4   # + 4 sweeps on signal-free copies
+  (each also as python -m fxray.tune ...)
 
 Each trial is a plain function (fxray/sweep/trial.py) that walks the folds in time order
 on a leased FoldWorker and calls `tune.report` after each fold; the objective is the
-running mean of val Sharpe (comparable across fold counts, as ASHA stops trials early).
-The driver is fxray/sweep/driver.py; the run directory (default ./runs/<experiment
-name>), resume, extension rounds and the MLflow layout are described in docs/tune.md.
+pooled val Sharpe of the folds it ran (comparable across fold counts, as ASHA stops
+trials early). The driver is fxray/sweep/driver.py; the run directory (default
+./runs/<experiment name>), resume, extension rounds and the MLflow layout are
+described in docs/tune.md. The sweep ends with its verdict, the `fxray compare`
+command and the MLflow URLs that open on its runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
 _T_IMPORT = time.time()
 import ray  # noqa: E402, F401  (before the clock: Ray and Tune's import is not the run's)
@@ -29,32 +37,56 @@ from fxray.rl import experiment as expmod  # noqa: E402
 from fxray.rl.config import ConfigError  # noqa: E402
 from fxray.sweep.cluster import ClusterError, ObjectStoreError  # noqa: E402
 from fxray.sweep.driver import sweep_run  # noqa: E402
-from fxray.sweep.rundir import UsageError  # noqa: E402
+from fxray.sweep.logs import quiet  # noqa: E402
+from fxray.sweep.rundir import NothingToResume, UsageError  # noqa: E402
 
 IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
 USER_ERRORS = (expmod.ExperimentError, UsageError, CacheError, FoldError, ConfigError, ObjectStoreError, ClusterError)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m fxray.tune",
+        prog="fxray tune",
         description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--experiment", help=f"experiment YAML (default {expmod.DEFAULT_EXPERIMENT})")
-    p.add_argument("--data", help="an fxcache; overrides the experiment's data.path")
-    p.add_argument("--trials", type=positive_int, help="trials to run (default: the file's sweep.trials)")
-    p.add_argument("--seed", type=int, help="TPE sampler and training seed (default: sweep.seed)")
-    p.add_argument("--workers-per-gpu", type=positive_int, help="FoldWorkers per GPU (num_gpus = 1/K each)")
+    p.add_argument("--experiment", metavar="YAML", help=f"experiment file (default {expmod.DEFAULT_EXPERIMENT})")
+    p.add_argument("--data", metavar="FXCACHE", help="an fxcache; overrides the experiment's data.path")
+    p.add_argument("--trials", type=positive_int, metavar="N", help="trials to run (default: the file's sweep.trials)")
+    p.add_argument("--seed", type=int, metavar="INT", help="TPE sampler and training seed (default: sweep.seed)")
     p.add_argument(
-        "--cpu-workers", type=positive_int, help="FoldWorkers on a cluster without GPUs (default: one per CPU)"
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override the experiment file, repeatable: a config field (epochs=3, lr=1e-3: the "
+        "algorithm's section) or a dotted key (sweep.grace_folds=2, folds.max_folds=2); YAML values",
     )
-    p.add_argument("--name", help="MLflow experiment and run-directory name (default: the file's name)")
-    p.add_argument("--storage", help="run directory (default: ./runs/<name>)")
-    p.add_argument("--resume", action="store_true", help="finish the interrupted sweep in --storage")
-    p.add_argument("--address", help="join a running Ray cluster ('auto'); default: start one here")
-    p.add_argument("--num-cpus", type=positive_int, help="local Ray: logical CPUs (default: all)")
-    p.add_argument("--num-gpus", type=int, help="local Ray: logical GPUs (default: detected)")
+    p.add_argument(
+        "--workers-per-gpu", type=positive_int, metavar="K", help="FoldWorkers per GPU (num_gpus = 1/K each)"
+    )
+    p.add_argument(
+        "--cpu-workers",
+        type=positive_int,
+        metavar="N",
+        help="FoldWorkers on a cluster without GPUs (default: one per CPU)",
+    )
+    p.add_argument("--name", metavar="NAME", help="MLflow experiment and run-directory name (default: the file's name)")
+    p.add_argument("--storage", metavar="DIR", help="run directory (default: ./runs/<name>)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish the interrupted sweep in --storage (a finished one: says so, exit 0, touches nothing)",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow store of a new sweep (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db); "
+        "a sweep that exists keeps its own",
+    )
+    p.add_argument("--address", metavar="ADDR", help="join a running Ray cluster ('auto'); default: start one here")
+    p.add_argument("--num-cpus", type=positive_int, metavar="N", help="local Ray: logical CPUs (default: all)")
+    p.add_argument("--num-gpus", type=int, metavar="N", help="local Ray: logical GPUs (default: detected)")
     p.add_argument(
         "--profile",
         choices=("auto", "gpu", "cpu"),
@@ -74,8 +106,26 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="then run the same search N times on placebo copies of the data (returns sign-randomised, "
         "features as they are) and rank the real best among them (docs/tune.md)",
     )
-    p.add_argument("--json", help="write per-trial, per-fold results here")
-    return p.parse_args(argv)
+    p.add_argument("--json", metavar="PATH", help="write per-trial, per-fold results here")
+    p.add_argument(
+        "--verbose", action="store_true", help="show Ray's, Tune's, Optuna's and MLflow's own INFO lines and warnings"
+    )
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def apply_flags(args) -> None:
+    """--tracking-uri and --verbose become the environment the driver, the MLflow writer
+    and Ray's processes read (a relative sqlite path is made absolute: Tune moves cwd)."""
+    if args.tracking_uri:
+        uri = args.tracking_uri
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+            uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).absolute())
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+    quiet(args.verbose)
 
 
 def positive_int(text: str) -> int:
@@ -88,11 +138,15 @@ def positive_int(text: str) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        apply_flags(args)
         if args.placebo:
             from fxray.sweep.placebo import sweep_with_placebos
 
             return sweep_with_placebos(args, IMPORT_S)
         return sweep_run(args, IMPORT_S)
+    except NothingToResume as e:
+        print(e)
+        return 0
     except USER_ERRORS as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"fxray.tune: error: {msg}", file=sys.stderr)

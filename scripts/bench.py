@@ -1,8 +1,13 @@
 """fxray benchmarks: data path and the fold trainer, printed as one table.
 
-    python scripts/bench.py                          # everything, sizes of the issue goals
+    python scripts/bench.py                          # everything, sized to the device (see below)
     python scripts/bench.py --sections trainer --device cuda --json bench.json
     python scripts/bench.py --bars 100000 --val-bars 20000 --steps 20 --envs 256 --batch 1024   # CPU smoke
+
+Sizes: on a GPU the issue goals' sizes (GPU_SIZES: 4M bars, batch 8192, 4096 envs, ...); on a
+CPU the smoke sizes (CPU_SIZES: ~a minute on 2 cores), since the GPU sizes take tens of minutes
+there. A size given as a flag wins. Each result is printed as it is measured (stderr), the table
+at the end (stdout).
 
 Rows (goals from the issues, for one H200):
   data    open+validate of an N-bar fxcache (<= 50 ms), feature build (>= 1M bars/s, one core),
@@ -34,6 +39,29 @@ from fxray.data.folds import Fold  # noqa: E402
 from fxray.rl.config import DQNConfig  # noqa: E402
 from fxray.rl.device import DeviceData  # noqa: E402
 from fxray.rl.trainer import Trainer  # noqa: E402
+
+GPU_SIZES = dict(bars=4_000_000, val_bars=500_000, steps=488, batch=8192, envs=4096, epochs=3)
+CPU_SIZES = dict(bars=100_000, val_bars=20_000, steps=20, batch=1024, envs=256, epochs=2)
+T0 = time.perf_counter()
+
+
+def say(text: str) -> None:
+    """Progress on stderr: the table is for stdout."""
+    print(f"[bench {time.perf_counter() - T0:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+class ProgressRows(list):
+    """The result rows; each one is also said as it is measured."""
+
+    def append(self, row) -> None:
+        section, what, value, unit, _ = row
+        say(
+            f"{section}: {what}: {value:.4g} {unit}"
+            if isinstance(value, (int, float))
+            else f"{section}: {what}: {value}"
+        )
+        super().append(row)
+
 
 SB3_ENV_STEPS_S = 9.1e3  # Stable-Baselines3 DQN, same problem, same H200 (issue 3)
 SB3_GRAD_SAMPLES_S = 1.13e6
@@ -229,25 +257,43 @@ def profile_step(trainer: Trainer, out: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", default="data,trainer")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--bars", type=int, default=4_000_000)
-    p.add_argument("--val-bars", type=int, default=500_000)
-    p.add_argument("--steps", type=int, default=488, help="learner steps per epoch")
-    p.add_argument("--batch", type=int, default=8192)
-    p.add_argument("--envs", type=int, default=4096)
-    p.add_argument("--n-step", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--cache", type=Path, help="reuse this fxcache instead of generating one")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--profile", type=Path, help="write a kernel table of 20 eager steps here")
+    p.add_argument("--sections", default="data,trainer", metavar="LIST", help="data, upload, trainer (comma-separated)")
+    p.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", metavar="DEVICE", help="cpu or cuda"
+    )
+    p.add_argument("--bars", type=int, metavar="N", help="bars of the benchmark market (default: by device)")
+    p.add_argument("--val-bars", type=int, metavar="N", help="bars of the val backtest (default: by device)")
+    p.add_argument("--steps", type=int, metavar="N", help="learner steps per epoch (default: by device)")
+    p.add_argument("--batch", type=int, metavar="N", help="learner batch (default: by device)")
+    p.add_argument("--envs", type=int, metavar="N", help="agents stepped per learner step (default: by device)")
+    p.add_argument("--n-step", type=int, default=3, metavar="N", help="n-step return (default 3)")
+    p.add_argument("--epochs", type=int, metavar="N", help="epochs per fold (default: by device)")
+    p.add_argument("--cache", type=Path, metavar="FXCACHE", help="reuse this fxcache instead of generating one")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON here")
+    p.add_argument("--profile", type=Path, metavar="PATH", help="write a kernel table of 20 eager steps here")
     p.add_argument("--compile", action="store_true", help="also measure graphs + torch.compile'd loss")
     args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(
+            "bench: error: --device cuda: no CUDA device here; drop --device (CPU sizes) or run on a GPU",
+            file=sys.stderr,
+        )
+        return 2
+    sizes = GPU_SIZES if args.device.startswith("cuda") else CPU_SIZES
+    for k, v in sizes.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    say(
+        f"device {args.device}: {'GPU' if sizes is GPU_SIZES else 'CPU'} sizes "
+        + ", ".join(f"{k}={getattr(args, k):,}" for k in sizes)
+        + ("" if sizes is GPU_SIZES else " (the GPU goals' sizes need --device cuda on a GPU machine)")
+    )
     sections = set(args.sections.split(","))
-    rows: list[tuple] = []
+    rows: list[tuple] = ProgressRows()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.cache
         if "data" in sections:
+            say("data: synth 1M bars, features, fxcache write and open")
             path = bench_data(args, rows, Path(tmp))
         if path is None:
             from fxray.data.synth import SynthSpec, to_cache
@@ -257,6 +303,7 @@ def main(argv=None) -> int:
         if "upload" in sections:
             bench_upload(args, rows, path)
         if "trainer" in sections:
+            say(f"trainer: {args.epochs} epochs x {args.steps} steps per variant, two folds each")
             bench_trainer(args, rows, path)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     print(

@@ -1,19 +1,30 @@
-"""Screenshot MLflow's own view of a sweep: its child runs' val_sharpe per fold (step = fold).
+"""Screenshot MLflow's own views of a sweep, as a person opening the URLs the sweep printed sees them.
 
     python scripts/mlflow_screenshot.py                                  # ./mlflow.db, its latest fxray sweep
     python scripts/mlflow_screenshot.py --tracking-uri sqlite:///$PWD/mlflow.db --experiment smoke
     python scripts/mlflow_screenshot.py --sweep experiments/smoke.yaml   # sweep into a temp store first
 
-Starts `mlflow ui` on 127.0.0.1 (a free port) over the sqlite store, opens the metric page
-of the sweep's best child runs (the page MLflow's compare view links to, x axis = step) in
-headless Chromium, checks in the rendered DOM that every chosen run and the metric are on
-the page, saves the PNG (default docs/mlflow_compare.png), and stops the server.
+Starts `mlflow ui` on 127.0.0.1 (a free port) over the sqlite store, drives headless
+Chromium over the DevTools protocol (aiohttp's websocket client, a dependency of Ray),
+and saves, under --out-dir (default docs/):
+
+    mlflow_landing.png   the experiment URL with workflowType=machine_learning: the runs view
+                         (not the GenAI traces dashboard MLflow 3.17 opens on), the sweep's parent
+    mlflow_runs.png      the sweep's trials, best first (fxray.track.links.runs_url: children of the
+                         parent, ordered by the fxray.rank tag), with the score / Sharpe columns
+    mlflow_fold_chart.png  val Sharpe per fold (step = fold k) of the top trials (metric_url)
+    mlflow_summary.png   the parent run's page: its description is the sweep's last screen
+
+Each page is checked in the rendered DOM (the runs and the metric it must show) before its
+shot; MLflow's assistant side panel is closed first (it takes a quarter of the screen).
 Needs Debian's chromium: `apt-get update && apt-get install -y chromium`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
 import json
 import os
 import shutil
@@ -23,11 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
-MAX_BYTES = 500_000  # keep the committed PNG small
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fxray.track.links import RANK_TAG, compare_url, metric_url, run_url, runs_url  # noqa: E402
+
+MAX_BYTES = 300_000  # keep each committed PNG small
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -37,13 +51,17 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1600,1000",
-    "--virtual-time-budget=30000",
+    "--hide-scrollbars",
+    "--remote-debugging-port=0",
 ]
+# the table columns a quant reads first (clicked on in MLflow's column selector, as a user would)
+# (and the empty attribute columns of a sweep's trials unticked: clicking a ticked one hides it)
+RUN_COLUMNS = ("Dataset", "Source", "Models", "score", "mean_val_sharpe", "mean_test_sharpe", "folds_done", RANK_TAG)
 
 
-def pick_runs(uri: str, experiment: str | None, top: int) -> tuple[str, str, list]:
-    """(experiment id, parent run id, [(run id, name)]) of the latest sweep's `top` trials by mean val Sharpe."""
+def pick_sweep(uri: str, experiment: str | None, top: int) -> tuple[str, str, str, list]:
+    """(experiment id, parent run id, its name, [(run id, name)]) of the latest sweep's `top` trials, by the
+    rank the sweep gave them (tag fxray.rank), else by mean val Sharpe (sweeps before the tag)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -55,32 +73,15 @@ def pick_runs(uri: str, experiment: str | None, top: int) -> tuple[str, str, lis
     if not parents:
         sys.exit(f"mlflow_screenshot: error: no fxray sweep in {uri}")
     parent = max(parents, key=lambda r: r.info.start_time)
-    scored = []
-    for r in runs:
-        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id:
-            vals = [m.value for m in client.get_metric_history(r.info.run_id, "val_sharpe")]
-            if vals:
-                scored.append((sum(vals) / len(vals), r.info.run_id, r.info.run_name))
-    scored.sort(reverse=True)
-    return parent.info.experiment_id, parent.info.run_id, [(rid, name) for _, rid, name in scored[:top]]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
 
+    def key(r):
+        rank = r.data.tags.get(RANK_TAG)
+        return (0, rank) if rank else (1, -r.data.metrics.get("mean_val_sharpe", float("-inf")))
 
-def metric_page(base: str, experiment_id: str, run_ids: list, metric: str) -> str:
-    """MLflow's metric page URL (the format of Routes.getMetricPageRoute in its UI)."""
-    q = {
-        "runs": json.dumps(run_ids),
-        "metric": json.dumps(metric),
-        "experiments": json.dumps([experiment_id]),
-        "plot_metric_keys": json.dumps([metric]),
-        "plot_layout": "{}",
-        "x_axis": "step",
-        "y_axis_scale": "linear",
-        "line_smoothness": "1",
-        "show_point": "true",
-        "deselected_curves": "[]",
-        "last_linear_y_axis_range": "[]",
-    }
-    return f"{base}/#/metric?" + urllib.parse.urlencode(q, quote_via=urllib.parse.quote)
+    children.sort(key=key)
+    top_runs = [(r.info.run_id, r.info.run_name) for r in children[:top]]
+    return parent.info.experiment_id, parent.info.run_id, parent.info.run_name, top_runs
 
 
 def free_port() -> int:
@@ -91,26 +92,10 @@ def free_port() -> int:
 
 def start_ui(uri: str, port: int, log) -> subprocess.Popen:
     """`mlflow ui` bound to 127.0.0.1 in its own process group; returns once /health answers."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "ui",
-            "--backend-store-uri",
-            uri,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.time() + 90
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
             sys.exit(f"mlflow_screenshot: error: mlflow ui exited ({proc.returncode}); see {log.name}")
@@ -121,11 +106,11 @@ def start_ui(uri: str, port: int, log) -> subprocess.Popen:
         except OSError:
             time.sleep(0.5)
     stop(proc)
-    sys.exit(f"mlflow_screenshot: error: mlflow ui did not answer on 127.0.0.1:{port} in 90 s")
+    sys.exit(f"mlflow_screenshot: error: mlflow ui did not answer on 127.0.0.1:{port} in 120 s")
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """End the server we started: its process group (mlflow ui runs uvicorn as a child)."""
+    """End a process we started, and its group (mlflow ui runs uvicorn as a child)."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -134,78 +119,211 @@ def stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def chromium(args: list, profile: Path) -> subprocess.CompletedProcess:
+# --- Chromium over the DevTools protocol ---------------------------------------------------
+
+
+class Page:
+    """One tab: `await page("Domain.method", **params)` -> its result; events are skipped."""
+
+    def __init__(self, ws):
+        self.ws, self.next_id = ws, 0
+
+    async def __call__(self, method: str, **params):
+        self.next_id += 1
+        await self.ws.send_json({"id": self.next_id, "method": method, "params": params})
+        while True:
+            msg = await self.ws.receive_json(timeout=60)
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    async def js(self, expression: str):
+        out = await self("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        return out.get("result", {}).get("value")
+
+    async def wait_text(self, needles: list[str], timeout: float = 60) -> None:
+        """Until the page's text holds every needle (the SPA renders after its API calls)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            text = await self.js("document.body ? document.body.innerText : ''") or ""
+            missing = [n for n in needles if n not in text]
+            if not missing:
+                return
+            await asyncio.sleep(0.5)
+        raise RuntimeError(f"the page does not show {', '.join(missing)}")
+
+    async def close_assistant(self) -> None:
+        await self.js(
+            "(() => { const b = document.querySelector("
+            "'[data-component-id=\"mlflow.assistant.chat_panel.close\"]'); if (b) b.click(); })()"
+        )
+
+    async def click_text(self, selector: str, text: str) -> bool:
+        """Click the first `selector` element whose text is exactly `text`."""
+        return bool(
+            await self.js(
+                f"(() => {{ for (const e of document.querySelectorAll({json.dumps(selector)})) "
+                f"if (e.innerText && e.innerText.trim() === {json.dumps(text)}) {{ e.click(); return true; }} "
+                "return false; })()"
+            )
+        )
+
+    async def shot(self, path: Path) -> None:
+        data = await self("Page.captureScreenshot", format="png")
+        path.write_bytes(base64.b64decode(data["data"]))
+
+
+async def choose_columns(page: Page, names: tuple) -> list[str]:
+    """Toggle `names` in the runs table's column selector (the "Columns" button); the names found."""
+    if not await page.click_text("button", "Columns"):
+        return []
+    await asyncio.sleep(1.5)
+    chosen = []
+    for name in names:
+        # each entry of the selector is a tree node: a checkbox, then a span titled with the key
+        ok = await page.js(
+            f"(() => {{ const t = document.querySelector('span[title={json.dumps(name)}]'); if (!t) return false; "
+            "const node = t.closest('[class*=\"-tree-treenode\"]'); "
+            "const box = node && node.querySelector('[class*=\"-tree-checkbox\"]'); "
+            "(box || t).click(); return true; })()"
+        )
+        if ok:
+            chosen.append(name)
+        await asyncio.sleep(0.3)
+    await page("Input.dispatchKeyEvent", type="keyDown", key="Escape", code="Escape", windowsVirtualKeyCode=27)
+    await asyncio.sleep(1.0)
+    return chosen
+
+
+async def take(shots: list[dict], profile: Path, size: tuple[int, int]) -> list[str]:
+    """Open each shot's URL in one headless Chromium tab and save its PNG; returns notes."""
+    import aiohttp
+
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         sys.exit("mlflow_screenshot: error: no chromium (apt-get update && apt-get install -y chromium)")
-    return subprocess.run(
-        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=180
+    proc = subprocess.Popen(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
+    notes = []
+    try:
+        active = profile / "DevToolsActivePort"
+        for _ in range(200):
+            if active.exists() and active.read_text().strip():
+                break
+            time.sleep(0.1)
+        port = int(active.read_text().splitlines()[0])
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/json") as r:
+                targets = await r.json(content_type=None)
+            ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
+            async with http.ws_connect(ws_url, max_msg_size=0) as ws:
+                page = Page(ws)
+                await page("Page.enable")
+                await page(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=size[0],
+                    height=size[1],
+                    deviceScaleFactor=1,
+                    mobile=False,
+                )
+                for s in shots:
+                    await page("Page.navigate", url=s["url"])
+                    await page.wait_text(s["needles"])
+                    await asyncio.sleep(2.0)  # charts and tables settle after their data
+                    await page.close_assistant()
+                    for text in s.get("click", ()):  # e.g. the description's "Show more"
+                        await page.click_text("button, a, span", text)
+                        await asyncio.sleep(1.0)
+                    if s.get("columns"):
+                        chosen = await choose_columns(page, s["columns"])
+                        notes.append(f"{s['out'].name}: columns toggled: {', '.join(chosen) or 'none found'}")
+                        await page.wait_text(s["needles"])
+                    await asyncio.sleep(1.5)
+                    await page.shot(s["out"])
+                    shrink(s["out"])
+                    notes.append(f"wrote {s['out']} ({s['out'].stat().st_size / 1000:.0f} kB): {s['what']}")
+    finally:
+        stop(proc)
+    return notes
 
 
 def shrink(path: Path) -> None:
-    """A 256-colour palette PNG if the screenshot is over MAX_BYTES (UI screenshots have few colours)."""
+    """A 128-colour palette PNG if the screenshot is over MAX_BYTES (UI screenshots have few colours)."""
     if path.stat().st_size > MAX_BYTES:
         from PIL import Image
 
-        Image.open(path).convert("RGB").quantize(256).save(path, optimize=True)
+        Image.open(path).convert("RGB").quantize(128).save(path, optimize=True)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tracking-uri", help="sqlite store (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
-    p.add_argument("--experiment", help="MLflow experiment (default: the one with the latest fxray sweep)")
-    p.add_argument("--sweep", help="first run `python -m fxray.tune --experiment FILE` into a temp store")
-    p.add_argument("--top", type=int, default=8, help="child runs to plot, best mean val Sharpe first")
-    p.add_argument("--metric", default="val_sharpe")
-    p.add_argument("--out", default="docs/mlflow_compare.png")
+    p.add_argument(
+        "--tracking-uri", metavar="URI", help="sqlite store (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)"
+    )
+    p.add_argument("--experiment", metavar="NAME", help="MLflow experiment (default: the one with the latest sweep)")
+    p.add_argument("--sweep", metavar="YAML", help="first run `fxray tune --experiment YAML` into a temp store")
+    p.add_argument("--top", type=int, default=5, metavar="N", help="trials on the per-fold chart, best first")
+    p.add_argument("--metric", default="val_sharpe", metavar="NAME", help="the per-fold metric to chart")
+    p.add_argument("--out-dir", default="docs", metavar="DIR", help="where the PNGs go (default docs/)")
+    p.add_argument("--size", default="1600x1000", metavar="WxH", help="browser window in pixels")
     args = p.parse_args(argv)
-    out = Path(args.out).absolute()
+    out = Path(args.out_dir).absolute()
+    size = tuple(int(v) for v in args.size.lower().split("x"))
     with tempfile.TemporaryDirectory(prefix="fxray-shot-") as tmp:
         tmp = Path(tmp)
         uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
         if args.sweep:
             uri = f"sqlite:///{tmp / 'mlflow.db'}"
-            env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "fxray.tune",
-                    "--experiment",
-                    str(Path(args.sweep).absolute()),
-                    "--storage",
-                    str(tmp / "run"),
-                ],
-                env=env,
-                cwd=tmp,
-                check=True,
-            )
+            cmd = [sys.executable, "-m", "fxray.tune", "--experiment", str(Path(args.sweep).absolute())]
+            subprocess.run([*cmd, "--storage", str(tmp / "run"), "--tracking-uri", uri], cwd=tmp, check=True)
         if not uri.startswith("sqlite:///") or not Path(uri[len("sqlite:///") :]).is_file():
             sys.exit(f"mlflow_screenshot: error: {uri}: not an existing sqlite store")
-        experiment_id, parent_id, runs = pick_runs(uri, args.experiment, args.top)
+        eid, parent_id, parent_name, top = pick_sweep(uri, args.experiment, args.top)
+        names, ids = [n for _, n in top], [r for r, _ in top]
         port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        out.mkdir(parents=True, exist_ok=True)
+        shots = [
+            {
+                "url": f"{base}/#/experiments/{eid}?workflowType=machine_learning",
+                "needles": [parent_name, "matching runs"],
+                "out": out / "mlflow_landing.png",
+                "what": "the experiment in MLflow's machine-learning view",
+            },
+            {
+                "url": runs_url(base, eid, parent_id),
+                "needles": names[:3],
+                "columns": RUN_COLUMNS,
+                "out": out / "mlflow_runs.png",
+                "what": "the sweep's trials, best first",
+            },
+            {
+                "url": metric_url(base, eid, ids, args.metric),
+                "needles": [args.metric, *names],
+                "out": out / "mlflow_fold_chart.png",
+                "what": f"{args.metric} per fold of the top {len(ids)}",
+            },
+            {
+                "url": run_url(base, eid, parent_id),
+                "needles": ["best_test_sharpe", "verdict"],
+                "click": ["Show more"],
+                "out": out / "mlflow_summary.png",
+                "what": "the sweep's parent run: its summary and verdict metrics",
+            },
+        ]
         with open(tmp / "mlflow-ui.log", "w") as log:
             proc = start_ui(uri, port, log)
             try:
-                url = metric_page(f"http://127.0.0.1:{port}", experiment_id, [r for r, _ in runs], args.metric)
-                print(f"sweep run {parent_id}: {len(runs)} child runs; {url}")
-                dom = chromium(["--dump-dom", url], tmp / "profile-dom").stdout
-                missing = [name for _, name in runs if name not in dom] + (
-                    [args.metric] if args.metric not in dom else []
-                )
-                if missing:
-                    sys.exit(f"mlflow_screenshot: error: the page does not show {', '.join(missing)}")
-                out.parent.mkdir(parents=True, exist_ok=True)
-                shot = chromium([f"--screenshot={out}", url], tmp / "profile-shot")
-                if not out.exists():
-                    sys.exit(f"mlflow_screenshot: error: chromium wrote no screenshot: {shot.stderr[-500:]}")
+                print(f"sweep run {parent_id}: top {', '.join(names)}; compare: {compare_url(base, eid, ids)}")
+                notes = asyncio.run(take(shots, tmp / "profile", size))
             finally:
                 stop(proc)
-    shrink(out)
-    print(
-        f"wrote {out} ({out.stat().st_size / 1000:.0f} kB): {', '.join(n for _, n in runs)} by {args.metric} per fold"
-    )
+    print("\n".join(notes))
     return 0
 
 

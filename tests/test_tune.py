@@ -86,8 +86,10 @@ def check_complete_sweep(tmp_path, n_trials):
     assert len(trial_ids) == n_trials
     for run in children:
         assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent_id
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
+        # one point per fold (fold_time_s: every fold logs it; a window Sharpe that is undefined is not logged)
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "fold_time_s")]
         assert sorted(steps) == [0, 1], steps
+        assert {m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")} <= {0, 1}
         assert "lr" in run.data.params and run.data.params["epochs"] == "2"
         assert run.data.tags["fxray.dataset_hash"] and json.loads(run.data.tags["fxray.folds"])
         assert run.data.tags["fxray.seed"] == "0" and Path(run.data.tags["fxray.data_path"]).is_file()
@@ -109,7 +111,13 @@ def check_complete_sweep(tmp_path, n_trials):
     assert best["n_trials_counted"] == n_trials and "dsr" in best and best["walk_forward"]["n_periods"] > 0
     assert best["score"] == max(t["score"] for t in results["trials"] if t["folds_done"] == best["folds_done"])
     artifacts = {a.path for a in client.list_artifacts(parent_id)}
-    assert {"experiment.yaml", "folds.csv", "equity.png", "best_checkpoint"} <= artifacts
+    assert {"experiment.yaml", "folds.csv", "equity.png", "best_checkpoint", "summary.md"} <= artifacts
+    # the trials ranked as the last screen lists them, the best one named on the parent
+    ranks = {r.data.tags["fxray.rank"]: r for r in children}
+    assert sorted(ranks) == [f"{i:02d}" for i in range(1, n_trials + 1)]
+    assert ranks["01"].data.tags["fxray.trial_id"] == results["best"]["trial_id"]
+    assert parents[0].data.tags["fxray.best_run_id"] == ranks["01"].info.run_id
+    assert "verdict:" in parents[0].data.tags["mlflow.note.content"]
     return results
 
 
@@ -136,6 +144,11 @@ def test_sweep_on_logical_gpus(tmp_path):
     assert "Actor STARTED" not in out.stdout + out.stderr
     assert out.stdout.count(" fold 2/2: ") == 4 and "top 4 of 4 trials" in out.stdout
     assert "mlflow ui --backend-store-uri" in out.stdout
+    assert f"judge it further: fxray compare t --tracking-uri {env['MLFLOW_TRACKING_URI']}" in out.stdout
+    assert "the trials, best first:" in out.stdout and "#/experiments/" in out.stdout
+    # the libraries' noise is kept out without --verbose (fxray/sweep/logs.py)
+    for noise in ("Token authentication", "core_worker.cc", "A new study created", "Creating initial MLflow"):
+        assert noise not in out.stderr, noise
     results = check_complete_sweep(tmp_path, 4)
     assert json.loads((tmp_path / "out.json").read_text()) == results
     workers = results["workers"]
@@ -257,9 +270,11 @@ def test_a_lone_trial_spreads_its_folds_over_the_idle_workers(tmp_path):
     calls = [c for w in results["workers"] for c in w["calls"] if c[4] != "warmup"]
     assert sorted(c[3] for c in calls) == [0, 1, 2] and all(c[4] == "ok" for c in calls)
     parents, (child,), client = store(tmp_path)  # each fold reached MLflow once, in order
-    history = client.get_metric_history(child.info.run_id, "val_sharpe")
+    history = client.get_metric_history(child.info.run_id, "fold_time_s")
+    assert sorted(m.step for m in history) == [f["fold"] for f in trial["folds"]]
+    history = client.get_metric_history(child.info.run_id, "val_sharpe")  # an undefined (0.0) one is not logged
     assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
-        (f["fold"], f["val"]["sharpe"]) for f in trial["folds"]
+        (f["fold"], f["val"]["sharpe"]) for f in trial["folds"] if f["val"]["sharpe"] != 0.0
     ]
 
 
@@ -359,6 +374,18 @@ def test_interrupt_then_resume(tmp_path):
     check_complete_sweep(tmp_path, 4)
     # a resumed trial continues after its last reported fold: no fold is trained twice
     assert folds.read_text().count("\n") == 4 * 2
+    # --resume once more: the sweep finished, so it says so, exit 0, before Ray, touching nothing
+    run_dir = tmp_path / "runs/t"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    (parent,), _, client = store(tmp_path)
+    t0 = time.time()
+    done = cli(["--experiment", exp, "--resume"], env, tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]
+    assert done.stdout.startswith(f"nothing to resume: the sweep in {run_dir} finished at "), done.stdout
+    assert "profile" not in done.stdout and time.time() - t0 < 30
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    again = client.get_run(parent.info.run_id)
+    assert again.data.metrics == parent.data.metrics and again.info.end_time == parent.info.end_time
 
 
 @pytest.mark.slow

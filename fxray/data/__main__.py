@@ -1,12 +1,13 @@
 """Make and inspect fxcache files.
 
-    python -m fxray.data synth --bars 1_000_000 --seed 0 --out synth.fxcache
-    python -m fxray.data build --bars ../shared/data/bars/eurusd_m1_2017q1 --format histdata \\
+    fxray data synth --bars 1_000_000 --seed 0 --out synth.fxcache
+    fxray data build --bars ../shared/data/bars/eurusd_m1_2017q1 --format histdata \\
         --tz Etc/GMT+5 --instrument EURUSD --out eurusd.fxcache
-    python -m fxray.data build --book ESH4.mbo.dbn.zst --trades ESH4.mbo.dbn.zst --bar 1min --out es.fxcache
-    python -m fxray.data info eurusd.fxcache [--experiment experiments/default.yaml] [--json info.json]
+    fxray data build --book ESH4.mbo.dbn.zst --trades ESH4.mbo.dbn.zst --bar 1min --out es.fxcache
+    fxray data info eurusd.fxcache [--experiment experiments/default.yaml] [--json info.json]
 
-Every failure is one line on stderr naming the file and the fix, exit status 2,
+Each also as python -m fxray.data. --book and --trades need the `book` extra
+(pip install 'fxray[book]'). Every failure is one line on stderr naming the file and the fix, exit status 2,
 and no output file (writes are atomic).
 """
 
@@ -50,8 +51,7 @@ def cmd_build(args) -> dict:
     ofi = coverage = None
     trades = None
     if args.trades or args.book:
-        from fxray.book import reader as book
-
+        book = book_reader("--book" if args.book else "--trades")
         # MBO / MBP-10 / Binance book files carry the trade tape too
         trades = book.load_trades([str(p) for p in (args.trades or args.book)])
     if args.bars is not None:
@@ -83,6 +83,25 @@ def cmd_build(args) -> dict:
         "book_coverage": covered,
         "seconds": seconds,
     }
+
+
+BOOK_EXTRA = ("numba", "databento_dbn", "zstandard")  # what `pip install 'fxray[book]'` brings
+
+
+def book_reader(flag: str):
+    """fxray.book.reader, or a one-line error naming the extra when its packages are missing
+    (the order-flow engine is numba-compiled; DBN and .zst input need the other two)."""
+    import importlib.util
+
+    missing = [m for m in BOOK_EXTRA if importlib.util.find_spec(m) is None]  # None: not importable
+    if missing:
+        raise ValueError(
+            f"build {flag}: order flow needs the `book` extra ({', '.join(missing)} not installed): "
+            "pip install 'fxray[book]'"
+        )
+    from fxray.book import reader
+
+    return reader
 
 
 def describe(market: cache.Market, spec: FoldSpec) -> dict:
@@ -152,29 +171,57 @@ def cmd_info(args) -> dict:
     return info
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fxray.data", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("synth", help="write the synthetic market (planted signal) as an fxcache")
-    s.add_argument("--bars", type=int, default=1_000_000, help="bars to write (after warm-up)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--out", required=True, type=Path)
-    b = sub.add_parser("build", help="build an fxcache from bar files (and order-book / trade files)")
-    b.add_argument("--bars", type=Path, help="a bar file or a directory of them")
-    b.add_argument("--format", default="auto", help="auto, csv, histdata, lean, parquet")
-    b.add_argument(
-        "--tz", default=None, help="time zone of naive timestamps (default: the format's own: UTC; HistData Etc/GMT+5)"
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fxray data",
+        description=__doc__.split("\n\n")[0],
+        epilog="examples:\n" + __doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    b.add_argument("--instrument", help="instrument name stored in the cache (default: from the file name)")
-    b.add_argument("--book", type=Path, nargs="+", help="order-book files: Databento MBO/MBP-10 DBN, Binance depth")
-    b.add_argument("--trades", type=Path, nargs="+", help="trade files (DBN trades/MBO, Binance)")
-    b.add_argument("--bar", default="1min", help="bar length label; with --trades only, the bar to build")
-    b.add_argument("--out", required=True, type=Path)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="synth, build or info")
+    s = sub.add_parser("synth", help="write the synthetic market (planted signal) as an fxcache")
+    s.add_argument("--bars", type=int, default=1_000_000, metavar="N", help="bars to write (after warm-up)")
+    s.add_argument("--seed", type=int, default=0, metavar="INT", help="the market's random seed (default 0)")
+    s.add_argument("--out", required=True, type=Path, metavar="FXCACHE", help="the file to write")
+    b = sub.add_parser("build", help="build an fxcache from bar files (and order-book / trade files)")
+    b.add_argument("--bars", type=Path, metavar="FILE_OR_DIR", help="a bar file or a directory of them")
+    b.add_argument("--format", default="auto", metavar="FORMAT", help="auto (default), csv, histdata, lean, parquet")
+    b.add_argument(
+        "--tz",
+        default=None,
+        metavar="ZONE",
+        help="time zone of naive timestamps (default: the format's own: UTC; HistData Etc/GMT+5)",
+    )
+    b.add_argument(
+        "--instrument", metavar="NAME", help="instrument name stored in the cache (default: from the file name)"
+    )
+    b.add_argument(
+        "--book",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="order-book files: Databento MBO/MBP-10 DBN, Binance depth (needs the book extra)",
+    )
+    b.add_argument(
+        "--trades", type=Path, nargs="+", metavar="FILE", help="trade files: DBN trades/MBO, Binance (book extra)"
+    )
+    b.add_argument(
+        "--bar",
+        default="1min",
+        metavar="LENGTH",
+        help="bar length label (1min, 10s); with --trades/--book only: the bar to build",
+    )
+    b.add_argument("--out", required=True, type=Path, metavar="FXCACHE", help="the file to write")
     i = sub.add_parser("info", help="describe an fxcache and the folds an experiment makes on it")
-    i.add_argument("path", type=Path)
-    i.add_argument("--experiment", type=Path, help="experiment YAML whose folds to show")
+    i.add_argument("path", type=Path, metavar="FXCACHE", help="the file to describe")
+    i.add_argument("--experiment", type=Path, metavar="YAML", help="experiment YAML whose folds to show")
     for sp in (s, b, i):
-        sp.add_argument("--json", type=Path, help="also write the result as JSON here")
+        sp.add_argument("--json", type=Path, metavar="PATH", help="also write the result as JSON here")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         result = {"synth": cmd_synth, "build": cmd_build, "info": cmd_info}[args.cmd](args)

@@ -362,5 +362,49 @@ def default_experiment() -> str:
     """experiments/default.yaml of the cwd, else the one beside this package's checkout."""
     if Path(DEFAULT_EXPERIMENT).exists():
         return DEFAULT_EXPERIMENT
-    beside = Path(__file__).resolve().parents[1] / DEFAULT_EXPERIMENT
+    beside = Path(__file__).resolve().parents[2] / DEFAULT_EXPERIMENT  # fxray/rl/ -> the checkout
     return str(beside) if beside.exists() else DEFAULT_EXPERIMENT
+
+
+# --- command-line overrides (--set KEY=VALUE) --------------------------------------------
+
+
+def parse_sets(pairs: list[str], flag: str = "--set") -> dict:
+    """['lr=1e-3', 'dueling=false'] -> {'lr': 0.001, 'dueling': False} (values are YAML scalars)."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ExperimentError(f"{flag} {pair!r}: write KEY=VALUE, e.g. {flag} lr=1e-3")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ExperimentError(f"{flag} {pair!r}: {value!r} is not a YAML value") from None
+        if isinstance(parsed, str):  # YAML 1.1 reads 1e-3 (no dot) as a string: a number was meant
+            try:
+                parsed = float(parsed)
+            except ValueError:
+                pass
+        out[key.strip()] = parsed
+    return out
+
+
+def set_overrides(pairs: list[str], file) -> dict:
+    """--set pairs as load()'s dotted overrides: a bare KEY is a field of the file's algorithm
+    config (lr -> dqn.lr), a dotted one any key of the file (sweep.grace_folds, folds.max_folds).
+    Values are then validated by load() like the file's own; unknown names fail here."""
+    algo = read_yaml(file).get("algo", "dqn")
+    cls = ALGORITHMS.get(algo) if isinstance(algo, str) else None
+    section = cls.SECTION if cls else CONFIG_SECTIONS[0]
+    fields = {f.name for f in dataclasses.fields(cls or ALGORITHMS["dqn"])} - {"algo"}
+    out = {}
+    for key, value in parse_sets(pairs).items():
+        top = key.split(".")[0]
+        if "." not in key and key not in fields:
+            raise ExperimentError(f"--set {key}: not a config field; known: {', '.join(sorted(fields))}")
+        if "." in key and top not in SECTIONS:
+            raise ExperimentError(f"--set {key}: {top} is not a section; known: {', '.join(SECTIONS)}")
+        if top in ("name", "cpu"):
+            raise ExperimentError(f"--set {key}: use --name / --profile for that")
+        out[key if "." in key else f"{section}.{key}"] = value
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import ray
@@ -20,32 +21,59 @@ from ray.tune import Callback
 from fxray.sweep.leases import pool_name
 from fxray.track.records import FoldRecord
 from fxray.track.results import best_trial, fmt_s, load_records, trial_label
-from fxray.track.writer import FOLDS, append_event
+from fxray.track.writer import EVENTS, FOLDS, append_event
 
 
 class SweepLog(Callback):
     """A progress line per finished fold, every fold appended to folds.jsonl, every ended
     trial to events.jsonl.
 
+    The line's denominator is the folds the round can still train: trials x folds, less
+    the folds of every trial that ASHA stopped (or that ended) short of the last; its ETA
+    is the folds still expected -- a running trial continues past each ASHA rung with
+    probability 1/reduction_factor -- at the rate folds finished in this session since
+    its first one (the start-up is not a fold's time). `stops`: the ASHA stops
+    (fxray.sweep.trial.asha_stops), None in a --same-trials round (its lengths are fixed).
+
     Also returns a lease to the pool when a trial ends or is retried (a trial process
-    that died inside a fold cannot return it itself). Holds only the storage path:
-    Tune pickles callbacks into its state, `setup` rebuilds the rest.
+    that died inside a fold cannot return it itself). Holds only the storage path and
+    the stops: Tune pickles callbacks into its state, `setup` rebuilds the rest.
     """
 
-    def __init__(self, storage: str):
-        self.storage = storage
+    def __init__(self, storage: str, stops: list[int] | None = None, reduction_factor: float = 2.0):
+        self.storage, self.stops, self.rf = storage, stops, reduction_factor
 
     def __getstate__(self):
-        return {"storage": self.storage}
+        return {"storage": self.storage, "stops": self.stops, "rf": self.rf}
+
+    def __setstate__(self, state):
+        self.storage, self.stops, self.rf = state["storage"], state.get("stops"), state.get("rf", 2.0)
 
     def setup(self, **info):
         self.sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
         self.records = load_records(self.storage)
         rnd = self.sweep["rounds"][-1]
-        same = rnd.get("same_trials")  # its trials' lengths are known: the ETA is exact
-        self.total = sum(n for _, n in same["trials"]) if same else rnd["trials"] * len(self.sweep["folds"])
-        self.session_folds, self.t0 = 0, time.time()
+        self.n_folds = len(self.sweep["folds"])
+        self.same = rnd.get("same_trials")  # its trials' lengths are known: the total is exact
+        self.planned = sum(n for _, n in self.same["trials"]) if self.same else rnd["trials"] * self.n_folds
+        self.ended = ended_trials(Path(self.storage))  # {trial id: folds done}, earlier sessions too
+        self.session_folds, self.t0, self.t_first = 0, time.time(), None
         self.pool = ray.get_actor(pool_name(Path(self.storage)))
+
+    def progress(self, trials) -> tuple[int, int, float]:
+        """(folds done, folds the round can still reach, folds still expected) of this round."""
+        round_trials = {t.trial_id for t in trials}
+        done_by = Counter(tid for (tid, _) in self.records if tid in round_trials)
+        done = sum(done_by.values())
+        if self.same:
+            return done, self.planned, float(self.planned - done)
+        ended = {tid: n for tid, n in self.ended.items() if tid in round_trials}
+        total = self.planned - sum(self.n_folds - n for n in ended.values())
+        unstarted = max(self.sweep["rounds"][-1]["trials"] - len(round_trials), 0)
+        expected = unstarted * expected_folds(0, self.n_folds, self.stops, self.rf)
+        for tid in round_trials - set(ended):
+            expected += expected_folds(done_by[tid], self.n_folds, self.stops, self.rf)
+        return done, total, expected
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         # Not on_trial_result: Tune registers a report's checkpoint a moment after the
@@ -61,17 +89,18 @@ class SweepLog(Callback):
             f.write(json.dumps(rec) + "\n")
         self.records[(trial.trial_id, rec["fold"])] = rec
         self.session_folds += 1
-        round_trials = {t.trial_id for t in trials}
-        done = sum(1 for (tid, _) in self.records if tid in round_trials)
-        best = best_trial(self.records, len(self.sweep["folds"]))
-        elapsed = time.time() - self.t0
-        eta = (self.total - done) * elapsed / self.session_folds
-        n_folds = len(self.sweep["folds"])
+        now = time.time()
+        self.t_first = self.t_first or now
+        done, total, expected = self.progress(trials)
+        best = best_trial(self.records, self.n_folds)
+        eta = "ETA ..."  # one fold gives no rate
+        if self.session_folds > 1:
+            eta = f"ETA ~{fmt_s(expected * (now - self.t_first) / (self.session_folds - 1))}"
         score = "diverged" if rec["status"] != "ok" else f"{rec['score']:+.2f}"
         best_score = "diverged" if best["status"] != "ok" else f"{best['score']:+.2f}"
         print(
-            f"[{done:>4}/{self.total} folds {fmt_s(elapsed)}, ETA <= {fmt_s(eta)}] "
-            f"{trial_label(trial.trial_id)} fold {rec['fold'] + 1}/{n_folds}: score {score} "
+            f"[{done:>4}/{total} folds {fmt_s(now - self.t0)}, {eta}] "
+            f"{trial_label(trial.trial_id)} fold {rec['fold'] + 1}/{self.n_folds}: score {score} "
             f"(pooled val Sharpe of its folds)  | best {best_score} ({trial_label(best['trial_id'])})",
             flush=True,
         )
@@ -88,4 +117,30 @@ class SweepLog(Callback):
     def _end(self, trial, status: str) -> None:
         self.pool.release.remote(trial.trial_id)
         folds_done = (trial.last_result or {}).get("folds_done", 0)
+        if status == "FINISHED":  # stopped or done: its unrun folds leave the total
+            self.ended[trial.trial_id] = folds_done
         append_event(self.storage, kind="trial_end", trial_id=trial.trial_id, status=status, folds_done=folds_done)
+
+
+def ended_trials(storage: Path) -> dict[str, int]:
+    """{trial id: folds done} of the trials events.jsonl says FINISHED (an errored one is retried)."""
+    path, out = storage / EVENTS, {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                ev = json.loads(line)
+                if ev.get("kind") == "trial_end" and ev.get("status") == "FINISHED":
+                    out[ev["trial_id"]] = ev["folds_done"]
+    return out
+
+
+def expected_folds(done: int, n_folds: int, stops: list[int] | None, rf: float) -> float:
+    """Folds a trial that has run `done` (and was not stopped yet) is still expected to run:
+    past each ASHA rung (a stop short of n_folds) it goes on with probability 1/rf."""
+    rungs = set(stops or ()) - {n_folds}
+    p, total = 1.0, 0.0
+    for f in range(done + 1, n_folds + 1):
+        if f - 1 in rungs:
+            p /= rf
+        total += p
+    return total

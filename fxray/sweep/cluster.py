@@ -127,4 +127,7 @@ def start_ray(args) -> None:
                 f"({str(e).strip().splitlines()[0]}); is it up (ray status)?"
             ) from None
     else:
+        from fxray.sweep.logs import local_ray_env
+
+        local_ray_env()
         ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, **kw)

@@ -27,6 +27,7 @@ from fxray.data.calendar import Calendar
 from fxray.rl import experiment as expmod
 from fxray.sweep.cluster import start_ray
 from fxray.sweep.leases import Workers, pool_name
+from fxray.sweep.logs import capture_stdout, known_ray_lines
 from fxray.sweep.rundir import UsageError, locate, make_fold_dicts, prepare_storage, same_trials, write_sweep
 from fxray.sweep.tuner import (
     MLFLOW_FAILURE,
@@ -38,6 +39,7 @@ from fxray.sweep.tuner import (
     make_tuner,
     trials_started,
 )
+from fxray.track.links import next_steps
 
 
 @dataclass
@@ -92,10 +94,26 @@ def validate(args, import_s: float = 0.0) -> Plan:
             "resources are used: drop one of them"
         )
     file, storage, sweep = locate(args, overrides)
+    sets = getattr(args, "set", None)
+    if sets and sweep:
+        raise UsageError(
+            f"--set: {storage} holds a sweep whose config its first round fixed; "
+            "use --storage DIR for a new sweep (--trials/--seed extend this one)"
+        )
+    if (
+        sweep
+        and getattr(args, "tracking_uri", None)
+        and os.environ.get("MLFLOW_TRACKING_URI") != sweep["mlflow"]["uri"]
+    ):
+        raise UsageError(f"--tracking-uri: this sweep logs to {sweep['mlflow']['uri']}; drop --tracking-uri")
+    overrides.update(expmod.set_overrides(sets, file) if sets else {})
     same = same_trials(args, storage, sweep, overrides)
     exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
     for line in exp.warnings():
         print(f"fxray.tune: warning: {line}", file=sys.stderr)
+    searched = [k for k in overrides if k.split(".", 1)[-1] in exp.space() and k.startswith(exp.config.SECTION + ".")]
+    if searched:
+        raise UsageError(f"--set {searched[0]}: that field is searched (search: in {file}); drop it from one of them")
     data_path = args.data or (sweep and sweep["data"]["path"]) or (same and same["data"]["path"]) or exp.data_path
     if args.data and sweep and Path(args.data).absolute() != Path(sweep["data"]["path"]):
         raise UsageError(
@@ -182,16 +200,28 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     )
     t0 = time.time()
     arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
-    workers = start_workers(
-        arrays_ref, wplan, cfg.dtype, pool_name(storage), worker_class=os.environ.get("FXRAY_WORKER_CLASS")
-    )
+    with known_ray_lines():  # Ray's false alarm about the constructor's ref (fxray.sweep.logs)
+        workers = start_workers(
+            arrays_ref, wplan, cfg.dtype, pool_name(storage), worker_class=os.environ.get("FXRAY_WORKER_CLASS")
+        )
     for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
         handle.warmup.remote(cfg.as_dict(), folds[0])
     phases["workers_created"] = time.time()
     # while the workers import torch and load the data: the run directory (then the writer
     # opens the store), then Tune starts its trial processes; a first fold waits on its worker
     sweep = prepare_storage(
-        storage, plan.sweep, exp, plan.file, profile, market, data_path, folds, args, plan.same, plan.mlflow_extra
+        storage,
+        plan.sweep,
+        exp,
+        plan.file,
+        profile,
+        market,
+        data_path,
+        folds,
+        args,
+        plan.same,
+        plan.mlflow_extra,
+        device=wplan.kind,
     )
     run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts))
     prepared.set()
@@ -248,18 +278,19 @@ def finish(run: Run) -> int:
     ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
     unfinished = sweep["rounds"][-1]["trials"] - ended
     records = results.load_records(storage)
-    summary = results.write_results(
-        storage,
-        sweep,
-        records,
-        run.workers.stats(),
-        time.time() - plan.t_start,
-        plan.args.json,
-        started=plan.t_start,
-        phases=plan.phases,
-        periods_per_year=run.calendar.periods_per_year,
-        n_trials_started=trials_started(storage),
-    )
+    with capture_stdout() as screen:  # the last screen, also the parent run's summary.md
+        summary = results.write_results(
+            storage,
+            sweep,
+            records,
+            run.workers.stats(),
+            time.time() - plan.t_start,
+            plan.args.json,
+            started=plan.t_start,
+            phases=plan.phases,
+            periods_per_year=run.calendar.periods_per_year,
+            n_trials_started=trials_started(storage),
+        )
     if unfinished:
         run.writer.finish("KILLED")
         print(
@@ -272,12 +303,16 @@ def finish(run: Run) -> int:
     if orphans:
         print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (no Tune trial ran them)")
     sweep["rounds"][-1]["done"] = errors == 0
+    sweep["rounds"][-1]["finished"] = time.time()  # what a later --resume says ("nothing to resume")
     write_sweep(storage, sweep)
-    lost = run.writer.finish("FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"], summary["artifacts"])
-    print(
-        f"results: {storage}\nMLflow:  mlflow ui --backend-store-uri {sweep['mlflow']['uri']} "
-        "(serves on 127.0.0.1:5000)"
+    report = {"screen": screen.getvalue(), "ranking": ranking(storage, len(sweep["folds"])), "top": TOP_LINKED}
+    lost = run.writer.finish(
+        "FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"], summary["artifacts"], report=report
     )
+    w = run.writer
+    files = [f for f in ("results.json", "folds.csv", "equity.png", "summary.md") if (storage / f).exists()]
+    print(f"results: {storage} ({', '.join(files)})")
+    print(next_steps(sweep["mlflow"]["uri"], w.experiment_id, w.parent_id, w.top))
     if lost:
         print(
             f"{lost} MLflow write(s) failed (the fxray.track.writer lines above say why); "
@@ -287,6 +322,19 @@ def finish(run: Run) -> int:
     if errors:
         print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
     return 1 if errors or lost else 0
+
+
+TOP_LINKED = 5  # best trials the sweep's last lines and summary.md link to
+
+
+def ranking(storage: Path, n_folds: int) -> list[str]:
+    """Trial ids best first, as the last screen lists them (from results.json)."""
+    import json
+
+    from fxray.track.report import ranked
+
+    path = storage / "results.json"
+    return [t["trial_id"] for t in ranked(json.loads(path.read_text())["trials"], n_folds)] if path.exists() else []
 
 
 def sweep_run(args, import_s: float = 0.0) -> int:

@@ -26,6 +26,18 @@ class UsageError(ValueError):
     """A bad flag combination or run directory state; one line, exit code 2."""
 
 
+class NothingToResume(Exception):
+    """--resume of a sweep whose last round finished: one line, exit code 0, nothing touched."""
+
+
+def finished_at(storage: Path, rnd: dict) -> str:
+    """When a round finished, as local time (sweeps before the `finished` field: results.json's mtime)."""
+    t = rnd.get("finished")
+    if t is None and (storage / "results.json").exists():
+        t = (storage / "results.json").stat().st_mtime
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "an unrecorded time"
+
+
 def locate(args, overrides) -> tuple[str, Path, dict | None]:
     """(experiment file, run directory, its sweep.json or None). A sweep that exists
     runs from its saved copy of the experiment file, so a resume is the same sweep."""
@@ -39,6 +51,11 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
         raise UsageError(f"{storage}: no sweep to resume (no sweep.json); run without --resume")
     if sweep is None:
         return file, storage, None
+    if args.resume and sweep["rounds"][-1]["done"] and not getattr(args, "same_trials", None):  # before Ray starts
+        raise NothingToResume(
+            f"nothing to resume: the sweep in {storage} finished at {finished_at(storage, sweep['rounds'][-1])} "
+            f"(results: {storage / 'results.json'}; run without --resume to extend it)"
+        )
     saved = storage / "experiment.yaml"
     if args.experiment and (
         expmod.read_yaml(args.experiment) is not None  # missing/bad: an error too
@@ -103,12 +120,24 @@ def make_fold_dicts(file, exp, market) -> list[dict]:
 
 
 def prepare_storage(
-    storage: Path, sweep, exp, file, profile, market, data_path, folds, args, same=None, mlflow_extra=None
+    storage: Path,
+    sweep,
+    exp,
+    file,
+    profile,
+    market,
+    data_path,
+    folds,
+    args,
+    same=None,
+    mlflow_extra=None,
+    device: str | None = None,
 ) -> dict:
     """Create the run directory (first run) or open a new round (an extension) or keep
     the last one (a resume). Everything here is validated already: nothing is half-written.
     `mlflow_extra` (a new sweep only): {"tags": more parent tags, "run_name": the parent's
-    name, "sweep": more sweep.json keys}, what a placebo sweep says it is (fxray.sweep.placebo)."""
+    name, "sweep": more sweep.json keys}, what a placebo sweep says it is (fxray.sweep.placebo).
+    `device`: "gpu" or "cpu", what the FoldWorkers train on (a new sweep records it)."""
     from fxray.track import runs as mlruns
 
     round_names = [r["name"] for r in sweep["rounds"]] if sweep else []
@@ -121,6 +150,7 @@ def prepare_storage(
             "fxray.profile": profile,
             "fxray.storage": str(storage),
             "fxray.folds": json.dumps([[f["k"], f["train"], f["val"], f["test"]] for f in folds]),
+            **({"fxray.device": device} if device else {}),
         }
         commit = mlruns.git_commit()
         if commit:
@@ -129,6 +159,7 @@ def prepare_storage(
             "id": uuid.uuid4().hex,
             "experiment": exp.name,
             "profile": profile,
+            "device": device,
             "experiment_file": str(Path(file).absolute()),
             "data": {
                 "path": str(Path(data_path).absolute()),

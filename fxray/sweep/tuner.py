@@ -231,7 +231,11 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
             storage_path=str(storage),
             verbose=0,
             stop=StartFailed(),
-            callbacks=[SweepLog(str(storage)), JsonLoggerCallback(), CSVLoggerCallback()],
+            callbacks=[
+                SweepLog(str(storage), None if same else job["stops"], exp.sweep.reduction_factor),
+                JsonLoggerCallback(),
+                CSVLoggerCallback(),
+            ],
             failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         ),

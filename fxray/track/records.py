@@ -23,6 +23,13 @@ from fxray.eval.metrics import Metrics
 WINDOWS = ("val", "test")
 WINDOW_METRICS = tuple(f.name for f in dataclasses.fields(Metrics))  # sharpe, sortino, ...
 TIMINGS = ("fold_switch_s", "train_s", "eval_s", "fold_time_s", "trial_start")
+# MLflow names of window metrics whose unit is not the obvious one (both are sums of log returns)
+MLFLOW_NAMES = {"max_drawdown": "max_drawdown_log", "total_return": "total_return_log"}
+# ratios that fxray.eval.metrics sets to exactly 0.0 when they are undefined ("no evidence"):
+# Sharpe of < 2 days or no dispersion (a window that stayed flat), Sortino without a losing
+# day, Calmar without a drawdown. A computed ratio is exactly 0.0 only when the mean return
+# is exactly 0.0, which in practice is the flat window, undefined already.
+UNDEFINED_AT_ZERO = ("sharpe", "sortino", "calmar")
 
 
 def _f(default=None, *, metric=False, csv=True, factory=None):
@@ -133,10 +140,25 @@ class FoldRecord:
         return ["" if flat[c] is None else flat[c] for c in CSV_COLUMNS]
 
     def mlflow_metrics(self) -> dict[str, float]:
-        """{name: value} logged at step = fold: every window metric and the fields marked
-        `metric`; an undefined value (None: e.g. a diverged fold's Sharpe) is not logged."""
-        out = {f"{w}_{k}": getattr(self, w).get(k) for w in WINDOWS for k in WINDOW_METRICS}
+        """{name: value} logged at step = fold: every window metric (named `<window>_<name>`,
+        with its unit where the name alone would mislead: MLFLOW_NAMES) and the fields marked
+        `metric`. An undefined value is not logged, so that the UI shows a gap, not a number
+        that ranks: None/NaN (e.g. a diverged fold's Sharpe), a ratio of UNDEFINED_AT_ZERO at
+        exactly 0.0 (fxray.eval.metrics reports "no evidence" so: a window Sharpe of < 2 days
+        or of a flat window, Sortino with no losing day, Calmar with no drawdown; the same of
+        bh_test_sharpe), and the hit rate of a window with no trade (never in the market).
+        results.json and folds.csv keep the metrics' own names and values (0.0 there)."""
+        out = {}
+        for w in WINDOWS:
+            m = getattr(self, w)
+            for k in WINDOW_METRICS:
+                v = m.get(k)
+                if v is None or (k in UNDEFINED_AT_ZERO and v == 0.0) or (k == "hit_rate" and not m.get("n_trades")):
+                    continue
+                out[f"{w}_{MLFLOW_NAMES.get(k, k)}"] = v
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["metric"]})
+        if out.get("bh_test_sharpe") == 0.0:  # buy-and-hold's window Sharpe: undefined under 2 days
+            del out["bh_test_sharpe"]
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 

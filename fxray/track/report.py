@@ -43,10 +43,14 @@ def verdict(best: dict) -> str:
     )
 
 
+def ranked(trials: list, n_folds: int) -> list:
+    """results.json's trials, best first: the order of the last screen (and of the MLflow
+    rank tags): trials that did not diverge, then those that ran every fold, by score."""
+    return sorted(trials, key=lambda t: (t["status"] == "ok", t["folds_done"] >= n_folds, t["score"]), reverse=True)
+
+
 def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -> None:
-    trials = sorted(
-        results["trials"], key=lambda t: (t["status"] == "ok", t["folds_done"] >= n_folds, t["score"]), reverse=True
-    )[:top]
+    trials = ranked(results["trials"], n_folds)[:top]
     print(
         f"\ntop {len(trials)} of {results['n_trials']} trials by score (pooled val Sharpe of the folds each ran; "
         f"{n_folds} folds, fewer = stopped by ASHA); wall time {results['wall_s'] / 60:.1f} min"
@@ -91,7 +95,8 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
             f"{sharpe_line(wf)}"
         )
     print("  " + verdict(b))
-    print(f"  judge it further: python -m fxray.compare {results['experiment']}")
+    uri = results.get("tracking_uri")
+    print(f"  judge it further: fxray compare {results['experiment']}" + (f" --tracking-uri {uri}" if uri else ""))
 
 
 def fmt_value(v) -> str:
@@ -105,9 +110,22 @@ def equity_png(path, folds: list, title: str) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, ax = plt.subplots(figsize=(10, 4.2))
+    plot_equity(ax, folds, title)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_equity(ax, folds: list, title: str) -> None:
+    """equity_png's drawing on a given matplotlib axis (fxray.compare stacks one per sweep).
+    The windows are not contiguous: each curve is broken between them (equity carries over,
+    no line is drawn across the days no window covers)."""
+    import numpy as np
+
     lines = {
         "policy": ("tab:blue", 2.0),
         "oracle": ("tab:green", 1.2),
@@ -120,8 +138,15 @@ def equity_png(path, folds: list, title: str) -> Path:
             continue
         t = np.asarray(f.test_periods["hours"], dtype="int64") * HOUR_S
         dates = t.astype("datetime64[s]")
-        ax.axvspan(dates[0], dates[-1], color="0.94", zorder=0)
-        ax.annotate(f"fold {f.fold}", (dates[0], 0.98), xycoords=("data", "axes fraction"), fontsize=7, va="top")
+        ax.axvspan(dates[0], dates[-1], color="0.93", zorder=0)
+        ax.annotate(
+            f"fold {f.fold}",
+            (dates[0], 0.02),
+            xycoords=("data", "axes fraction"),
+            fontsize=8,
+            color="0.35",
+            va="bottom",
+        )
         windows = {"policy": f.test_periods, **{k: v["test"] for k, v in f.baseline_periods.items()}}
         for name, w in windows.items():
             if name in series:
@@ -130,19 +155,14 @@ def equity_png(path, folds: list, title: str) -> Path:
     for name, (dates, nets) in series.items():
         if not dates:
             continue
+        equity = np.exp(np.cumsum(np.concatenate(nets)))
+        ends = np.cumsum([len(d) for d in dates])[:-1]  # a gap (NaN) after each window but the last
         x = np.concatenate(dates)
-        ax.plot(
-            x,
-            np.exp(np.cumsum(np.concatenate(nets))),
-            color=lines[name][0],
-            lw=lines[name][1],
-            label=name.replace("_", " "),
-        )
+        x = np.insert(x, ends, x[ends - 1])  # at the gap's start; its NaN y breaks the line
+        y = np.insert(equity, ends, np.nan)
+        ax.plot(x, y, color=lines[name][0], lw=lines[name][1], label=name.replace("_", " "))
     ax.axhline(1.0, color="0.5", lw=0.8)
-    ax.set(title=title, ylabel="equity (net of costs)")
-    ax.legend(fontsize=8, loc="upper left")
-    fig.autofmt_xdate()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    ax.set_title(title, fontsize=11)
+    ax.set_ylabel("equity (net of costs, start 1)", fontsize=10)
+    ax.tick_params(labelsize=9)
+    ax.legend(fontsize=9, loc="upper left", framealpha=0.9)

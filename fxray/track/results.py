@@ -155,6 +155,7 @@ def write_results(
         "experiment": sweep["experiment"],
         "profile": sweep["profile"],
         "storage": str(storage),
+        "tracking_uri": sweep.get("mlflow", {}).get("uri"),
         "data": sweep["data"],
         "folds": sweep["folds"],
         "base_config": sweep["base"],

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 RETURNS_DIR = "fold_returns"  # child-run artifacts fold<k>.json: fold_returns(record)
+STEP_METRIC = "fold_time_s"  # a metric every logged fold has: which folds a child run holds
 
 # mlflow (1-3 s to import) is bound here by Tracker(): the driver imports this module for
 # tracking_uri() and check_uri(), and must not pay for mlflow itself
@@ -77,6 +78,7 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(uri)
+        self.experiment_name = experiment
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             artifacts = None
@@ -148,8 +150,8 @@ class Tracker:
         if trial_id in self.finished:
             return
         run_id = self._child(trial_id, name, params)
-        if run_id not in self.steps:
-            hist = self.client.get_metric_history(run_id, "val_sharpe")
+        if run_id not in self.steps:  # fold_time_s: logged for every fold (a Sharpe is not, if undefined)
+            hist = self.client.get_metric_history(run_id, STEP_METRIC)
             self.steps[run_id] = {m.step for m in hist}
         step = int(record.fold)
         if step in self.steps[run_id]:
@@ -176,9 +178,19 @@ class Tracker:
         if status == "FINISHED":
             self.finished.add(trial_id)
 
-    def end_sweep(self, status: str, summary: dict | None = None, artifacts: list | None = None) -> None:
-        """Summary metrics and artifacts [(dir in the run or None, local file)] on the parent; end it."""
-        run_id = self.parent_run_id
+    def end_sweep(
+        self, status: str, summary: dict | None = None, artifacts: list | None = None, report: dict | None = None
+    ) -> tuple[list, str | None]:
+        """Summary metrics and artifacts [(dir in the run or None, local file)] on the parent; end it.
+
+        `report` {"screen": the last screen's text, "ranking": trial ids best first, "top": N}:
+        each child gets its rank (tag fxray.rank, "01" = the sweep's pick), the parent the best
+        child's run id (tag fxray.best_run_id) and summary.md (artifact, and its description
+        on the run page). Returns ([(run id, name)] of the top N, summary.md's text)."""
+        from fxray.track.links import RANK_TAG, rank_tags, summary_markdown
+        from fxray.track.results import trial_label
+
+        run_id, top, md = self.parent_run_id, [], None
         if summary:
             now = int(time.time() * 1000)
             self.client.log_batch(
@@ -186,10 +198,21 @@ class Tracker:
                 metrics=[Metric(k, float(v), now, 0) for k, v in summary.items() if isinstance(v, (int, float))],
                 tags=[RunTag(f"fxray.best.{k}", str(v)) for k, v in summary.items() if not isinstance(v, (int, float))],
             )
+        if report:
+            ranking = [tid for tid in report.get("ranking", []) if tid in self.children]
+            for tid, rank in rank_tags(ranking).items():
+                self.client.set_tag(self.children[tid], RANK_TAG, rank)
+            top = [(self.children[tid], trial_label(tid)) for tid in ranking[: report.get("top", 5)]]
+            if top:
+                self.client.set_tag(run_id, "fxray.best_run_id", top[0][0])
+            md = summary_markdown(report.get("screen", ""), self.experiment_name, self.experiment_id, run_id, top)
+            self.client.log_text(run_id, md, "summary.md")
+            self.client.set_tag(run_id, "mlflow.note.content", md)  # the run page's description
         for dest, local in artifacts or []:
             if Path(local).exists():
                 self.client.log_artifact(run_id, str(local), artifact_path=dest)
         self.client.set_terminated(run_id, status)
+        return top, md
 
 
 def open_sweep(sweep: dict) -> Tracker:

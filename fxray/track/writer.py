@@ -32,6 +32,10 @@ from pathlib import Path
 FOLDS = "folds.jsonl"
 EVENTS = "events.jsonl"
 POLL_S = 0.1  # the writer's latency behind the log
+# config fields that only act on CUDA (fxray.rl.trainer: CUDA graphs; TF32 matmuls): a sweep whose
+# FoldWorkers ran on CPUs does not log them as params (sweep.json's base config keeps them;
+# --from-run then takes their defaults, which a CPU run ignores as well)
+CUDA_ONLY = ("graphs", "matmul")
 
 
 def append_event(storage, **event) -> None:
@@ -47,6 +51,8 @@ class Writer:
         self.storage, self.uri, self.session = Path(storage), uri, uuid.uuid4().hex
         self.on_open, self.on_error = on_open, on_error
         self.parent_id: str | None = None
+        self.experiment_id: str | None = None
+        self.top: list = []  # [(run id, name)] of the best trials, once done
         self.error: str | None = None
         self.failed: int | None = None  # writes that failed, once done
         self.opened = threading.Event()  # set once open, or once it cannot be
@@ -70,7 +76,7 @@ class Writer:
             except ValueError:
                 continue
             if "parent_run_id" in msg:
-                self.parent_id = msg["parent_run_id"]
+                self.parent_id, self.experiment_id = msg["parent_run_id"], msg.get("experiment_id")
                 try:
                     if self.on_open:
                         self.on_open(self.parent_id)
@@ -80,7 +86,7 @@ class Writer:
             elif "error" in msg:
                 self._fail(msg["error"])
             elif "done" in msg:
-                self.failed = int(msg["done"])
+                self.failed, self.top = int(msg["done"]), [tuple(t) for t in msg.get("top", [])]
         if not self.opened.is_set():
             self._fail(f"the MLflow writer exited before it opened the store (code {proc.wait()})")
 
@@ -97,11 +103,18 @@ class Writer:
         return self.parent_id is not None and self.error is None
 
     def finish(
-        self, status: str, summary: dict | None = None, artifacts: list | None = None, timeout: float = 600
+        self,
+        status: str,
+        summary: dict | None = None,
+        artifacts: list | None = None,
+        timeout: float = 600,
+        report: dict | None = None,
     ) -> int:
         """Write the sweep's end, wait until the writer has caught up with the log and ended
         the parent run; returns how many writes failed. A writer that died meanwhile is
-        started again (it catches up from the files). -1: the store never opened."""
+        started again (it catches up from the files). -1: the store never opened.
+        `report`: what the parent's summary is made of (fxray.track.runs.Tracker.end_sweep);
+        afterwards `self.top` holds the best trials' (run id, name)."""
         if self.error is not None and self.parent_id is None:
             self.close()
             return -1
@@ -112,6 +125,7 @@ class Writer:
             status=status,
             summary=summary or {},
             artifacts=[[d, str(p)] for d, p in artifacts or []],
+            report=report or {},
         )
         if self.proc.poll() is not None and self.failed is None:
             print(
@@ -202,14 +216,16 @@ def serve(storage: str, uri: str, session: str) -> int:
     except Exception as e:  # noqa: BLE001 (whatever the store says, in one line)
         say(error=last_line(e))
         return 1
-    say(parent_run_id=tracker.parent_run_id)
-    base, n_folds, failed = sweep["base"], len(sweep["folds"]), 0
+    say(parent_run_id=tracker.parent_run_id, experiment_id=tracker.experiment_id)
+    base, n_folds, failed, top = sweep["base"], len(sweep["folds"]), 0, []
+    if sweep.get("device") == "cpu":  # switches that do nothing without CUDA are not the trial's params
+        base = {k: v for k, v in base.items() if k not in CUDA_ONLY}
     folds, events = Tail(storage / FOLDS), Tail(storage / EVENTS)
 
-    def write(call, *args) -> None:
+    def write(call, *args):
         nonlocal failed
         try:
-            call(*args)
+            return call(*args)
         except Exception as e:  # noqa: BLE001 (one failed write must not stop the others)
             failed += 1
             print(f"fxray.track.writer: {call.__name__} failed: {last_line(e)}", file=sys.stderr, flush=True)
@@ -237,14 +253,24 @@ def serve(storage: str, uri: str, session: str) -> int:
             if ev["kind"] == "trial_end":
                 write(tracker.end_trial, ev["trial_id"], ev["folds_done"], n_folds, ev["status"])
             elif ev["kind"] == "sweep_end" and ev["session"] == session:
-                write(tracker.end_sweep, ev["status"], ev["summary"], [tuple(a) for a in ev["artifacts"]])
+                ended = write(
+                    tracker.end_sweep,
+                    ev["status"],
+                    ev["summary"],
+                    [tuple(a) for a in ev["artifacts"]],
+                    ev.get("report"),
+                )
+                if ended:
+                    top[:] = ended[0]
+                    if ended[1]:
+                        (storage / "summary.md").write_text(ended[1])
                 return True
         return False
 
     while True:
         closing = eof.is_set()  # read before catching up: what the driver wrote before EOF is in
         if catch_up():
-            say(done=failed)
+            say(done=failed, top=top)
             return 0
         if closing:
             return 0

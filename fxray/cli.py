@@ -1,0 +1,82 @@
+"""The `fxray` command: one entry point whose subcommands are the package's CLIs.
+
+    fxray tune --experiment experiments/smoke.yaml      # = python -m fxray.tune ...
+    fxray train --data my.fxcache --epochs 3            # = python -m fxray.train ...
+    fxray data build --bars my_bars.csv --out my.fxcache
+    fxray compare smoke
+    fxray --version
+
+Each subcommand is a module with a `main(argv) -> int`; the rest of the command line
+goes to it unchanged, so `fxray tune --help` is `python -m fxray.tune --help`. A module
+that is not installed (a later issue's command) is simply not offered. Adding a command
+is one line of COMMANDS.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from fxray import __version__
+
+# name -> (module with main(argv), one line of help); listed in this order
+COMMANDS = {
+    "tune": ("fxray.tune", "sweep hyperparameters over walk-forward folds (Ray Tune + Optuna + ASHA, MLflow)"),
+    "train": ("fxray.train", "train one config over every fold, no Ray; re-train a logged trial (--from-run)"),
+    "data": ("fxray.data.__main__", "make and inspect fxcache files (synth, build, info)"),
+    "compare": ("fxray.compare", "judge sweeps logged in MLflow: pooled out-of-sample Sharpe, DSR, plots"),
+    "export": ("fxray.export", "export a sweep's best policy"),
+    "backtest": ("fxray.backtest", "backtest an exported policy on an fxcache"),
+    "live": ("fxray.live", "run an exported policy on a live feed"),
+}
+
+
+def available() -> dict[str, tuple[str, str]]:
+    """The COMMANDS whose module exists in this install (found without importing it)."""
+    out = {}
+    for name, (module, text) in COMMANDS.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing
+            found = False
+        if found:
+            out[name] = (module, text)
+    return out
+
+
+def usage(commands: dict) -> str:
+    width = max(map(len, commands))
+    lines = [
+        "usage: fxray [--version] COMMAND [ARGS ...]",
+        "",
+        __doc__.split("\n\n")[0],
+        "",
+        "commands:",
+        *(f"  {name:<{width}}  {text}" for name, (_, text) in commands.items()),
+        "",
+        "`fxray COMMAND --help` shows a command's flags and examples; "
+        "each is also `python -m <module>` (e.g. python -m fxray.tune).",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = available()
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(commands))
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"fxray {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        known = ", ".join(commands)
+        print(f"fxray: error: {name!r} is not a command; known: {known} (fxray --help)", file=sys.stderr)
+        return 2
+    module = importlib.import_module(commands[name][0])
+    return module.main(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

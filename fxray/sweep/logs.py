@@ -1,0 +1,111 @@
+"""What a sweep prints besides its own lines: the libraries' noise kept below warning level
+unless --verbose.
+
+    quiet(verbose)                 in the driver, before anything starts (fxray.tune.main)
+    with known_ray_lines(): ...    around the FoldWorkers' creation
+
+What each piece was, and why this is the way to silence it (Ray 2.60, Optuna 5.0, MLflow 3.17):
+
+- Ray's "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled
+  to opt out" is a warning of one logger (ray._private.authentication.authentication_token_setup)
+  when RAY_AUTH_MODE is unset and Ray turns token authentication on by default for a new
+  local cluster: it says the secure default is in force, not that anything is wrong. That
+  logger is set to ERROR; authentication itself is untouched (setting RAY_AUTH_MODE=token
+  after `import ray` does not work: Ray reads its config at import).
+- Optuna's "A new study created in RDB with name: fxray" is an INFO line of the "optuna"
+  logger (its own handler, level INFO from import): set to WARNING.
+- MLflow's "Creating initial MLflow database tables..." / "Updating database tables" are
+  INFO lines of the writer process: MLFLOW_LOGGING_LEVEL=WARNING, inherited by it.
+- Ray's `E ... core_worker.cc ... has constructor arguments in the object store and
+  max_restarts > 0 ... the actor restart will fail` is a C++ ERROR line that Ray writes to
+  the driver's stderr once per process when an actor that may restart gets an ObjectRef
+  in its constructor (ray-project/ray#53727: Ray does not pin constructor arguments for a
+  restart). It does not apply here: the driver holds that ref (driver.Run.arrays_ref) for
+  the whole sweep, so a restarted FoldWorker always finds the data; a test restarts one
+  (tests/test_tune.py, the worker-crash test). No log level reaches that one line without
+  hiding every other C++ error, so `known_ray_lines` drops it, and only it, from the
+  driver's stderr while the actors are created; anything else written there meanwhile is
+  passed on.
+
+--verbose (FXRAY_VERBOSE=1) keeps all of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import tempfile
+
+KNOWN_RAY_LINES = ("has constructor arguments in the object store and max_restarts > 0",)
+
+
+def verbose() -> bool:
+    return os.environ.get("FXRAY_VERBOSE", "") not in ("", "0")
+
+
+def quiet(verbose_flag: bool = False) -> None:
+    """Set the levels and the environment of this process and the ones it starts."""
+    if verbose_flag:
+        os.environ["FXRAY_VERBOSE"] = "1"
+    if verbose():
+        return
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # the writer process reads it
+    import optuna  # the driver imports it anyway (OptunaSearch); its logger exists once imported
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def local_ray_env() -> None:
+    """Before a local ray.init: Ray's note that token authentication is on, kept out (module doc)."""
+    if not verbose():
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def known_ray_lines():
+    """Drop KNOWN_RAY_LINES from what is written to file descriptor 2 inside the block (Ray's
+    C++ logging writes there directly, below Python); everything else is written after it."""
+    if verbose():
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors="replace")
+            kept = [line for line in text.splitlines(keepends=True) if not any(k in line for k in KNOWN_RAY_LINES)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self):
+        for stream in self.streams:
+            stream.flush()
+
+
+@contextlib.contextmanager
+def capture_stdout():
+    """Print as usual and keep a copy: `with capture_stdout() as buf: ...; buf.getvalue()`."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(_Tee(sys.stdout, buf)):
+        yield buf
