@@ -139,7 +139,7 @@ def run(args) -> dict:
     else:
         data_path, spec, cfg, name = load_setup(args)
     t0 = time.perf_counter()
-    market = cache.open(data_path)
+    market = cache.open(data_path, verify="background")  # values + content hash: in a thread
     if origin:
         if market.content_hash != origin["dataset_hash"]:
             raise ValueError(
@@ -160,6 +160,7 @@ def run(args) -> dict:
         flush=True,
     )
     trainer = Trainer(data, cfg)
+    market.verify()  # the data proven (values, content hash) before a fold is trained and reported
     results = []
     for k in chosen:
         seed = origin["seed"] if origin else args.seed + k  # a sweep trains every fold with its seed

@@ -101,7 +101,9 @@ def validate(args, import_s: float = 0.0) -> Plan:
     if data_path and not Path(data_path).exists():
         where = "--data" if args.data else f"{file}: data.path"
         raise UsageError(f"{where}: {data_path} does not exist (build it with `python -m fxray.data build`)")
-    market = cache.open(data_path) if data_path else None  # a bad file fails here, before Ray
+    # the structure and metadata here (a bad file fails before Ray); the values and the content
+    # hash are checked in a thread while Ray and the workers start (start() waits for it)
+    market = cache.open(data_path, verify="background") if data_path else None
     if market is not None:
         make_fold_dicts(file, exp, market)
         if sweep and sweep["data"]["content_hash"] != market.content_hash:
@@ -155,7 +157,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     market, data_path = plan.market, plan.data_path
     if market is None:
         data_path = str(synth.ensure_default(exp.synth, log=print))
-        market = cache.open(data_path)
+        market = cache.open(data_path, verify="background")
     folds = make_fold_dicts(plan.file, exp, market)
     try:
         wplan = plan_workers(
@@ -185,6 +187,10 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
         handle.warmup.remote(cfg.as_dict(), folds[0])
     phases["workers_created"] = time.time()
+    # the data proven (values, content hash) before anything is recorded under its hash: the
+    # check ran while Ray and the workers started; a bad file is one line, exit 2, nothing written
+    proof = market.verify()
+    phases.update(data_verified=time.time(), data_verify_wait_s=proof["waited_s"], data_hash_s=proof["hash_s"])
     # while the workers import torch and load the data: the run directory (then the writer
     # opens the store), then Tune starts its trial processes; a first fold waits on its worker
     sweep = prepare_storage(storage, plan.sweep, exp, plan.file, profile, market, data_path, folds, args, plan.same)
