@@ -378,8 +378,8 @@ def test_same_trials_interrupted_then_resumed(tmp_path):
 
 
 def test_close_orphans(tmp_path):
-    """A trial asked after Tune's last snapshot (a hard kill) is closed, the others kept."""
-    from fxray.sweep.tuner import STUDY, close_orphans
+    """A trial asked for and not yet named (a hard kill in between) is closed, the others kept."""
+    from fxray.sweep.rounds import STUDY, close_orphans
 
     study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     study.tell(study.ask(), 1.0)

@@ -18,6 +18,7 @@ import ray
 from ray.tune import Callback
 
 from fxray.sweep.leases import pool_name
+from fxray.sweep.search import split_config
 from fxray.track.records import FoldRecord
 from fxray.track.results import best_trial, fmt_s, load_records, trial_label
 from fxray.track.writer import FOLDS, append_event
@@ -27,9 +28,12 @@ class SweepLog(Callback):
     """A progress line per finished fold, every fold appended to folds.jsonl, every ended
     trial to events.jsonl.
 
-    Also returns a lease to the pool when a trial ends or is retried (a trial process
-    that died inside a fold cannot return it itself). Holds only the storage path:
-    Tune pickles callbacks into its state, `setup` rebuilds the rest.
+    Trials are named by their fxray id (in their config), not Tune's. A fold is logged
+    once: the one the trial reported, the moment the driver receives it (a fold trained
+    again after a kill was never logged). Also returns a lease to the pool when a trial
+    ends or is retried (a trial process that died inside a fold cannot return it itself).
+    Holds only the storage path: Tune pickles callbacks into its own files, `setup`
+    rebuilds the rest.
     """
 
     def __init__(self, storage: str):
@@ -44,35 +48,34 @@ class SweepLog(Callback):
         rnd = self.sweep["rounds"][-1]
         same = rnd.get("same_trials")  # its trials' lengths are known: the ETA is exact
         self.total = sum(n for _, n in same["trials"]) if same else rnd["trials"] * len(self.sweep["folds"])
-        self.session_folds, self.t0 = 0, time.time()
+        self.session_folds, self.t0, self.round = 0, time.time(), rnd["name"]
         self.pool = ray.get_actor(pool_name(Path(self.storage)))
 
-    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
-        # Not on_trial_result: Tune registers a report's checkpoint a moment after the
-        # result. A fold logged only once its checkpoint is in Tune's state is a fold a
-        # resumed trial will not train again: folds.jsonl and MLflow see it exactly once.
-        # (The trial is blocked in tune.report until then, so last_result is this fold.)
-        result = trial.last_result
+    def on_trial_result(self, iteration, trials, trial, result, **info):
         if "fold" not in result:
             return
+        tid, config = split_config(trial.config)
         rec = FoldRecord.from_flat(result).flat()
-        rec.update(trial_id=trial.trial_id, config=trial.config, t=time.time())
+        if (tid, rec["fold"]) in self.records:  # logged already (a retried trial's report): never twice
+            return
+        rec.update(trial_id=tid, config=config, round=self.round, t=time.time())
         with open(Path(self.storage) / FOLDS, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        self.records[(trial.trial_id, rec["fold"])] = rec
+        self.records[(tid, rec["fold"])] = rec
         self.session_folds += 1
-        round_trials = {t.trial_id for t in trials}
-        done = sum(1 for (tid, _) in self.records if tid in round_trials)
+        done = sum(1 for r in self.records.values() if r.get("round") == self.round)
         best = best_trial(self.records, len(self.sweep["folds"]))
         elapsed = time.time() - self.t0
         eta = (self.total - done) * elapsed / self.session_folds
         n_folds = len(self.sweep["folds"])
         score = "diverged" if rec["status"] != "ok" else f"{rec['score']:+.2f}"
-        best_score = "diverged" if best["status"] != "ok" else f"{best['score']:+.2f}"
+        best_score = (
+            "none (every trial diverged)" if best is None else f"{best['score']:+.2f} ({trial_label(best['trial_id'])})"
+        )
         print(
             f"[{done:>4}/{self.total} folds {fmt_s(elapsed)}, ETA <= {fmt_s(eta)}] "
-            f"{trial_label(trial.trial_id)} fold {rec['fold'] + 1}/{n_folds}: score {score} "
-            f"(pooled val Sharpe of its folds)  | best {best_score} ({trial_label(best['trial_id'])})",
+            f"{trial_label(tid)} fold {rec['fold'] + 1}/{n_folds}: score {score} "
+            f"(pooled val Sharpe of its folds)  | best {best_score}",
             flush=True,
         )
 
@@ -83,9 +86,18 @@ class SweepLog(Callback):
         self._end(trial, "FAILED")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self.pool.release.remote(trial.trial_id)  # a trial process that died cannot return its lease
+        self.pool.release.remote(split_config(trial.config)[0])  # a dead trial process cannot return its lease
 
     def _end(self, trial, status: str) -> None:
-        self.pool.release.remote(trial.trial_id)
-        folds_done = (trial.last_result or {}).get("folds_done", 0)
-        append_event(self.storage, kind="trial_end", trial_id=trial.trial_id, status=status, folds_done=folds_done)
+        tid = split_config(trial.config)[0]
+        self.pool.release.remote(tid)
+        folds = [r for (t, _), r in self.records.items() if t == tid]  # this session's and earlier ones'
+        diverged = any(r["status"] == "diverged" for r in folds)
+        append_event(
+            self.storage,
+            kind="trial_end",
+            trial_id=tid,
+            status=status,
+            folds_done=len(folds),
+            outcome="diverged" if diverged else "ok",
+        )

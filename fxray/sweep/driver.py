@@ -27,17 +27,10 @@ from fxray.data.calendar import Calendar
 from fxray.rl import experiment as expmod
 from fxray.sweep.cluster import start_ray
 from fxray.sweep.leases import Workers, pool_name
+from fxray.sweep.rounds import close_orphans, resume_plan, round_state, trials_started
 from fxray.sweep.rundir import UsageError, locate, make_fold_dicts, prepare_storage, same_trials, write_sweep
-from fxray.sweep.tuner import (
-    MLFLOW_FAILURE,
-    WORKER_FAILURE,
-    check_same_work,
-    close_orphans,
-    debug_log,
-    ended_trials,
-    make_tuner,
-    trials_started,
-)
+from fxray.sweep.trial import config_key
+from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, debug_log, fold_limits, make_tuner
 
 
 @dataclass
@@ -90,6 +83,12 @@ def validate(args, import_s: float = 0.0) -> Plan:
             "--num-cpus/--num-gpus size a local Ray; with --address the cluster's own "
             "resources are used: drop one of them"
         )
+    if args.json:  # found now, not after the whole sweep
+        out = Path(args.json)
+        if out.is_dir() or (out.exists() and not out.is_file()):
+            raise UsageError(f"--json {args.json}: is a directory (or not a file); name a file to write")
+        if not out.absolute().parent.is_dir() and out.absolute().parent.exists():
+            raise UsageError(f"--json {args.json}: {out.parent} is not a directory")
     file, storage, sweep = locate(args, overrides)
     same = same_trials(args, storage, sweep, overrides)
     exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
@@ -147,7 +146,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
 
     # first, so that importing mlflow overlaps Ray's start; it opens the store once sweep.json exists
     writer = stack.enter_context(Writer(storage, plan.uri, on_open=opened, on_error=MLFLOW_FAILURE.append))
-    start_ray(args)
+    start_ray(args)  # a local session's Ray processes end with us, however we end (its reaper)
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
     profile = (plan.sweep or plan.same or {}).get("profile") or (
@@ -219,10 +218,21 @@ def fit(run: Run) -> int | None:
         "checkpoints": str(storage / "checkpoints"),
     }
     debug_log(os.environ.get("FXRAY_TUNE_DEBUG_LOG"))
+    # what is left of the round, from fxray's records (the study, folds.jsonl, events.jsonl)
+    limits, n_folds = fold_limits(sweep["rounds"][-1].get("same_trials")), len(sweep["folds"])
+    left = resume_plan(storage, sweep, lambda sampled: (limits or {}).get(config_key(sampled), n_folds))
+    if left.orphans:
+        print(f"{left.orphans} Optuna trial(s) asked for just before a hard kill marked FAIL (none ran)")
+    if left.resumed or left.ended:
+        print(
+            f"resuming: {len(left.resumed)} trial(s) continue after their last logged fold, "
+            f"{len(left.ended)} ended from the log, {left.n_new} to sample",
+            flush=True,
+        )
     try:
-        tuner = make_tuner(storage, sweep, run.exp, job, run.workers, resumed=plan.args.resume)
         plan.phases["tune_started"] = time.time()
-        tuner.fit()
+        if left.resumed or left.n_new:
+            make_tuner(storage, sweep, run.exp, job, run.workers, left).fit()
         plan.phases["tune_done"] = time.time()
     except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
         run.writer.finish("FAILED")
@@ -246,8 +256,8 @@ def finish(run: Run) -> int:
     from fxray.track import results
 
     plan, storage, sweep = run.plan, run.plan.storage, run.sweep
-    ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
-    unfinished = sweep["rounds"][-1]["trials"] - ended
+    state = round_state(storage, sweep)
+    unfinished, errors = state.unfinished, len(state.errored)
     records = results.load_records(storage)
     summary = results.write_results(
         storage,
@@ -271,7 +281,7 @@ def finish(run: Run) -> int:
         return 130
     orphans = close_orphans(storage)
     if orphans:
-        print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (no Tune trial ran them)")
+        print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (none ran)")
     sweep["rounds"][-1]["done"] = errors == 0
     write_sweep(storage, sweep)
     lost = run.writer.finish("FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"], summary["artifacts"])
@@ -292,8 +302,11 @@ def finish(run: Run) -> int:
 
 def sweep_run(args, import_s: float = 0.0) -> int:
     """validate, start, fit, finish; whatever was started ends with the run, however it ends."""
+    from fxray.sweep.lock import hold
+
     plan = validate(args, import_s)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(hold(plan.storage, plan.sweep))  # one sweep at a time in a run directory
         run = start(plan, stack)
         stopped = fit(run)
         return stopped if stopped is not None else finish(run)

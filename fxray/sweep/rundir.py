@@ -83,8 +83,21 @@ def same_trials(args, storage: Path, sweep: dict | None, overrides: dict) -> dic
 
 
 def read_sweep(storage: Path) -> dict | None:
+    """The run directory's sweep.json, None if there is none; UsageError if it is not one."""
+    if storage.exists() and not storage.is_dir():
+        raise UsageError(f"--storage {storage}: is a file, not a run directory; pass a directory")
     path = storage / "sweep.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        sweep = json.loads(path.read_text())
+        sweep["rounds"][-1]["done"]  # noqa: B018 (what every use of it reads first)
+    except (ValueError, KeyError, IndexError, TypeError) as e:  # JSON errors are ValueErrors
+        raise UsageError(
+            f"{path}: not a sweep's record ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "restore it, or pass --storage DIR for a new sweep"
+        ) from None
+    return sweep
 
 
 def write_sweep(storage: Path, sweep: dict) -> None:

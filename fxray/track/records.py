@@ -137,6 +137,8 @@ class FoldRecord:
         `metric`; an undefined value (None: e.g. a diverged fold's Sharpe) is not logged."""
         out = {f"{w}_{k}": getattr(self, w).get(k) for w in WINDOWS for k in WINDOW_METRICS}
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["metric"]})
+        if self.status != "ok":  # a diverged fold's trial has no score (the run's tag fxray.status says why)
+            out["score"] = None
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 

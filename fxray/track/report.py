@@ -44,9 +44,9 @@ def verdict(best: dict) -> str:
 
 
 def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -> None:
-    trials = sorted(
-        results["trials"], key=lambda t: (t["status"] == "ok", t["folds_done"] >= n_folds, t["score"]), reverse=True
-    )[:top]
+    ok = [t for t in results["trials"] if t["status"] == "ok"]  # a diverged trial has no score: listed last
+    trials = sorted(ok, key=lambda t: (t["folds_done"] >= n_folds, t["score"]), reverse=True)
+    trials = (trials + [t for t in results["trials"] if t["status"] != "ok"])[:top]
     print(
         f"\ntop {len(trials)} of {results['n_trials']} trials by score (pooled val Sharpe of the folds each ran; "
         f"{n_folds} folds, fewer = stopped by ASHA); wall time {results['wall_s'] / 60:.1f} min"

@@ -159,19 +159,25 @@ class Tracker:
         self.client.log_dict(run_id, fold_returns(record), f"{RETURNS_DIR}/fold{step}.json")
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, step) for k, v in record.mlflow_metrics().items()]
-        self.client.log_batch(run_id, metrics=metrics)
+        # a diverged fold marks its run at once (its metrics are left out, never logged as 0)
+        tags = [RunTag("fxray.status", "diverged")] if record.status == "diverged" else []
+        self.client.log_batch(run_id, metrics=metrics, tags=tags)
         self.steps[run_id].add(step)
 
-    def end_trial(self, trial_id: str, folds_done: int, n_folds: int, status: str = "FINISHED") -> None:
+    def end_trial(
+        self, trial_id: str, folds_done: int, n_folds: int, status: str = "FINISHED", outcome: str | None = None
+    ) -> None:
         """End a child run. Its summary is the last point of mean_val_sharpe / mean_test_sharpe
-        (the running means, logged per fold); folds_done < n_folds means ASHA stopped it."""
+        (the running means, logged per fold); folds_done < n_folds means ASHA stopped it (or it
+        diverged: tag fxray.status "diverged", else "ok")."""
         if trial_id in self.finished or trial_id not in self.children:
             return
         run_id = self.children[trial_id]
         last = Metric("folds_done", folds_done, int(time.time() * 1000), max(folds_done - 1, 0))
-        self.client.log_batch(
-            run_id, metrics=[last], tags=[RunTag("fxray.stopped_early", str(folds_done < n_folds).lower())]
-        )
+        tags = [RunTag("fxray.stopped_early", str(folds_done < n_folds and outcome != "diverged").lower())]
+        if outcome is not None:
+            tags.append(RunTag("fxray.status", outcome))
+        self.client.log_batch(run_id, metrics=[last], tags=tags)
         self.client.set_terminated(run_id, status)
         if status == "FINISHED":
             self.finished.add(trial_id)

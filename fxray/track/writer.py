@@ -235,7 +235,7 @@ def serve(storage: str, uri: str, session: str) -> int:
         for line in new_events:
             ev = json.loads(line)
             if ev["kind"] == "trial_end":
-                write(tracker.end_trial, ev["trial_id"], ev["folds_done"], n_folds, ev["status"])
+                write(tracker.end_trial, ev["trial_id"], ev["folds_done"], n_folds, ev["status"], ev.get("outcome"))
             elif ev["kind"] == "sweep_end" and ev["session"] == session:
                 write(tracker.end_sweep, ev["status"], ev["summary"], [tuple(a) for a in ev["artifacts"]])
                 return True
