@@ -47,15 +47,22 @@ def resolve_device(name: str) -> str:
 
 
 def parse_sets(pairs: list[str]) -> dict:
-    """['lr=1e-3', 'dueling=false'] -> {'lr': 0.001, 'dueling': False} (YAML scalars)."""
+    """['lr=1e-3', 'dueling=false'] -> {'lr': 0.001, 'dueling': False} (YAML scalars, read as
+    an experiment file's are: 1e-3 is a number)."""
     import yaml
+
+    from fxray.rl.experiment import yaml_value
 
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--set {pair!r}: write KEY=VALUE, e.g. --set lr=1e-3")
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml_value(value)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"--set {pair!r}: {value!r} is not a YAML value ({problem}); quote a string") from None
     return out
 
 

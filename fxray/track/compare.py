@@ -39,8 +39,13 @@ def open_store(uri: str | None):
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one per small download
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
-        raise CompareError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        if not db.is_file():
+            raise CompareError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
+        with open(db, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":  # else SQLAlchemy fails deep inside MLflow
+                raise CompareError(f"--tracking-uri {uri}: {db} is not an SQLite database (an MLflow store)")
     mlflow.set_tracking_uri(uri)
     return MlflowClient(uri), uri
 

@@ -49,15 +49,50 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
-def check_uri(uri: str) -> None:
-    """A sqlite store whose folder is missing or read-only fails here, before anything
-    starts; other stores are checked when the sweep opens them."""
-    path = sqlite_path(uri)
-    if path is not None and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "file", "http", "https", "databricks")
+
+
+def check_uri(uri: str, timeout: float = 5.0) -> None:
+    """The store is checked before anything starts (ValueError, one line): a known scheme; a
+    sqlite file that is an SQLite database (or none yet) in a writable folder; a tracking
+    server that answers. Other databases are checked when the writer opens them."""
+    scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else "file"
+    if scheme not in SCHEMES:
         raise ValueError(
-            f"MLFLOW_TRACKING_URI {uri}: {path.parent} is not a writable folder; "
-            "point it at a writable path (or unset it for ./mlflow.db)"
+            f"MLFLOW_TRACKING_URI {uri}: {scheme!r} is not a store MLflow opens ({', '.join(SCHEMES)}); "
+            "e.g. sqlite:////abs/path/mlflow.db or http://127.0.0.1:5000"
         )
+    path = sqlite_path(uri)
+    if path is not None:
+        if not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+            raise ValueError(
+                f"MLFLOW_TRACKING_URI {uri}: {path.parent} is not a writable folder; "
+                "point it at a writable path (or unset it for ./mlflow.db)"
+            )
+        if path.exists() and (not path.is_file() or _head(path) not in (b"", b"SQLite format 3\x00")):
+            raise ValueError(
+                f"MLFLOW_TRACKING_URI {uri}: {path} is not an SQLite database; point it at an MLflow store "
+                "or a new file"
+            )
+    elif scheme in ("http", "https"):  # MLflow would retry for minutes: one quick look instead
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).close()
+        except urllib.error.HTTPError:
+            pass  # something answers: the writer finds out whether it is MLflow
+        except (OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise ValueError(
+                f"MLFLOW_TRACKING_URI {uri}: no tracking server answers there ({reason}); "
+                "start it (mlflow server --host 127.0.0.1) or unset it for ./mlflow.db"
+            ) from None
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(16)
 
 
 class Tracker:
