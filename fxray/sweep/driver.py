@@ -145,7 +145,9 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
         phases["mlflow_ready"] = time.time()
 
     # first, so that importing mlflow overlaps Ray's start; it opens the store once sweep.json exists
-    writer = stack.enter_context(Writer(storage, plan.uri, on_open=opened, on_error=MLFLOW_FAILURE.append))
+    writer = stack.enter_context(
+        Writer(storage, plan.uri, on_open=opened, on_error=MLFLOW_FAILURE.append, wait_for_go=True)
+    )
     start_ray(args)  # a local session's Ray processes end with us, however we end (its reaper)
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
@@ -195,6 +197,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     sweep = prepare_storage(storage, plan.sweep, exp, plan.file, profile, market, data_path, folds, args, plan.same)
     run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts))
     prepared.set()
+    writer.go()  # the sweep is checked and recorded: the store may be opened now
     watch_workers(workers, t0, phases)
     return run
 

@@ -8,7 +8,8 @@ outlive a driver killed with SIGKILL (their parent is the raylet; they are re-pa
 init and wait forever). This process waits for its stdin to close (the driver's end: a
 clean exit, a crash or a kill -9 alike), gives a clean `ray.shutdown` a moment, then ends
 every process of this user that belongs to that one session: its environment names the
-node (RAY_NODE_ID) or its command line names the session directory. Nothing else is
+node (RAY_NODE_ID), its command line names the session directory, or it holds a file of
+that directory open (the agents keep their logs there). Nothing else is
 touched: not another user's Ray, not another session of ours, not a cluster (--address).
 Stdlib only, so it starts in milliseconds.
 """
@@ -54,9 +55,26 @@ def session_pids(node_id: str, session_dir: str) -> list[int]:
             cmd = (entry / "cmdline").read_bytes()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if marks[0] in env or marks[1] in cmd:
+        if marks[0] in env or marks[1] in cmd or _holds_file_in(entry, session_dir):
             out.append(int(entry.name))
     return out
+
+
+def _holds_file_in(proc: Path, directory: str) -> bool:
+    """Whether the process has a file of `directory` open (Ray's agents keep their session's
+    log files open; their command line is rewritten and their environment may not name it)."""
+    try:
+        fds = list((proc / "fd").iterdir())
+    except OSError:
+        return False
+    prefix = directory.rstrip("/") + "/"
+    for fd in fds:
+        try:
+            if os.readlink(fd).startswith(prefix):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def reap(node_id: str, session_dir: str) -> int:

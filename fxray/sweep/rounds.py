@@ -28,15 +28,14 @@ STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
 TRIAL_ATTR, ROUND_ATTR = "fxray.trial_id", "fxray.round"
 
 
-def load_study(storage: Path, sampler=None, create: bool = False):
+def load_study(storage: Path, sampler=None):
+    """The sweep's study, created if absent (a kill may come between the file and the study)."""
     import optuna
 
     rdb = optuna.storages.RDBStorage(f"sqlite:///{Path(storage) / 'optuna.db'}")
-    if create:
-        return optuna.create_study(
-            study_name=STUDY, storage=rdb, sampler=sampler, direction="maximize", load_if_exists=True
-        )
-    return optuna.load_study(study_name=STUDY, storage=rdb, sampler=sampler)
+    return optuna.create_study(
+        study_name=STUDY, storage=rdb, sampler=sampler, direction="maximize", load_if_exists=True
+    )
 
 
 def trial_id_of(number: int) -> str:

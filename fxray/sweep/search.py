@@ -51,7 +51,7 @@ class StudySearch(Searcher):
         if self._study is None:
             import optuna
 
-            self._study = load_study(self.storage, optuna.samplers.TPESampler(seed=self.seed), create=True)
+            self._study = load_study(self.storage, optuna.samplers.TPESampler(seed=self.seed))
         return self._study
 
     def __getstate__(self):  # Tune pickles its searcher into its own files: no live database handle

@@ -155,7 +155,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, pla
     trainable = tune.with_resources(
         tune.with_parameters(fold_trial, job=job, workers=workers), trial_resources(exp.sweep.cpu_per_trial)
     )  # on the head if multi-node
-    study = load_study(storage, create=True)
+    study = load_study(storage)
     if same and not study.get_trials(deepcopy=False):  # the first session of the round: enqueue once
         for sampled, _ in same["trials"]:
             study.enqueue_trial(sampled)
