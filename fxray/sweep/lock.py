@@ -21,6 +21,29 @@ from fxray.sweep.rundir import UsageError, read_sweep
 LOCK = ".lock"
 
 
+def held_by(storage: Path) -> str | None:
+    """The pid (as written) of the driver holding the run directory's lock now, else None.
+    Writes nothing: a probe before anything else is checked."""
+    try:
+        fd = os.open(Path(storage) / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+    finally:
+        os.close(fd)  # (releases our probe's lock, if it got it)
+    return None
+
+
+def refusal(storage: Path, pid: str) -> str:
+    return (
+        f"{storage}: another sweep (pid {pid}) is running in this run directory; "
+        "wait for it to end, or pass --storage DIR for a separate sweep"
+    )
+
+
 @contextlib.contextmanager
 def hold(storage: Path, expected: dict | None):
     """Hold the run directory's lock; `expected` is the sweep.json the caller validated against
@@ -36,10 +59,7 @@ def hold(storage: Path, expected: dict | None):
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise UsageError(
-            f"{storage}: another sweep (pid {holder}) is running in this run directory; "
-            "wait for it to end, or pass --storage DIR for a separate sweep"
-        ) from None
+        raise UsageError(refusal(storage, holder)) from None
     try:
         if read_sweep(storage) != expected:
             raise UsageError(f"{storage}: its sweep.json changed while this sweep was being checked; run it again")

@@ -35,6 +35,11 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
         file = args.experiment or expmod.default_experiment()
         storage = storage or (Path("runs") / expmod.load(file, "gpu", overrides).name).absolute()
         sweep = read_sweep(storage)
+    from fxray.sweep.lock import held_by, refusal
+
+    holder = held_by(storage)
+    if holder is not None:  # first: what it holds is changing under us
+        raise UsageError(refusal(storage, holder))
     if args.resume and sweep is None:
         raise UsageError(f"{storage}: no sweep to resume (no sweep.json); run without --resume")
     if sweep is None:
