@@ -113,13 +113,29 @@ def load_bars(path, fmt: str = "auto", tz: str | None = None) -> Bars:
         files = [p for p in sorted(path.iterdir()) if p.is_file() and not _skipped(p)]
         if not files:
             _fail(path, "directory has no bar files (.csv, .csv.gz, .parquet, Lean *_trade.zip)")
-        parts = [_read_file(p, fmt, tz) for p in files]
+        parts = [_positive_prices(p, _read_file(p, fmt, tz)) for p in files]
         raw = {k: np.concatenate([p[k] for p in parts]) for k in ("ts", *_PRICE)}
         vols = [p["volume"] if p["volume"] is not None else np.zeros(len(p["ts"])) for p in parts]
         raw["volume"] = None if all(p["volume"] is None for p in parts) else np.concatenate(vols)
     else:
-        raw = _read_file(path, fmt, tz)
+        raw = _positive_prices(path, _read_file(path, fmt, tz))
     return _clean(path, raw)
+
+
+def _positive_prices(path, raw: dict) -> dict:
+    """A price at or below zero is a broken row, not a gap (a missing price is one: dropped
+    later): refused naming the file, the row and the value; its log return would be NaN."""
+    for k in _PRICE:
+        v = np.asarray(raw[k], np.float64)
+        bad = np.flatnonzero(np.isfinite(v) & (v <= 0))
+        if len(bad):
+            row = int(bad[0])
+            _fail(
+                path,
+                f"{k} {float(v[row])!r} at data row {row} (and {len(bad) - 1} more) is not a positive price; "
+                "fix or remove those rows",
+            )
+    return raw
 
 
 def build_cache(
