@@ -296,3 +296,19 @@ def test_csv_errors_quote_the_bad_value(tmp_path):
     path.write_text("timestamp,open,high,low,close\n2024-01-01 00:00:00,1,1,1,1.5\n2024-01-01 00:01:00,1,1,1,oops\n")
     with pytest.raises(BarsError, match="'oops' at data row 1"):
         load_bars(path)
+
+
+def test_resume_refuses_a_data_file_replaced_by_another(work):
+    """A run directory whose sweep ran on other contents than the data file holds now."""
+    (work / "old").mkdir()
+    (work / "old/experiment.yaml").write_text((work / "tiny.yaml").read_text())
+    sweep = {
+        "rounds": [{"name": "tune", "trials": 2, "seed": 0, "done": False}],
+        "data": {"path": str(work / "m.fxcache"), "content_hash": "0" * 32},
+        "mlflow": {"uri": f"sqlite:///{work / 'mlflow.db'}"},
+    }
+    (work / "old/sweep.json").write_text(json.dumps(sweep))
+    one_line(
+        run("fxray.tune", "--storage", "old", "--resume", cwd=work), "its contents changed since the sweep started"
+    )
+    assert sorted(os.listdir(work / "old")) == ["experiment.yaml", "sweep.json"]
