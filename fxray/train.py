@@ -344,6 +344,10 @@ def main(argv=None) -> int:
         return 2
     if not args.from_run and args.seed is None:
         args.seed = 0
+    for flag, path, want_dir in (("--json", args.json, False), ("--checkpoint-dir", args.checkpoint_dir, True)):
+        if path is not None and path.exists() and path.is_dir() != want_dir:  # found now, not after training
+            print(f"error: {flag} {path}: is {'not ' if want_dir else ''}a directory", file=sys.stderr)
+            return 2
     try:
         result = run(args)
     except (ValueError, OSError) as e:

@@ -312,3 +312,10 @@ def test_resume_refuses_a_data_file_replaced_by_another(work):
         run("fxray.tune", "--storage", "old", "--resume", cwd=work), "its contents changed since the sweep started"
     )
     assert sorted(os.listdir(work / "old")) == ["experiment.yaml", "sweep.json"]
+
+
+def test_train_json_naming_a_directory_is_refused_before_training(work):
+    (work / "out").mkdir()
+    out = run("fxray.train", "--data", "m.fxcache", "--experiment", "tiny.yaml", "--json", "out", cwd=work)
+    one_line(out, "--json out: is a directory")
+    assert "fold" not in out.stdout
