@@ -335,6 +335,10 @@ def main(argv=None) -> int:
     from mlflow.exceptions import MlflowException
 
     try:
+        for flag, path in (("--out", args.out), ("--json", args.json)):
+            kind = "directory" if flag == "--out" else "file"
+            if path and Path(path).exists() and Path(path).is_dir() != (kind == "directory"):
+                raise CompareError(f"{flag} {path}: is not a {kind}; name a {kind} to write")
         run(args)
     except (CompareError, MlflowException) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -48,15 +48,22 @@ def resolve_device(name: str) -> str:
 
 
 def parse_sets(pairs: list[str]) -> dict:
-    """['lr=1e-3', 'dueling=false'] -> {'lr': 0.001, 'dueling': False} (YAML scalars)."""
+    """['lr=1e-3', 'dueling=false'] -> {'lr': 0.001, 'dueling': False} (YAML scalars, read as
+    an experiment file's are: 1e-3 is a number)."""
     import yaml
+
+    from fxray.rl.experiment import yaml_value
 
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--set {pair!r}: write KEY=VALUE, e.g. --set lr=1e-3")
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml_value(value)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"--set {pair!r}: {value!r} is not a YAML value ({problem}); quote a string") from None
     return out
 
 
@@ -142,7 +149,7 @@ def run(args) -> dict:
     else:
         data_path, spec, cfg, name = load_setup(args)
     t0 = time.perf_counter()
-    market = cache.open(data_path)
+    market = cache.open(data_path, verify="background")  # values + content hash: in a thread
     if origin:
         if market.content_hash != origin["dataset_hash"]:
             raise ValueError(
@@ -163,6 +170,7 @@ def run(args) -> dict:
         flush=True,
     )
     trainer = Trainer(data, cfg)
+    market.verify()  # the data proven (values, content hash) before a fold is trained and reported
     results = []
     for k in chosen:
         seed = origin["seed"] if origin else args.seed + k  # a sweep trains every fold with its seed
@@ -368,6 +376,10 @@ def main(argv=None) -> int:
         return 2
     if not args.from_run and args.seed is None:
         args.seed = 0
+    for flag, path, want_dir in (("--json", args.json, False), ("--checkpoint-dir", args.checkpoint_dir, True)):
+        if path is not None and path.exists() and path.is_dir() != want_dir:  # found now, not after training
+            print(f"error: {flag} {path}: is {'not ' if want_dir else ''}a directory", file=sys.stderr)
+            return 2
     try:
         result = run(args)
     except (ValueError, OSError) as e:

@@ -3,6 +3,9 @@
     FXRAY_WORKER_CLASS=faults:FaultyWorker  FXRAY_FAULT=W:N     worker W's first incarnation exits
                                                                   hard on its N-th fold
                                             FXRAY_FAULT=W:load  worker W's constructor raises
+                                            FXRAY_FAULT=diverge:G  every fold of a config with
+                                                                  gamma >= G comes back diverged,
+                                                                  as the Trainer returns one
 (tests/ must be on PYTHONPATH: see `fault_env` in test_tune.py)
 """
 
@@ -23,7 +26,15 @@ class FaultyWorker(DeviceWorker):
         # a worker Ray restarted after the injected exit runs normally
         self.exit_on_call = int(when) if mine and when.isdigit() and not self.restarted else 0
 
-    def train_fold(self, *args, **kwargs):
+    def train_fold(self, config, *args, **kwargs):
         if self.n_calls + 1 == self.exit_on_call:
             os._exit(1)
-        return super().train_fold(*args, **kwargs)
+        result = super().train_fold(config, *args, **kwargs)
+        kind, _, threshold = os.environ.get("FXRAY_FAULT", "").partition(":")
+        if kind == "diverge" and config["gamma"] >= float(threshold) and result["status"] == "ok":
+            # what rl/trainer.py returns for a fold whose loss or |Q| blew up: no val/test result
+            result.update(
+                status="diverged", best_epoch=-1, val={}, test={}, val_score=None, checkpoint="",
+                val_periods={}, test_periods={}, test_daily_returns=[],
+            )  # fmt: skip
+        return result

@@ -173,8 +173,8 @@ def test_cleaning_sorts_dedups_drops_and_repairs(tmp_path):
         "timestamp_utc,open,high,low,close,volume\n"
         "2024-01-01 00:03:00,1.0,1.1,0.9,1.05,5\n"
         "2024-01-01 00:01:00,1.0,1.1,0.9,1.00,5\n"
-        "2024-01-01 00:02:00,1.0,1.1,0.9,-1.0,5\n"  # negative close: dropped
         "2024-01-01 00:02:00,1.0,1.1,0.9,,5\n"  # missing close: dropped
+        "2024-01-01 00:02:00,1.0,1.1,0.9,nan,5\n"  # missing close: dropped
         "2024-01-01 00:01:00,1.0,1.1,0.9,1.01,5\n"  # duplicate stamp: the last row wins
         "2024-01-01 00:04:00,1.0,1.02,0.99,1.2,-3\n"  # close above high: high repaired
         "2024-01-01 00:05:00,1.0,1.1,0.9,1.0,nan\n"
@@ -236,7 +236,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         ("empty.csv", "", {}, "empty file"),
         ("header.csv", head, {}, "no rows"),
         ("text.csv", head + row + ",1,1,1,abc\n", {}, "column 'close' is not numeric"),
-        ("allbad.csv", head + row + ",0,0,0,0\n", {}, "no valid bars"),
+        ("allbad.csv", head + row + ",,,,\n", {}, "no valid bars"),
+        ("zero.csv", head + row + ",1,1,1,1\n" + row[:-1] + "1,1,1,1,0\n", {}, "close 0.0 at data row 1"),
+        ("neg.csv", head + row + ",1,1,-1.5,1\n", {}, "low -1.5 at data row 0 (and 0 more)"),
+        ("text2.csv", head + row + ",1,1,1,1.5\n" + row + ",1,1,1,x1\n", {}, "'x1' at data row 1"),
+        ("badts2.csv", head + row + ",1,1,1,1\nnot a time,1,1,1,1\n", {}, "'not a time' at data row 1"),
         ("bars.xlsx", "whatever", {}, "unknown bar file format"),
         ("x.csv", "t,o,h,l,c\n", {"fmt": "excel"}, "unknown format 'excel'"),
         ("nothere.csv", None, {}, "no such file"),

@@ -17,7 +17,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from fxray.data import cache
+from fxray.data import cache, integrity
 from fxray.data.cache import CacheError
 
 FEATURE_NAMES = [f"feat_{i}" for i in range(cache.N_FEATURES)]
@@ -54,7 +54,8 @@ def good_meta(arrays: dict, **override) -> dict:
         "instrument": json.dumps("EURUSD"),
         "bar": json.dumps("1min"),
         "source": json.dumps("raw pyarrow"),
-        "content_hash": json.dumps(cache.content_hash(*arrays.values())),
+        # sha256 and no content_hash_algo key: a file written before BLAKE3 (it must still verify)
+        "content_hash": json.dumps(integrity.content_hash(*arrays.values(), algo="sha256")),
     }
     meta.update(override)
     return {k: v for k, v in meta.items() if v is not None}
@@ -121,17 +122,17 @@ def test_round_trip_arrays_and_metadata(tmp_path, n):
     assert (m.meta["instrument"], m.meta["bar"], m.meta["source"]) == ("EURUSD", "1min", "test")
     assert m.meta["synth"] == extra["synth"] and m.meta["note"] == "hello"
     assert m.meta["fxray.version"] == cache.FORMAT_VERSION
-    assert digest == m.content_hash == cache.content_hash(m.ts, m.features, m.ofi, m.targets)
-    assert digest == cache.content_hash(*arrays.values())
+    assert digest == m.content_hash == integrity.content_hash(m.ts, m.features, m.ofi, m.targets)
+    assert digest == integrity.content_hash(*arrays.values())
 
 
 def test_content_hash_sees_every_column(tmp_path):
     arrays = make_arrays(50)
-    base = cache.content_hash(*arrays.values())
+    base = integrity.content_hash(*arrays.values())
     for name in arrays:
         changed = {k: v.copy() for k, v in arrays.items()}
         changed[name].reshape(-1)[-1] += 1
-        assert cache.content_hash(*changed.values()) != base, name
+        assert integrity.content_hash(*changed.values()) != base, name
 
 
 def test_ofi_none_writes_zeros_and_lists_are_accepted(tmp_path):
@@ -225,13 +226,13 @@ def big(tmp_path_factory):
     ofi = np.ones((n, cache.N_OFI), np.float32)
     ofi[:, -1] = -np.arange(n)
     targets = np.ones((n, 4))
-    targets[:, 3] = np.arange(n) / 7
+    targets[:, 3] = (np.arange(n) + 1) / 7  # prices > 0
     arrays = {"ts": ts, "features": features, "ofi": ofi, "targets": targets}
     path = tmp_path_factory.mktemp("big") / "big.fxcache"
     # the floor any writer pays: hash the columns, write their bytes, fsync (timed alike,
     # so a loaded machine or slow disk moves both)
     t0 = time.perf_counter()
-    cache.content_hash(*arrays.values())
+    integrity.content_hash(*arrays.values())
     with open(path.with_suffix(".raw"), "wb") as f:
         for a in arrays.values():
             f.write(a.data)
@@ -251,7 +252,7 @@ def test_million_rows_round_trip_without_per_row_cost(big):
         f"writing 1M rows took {write_s:.2f}s vs {write_floor_s:.2f}s to hash + dump: per-row work?"
     )
     # the floor for open: one vectorised pass over every mapped value (as the checks make)
-    unchecked = cache.open(path, check_values=False)
+    unchecked = cache.open(path, verify="no")
     t0 = time.perf_counter()
     for name in arrays:
         getattr(unchecked, name).sum()
@@ -264,7 +265,7 @@ def test_million_rows_round_trip_without_per_row_cost(big):
     )
     for name, want in arrays.items():  # np.array_equal: assert_array_equal is ~30x slower here
         assert np.array_equal(getattr(m, name), want), name
-    assert m.content_hash == digest == cache.content_hash(m.ts, m.features, m.ofi, m.targets)
+    assert m.content_hash == digest == integrity.content_hash(m.ts, m.features, m.ofi, m.targets)
 
 
 def _mapped_ranges(path) -> list[tuple[int, int]]:
@@ -301,7 +302,7 @@ def test_opening_allocates_nothing_the_size_of_the_data(big):
     arrow_before = pa.total_allocated_bytes()
     tracemalloc.start()
     try:
-        m = cache.open(path)  # check_values=True: the NaN/Inf and monotonic scans included
+        m = cache.open(path)  # verify="now": the value scans and the content hash included
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -553,11 +554,11 @@ def test_check_values_false_skips_only_the_value_scan(tmp_path):
     arrays["features"][3, 3] = np.nan
     arrays["ts"][7] = arrays["ts"][6]
     path = raw_write(tmp_path / "m.fxcache", raw_table(arrays))
-    m = cache.open(path, check_values=False)
+    m = cache.open(path, verify="no")
     assert np.isnan(m.features[3, 3]) and m.ts[7] == m.ts[6]
     bad = raw_write(tmp_path / "w.fxcache", raw_table(arrays, features=fixed_list(arrays["features"][:, :41])))
     with pytest.raises(CacheError):
-        cache.open(bad, check_values=False)
+        cache.open(bad, verify="no")
 
 
 @pytest.mark.parametrize("column", ["ts", "features", "targets"])
@@ -582,7 +583,7 @@ def test_null_list_entry(tmp_path):
     open_error(path, "'ofi'", "null")
 
 
-@pytest.mark.parametrize("version", ["2", "0", "", '"1"'])
+@pytest.mark.parametrize("version", ["2", "0", "", '"2"', "1.0", "true"])
 def test_unknown_version(tmp_path, version):
     arrays = make_arrays(20)
     path = raw_write(tmp_path / "m.fxcache", raw_table(arrays, meta=good_meta(arrays, **{"fxray.version": version})))
@@ -604,8 +605,8 @@ def test_no_metadata_at_all(tmp_path):
 
 def test_metadata_not_json(tmp_path):
     arrays = make_arrays(20)
-    path = raw_write(tmp_path / "m.fxcache", raw_table(arrays, meta=good_meta(arrays, instrument="EURUSD")))
-    open_error(path, "not JSON")
+    path = raw_write(tmp_path / "m.fxcache", raw_table(arrays, meta=good_meta(arrays, feature_names="[feat_0,")))
+    open_error(path, "feature_names", "not JSON")
 
 
 def test_metadata_not_utf8(tmp_path):
@@ -640,7 +641,7 @@ def test_zero_rows(tmp_path):
 
 def test_sliced_batch_is_read_at_its_offset(tmp_path):
     arrays = make_arrays(20)
-    table = raw_table(arrays).slice(5, 10)
+    table = raw_table(arrays, meta=good_meta({k: v[5:15] for k, v in arrays.items()})).slice(5, 10)
     path = raw_write(tmp_path / "m.fxcache", table)
     m = cache.open(path)
     for name, want in arrays.items():
@@ -698,3 +699,119 @@ def test_write_argument_errors(tmp_path, case):
         write(path, merged, **meta)
     assert_one_line(err, path)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- integrity: the O(N) checks and the content hash (fxray.data.integrity) --------------
+
+
+def test_blake3_content_hash_is_the_plain_single_threaded_digest_of_the_columns():
+    """The multi-threaded hash against an independent one: hashlib's BLAKE2 cannot check it,
+    but BLAKE3 of the concatenated column bytes on one thread can."""
+    import blake3
+
+    arrays = make_arrays(3000)
+    joined = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays.values())
+    assert integrity.content_hash(*arrays.values()) == blake3.blake3(joined).hexdigest()[:32]
+    import hashlib
+
+    assert integrity.content_hash(*arrays.values(), algo="sha256") == hashlib.sha256(joined).hexdigest()[:32]
+
+
+def test_a_new_file_names_its_hash_and_an_old_sha256_file_still_verifies(tmp_path):
+    arrays = make_arrays(50)
+    write(tmp_path / "new.fxcache", arrays)
+    new = cache.open(tmp_path / "new.fxcache")
+    assert new.meta["content_hash_algo"] == "blake3" and new.verify()["algo"] == "blake3"
+    old = cache.open(raw_write(tmp_path / "old.fxcache", raw_table(arrays)))  # no algo key: sha256
+    assert "content_hash_algo" not in old.meta and old.verify()["algo"] == "sha256"
+
+
+def _flip_a_close_byte(path: Path, arrays: dict) -> None:
+    raw = path.read_bytes()
+    offset = raw.find(arrays["targets"][7].tobytes()) + 3 * 8 + 5  # row 7's close, a middle byte
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes([raw[offset] ^ 0x01]), offset)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("verify", ["now", "background"])
+def test_a_flipped_byte_is_detected(tmp_path, verify):
+    arrays = make_arrays(100)
+    path = tmp_path / "m.fxcache"
+    write(path, arrays)
+    _flip_a_close_byte(path, arrays)
+    with pytest.raises(CacheError) as err:
+        cache.open(path, verify=verify).verify()
+    assert_one_line(err, path, "do not match its stored content hash")
+
+
+def test_a_file_cut_down_to_one_row_under_the_old_metadata_is_detected(tmp_path):
+    arrays = make_arrays(100)
+    one = {k: v[:1] for k, v in arrays.items()}
+    path = raw_write(tmp_path / "m.fxcache", raw_table(one, meta=good_meta(arrays)))
+    open_error(path, "do not match its stored content hash")
+
+
+def test_open_is_metadata_only_and_the_checks_run_in_the_background(tmp_path):
+    arrays = make_arrays(20)
+    arrays["features"][3, 3] = np.nan
+    path = raw_write(tmp_path / "m.fxcache", raw_table(arrays))
+    m = cache.open(path, verify="background")  # structure only here: no error yet
+    assert np.isnan(m.features[3, 3])
+    with pytest.raises(CacheError) as err:
+        m.verify()
+    assert_one_line(err, path, "NaN/Inf", "row 3")
+    with pytest.raises(CacheError):  # and again: the answer is kept
+        m.verify()
+
+
+@pytest.mark.parametrize("column", [0, 3])
+@pytest.mark.parametrize("price", [0.0, -1.5])
+def test_prices_at_or_below_zero_are_refused_naming_the_row(tmp_path, column, price):
+    arrays = make_arrays(30)
+    arrays["targets"][11, column] = price
+    with pytest.raises(CacheError) as err:
+        write(tmp_path / "w.fxcache", arrays)
+    assert_one_line(err, tmp_path / "w.fxcache", "price <= 0", "row 11", ("open", "high", "low", "close")[column])
+    path = raw_write(tmp_path / "m.fxcache", raw_table(arrays))
+    open_error(path, "price <= 0", "row 11")
+
+
+def test_plain_string_metadata_as_other_programs_write_it(tmp_path):
+    arrays = make_arrays(20)
+    meta = good_meta(arrays, instrument="ES", bar="1min", source="rust pipeline", **{"fxray.version": "1"})
+    meta["content_hash"] = json.loads(meta["content_hash"])  # the hex digest, unquoted
+    meta["pipeline.note"] = "not json, kept as written"
+    m = cache.open(raw_write(tmp_path / "m.fxcache", raw_table(arrays, meta=meta)))
+    assert (m.meta["instrument"], m.meta["bar"], m.meta["source"]) == ("ES", "1min", "rust pipeline")
+    assert m.meta["fxray.version"] == "1" and m.meta["pipeline.note"] == "not json, kept as written"
+    quoted = good_meta(arrays, **{"fxray.version": '"1"', "instrument": "1"})  # JSON "1"; a name "1"
+    m = cache.open(raw_write(tmp_path / "q.fxcache", raw_table(arrays, meta=quoted)))
+    assert m.meta["fxray.version"] == "1" and m.meta["instrument"] == "1"
+
+
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("feature_names", json.dumps({"a": 1}), "must be a JSON list of 42 strings"),
+        ("feature_names", json.dumps([1] * 42), "must be a JSON list of 42 strings"),
+        ("feature_names", json.dumps(FEATURE_NAMES[:41]), "has 41 names for the 42 columns"),
+        ("ofi_names", json.dumps(OFI_NAMES + ["x"]), "has 9 names for the 8 columns"),
+        ("content_hash_algo", json.dumps("md5"), "content_hash_algo: 'md5' is not a hash fxray knows"),
+    ],
+)
+def test_a_wrong_metadata_value_names_its_key(tmp_path, key, value, needle):
+    arrays = make_arrays(20)
+    path = raw_write(tmp_path / "m.fxcache", raw_table(arrays, meta=good_meta(arrays, **{key: value})))
+    open_error(path, key, needle)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "m.fxcache"
+    os.mkfifo(fifo)
+    t0 = time.perf_counter()
+    open_error(fifo, "is a FIFO, not an fxcache file")
+    assert time.perf_counter() - t0 < 1.0

@@ -101,14 +101,17 @@ def test_expected_folds_under_asha_by_hand():
 
 class FakeTrial:
     def __init__(self, trial_id):
-        self.trial_id = trial_id
+        from fxray.sweep.search import TRIAL_KEY
+
+        self.config = {TRIAL_KEY: trial_id, "lr": 1e-3}  # trials are known by their fxray id
 
 
 def test_the_denominator_drops_the_folds_asha_stopped():
     log = SweepLog("unused", stops=[1, 2, 4], reduction_factor=2.0)
     log.sweep = {"rounds": [{"trials": 4}], "folds": [{}] * 4}
-    log.n_folds, log.same, log.planned = 4, None, 16
-    log.records = {("a", 0): {}, ("a", 1): {}, ("b", 0): {}, ("c", 0): {}}
+    log.n_folds, log.same, log.planned, log.round = 4, None, 16, "r1"
+    this = {"round": "r1"}
+    log.records = {("a", 0): this, ("a", 1): this, ("b", 0): this, ("c", 0): this, ("old", 0): {"round": "r0"}}
     log.ended = {"b": 1, "old": 2}  # b stopped by ASHA after 1 fold; "old" is another round's
     done, total, expected = log.progress([FakeTrial(t) for t in "abc"])
     assert (done, total) == (4, 16 - 3)

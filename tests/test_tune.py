@@ -314,33 +314,32 @@ def test_a_worker_that_cannot_load_stops_the_sweep(tmp_path):
     assert "could not load the data" in error and "injected load failure" in error
 
 
-@pytest.mark.slow
-def test_an_mlflow_store_that_cannot_open_stops_the_sweep(tmp_path):
-    """The helper process (fxray.mlhelper) cannot open the store: Tune, started meanwhile,
-    stops at once; one line, and nothing logged anywhere else."""
+def refused_before_ray(tmp_path, env, exp) -> str:
+    """A sweep refused before anything starts: exit 2, one line (returned), nothing written."""
+    out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fxray.tune: error:"), out.stderr[-3000:]
+    assert not (tmp_path / "runs").exists()
+    return lines[0]
+
+
+def test_an_mlflow_store_that_is_not_a_database_is_refused_before_ray(tmp_path):
     exp, env = setup(tmp_path, trials=3)
     (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
-    error = failed_sweep(tmp_path, env, exp)
-    assert "MLflow store sqlite:///" in error and "could not be opened" in error
+    error = refused_before_ray(tmp_path, env, exp)
+    assert "mlflow.db is not an SQLite database" in error
 
 
-@pytest.mark.slow
-def test_an_mlflow_server_that_cannot_be_reached_stops_the_sweep_before_tune(tmp_path):
-    """A tracking server may take minutes to fail; the driver waits for it before Tune,
-    so no fold is reported that MLflow would never get. Nothing of Tune's is written."""
+def test_an_mlflow_server_that_cannot_be_reached_is_refused_before_ray(tmp_path):
+    """A tracking server may take minutes to fail while MLflow retries: one look, before Ray."""
     exp, env = setup(tmp_path, trials=3)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env.update(
-        MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}",
-        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
-        MLFLOW_HTTP_REQUEST_TIMEOUT="5",
-    )
-    error = failed_sweep(tmp_path, env, exp)
-    assert f"MLflow store http://127.0.0.1:{port} could not be opened" in error
-    assert (tmp_path / "runs/t/sweep.json").exists() and not (tmp_path / "runs/t/tune").exists()
-    assert not (tmp_path / "runs/t/folds.jsonl").exists()
+    env.update(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}")
+    error = refused_before_ray(tmp_path, env, exp)
+    assert f"MLFLOW_TRACKING_URI http://127.0.0.1:{port}: no tracking server answers there" in error
 
 
 def interrupt_after_a_fold(args, env, cwd) -> str:
@@ -413,8 +412,8 @@ def test_same_trials_interrupted_then_resumed(tmp_path):
 
 
 def test_close_orphans(tmp_path):
-    """A trial asked after Tune's last snapshot (a hard kill) is closed, the others kept."""
-    from fxray.sweep.tuner import STUDY, close_orphans
+    """A trial asked for and not yet named (a hard kill in between) is closed, the others kept."""
+    from fxray.sweep.rounds import STUDY, close_orphans
 
     study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     study.tell(study.ask(), 1.0)

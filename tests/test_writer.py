@@ -146,7 +146,19 @@ def test_failed_writes_are_counted_and_the_rest_still_written(tmp_path):
     assert val_points(uri, child_runs(uri, writer.parent_id)["t2"]) == [(0, 1.0)]
 
 
-def test_check_uri_names_the_folder():
+def test_check_uri_names_the_folder_the_file_the_scheme_or_the_server(tmp_path):
+    import socket
+
     with pytest.raises(ValueError, match="/nonexistent/dir is not a writable folder"):
         mlruns.check_uri("sqlite:////nonexistent/dir/mlflow.db")
-    mlruns.check_uri("http://127.0.0.1:5000")  # a server: checked when opened
+    (tmp_path / "junk.db").write_bytes(b"not a database" * 10)
+    with pytest.raises(ValueError, match="junk.db is not an SQLite database"):
+        mlruns.check_uri(f"sqlite:///{tmp_path / 'junk.db'}")
+    with pytest.raises(ValueError, match="'mlflw' is not a store MLflow opens"):
+        mlruns.check_uri("mlflw://localhost")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ValueError, match="no tracking server answers there"):
+        mlruns.check_uri(f"http://127.0.0.1:{port}")
+    mlruns.check_uri(f"sqlite:///{tmp_path / 'new.db'}")  # none yet: created when opened

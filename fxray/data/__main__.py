@@ -5,6 +5,7 @@
         --tz Etc/GMT+5 --instrument EURUSD --out eurusd.fxcache
     fxray data build --book ESH4.mbo.dbn.zst --trades ESH4.mbo.dbn.zst --bar 1min --out es.fxcache
     fxray data info eurusd.fxcache [--experiment experiments/default.yaml] [--json info.json]
+    fxray data info eurusd.fxcache --verify   # every value checked, the content hash recomputed
 
 Each also as python -m fxray.data. --book and --trades need the `book` extra
 (pip install 'fxray[book]'). Every failure is one line on stderr naming the file and the fix, exit status 2,
@@ -31,9 +32,21 @@ def _iso(ns: int) -> str:
     return np.datetime64(int(ns), "ns").astype("datetime64[s]").astype(str) + "Z"
 
 
+def check_out(path: Path) -> None:
+    """--out must name a file that can be written: refused at once (before minutes of work)."""
+    if path.is_dir():
+        raise ValueError(f"--out {path}: is a directory; name the fxcache file to write, e.g. {path}/data.fxcache")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"--out {path}: exists and is not a regular file; name a new file")
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise ValueError(f"--out {path}: {parent} is not a directory")
+
+
 def cmd_synth(args) -> dict:
     from fxray.data.synth import SynthSpec, to_cache
 
+    check_out(args.out)
     spec = SynthSpec(n_bars=args.bars, seed=args.seed)
     t0 = time.perf_counter()
     digest = to_cache(spec, args.out)
@@ -47,6 +60,7 @@ def cmd_build(args) -> dict:
 
     if args.bars is None and not (args.trades or args.book):
         raise ValueError("build: give --bars FILE_OR_DIR, or --trades/--book FILE to build bars from trades")
+    check_out(args.out)
     t0 = time.perf_counter()
     ofi = coverage = None
     trades = None
@@ -104,7 +118,7 @@ def book_reader(flag: str):
     return reader
 
 
-def describe(market: cache.Market, spec: FoldSpec) -> dict:
+def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) -> dict:
     """Rows, span, spacing, per-column stats and the folds `spec` makes on this cache."""
     ts = market.ts
     gaps = np.diff(ts)
@@ -127,12 +141,13 @@ def describe(market: cache.Market, spec: FoldSpec) -> dict:
         "bar": market.meta.get("bar"),
         "source": market.meta.get("source"),
         "content_hash": market.content_hash,
+        "content_hash_algo": market.meta.get("content_hash_algo", "sha256"),
+        "verified": proof,  # None: the stored hash, not recomputed (--verify does)
         "first": _iso(ts[0]),
         "last": _iso(ts[-1]),
         "span_days": float((ts[-1] - ts[0]) / 86400e9),
         "bar_spacing_s": spacing / 1e9,
         "gaps_over_1h": int(np.count_nonzero(gaps > 3600 * 10**9)),
-        "nan_inf": 0,
         "book_coverage": float(book_rows.mean()),
         "columns": columns,
         "fold_spec": spec.__dict__,
@@ -142,19 +157,36 @@ def describe(market: cache.Market, spec: FoldSpec) -> dict:
 
 
 def cmd_info(args) -> dict:
-    market = cache.open(args.path)  # validates: structure, monotonic ts, no NaN/Inf
+    t0 = time.perf_counter()
+    market = cache.open(args.path, verify="background" if args.verify else "no")  # structure + metadata
+    open_s = time.perf_counter() - t0
     spec = FoldSpec()
     if args.experiment:
         from fxray.rl.experiment import load
 
         spec = load(args.experiment).folds
-    info = describe(market, spec)
+    if args.verify:  # every value, and the content hash recomputed
+        proof = {**market.verify(), "open_s": open_s}
+    else:  # every value; the stored hash is reported as stored
+        from fxray.data.integrity import COLUMN_ORDER, check_values
+
+        proof = None
+        check_values(market.path, {k: getattr(market, k) for k in COLUMN_ORDER})
+    info = describe(market, spec, proof)
     print(f"{info['path']}: {info['rows']:,} rows of {info['instrument']} ({info['bar']}), source {info['source']}")
     print(
         f"  span {info['first']} .. {info['last']} ({info['span_days']:.1f} days), "
         f"bar spacing {info['bar_spacing_s']:.0f}s, {info['gaps_over_1h']} gaps > 1h"
     )
-    print(f"  NaN/Inf: none; book coverage {info['book_coverage']:.0%}; hash {info['content_hash']}")
+    if proof:
+        print(
+            f"  verified: ts increasing, no NaN/Inf, prices > 0, content hash {proof['algo']} "
+            f"{proof['content_hash']} matches (open {open_s * 1e3:.0f} ms, values {proof['values_s']:.2f}s, "
+            f"hash {proof['hash_s']:.2f}s)"
+        )
+    else:
+        print(f"  ts increasing, no NaN/Inf, prices > 0; stored hash {info['content_hash']} (--verify recomputes it)")
+    print(f"  book coverage {info['book_coverage']:.0%}")
     print(f"  {'column':<24}{'mean':>12}{'std':>12}")
     for c in info["columns"]:
         print(f"  {c['name']:<24}{c['mean']:>12.4g}{c['std']:>12.4g}")
@@ -215,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="describe an fxcache and the folds an experiment makes on it")
     i.add_argument("path", type=Path, metavar="FXCACHE", help="the file to describe")
     i.add_argument("--experiment", type=Path, metavar="YAML", help="experiment YAML whose folds to show")
+    i.add_argument("--verify", action="store_true", help="check every value and recompute the content hash (O(rows))")
     for sp in (s, b, i):
         sp.add_argument("--json", type=Path, metavar="PATH", help="also write the result as JSON here")
     return p
@@ -224,6 +257,8 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     try:
+        if args.json is not None and args.json.is_dir():
+            raise ValueError(f"--json {args.json}: is a directory; name a file to write")
         result = {"synth": cmd_synth, "build": cmd_build, "info": cmd_info}[args.cmd](args)
     except USER_ERRORS as e:
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)

@@ -113,13 +113,29 @@ def load_bars(path, fmt: str = "auto", tz: str | None = None) -> Bars:
         files = [p for p in sorted(path.iterdir()) if p.is_file() and not _skipped(p)]
         if not files:
             _fail(path, "directory has no bar files (.csv, .csv.gz, .parquet, Lean *_trade.zip)")
-        parts = [_read_file(p, fmt, tz) for p in files]
+        parts = [_positive_prices(p, _read_file(p, fmt, tz)) for p in files]
         raw = {k: np.concatenate([p[k] for p in parts]) for k in ("ts", *_PRICE)}
         vols = [p["volume"] if p["volume"] is not None else np.zeros(len(p["ts"])) for p in parts]
         raw["volume"] = None if all(p["volume"] is None for p in parts) else np.concatenate(vols)
     else:
-        raw = _read_file(path, fmt, tz)
+        raw = _positive_prices(path, _read_file(path, fmt, tz))
     return _clean(path, raw)
+
+
+def _positive_prices(path, raw: dict) -> dict:
+    """A price at or below zero is a broken row, not a gap (a missing price is one: dropped
+    later): refused naming the file, the row and the value; its log return would be NaN."""
+    for k in _PRICE:
+        v = np.asarray(raw[k], np.float64)
+        bad = np.flatnonzero(np.isfinite(v) & (v <= 0))
+        if len(bad):
+            row = int(bad[0])
+            _fail(
+                path,
+                f"{k} {float(v[row])!r} at data row {row} (and {len(bad) - 1} more) is not a positive price; "
+                "fix or remove those rows",
+            )
+    return raw
 
 
 def build_cache(
@@ -330,12 +346,34 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
 # --- column conversion -----------------------------------------------------------------
 
 
+TIMESTAMP_FORMATS = (
+    "%Y-%m-%d %H:%M:%S",
+    "%Y-%m-%dT%H:%M:%S",
+    "%Y%m%d %H%M%S",
+    "%Y.%m.%d %H:%M",
+    "%Y-%m-%d %H:%M",
+    "%d.%m.%Y %H:%M:%S",
+)
+
+
+def _first_bad(col: pa.Array, parse) -> tuple[int, object]:
+    """(row, value) of the first non-empty value `parse` refuses (row 0 = the first data row)."""
+    for i, v in enumerate(col.to_pylist()):
+        if v in (None, ""):
+            continue
+        try:
+            parse(v)
+        except (TypeError, ValueError):
+            return i, v
+    return 0, None
+
+
 def _numeric(path, table: pa.Table, name: str) -> np.ndarray:
     col = table[name].combine_chunks()
     t = col.type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)):
-        first = next((v for v in col.to_pylist() if v not in (None, "")), None)
-        _fail(path, f"column {name!r} is not numeric (e.g. {first!r}); fix or remove those rows")
+        row, bad = _first_bad(col, lambda v: float(v))
+        _fail(path, f"column {name!r} is not numeric: {bad!r} at data row {row}; fix or remove those rows")
     return col.cast(pa.float64()).to_numpy(zero_copy_only=False)  # nulls -> NaN
 
 
@@ -343,23 +381,22 @@ def _to_utc_ns(path, col: pa.Array, name: str, tz: str) -> np.ndarray:
     """A timestamp column (ISO strings parsed by Arrow, dates, epoch numbers) -> UTC ns."""
     t = col.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        for f in (
-            "%Y-%m-%d %H:%M:%S",
-            "%Y-%m-%dT%H:%M:%S",
-            "%Y%m%d %H%M%S",
-            "%Y.%m.%d %H:%M",
-            "%Y-%m-%d %H:%M",
-            "%d.%m.%Y %H:%M:%S",
-        ):
+        for f in TIMESTAMP_FORMATS:
             parsed = pc.strptime(col, format=f, unit="s", error_is_null=True)
             if parsed.null_count == col.null_count:
                 col, t = parsed, parsed.type
                 break
         else:
-            first = next((v for v in col.to_pylist() if v), None)
+            # the format that reads most of the column names the value it cannot read
+            best = max(
+                (pc.strptime(col, format=f, unit="s", error_is_null=True) for f in TIMESTAMP_FORMATS),
+                key=lambda parsed: len(parsed) - parsed.null_count,
+            )
+            values = col.to_pylist()
+            row = next((i for i, (v, p) in enumerate(zip(values, best.to_pylist())) if v and p is None), 0)
             _fail(
                 path,
-                f"unparseable timestamp {first!r} in column {name!r}; use ISO 8601 "
+                f"unparseable timestamp {values[row]!r} at data row {row} in column {name!r}; use ISO 8601 "
                 "(YYYY-MM-DD HH:MM:SS[Z]) or epoch seconds/ms/us/ns",
             )
     if col.null_count:

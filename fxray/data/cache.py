@@ -6,16 +6,21 @@
     targets   fixed_size_list<f64>[4]  open, high, low, close
 
 `write` is atomic (temp file + rename); `open` maps the file and returns numpy
-views into the mapping: no per-row Python and no copy. Every problem a reader
-can meet is a `CacheError` whose message is one line naming the file.
+views into the mapping: no per-row Python and no copy. `open` itself reads the
+structure and the metadata only (milliseconds whatever the size); the O(N) checks
+(every value, and the content hash recomputed: fxray.data.integrity) run before it
+returns (`verify="now"`, the default), in a thread (`verify="background"`: then
+`market.verify()` waits for them, and a caller records nothing before it returns),
+or not at all (`"no"`). Every problem a reader can meet is a `CacheError` whose
+message is one line naming the file.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +37,12 @@ COLUMNS = {  # name -> (arrow value type, width or None for a scalar column)
     "ofi": (pa.float32(), N_OFI),
     "targets": (pa.float64(), len(TARGET_NAMES)),
 }
+# the numpy dtype of each column's values (pyarrow's to_pandas_dtype would import pandas: 150 ms)
+NUMPY_TYPES = {"ts": np.dtype(np.int64), "features": np.dtype(np.float32), "ofi": np.dtype(np.float32)}
+NUMPY_TYPES["targets"] = np.dtype(np.float64)
 REQUIRED_META = ("fxray.version", "feature_names", "ofi_names", "instrument", "bar", "source", "content_hash")
+STRING_META = ("instrument", "bar", "source", "content_hash", "content_hash_algo")  # a plain string is accepted
+RESERVED_META = (*REQUIRED_META, "content_hash_algo")
 
 
 class CacheError(ValueError):
@@ -49,6 +59,16 @@ class Market:
     ofi: np.ndarray  # (N, 8) float32
     targets: np.ndarray  # (N, 4) float64 open/high/low/close
     meta: dict = field(repr=False)
+    check: object = field(default=None, repr=False, compare=False)  # integrity.Verification, or None
+
+    def verify(self) -> dict:
+        """The O(N) checks (values, content hash): waits for the background ones, or runs them
+        now; CacheError (one line) if the file is bad. Call it before recording a result."""
+        from fxray.data import integrity
+
+        if self.check is None:
+            object.__setattr__(self, "check", integrity.Verification(self))
+        return self.check.wait()
 
     @property
     def n_bars(self) -> int:
@@ -69,14 +89,6 @@ class Market:
     @property
     def ofi_names(self) -> list[str]:
         return self.meta["ofi_names"]
-
-
-def content_hash(ts, features, ofi, targets) -> str:
-    """sha256 over the four columns' bytes, in column order (the file's identity)."""
-    h = hashlib.sha256()
-    for a in (ts, features, ofi, targets):
-        h.update(np.ascontiguousarray(a).data)
-    return h.hexdigest()[:32]
 
 
 def _fixed_list(values: np.ndarray, width: int) -> pa.FixedSizeListArray:
@@ -118,10 +130,12 @@ def write(
             f"{path}: need {N_FEATURES} feature names and {N_OFI} ofi names, "
             f"got {len(feature_names)} and {len(ofi_names)}"
         )
-    reserved = sorted(set(extra_meta or {}) & set(REQUIRED_META))
+    reserved = sorted(set(extra_meta or {}) & set(RESERVED_META))
     if reserved:
         raise CacheError(f"{path}: extra_meta may not set reserved key(s) {', '.join(reserved)}")
-    digest = content_hash(ts, features, ofi, targets)
+    from fxray.data import integrity
+
+    digest = integrity.content_hash(ts, features, ofi, targets)
     meta = {
         "fxray.version": FORMAT_VERSION,
         "feature_names": json.dumps(list(feature_names)),
@@ -130,6 +144,7 @@ def write(
         "bar": json.dumps(bar),
         "source": json.dumps(source),
         "content_hash": json.dumps(digest),
+        "content_hash_algo": json.dumps(integrity.DEFAULT_ALGO),
     }
     for k, v in (extra_meta or {}).items():
         meta[k] = json.dumps(v)
@@ -159,15 +174,25 @@ def write(
     return digest
 
 
-def open(path, *, check_values: bool = True) -> Market:  # noqa: A001 - mirrors io.open
-    """Memory-map an fxcache and return zero-copy views, after validating it.
-
-    `check_values` scans every value for NaN/Inf and checks `ts` is strictly
-    increasing (one pass per column, no temporaries the size of the data).
+def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.open
+    """Memory-map an fxcache and return zero-copy views, after validating its structure
+    and metadata (O(metadata)). `verify`: "now" also runs the O(N) checks of
+    fxray.data.integrity (ts strictly increasing, no NaN/Inf, prices > 0, the content hash
+    recomputed) before returning; "background" starts them in a thread (`market.verify()`
+    waits for them); "no" skips them (`market.verify()` runs them when called).
     """
+    if verify not in ("now", "background", "no"):
+        raise ValueError(f"verify={verify!r}: use 'now', 'background' or 'no'")
     path = str(path)
-    if not os.path.exists(path):
-        raise CacheError(f"{path}: no such file (make one with `python -m fxray.data synth|build`)")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise CacheError(f"{path}: no such file (make one with `python -m fxray.data synth|build`)") from None
+    except OSError as e:
+        raise CacheError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(mode):  # a FIFO would block the mmap forever; a directory is no file
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise CacheError(f"{path}: is {kind}, not an fxcache file; pass the path of an .fxcache file")
     try:
         source = pa.memory_map(path, "r")
         mapped = source.read_buffer()  # the whole mapping, zero-copy: views must point into it
@@ -179,19 +204,7 @@ def open(path, *, check_values: bool = True) -> Market:  # noqa: A001 - mirrors 
         raw_meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
     except UnicodeDecodeError:
         raise CacheError(f"{path}: schema metadata is not utf-8") from None
-    missing = [k for k in REQUIRED_META if k not in raw_meta]
-    if missing:
-        raise CacheError(f"{path}: not an fxcache: schema metadata lacks {', '.join(missing)}")
-    version = raw_meta["fxray.version"]
-    if version != FORMAT_VERSION:
-        raise CacheError(
-            f"{path}: fxcache version {version!r} is unknown to this fxray "
-            f"(reads {FORMAT_VERSION!r}); rebuild it with `python -m fxray.data`"
-        )
-    try:
-        meta = {k: (v if k == "fxray.version" else json.loads(v)) for k, v in raw_meta.items()}
-    except json.JSONDecodeError as e:
-        raise CacheError(f"{path}: schema metadata is not JSON ({e})") from None
+    meta = parse_meta(path, raw_meta)
     _check_schema(path, schema)
     if reader.num_record_batches != 1:
         raise CacheError(
@@ -218,11 +231,76 @@ def open(path, *, check_values: bool = True) -> Market:  # noqa: A001 - mirrors 
                 f"{path}: column {name!r} is not stored plainly in the file "
                 "(compressed?); rewrite it with fxray.data.cache.write"
             )
-        flat = values.to_numpy(zero_copy_only=True)
+        # np.frombuffer, not Array.to_numpy: the same zero-copy view, without the pandas import
+        # (150 ms) that pyarrow's to_numpy pays on its first call in a process
+        dtype = NUMPY_TYPES[name]
+        flat = (
+            np.frombuffer(data, dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
+            if data is not None and len(values)
+            else np.empty(0, dtype)
+        )
         cols[name] = flat if width is None else flat.reshape(len(col), width)
-    if check_values:
-        _check_values(path, cols)
-    return Market(path=path, meta=meta, **cols)
+    if len(cols["ts"]) == 0:
+        raise CacheError(f"{path}: no rows")
+    market = Market(path=path, meta=meta, **cols)
+    if verify == "now":
+        market.verify()
+    elif verify == "background":
+        from fxray.data import integrity
+
+        object.__setattr__(market, "check", integrity.Verification(market))
+    return market
+
+
+def parse_meta(path: str, raw: dict[str, str]) -> dict:
+    """The schema metadata as values: JSON, or a plain string where the value is a string
+    (`instrument: ES`, `fxray.version: 1`: what other programs write). A wrong value names its key."""
+    missing = [k for k in REQUIRED_META if k not in raw]
+    if missing:
+        raise CacheError(f"{path}: not an fxcache: schema metadata lacks {', '.join(missing)}")
+    meta = {}
+    for key, text in raw.items():
+        try:
+            value = json.loads(text)
+        except ValueError:
+            if key in REQUIRED_META and key not in STRING_META and key != "fxray.version":
+                raise CacheError(
+                    f"{path}: schema metadata {key}: {_short(text)} is not JSON (write the list of names as JSON)"
+                ) from None
+            value = text  # a plain string (another program's own keys are kept as written too)
+        if key in STRING_META and not isinstance(value, str):
+            value = text  # `instrument: 1` is the name "1"
+        meta[key] = value
+    version = meta["fxray.version"]
+    if str(version) != FORMAT_VERSION or isinstance(version, (bool, float)):
+        raise CacheError(
+            f"{path}: schema metadata fxray.version: {_short(raw['fxray.version'])} is unknown to this fxray "
+            f"(reads {FORMAT_VERSION!r}); rebuild it with `python -m fxray.data`"
+        )
+    meta["fxray.version"] = FORMAT_VERSION
+    for key, width in (("feature_names", N_FEATURES), ("ofi_names", N_OFI)):
+        names = meta[key]
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise CacheError(
+                f"{path}: schema metadata {key}: must be a JSON list of {width} strings, got {_short(raw[key])}"
+            )
+        if len(names) != width:
+            raise CacheError(
+                f"{path}: schema metadata {key}: has {len(names)} names for the {width} columns of "
+                f"{key.split('_')[0] if key == 'ofi_names' else 'features'}; name every column once"
+            )
+    from fxray.data.integrity import HASH_ALGOS
+
+    algo = meta.get("content_hash_algo")
+    if algo is not None and algo not in HASH_ALGOS:
+        raise CacheError(
+            f"{path}: schema metadata content_hash_algo: {algo!r} is not a hash fxray knows ({', '.join(HASH_ALGOS)})"
+        )
+    return meta
+
+
+def _short(text: str, n: int = 40) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
 
 
 def _first_line(e: Exception) -> str:
@@ -270,51 +348,6 @@ def _check_arrays(path: str, arrays: dict) -> None:
     for name, (_, width) in COLUMNS.items():
         if width is not None and arrays[name].shape != (n, width):
             raise CacheError(f"{path}: {name} must have shape ({n}, {width}), got {arrays[name].shape}")
-    _check_values(path, arrays)
+    from fxray.data.integrity import check_values
 
-
-def _parallel_sum(a: np.ndarray, min_chunk_rows: int = 262_144) -> float:
-    """Sum of all elements, row chunks summed on threads (numpy releases the GIL)."""
-    n_chunks = min(os.cpu_count() or 1, 16, max(1, len(a) // min_chunk_rows))
-    bounds = np.linspace(0, len(a), n_chunks + 1).astype(int)
-
-    def part(i: int) -> float:
-        with np.errstate(over="ignore", invalid="ignore"):  # per thread: errstate is a contextvar
-            return float(a[bounds[i] : bounds[i + 1]].sum())
-
-    if n_chunks == 1:
-        return part(0)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(n_chunks) as pool:
-        with np.errstate(over="ignore", invalid="ignore"):
-            return float(np.sum(list(pool.map(part, range(n_chunks)))))
-
-
-def _check_values(path: str, cols: dict) -> None:
-    ts = cols["ts"]
-    if len(ts) == 0:
-        raise CacheError(f"{path}: no rows")
-    if len(ts) > 1:
-        bad = np.flatnonzero(ts[1:] <= ts[:-1])
-        if len(bad):
-            i = int(bad[0]) + 1
-            raise CacheError(
-                f"{path}: ts is not strictly increasing at row {i} "
-                f"({ts[i - 1]} then {ts[i]}); sort and deduplicate the bars"
-            )
-    for name in ("features", "ofi", "targets"):
-        a = cols[name]
-        # A sum in the column's own dtype propagates NaN/Inf in one SIMD pass with no
-        # temporary; only when it is not finite (a bad value, or an overflow of huge
-        # but finite values) do we pay for the exact elementwise check.
-        if np.isfinite(_parallel_sum(a)):
-            continue
-        bad_rows = np.flatnonzero(~np.isfinite(a).all(axis=1))
-        if len(bad_rows):
-            row = int(bad_rows[0])
-            colno = int(np.flatnonzero(~np.isfinite(a[row]))[0])
-            raise CacheError(
-                f"{path}: column {name!r} has NaN/Inf (first at row {row}, "
-                f"element {colno}); fix the source bars or features"
-            )
+    check_values(path, arrays)

@@ -75,7 +75,7 @@ def write_placebo(market: cache.Market, out, index: int, seed: int) -> str:
     """Write placebo `index` of `market` (an opened fxcache) at `out`; returns its content hash."""
     targets, _ = placebo_targets(np.asarray(market.targets), seed, index)
     meta = market.meta
-    extra = {k: v for k, v in meta.items() if k not in cache.REQUIRED_META and k not in DROPPED_META}
+    extra = {k: v for k, v in meta.items() if k not in cache.RESERVED_META and k not in DROPPED_META}
     extra["placebo"] = {
         "method": METHOD,
         "index": int(index),

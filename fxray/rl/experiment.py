@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from fxray.data.folds import FoldError, FoldSpec
+from fxray.data.folds import FoldError, FoldSpec, default_embargo
 from fxray.data.synth import SynthSpec
 from fxray.rl.config import ALGORITHMS, ConfigError, TrainConfig
 
@@ -165,19 +165,54 @@ def _load_merged(file, profile, raw, cpu, overrides) -> Experiment:
         raise ExperimentError(f"{file}: {where(key)}: {rest}") from None
 
 
+class Loader(yaml.SafeLoader):
+    """yaml.SafeLoader that reads numbers as YAML 1.2 does (`1e-3`, `1.0e15`, `.5E3` are
+    floats, not the strings YAML 1.1 makes of them) and refuses a key given twice."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (the second would silently win)", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def yaml_value(text: str):
+    """One YAML value (a `--set KEY=VALUE`'s VALUE) read like an experiment file's; yaml.YAMLError."""
+    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def read_yaml(path) -> dict:
     p = Path(path)
     if not p.is_file():
         raise ExperimentError(f"{path}: no such experiment file (see experiments/*.yaml)")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.load(p.read_text(encoding="utf-8"), Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    except UnicodeDecodeError as e:
+        raise ExperimentError(f"{path}: not UTF-8 text (byte {e.start}); save the experiment file as UTF-8") from None
+    except OSError as e:
+        raise ExperimentError(f"{path}: cannot be read ({e.strerror or e})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ExperimentError(f"{path}: not valid YAML: {at}{problem}") from None
     if raw is None:
-        raw = {}
+        raise ExperimentError(
+            f"{path}: is empty; an experiment file needs at least a name (copy experiments/smoke.yaml)"
+        )
     if not isinstance(raw, dict):
         raise ExperimentError(f"{path}: must be a mapping of sections ({', '.join(SECTIONS)})")
     return raw
@@ -218,6 +253,13 @@ def _build(file, profile, d, raw, where) -> Experiment:
             fail("folds.anchored", f"{v!r} must be true or false")
     folds = FoldSpec(**fold_raw)  # durations stay as written: '20d', or a number of days
     folds.validate()
+    least = default_embargo()
+    if folds.embargo is not None and folds.embargo < least:
+        fail(
+            "folds.embargo",
+            f"{folds.embargo} bars is below the longest feature lookback + 1 ({least}): a feature window "
+            f"would straddle the train|val and val|test boundaries; leave it out (default {least}) or raise it",
+        )
 
     algo = d.get("algo", "dqn")
     if not isinstance(algo, str) or algo not in ALGORITHMS:

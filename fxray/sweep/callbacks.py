@@ -19,6 +19,7 @@ import ray
 from ray.tune import Callback
 
 from fxray.sweep.leases import pool_name
+from fxray.sweep.search import split_config
 from fxray.track.records import FoldRecord
 from fxray.track.results import best_trial, fmt_s, load_records, trial_label
 from fxray.track.writer import EVENTS, FOLDS, append_event
@@ -35,9 +36,12 @@ class SweepLog(Callback):
     its first one (the start-up is not a fold's time). `stops`: the ASHA stops
     (fxray.sweep.trial.asha_stops), None in a --same-trials round (its lengths are fixed).
 
-    Also returns a lease to the pool when a trial ends or is retried (a trial process
-    that died inside a fold cannot return it itself). Holds only the storage path and
-    the stops: Tune pickles callbacks into its state, `setup` rebuilds the rest.
+    Trials are named by their fxray id (in their config), not Tune's. A fold is logged
+    once: the one the trial reported, the moment the driver receives it (a fold trained
+    again after a kill was never logged). Also returns a lease to the pool when a trial
+    ends or is retried (a trial process that died inside a fold cannot return it itself).
+    Holds only the storage path and the stops: Tune pickles callbacks into its own files,
+    `setup` rebuilds the rest.
     """
 
     def __init__(self, storage: str, stops: list[int] | None = None, reduction_factor: float = 2.0):
@@ -57,13 +61,13 @@ class SweepLog(Callback):
         self.same = rnd.get("same_trials")  # its trials' lengths are known: the total is exact
         self.planned = sum(n for _, n in self.same["trials"]) if self.same else rnd["trials"] * self.n_folds
         self.ended = ended_trials(Path(self.storage))  # {trial id: folds done}, earlier sessions too
-        self.session_folds, self.t0, self.t_first = 0, time.time(), None
+        self.session_folds, self.t0, self.t_first, self.round = 0, time.time(), None, rnd["name"]
         self.pool = ray.get_actor(pool_name(Path(self.storage)))
 
     def progress(self, trials) -> tuple[int, int, float]:
         """(folds done, folds the round can still reach, folds still expected) of this round."""
-        round_trials = {t.trial_id for t in trials}
-        done_by = Counter(tid for (tid, _) in self.records if tid in round_trials)
+        round_trials = {split_config(t.config)[0] for t in trials}
+        done_by = Counter(tid for (tid, _), r in self.records.items() if r.get("round") == self.round)
         done = sum(done_by.values())
         if self.same:
             return done, self.planned, float(self.planned - done)
@@ -75,19 +79,17 @@ class SweepLog(Callback):
             expected += expected_folds(done_by[tid], self.n_folds, self.stops, self.rf)
         return done, total, expected
 
-    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
-        # Not on_trial_result: Tune registers a report's checkpoint a moment after the
-        # result. A fold logged only once its checkpoint is in Tune's state is a fold a
-        # resumed trial will not train again: folds.jsonl and MLflow see it exactly once.
-        # (The trial is blocked in tune.report until then, so last_result is this fold.)
-        result = trial.last_result
+    def on_trial_result(self, iteration, trials, trial, result, **info):
         if "fold" not in result:
             return
+        tid, config = split_config(trial.config)
         rec = FoldRecord.from_flat(result).flat()
-        rec.update(trial_id=trial.trial_id, config=trial.config, t=time.time())
+        if (tid, rec["fold"]) in self.records:  # logged already (a retried trial's report): never twice
+            return
+        rec.update(trial_id=tid, config=config, round=self.round, t=time.time())
         with open(Path(self.storage) / FOLDS, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        self.records[(trial.trial_id, rec["fold"])] = rec
+        self.records[(tid, rec["fold"])] = rec
         self.session_folds += 1
         now = time.time()
         self.t_first = self.t_first or now
@@ -97,11 +99,13 @@ class SweepLog(Callback):
         if self.session_folds > 1:
             eta = f"ETA ~{fmt_s(expected * (now - self.t_first) / (self.session_folds - 1))}"
         score = "diverged" if rec["status"] != "ok" else f"{rec['score']:+.2f}"
-        best_score = "diverged" if best["status"] != "ok" else f"{best['score']:+.2f}"
+        best_score = (
+            "none (every trial diverged)" if best is None else f"{best['score']:+.2f} ({trial_label(best['trial_id'])})"
+        )
         print(
             f"[{done:>4}/{total} folds {fmt_s(now - self.t0)}, {eta}] "
-            f"{trial_label(trial.trial_id)} fold {rec['fold'] + 1}/{self.n_folds}: score {score} "
-            f"(pooled val Sharpe of its folds)  | best {best_score} ({trial_label(best['trial_id'])})",
+            f"{trial_label(tid)} fold {rec['fold'] + 1}/{self.n_folds}: score {score} "
+            f"(pooled val Sharpe of its folds)  | best {best_score}",
             flush=True,
         )
 
@@ -112,14 +116,23 @@ class SweepLog(Callback):
         self._end(trial, "FAILED")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self.pool.release.remote(trial.trial_id)  # a trial process that died cannot return its lease
+        self.pool.release.remote(split_config(trial.config)[0])  # a dead trial process cannot return its lease
 
     def _end(self, trial, status: str) -> None:
-        self.pool.release.remote(trial.trial_id)
-        folds_done = (trial.last_result or {}).get("folds_done", 0)
+        tid = split_config(trial.config)[0]
+        self.pool.release.remote(tid)
+        folds = [r for (t, _), r in self.records.items() if t == tid]  # this session's and earlier ones'
         if status == "FINISHED":  # stopped or done: its unrun folds leave the total
-            self.ended[trial.trial_id] = folds_done
-        append_event(self.storage, kind="trial_end", trial_id=trial.trial_id, status=status, folds_done=folds_done)
+            self.ended[tid] = len(folds)
+        diverged = any(r["status"] == "diverged" for r in folds)
+        append_event(
+            self.storage,
+            kind="trial_end",
+            trial_id=tid,
+            status=status,
+            folds_done=len(folds),
+            outcome="diverged" if diverged else "ok",
+        )
 
 
 def ended_trials(storage: Path) -> dict[str, int]:

@@ -95,12 +95,26 @@ def object_nodes(ref: ray.ObjectRef) -> list[str]:
     return list(get_object_locations([ref], timeout_ms=10_000).get(ref, {}).get("node_ids", []))
 
 
-def start_ray(args) -> None:
+LOCAL_IP = "127.0.0.1"
+REAPERS: list = []  # held for the process's life: a reaper acts when its stdin pipe closes
+
+
+def start_ray(args):
     """Join a cluster (--address) or start a local one; dashboard off, namespace fixed
-    (the driver's callbacks find the worker pool by name). A Ray already started in this
-    process is kept: the placebo sweeps (fxray.sweep.placebo) run in the real one's."""
+    (the driver's callbacks find the worker pool by name).
+
+    A local Ray listens on 127.0.0.1 only (GCS, raylet, object manager, every worker and
+    agent): Ray 2.60 binds its gRPC servers to all interfaces unless its node IP is the
+    loopback one, and turns `_node_ip_address="127.0.0.1"` into the machine's address
+    unless it is told there is no cluster (ray_constants.ENABLE_RAY_CLUSTER, the switch
+    behind RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER). A cluster run (--address) binds as its nodes
+    were started (`ray start --node-ip-address <private IP>`: docs/cluster.md). Returns the
+    reaper of a local session (fxray.sweep.reaper; None with --address), kept in REAPERS.
+    A Ray already started in this process is kept: the placebo sweeps (fxray.sweep.placebo)
+    run in the real one's."""
     if ray.is_initialized():
-        return
+        return REAPERS[-1] if REAPERS else None
+
     # Our SweepLog prints a line per fold: Tune's own tables and its warning about the
     # per-fold state snapshot (wanted: it makes --resume lose nothing) would drown it.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -126,8 +140,16 @@ def start_ray(args) -> None:
                 f"--address {args.address}: cannot join the Ray cluster "
                 f"({str(e).strip().splitlines()[0]}); is it up (ray status)?"
             ) from None
-    else:
-        from fxray.sweep.logs import local_ray_env
+        return None
+    import ray._private.ray_constants as ray_constants
 
-        local_ray_env()
-        ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, **kw)
+    from fxray.sweep.logs import local_ray_env
+    from fxray.sweep.reaper import start_reaper
+
+    local_ray_env()
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the processes Ray starts see it too
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time by ray._private.services
+    ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, _node_ip_address=LOCAL_IP, **kw)
+    node = ray._private.worker._global_node
+    REAPERS.append(start_reaper(node.node_id, node.get_session_dir_path()))  # its pipe open until we exit
+    return REAPERS[-1]

@@ -28,17 +28,10 @@ from fxray.rl import experiment as expmod
 from fxray.sweep.cluster import start_ray
 from fxray.sweep.leases import Workers, pool_name
 from fxray.sweep.logs import capture_stdout, known_ray_lines
+from fxray.sweep.rounds import close_orphans, resume_plan, round_state, trials_started
 from fxray.sweep.rundir import UsageError, locate, make_fold_dicts, prepare_storage, same_trials, write_sweep
-from fxray.sweep.tuner import (
-    MLFLOW_FAILURE,
-    WORKER_FAILURE,
-    check_same_work,
-    close_orphans,
-    debug_log,
-    ended_trials,
-    make_tuner,
-    trials_started,
-)
+from fxray.sweep.trial import config_key
+from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, debug_log, fold_limits, make_tuner
 from fxray.track.links import next_steps
 
 
@@ -93,6 +86,12 @@ def validate(args, import_s: float = 0.0) -> Plan:
             "--num-cpus/--num-gpus size a local Ray; with --address the cluster's own "
             "resources are used: drop one of them"
         )
+    if args.json:  # found now, not after the whole sweep
+        out = Path(args.json)
+        if out.is_dir() or (out.exists() and not out.is_file()):
+            raise UsageError(f"--json {args.json}: is a directory (or not a file); name a file to write")
+        if not out.absolute().parent.is_dir() and out.absolute().parent.exists():
+            raise UsageError(f"--json {args.json}: {out.parent} is not a directory")
     file, storage, sweep = locate(args, overrides)
     sets = getattr(args, "set", None)
     if sets and sweep:
@@ -122,7 +121,9 @@ def validate(args, import_s: float = 0.0) -> Plan:
     if data_path and not Path(data_path).exists():
         where = "--data" if args.data else f"{file}: data.path"
         raise UsageError(f"{where}: {data_path} does not exist (build it with `python -m fxray.data build`)")
-    market = cache.open(data_path) if data_path else None  # a bad file fails here, before Ray
+    # the structure and metadata here (a bad file fails before Ray); the values and the content
+    # hash are checked in a thread while Ray and the workers start (start() waits for it)
+    market = cache.open(data_path, verify="background") if data_path else None
     if market is not None:
         make_fold_dicts(file, exp, market)
         if sweep and sweep["data"]["content_hash"] != market.content_hash:
@@ -165,8 +166,10 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
         phases["mlflow_ready"] = time.time()
 
     # first, so that importing mlflow overlaps Ray's start; it opens the store once sweep.json exists
-    writer = stack.enter_context(Writer(storage, plan.uri, on_open=opened, on_error=MLFLOW_FAILURE.append))
-    start_ray(args)
+    writer = stack.enter_context(
+        Writer(storage, plan.uri, on_open=opened, on_error=MLFLOW_FAILURE.append, wait_for_go=True)
+    )
+    start_ray(args)  # a local session's Ray processes end with us, however we end (its reaper)
     phases["ray_up"] = time.time()
     gpus = ray.cluster_resources().get("GPU", 0)
     profile = (plan.sweep or plan.same or {}).get("profile") or (
@@ -176,7 +179,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     market, data_path = plan.market, plan.data_path
     if market is None:
         data_path = str(synth.ensure_default(exp.synth, log=print))
-        market = cache.open(data_path)
+        market = cache.open(data_path, verify="background")
     folds = make_fold_dicts(plan.file, exp, market)
     try:
         wplan = plan_workers(
@@ -207,6 +210,10 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
         handle.warmup.remote(cfg.as_dict(), folds[0])
     phases["workers_created"] = time.time()
+    # the data proven (values, content hash) before anything is recorded under its hash: the
+    # check ran while Ray and the workers started; a bad file is one line, exit 2, nothing written
+    proof = market.verify()
+    phases.update(data_verified=time.time(), data_verify_wait_s=proof["waited_s"], data_hash_s=proof["hash_s"])
     # while the workers import torch and load the data: the run directory (then the writer
     # opens the store), then Tune starts its trial processes; a first fold waits on its worker
     sweep = prepare_storage(
@@ -225,6 +232,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     )
     run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts))
     prepared.set()
+    writer.go()  # the sweep is checked and recorded: the store may be opened now
     watch_workers(workers, t0, phases)
     return run
 
@@ -248,10 +256,21 @@ def fit(run: Run) -> int | None:
         "checkpoints": str(storage / "checkpoints"),
     }
     debug_log(os.environ.get("FXRAY_TUNE_DEBUG_LOG"))
+    # what is left of the round, from fxray's records (the study, folds.jsonl, events.jsonl)
+    limits, n_folds = fold_limits(sweep["rounds"][-1].get("same_trials")), len(sweep["folds"])
+    left = resume_plan(storage, sweep, lambda sampled: (limits or {}).get(config_key(sampled), n_folds))
+    if left.orphans:
+        print(f"{left.orphans} Optuna trial(s) asked for just before a hard kill marked FAIL (none ran)")
+    if left.resumed or left.ended:
+        print(
+            f"resuming: {len(left.resumed)} trial(s) continue after their last logged fold, "
+            f"{len(left.ended)} ended from the log, {left.n_new} to sample",
+            flush=True,
+        )
     try:
-        tuner = make_tuner(storage, sweep, run.exp, job, run.workers, resumed=plan.args.resume)
         plan.phases["tune_started"] = time.time()
-        tuner.fit()
+        if left.resumed or left.n_new:
+            make_tuner(storage, sweep, run.exp, job, run.workers, left).fit()
         plan.phases["tune_done"] = time.time()
     except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
         run.writer.finish("FAILED")
@@ -275,8 +294,8 @@ def finish(run: Run) -> int:
     from fxray.track import results
 
     plan, storage, sweep = run.plan, run.plan.storage, run.sweep
-    ended, errors = ended_trials(storage / sweep["rounds"][-1]["name"])
-    unfinished = sweep["rounds"][-1]["trials"] - ended
+    state = round_state(storage, sweep)
+    unfinished, errors = state.unfinished, len(state.errored)
     records = results.load_records(storage)
     with capture_stdout() as screen:  # the last screen, also the parent run's summary.md
         summary = results.write_results(
@@ -301,7 +320,7 @@ def finish(run: Run) -> int:
         return 130
     orphans = close_orphans(storage)
     if orphans:
-        print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (no Tune trial ran them)")
+        print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (none ran)")
     sweep["rounds"][-1]["done"] = errors == 0
     sweep["rounds"][-1]["finished"] = time.time()  # what a later --resume says ("nothing to resume")
     write_sweep(storage, sweep)
@@ -339,8 +358,11 @@ def ranking(storage: Path, n_folds: int) -> list[str]:
 
 def sweep_run(args, import_s: float = 0.0) -> int:
     """validate, start, fit, finish; whatever was started ends with the run, however it ends."""
+    from fxray.sweep.lock import hold
+
     plan = validate(args, import_s)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(hold(plan.storage, plan.sweep))  # one sweep at a time in a run directory
         run = start(plan, stack)
         stopped = fit(run)
         return stopped if stopped is not None else finish(run)

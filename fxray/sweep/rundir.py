@@ -47,6 +47,11 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
         file = args.experiment or expmod.default_experiment()
         storage = storage or (Path("runs") / expmod.load(file, "gpu", overrides).name).absolute()
         sweep = read_sweep(storage)
+    from fxray.sweep.lock import held_by, refusal
+
+    holder = held_by(storage)
+    if holder is not None:  # first: what it holds is changing under us
+        raise UsageError(refusal(storage, holder))
     if args.resume and sweep is None:
         raise UsageError(f"{storage}: no sweep to resume (no sweep.json); run without --resume")
     if sweep is None:
@@ -100,8 +105,21 @@ def same_trials(args, storage: Path, sweep: dict | None, overrides: dict) -> dic
 
 
 def read_sweep(storage: Path) -> dict | None:
+    """The run directory's sweep.json, None if there is none; UsageError if it is not one."""
+    if storage.exists() and not storage.is_dir():
+        raise UsageError(f"--storage {storage}: is a file, not a run directory; pass a directory")
     path = storage / "sweep.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        sweep = json.loads(path.read_text())
+        sweep["rounds"][-1]["done"]  # noqa: B018 (what every use of it reads first)
+    except (ValueError, KeyError, IndexError, TypeError) as e:  # JSON errors are ValueErrors
+        raise UsageError(
+            f"{path}: not a sweep's record ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "restore it, or pass --storage DIR for a new sweep"
+        ) from None
+    return sweep
 
 
 def write_sweep(storage: Path, sweep: dict) -> None:

@@ -9,6 +9,11 @@ leaves nothing queued and the trial waiting for the worker trains meanwhile.
 A segment's later folds may also go to a worker no trial is waiting for (the end
 of a sweep: see FoldStream). A --same-trials sweep gives each config its number of
 folds (`limits`). The driver (fxray.tune) builds the trainable from `fold_trial`.
+
+A trial's id is fxray's (in its config: fxray.sweep.search.TRIAL_KEY), not Tune's, and
+what it has done is what the driver logged in folds.jsonl: a trial Tune retries after
+its process died, or one a `--resume` runs again, continues after its last logged fold.
+Reports carry no Tune checkpoint (nothing of Tune's is read back).
 """
 
 from __future__ import annotations
@@ -18,9 +23,7 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 from ray import tune
@@ -28,6 +31,8 @@ from ray import tune
 from fxray.eval import pooled
 from fxray.rl.config import make_config
 from fxray.sweep.leases import Workers
+from fxray.sweep.rounds import done_folds
+from fxray.sweep.search import split_config
 from fxray.track.records import FoldRecord
 
 
@@ -36,14 +41,13 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
     that diverged ends the trial (its score is DIVERGED: no config that diverges can win)."""
     started = time.time()  # when Tune's trial process got to us (the report's trial_start)
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" per fold is noise
-    trial_id = tune.get_context().get_trial_id()
+    trial_id, config = split_config(config)
     cfg = {**job["base"], **config}
     make_config(cfg)  # a sampled combination the config rejects fails here, not on a worker
-    done: list[dict] = []  # per fold: val/test Sharpe and val hourly returns (what the score pools)
-    ckpt = tune.get_checkpoint()  # a restored trial continues after its last reported fold
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            done = json.loads(Path(d, "folds.json").read_text())
+    # per fold: val/test Sharpe and val hourly returns (what the score pools), the logged ones first
+    done = [summary(FoldRecord.from_flat(r)) for r in done_folds(job["storage"], trial_id)]
+    if done and not done[-1]["ok"]:  # it diverged: nothing more to train
+        return
     folds = job["folds"]
     if job.get("limits"):  # --same-trials: as many folds as this config trained in that sweep
         # (a config not in it: one the study sampled after a hard kill lost an enqueued one)
@@ -62,24 +66,25 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
                 if results.consumed == len(segment) or diverged:  # nothing more to run here: free it first
                     workers.release(trial_id)
                 record = FoldRecord.from_result(result)
-                done.append(
-                    {
-                        "ok": record.ok,
-                        "val_sharpe": record.val.get("sharpe"),
-                        "test_sharpe": record.test.get("sharpe"),
-                        "val_periods": record.val_periods,
-                    }
-                )
+                done.append(summary(record))
                 record.folds_done, record.trial_start = len(done), started
                 record.score = objective(done, cfg["cost"], job["periods_per_year"])
                 record.mean_val_sharpe, record.mean_test_sharpe = (
                     mean(d[k] for d in done if d["ok"]) for k in ("val_sharpe", "test_sharpe")
                 )
-                with tempfile.TemporaryDirectory() as d:
-                    Path(d, "folds.json").write_text(json.dumps(done))
-                    tune.report(record.flat(), checkpoint=tune.Checkpoint.from_directory(d))
+                tune.report(record.flat())
                 if diverged:
                     return
+
+
+def summary(record: FoldRecord) -> dict:
+    """What the trial's running numbers are made of, per fold."""
+    return {
+        "ok": record.ok,
+        "val_sharpe": record.val.get("sharpe"),
+        "test_sharpe": record.test.get("sharpe"),
+        "val_periods": record.val_periods,
+    }
 
 
 DIVERGED = -1e4  # the score of a trial with a fold whose training diverged: below any Sharpe (a policy

@@ -1,6 +1,7 @@
-"""Tune's side of a sweep: the Tuner (OptunaSearch + ASHA over folds, fxray's callbacks,
-the stopper that ends a sweep whose start failed), and what the driver reads back from
-Tune's and Optuna's saved state. fxray.sweep.driver drives it; fxray.sweep.trial is what a trial runs.
+"""Tune's side of a sweep: the Tuner (fxray's StudySearch over the Optuna study + ASHA over
+folds, fxray's callbacks, the stopper that ends a sweep whose start failed). A resumed round
+gets a fresh Tuner too: nothing of Tune's saved state is ever read back (fxray.sweep.rounds
+says what is left to run). fxray.sweep.driver drives it; fxray.sweep.trial is what a trial runs.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from ray import tune
 from fxray.sweep.cluster import trial_resources
 from fxray.sweep.leases import Workers
 from fxray.sweep.trial import asha_stops, config_key, fold_trial
-
-STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
-
 
 WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by StartFailed
 MLFLOW_FAILURE: list[str] = []  # set by the MLflow writer's reader thread; read by StartFailed
@@ -46,47 +44,6 @@ def debug_log(path: str | None) -> None:
             logger = logging.getLogger(name)
             logger.setLevel(logging.DEBUG)
             logger.addHandler(handler)
-
-
-def ended_trials(round_dir: Path) -> tuple[int, int]:
-    """(trials that ended, of which errored) in Tune's SAVED state of a round.
-
-    The saved state, not fit()'s ResultGrid: after Ctrl+C, Tune stops the running
-    trials and marks them TERMINATED in memory, while the state it saved (and that
-    --resume restores) still has them RUNNING."""
-    from ray.tune import ExperimentAnalysis
-    from ray.tune.experiment import Trial
-
-    trials = ExperimentAnalysis(str(round_dir)).trials
-    ended = [t for t in trials if t.status in (Trial.TERMINATED, Trial.ERROR)]
-    return len(ended), sum(t.status == Trial.ERROR for t in ended)
-
-
-def close_orphans(storage: Path) -> int:
-    """Mark FAIL the study's trials still RUNNING once every Tune trial of the round ended.
-
-    Only a hard kill (SIGKILL, a second Ctrl+C) makes them: the searcher asked Optuna
-    for a trial after Tune's last state snapshot, so the restored sweep never runs it."""
-    import optuna
-
-    study = optuna.load_study(
-        study_name=STUDY, storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}")
-    )
-    running = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
-    for t in running:
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-    return len(running)
-
-
-def trials_started(storage: Path) -> int:
-    """Every trial the study ever started, in any state (the N of the Deflated Sharpe Ratio:
-    each was a chance to get lucky, whether ASHA stopped it, it failed or it finished)."""
-    import optuna
-
-    study = optuna.load_study(
-        study_name=STUDY, storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}")
-    )
-    return len(study.get_trials(deepcopy=False))
 
 
 def read_same_trials(path: str) -> dict:
@@ -172,49 +129,56 @@ def keep_mlflow_out_of_tune() -> None:
             sys.modules["mlflow"] = saved
 
 
-def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, resumed: bool) -> tune.Tuner:
-    """OptunaSearch (seeded TPE, RDB study) + ASHA over folds; or Tune's saved state, restored.
-    A --same-trials round enqueues its configs in the study and trains each for its fixed
-    number of folds (fold_trial's `limits`), with no scheduler stopping anything."""
-    import optuna
+def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, plan) -> tune.Tuner:
+    """A fresh Tuner over the round: StudySearch (seeded TPE on the RDB study; first the trials
+    `plan` resumes, then `plan.n_new` new ones) + ASHA over folds (its time is `folds_done`, so a
+    resumed trial meets its rungs where it left them). A --same-trials round enqueues its configs
+    in the study (once) and trains each for its fixed number of folds (fold_trial's `limits`),
+    with no scheduler stopping anything."""
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search.optuna import OptunaSearch
 
-    keep_mlflow_out_of_tune()  # before Tuner.fit, a restored one too
+    from fxray.sweep.rounds import load_study
+    from fxray.sweep.search import StudySearch
+
+    keep_mlflow_out_of_tune()  # before Tuner.fit
     n_folds = len(job["folds"])
     grace = min(exp.sweep.grace_folds, n_folds)
     rnd = sweep["rounds"][-1]
     same = rnd.get("same_trials")  # --same-trials: given configs and lengths, no ASHA
-    job = {**job, "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor), "limits": fold_limits(same)}
+    job = {
+        **job,
+        "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor),
+        "limits": fold_limits(same),
+        "storage": str(storage),
+    }
     trainable = tune.with_resources(
         tune.with_parameters(fold_trial, job=job, workers=workers), trial_resources(exp.sweep.cpu_per_trial)
     )  # on the head if multi-node
-    path = storage / rnd["name"]
-    if resumed and tune.Tuner.can_restore(str(path)):
-        return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
-    searcher = OptunaSearch(
-        space=exp.space(),
-        metric="score",
-        mode="max",
-        study_name=STUDY,
+    study = load_study(storage)
+    if same and not study.get_trials(deepcopy=False):  # the first session of the round: enqueue once
+        for sampled, _ in same["trials"]:
+            study.enqueue_trial(sampled)
+    searcher = StudySearch(
+        storage,
+        exp.space(),
         # one seed per round, so an extension does not replay the first round's draws
-        sampler=optuna.samplers.TPESampler(seed=rnd["seed"] + len(sweep["rounds"]) - 1),
-        storage=optuna.storages.RDBStorage(f"sqlite:///{storage / 'optuna.db'}"),
-        points_to_evaluate=[sampled for sampled, _ in same["trials"]] if same else None,
+        seed=rnd["seed"] + len(sweep["rounds"]) - 1,
+        round_name=rnd["name"],
+        resumed=plan.resumed,
+        n_new=plan.n_new,
     )
     scheduler = (
         FIFOScheduler()
         if same
         else ASHAScheduler(
-            time_attr="training_iteration",
-            max_t=n_folds,
-            grace_period=grace,
-            reduction_factor=exp.sweep.reduction_factor,
+            time_attr="folds_done", max_t=n_folds, grace_period=grace, reduction_factor=exp.sweep.reduction_factor
         )
     )
     from fxray.sweep.callbacks import SweepLog
 
+    tune_dir = storage / rnd["name"]  # Tune's logs, a folder per session of the round; never read back
+    session = 1 + sum(1 for d in tune_dir.glob("session-*")) if tune_dir.is_dir() else 1
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -222,13 +186,13 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
             mode="max",
             search_alg=searcher,
             scheduler=scheduler,
-            num_samples=rnd["trials"],
+            num_samples=len(plan.resumed) + plan.n_new,
             max_concurrent_trials=workers.plan.n_trials,
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
-            name=rnd["name"],
-            storage_path=str(storage),
+            name=f"session-{session}",
+            storage_path=str(tune_dir),
             verbose=0,
             stop=StartFailed(),
             callbacks=[
@@ -236,7 +200,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, res
                 JsonLoggerCallback(),
                 CSVLoggerCallback(),
             ],
-            failure_config=tune.FailureConfig(max_failures=2),  # a dead trial resumes from its last fold
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            # a dead trial process is run again by Tune; it continues after its last logged fold
+            failure_config=tune.FailureConfig(max_failures=2),
         ),
     )

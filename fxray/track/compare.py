@@ -40,8 +40,13 @@ def open_store(uri: str | None):
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one per small download
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
-        raise CompareError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        if not db.is_file():
+            raise CompareError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
+        with open(db, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":  # else SQLAlchemy fails deep inside MLflow
+                raise CompareError(f"--tracking-uri {uri}: {db} is not an SQLite database (an MLflow store)")
     mlflow.set_tracking_uri(uri)
     return MlflowClient(uri), uri
 
@@ -122,8 +127,10 @@ def load_experiment(client, name: str, uri: str) -> dict:
                     "params": dict(r.data.params),
                     "folds": folds,
                     "folds_done": len(folds),
-                    "score": max(score, key=lambda m: m.step).value if score else 0.0,
-                    "status": "ok" if all(f["status"] == "ok" for f in folds) else "diverged",
+                    # no score logged (a diverged trial's): undefined, never 0
+                    "score": max(score, key=lambda m: m.step).value if score else None,
+                    "status": r.data.tags.get("fxray.status")
+                    or ("ok" if all(f["status"] == "ok" for f in folds) else "diverged"),
                     "per_fold": per_fold,
                 }
             )
@@ -140,12 +147,12 @@ def load_experiment(client, name: str, uri: str) -> dict:
     }
 
 
-def best_of(trials: list, n_folds: int) -> dict:
+def best_of(trials: list, n_folds: int) -> dict | None:
     """The trial the sweep picked: highest score among those that ran every fold (when any did),
-    never one that diverged while another did not (as fxray.track.results.best_trial)."""
-    ok = [t for t in trials if t["status"] == "ok"] or trials
+    never one that diverged (as fxray.track.results.best_trial); None when every trial did."""
+    ok = [t for t in trials if t["status"] == "ok" and t["score"] is not None]
     full = [t for t in ok if t["folds_done"] >= n_folds]
-    return max(full or ok, key=lambda t: t["score"])
+    return max(full or ok, key=lambda t: t["score"]) if ok else None
 
 
 def summarize(exp: dict) -> dict:
@@ -159,6 +166,11 @@ def summarize(exp: dict) -> dict:
     n_started = int(metrics.get("n_trials_counted", len(trials)))
     stats = {t["trial_id"]: pooled_stats(t, cost, ppy) for t in trials}
     best = best_of(trials, exp["n_folds"])
+    if best is None:
+        raise CompareError(
+            f"experiment {exp['name']!r}: all {len(trials)} trials of sweep run {parent.info.run_id} diverged: "
+            "no best trial to judge"
+        )
     b = stats[best["trial_id"]]
     deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], max(n_started, len(trials)))
     walk = selection.walk_forward(

@@ -159,6 +159,8 @@ class FoldRecord:
         out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["metric"]})
         if out.get("bh_test_sharpe") == 0.0:  # buy-and-hold's window Sharpe: undefined under 2 days
             del out["bh_test_sharpe"]
+        if self.status != "ok":  # a diverged fold's trial has no score (the run's tag fxray.status says why)
+            out["score"] = None
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 

@@ -46,7 +46,12 @@ def verdict(best: dict) -> str:
 def ranked(trials: list, n_folds: int) -> list:
     """results.json's trials, best first: the order of the last screen (and of the MLflow
     rank tags): trials that did not diverge, then those that ran every fold, by score."""
-    return sorted(trials, key=lambda t: (t["status"] == "ok", t["folds_done"] >= n_folds, t["score"]), reverse=True)
+
+    def key(t):
+        score = t["score"] if t["score"] is not None else float("-inf")  # a diverged trial has none
+        return t["status"] == "ok", t["folds_done"] >= n_folds, score
+
+    return sorted(trials, key=key, reverse=True)
 
 
 def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -> None:

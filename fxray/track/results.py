@@ -58,19 +58,19 @@ def trials_table(records: dict) -> dict:
         t["folds"].append(rec)
     for t in trials.values():
         f = t["folds"]
-        t["folds_done"], t["score"] = len(f), f[-1]["score"]
         t["status"] = "ok" if all(r["status"] == "ok" for r in f) else "diverged"
+        # a diverged trial has no score (its Tune score, fxray.sweep.trial.DIVERGED, is a stand-in)
+        t["folds_done"], t["score"] = len(f), f[-1]["score"] if t["status"] == "ok" else None
         t["mean_val_sharpe"], t["mean_test_sharpe"] = f[-1].get("mean_val_sharpe"), f[-1].get("mean_test_sharpe")
     return trials
 
 
-def best_trial(records: dict, n_folds: int | None = None) -> dict:
+def best_trial(records: dict, n_folds: int | None = None) -> dict | None:
     """The highest score (the sweep's objective), among trials that ran every fold when
-    any did; a trial that diverged only when nothing else ran."""
-    trials = list(trials_table(records).values())
-    ok = [t for t in trials if t["status"] == "ok"] or trials
+    any did; never a trial that diverged (None when every trial did)."""
+    ok = [t for t in trials_table(records).values() if t["status"] == "ok"]
     full = [t for t in ok if n_folds and t["folds_done"] >= n_folds]
-    return max(full or ok, key=lambda t: t["score"])
+    return max(full or ok, key=lambda t: t["score"]) if ok else None
 
 
 def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
@@ -123,6 +123,8 @@ def write_results(
     cost, ppy = sweep["base"]["cost"], periods_per_year or sweep.get("calendar", {}).get("periods_per_year", 6261.0)
     stats = {tid: pooled_stats(t, cost, ppy) for tid, t in trials.items()}
     best = best_trial(records, n_folds)
+    if best is None:
+        return no_best(storage, sweep, trials, json_path)
     names = sorted({k for t in trials.values() for k in t["config"]})
     # --- fold table: one row per trial x fold -------------------------------------
     with open(storage / "folds.csv", "w", newline="") as f:
@@ -227,3 +229,36 @@ def write_results(
     summary.update({f"{name}_test_sharpe": s["sharpe"] for name, s in b["baselines"].items()})
     summary.update(verdict_metrics(verdict))
     return {"mlflow_summary": {k: v for k, v in summary.items() if v is not None}, "artifacts": artifacts}
+
+
+def no_best(storage: Path, sweep: dict, trials: dict, json_path) -> dict:
+    """Every trial diverged: results.json says so (no best trial, no verdict); nothing can win."""
+    results = {
+        "experiment": sweep["experiment"],
+        "profile": sweep["profile"],
+        "storage": str(storage),
+        "data": sweep["data"],
+        "folds": sweep["folds"],
+        "base_config": sweep["base"],
+        "rounds": sweep["rounds"],
+        "n_trials": len(trials),
+        "trials": [
+            {
+                "trial_id": tid,
+                "config": {**sweep["base"], **t["config"]},
+                "sampled": t["config"],
+                "folds_done": t["folds_done"],
+                "status": t["status"],
+                "score": None,
+                "folds": [FoldRecord.from_flat(r).results_json() for r in t["folds"]],
+            }
+            for tid, t in trials.items()
+        ],
+        "best": None,
+    }
+    text = json.dumps(results, indent=1)
+    (storage / "results.json").write_text(text)
+    if json_path:
+        Path(json_path).write_text(text)
+    print(f"\nno best trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
+    return {"mlflow_summary": {"n_trials": len(trials)}, "artifacts": [(None, storage / "experiment.yaml")]}

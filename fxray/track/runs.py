@@ -50,15 +50,50 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
-def check_uri(uri: str) -> None:
-    """A sqlite store whose folder is missing or read-only fails here, before anything
-    starts; other stores are checked when the sweep opens them."""
-    path = sqlite_path(uri)
-    if path is not None and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "file", "http", "https", "databricks")
+
+
+def check_uri(uri: str, timeout: float = 5.0) -> None:
+    """The store is checked before anything starts (ValueError, one line): a known scheme; a
+    sqlite file that is an SQLite database (or none yet) in a writable folder; a tracking
+    server that answers. Other databases are checked when the writer opens them."""
+    scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else "file"
+    if scheme not in SCHEMES:
         raise ValueError(
-            f"MLFLOW_TRACKING_URI {uri}: {path.parent} is not a writable folder; "
-            "point it at a writable path (or unset it for ./mlflow.db)"
+            f"MLFLOW_TRACKING_URI {uri}: {scheme!r} is not a store MLflow opens ({', '.join(SCHEMES)}); "
+            "e.g. sqlite:////abs/path/mlflow.db or http://127.0.0.1:5000"
         )
+    path = sqlite_path(uri)
+    if path is not None:
+        if not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+            raise ValueError(
+                f"MLFLOW_TRACKING_URI {uri}: {path.parent} is not a writable folder; "
+                "point it at a writable path (or unset it for ./mlflow.db)"
+            )
+        if path.exists() and (not path.is_file() or _head(path) not in (b"", b"SQLite format 3\x00")):
+            raise ValueError(
+                f"MLFLOW_TRACKING_URI {uri}: {path} is not an SQLite database; point it at an MLflow store "
+                "or a new file"
+            )
+    elif scheme in ("http", "https"):  # MLflow would retry for minutes: one quick look instead
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).close()
+        except urllib.error.HTTPError:
+            pass  # something answers: the writer finds out whether it is MLflow
+        except (OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise ValueError(
+                f"MLFLOW_TRACKING_URI {uri}: no tracking server answers there ({reason}); "
+                "start it (mlflow server --host 127.0.0.1) or unset it for ./mlflow.db"
+            ) from None
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(16)
 
 
 class Tracker:
@@ -161,19 +196,25 @@ class Tracker:
         self.client.log_dict(run_id, fold_returns(record), f"{RETURNS_DIR}/fold{step}.json")
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, step) for k, v in record.mlflow_metrics().items()]
-        self.client.log_batch(run_id, metrics=metrics)
+        # a diverged fold marks its run at once (its metrics are left out, never logged as 0)
+        tags = [RunTag("fxray.status", "diverged")] if record.status == "diverged" else []
+        self.client.log_batch(run_id, metrics=metrics, tags=tags)
         self.steps[run_id].add(step)
 
-    def end_trial(self, trial_id: str, folds_done: int, n_folds: int, status: str = "FINISHED") -> None:
+    def end_trial(
+        self, trial_id: str, folds_done: int, n_folds: int, status: str = "FINISHED", outcome: str | None = None
+    ) -> None:
         """End a child run. Its summary is the last point of mean_val_sharpe / mean_test_sharpe
-        (the running means, logged per fold); folds_done < n_folds means ASHA stopped it."""
+        (the running means, logged per fold); folds_done < n_folds means ASHA stopped it (or it
+        diverged: tag fxray.status "diverged", else "ok")."""
         if trial_id in self.finished or trial_id not in self.children:
             return
         run_id = self.children[trial_id]
         last = Metric("folds_done", folds_done, int(time.time() * 1000), max(folds_done - 1, 0))
-        self.client.log_batch(
-            run_id, metrics=[last], tags=[RunTag("fxray.stopped_early", str(folds_done < n_folds).lower())]
-        )
+        tags = [RunTag("fxray.stopped_early", str(folds_done < n_folds and outcome != "diverged").lower())]
+        if outcome is not None:
+            tags.append(RunTag("fxray.status", outcome))
+        self.client.log_batch(run_id, metrics=[last], tags=tags)
         self.client.set_terminated(run_id, status)
         if status == "FINISHED":
             self.finished.add(trial_id)

@@ -47,9 +47,13 @@ def append_event(storage, **event) -> None:
 class Writer:
     """The driver's handle on the writer process (stdlib only: no mlflow here)."""
 
-    def __init__(self, storage, uri: str, on_open=None, on_error=None):
+    def __init__(self, storage, uri: str, on_open=None, on_error=None, wait_for_go: bool = False):
+        """`wait_for_go`: the process opens the store only after `go()` (the driver says so once
+        the sweep is checked and recorded: a sweep refused after the writer started leaves the
+        store untouched); else as soon as sweep.json exists."""
         self.storage, self.uri, self.session = Path(storage), uri, uuid.uuid4().hex
         self.on_open, self.on_error = on_open, on_error
+        self.wait_for_go, self.went = wait_for_go, False
         self.parent_id: str | None = None
         self.experiment_id: str | None = None
         self.top: list = []  # [(run id, name)] of the best trials, once done
@@ -62,6 +66,7 @@ class Writer:
         root = str(Path(__file__).resolve().parents[2])  # fxray importable however the driver started
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         cmd = [sys.executable, "-m", "fxray.track.writer", str(self.storage), self.uri, self.session]
+        cmd += ["wait-for-go"] if self.wait_for_go and not self.went else []
         # its own session: the terminal's Ctrl+C goes to the driver, which still has runs to end
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, start_new_session=True
@@ -96,6 +101,16 @@ class Writer:
             if self.on_error:
                 self.on_error(error)
         self.opened.set()
+
+    def go(self) -> None:
+        """Let the process open the store (sweep.json is written)."""
+        self.went = True
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.write("go\n")
+                self.proc.stdin.flush()
+            except OSError:  # it died: finish() starts it again
+                pass
 
     def wait_open(self, timeout: float | None = None) -> bool:
         """True once the store and the parent run are open; False if they cannot be."""
@@ -198,15 +213,25 @@ def say(**msg) -> None:
     print(json.dumps(msg), flush=True)
 
 
-def serve(storage: str, uri: str, session: str) -> int:
-    """Open the store, wait for sweep.json, then write what the log holds until the sweep ends."""
+def serve(storage: str, uri: str, session: str, wait: str = "") -> int:
+    """Open the store once told to ("go" on stdin, with `wait`) and sweep.json exists, then write
+    what the log holds until the sweep ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     storage = Path(storage)
-    eof = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), eof.set()), daemon=True).start()
+    eof, go = threading.Event(), threading.Event()
+    if not wait:
+        go.set()
+
+    def listen() -> None:
+        for line in sys.stdin:
+            if line.strip() == "go":
+                go.set()
+        eof.set()
+
+    threading.Thread(target=listen, daemon=True).start()
     from fxray.track.runs import open_sweep  # imports mlflow: seconds, while the driver starts Ray
 
-    while not (storage / "sweep.json").exists():  # written once the driver has validated everything
+    while not (go.is_set() and (storage / "sweep.json").exists()):  # the driver has validated everything
         if eof.is_set():
             return 0
         time.sleep(0.05)
@@ -251,7 +276,7 @@ def serve(storage: str, uri: str, session: str) -> int:
         for line in new_events:
             ev = json.loads(line)
             if ev["kind"] == "trial_end":
-                write(tracker.end_trial, ev["trial_id"], ev["folds_done"], n_folds, ev["status"])
+                write(tracker.end_trial, ev["trial_id"], ev["folds_done"], n_folds, ev["status"], ev.get("outcome"))
             elif ev["kind"] == "sweep_end" and ev["session"] == session:
                 ended = write(
                     tracker.end_sweep,
@@ -278,4 +303,4 @@ def serve(storage: str, uri: str, session: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(*sys.argv[1:4]))
+    sys.exit(serve(*sys.argv[1:5]))

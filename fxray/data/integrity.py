@@ -1,0 +1,151 @@
+"""Is an fxcache what it claims to be: the value scans and the content hash.
+
+    digest = content_hash(ts, features, ofi, targets)        # BLAKE3, what `cache.write` stores
+    report = verify(market)                                  # O(N): raises CacheError, one line
+    check = Verification(market)                             # the same in a thread; check.wait()
+
+`cache.open` reads the structure and the metadata only (O(metadata): milliseconds for
+any size); these are the O(N) checks. A file's stored `content_hash` is proven here by
+hashing its four columns again, so a flipped byte or a file cut short is found, and
+what a sweep or a training run records under that hash is what it trained on.
+
+The hash is named in the file (`content_hash_algo`): "blake3" (multi-threaded, what
+`write` uses) or "sha256" (files written before it, which have no such key): both are
+the digest of the columns' bytes in column order (ts, features, ofi, targets),
+truncated to 128 bits (32 hex characters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+
+import numpy as np
+
+from fxray.data.cache import CacheError
+
+HASH_ALGOS = ("blake3", "sha256")
+DEFAULT_ALGO = "blake3"
+LEGACY_ALGO = "sha256"  # a file with no content_hash_algo key
+COLUMN_ORDER = ("ts", "features", "ofi", "targets")
+
+
+def content_hash(ts, features, ofi, targets, algo: str = DEFAULT_ALGO) -> str:
+    """The digest of the four columns' bytes, in column order (a file's identity)."""
+    if algo == "blake3":
+        import blake3
+
+        h = blake3.blake3(max_threads=blake3.blake3.AUTO)  # a tree hash: the same digest on any thread count
+    elif algo == "sha256":
+        h = hashlib.sha256()
+    else:
+        raise ValueError(f"unknown content hash {algo!r}; known: {', '.join(HASH_ALGOS)}")
+    for a in (ts, features, ofi, targets):
+        h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    return h.hexdigest()[:32]
+
+
+def _parallel_sum(a: np.ndarray, min_chunk_rows: int = 262_144) -> float:
+    """Sum of all elements, row chunks summed on threads (numpy releases the GIL)."""
+    n_chunks = min(os.cpu_count() or 1, 16, max(1, len(a) // min_chunk_rows))
+    bounds = np.linspace(0, len(a), n_chunks + 1).astype(int)
+
+    def part(i: int) -> float:
+        with np.errstate(over="ignore", invalid="ignore"):  # per thread: errstate is a contextvar
+            return float(a[bounds[i] : bounds[i + 1]].sum())
+
+    if n_chunks == 1:
+        return part(0)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(n_chunks) as pool:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return float(np.sum(list(pool.map(part, range(n_chunks)))))
+
+
+def check_values(path: str, cols: dict) -> None:
+    """Rows, strictly increasing ts, no NaN/Inf, prices > 0: CacheError naming the row otherwise."""
+    ts = cols["ts"]
+    if len(ts) == 0:
+        raise CacheError(f"{path}: no rows")
+    if len(ts) > 1:
+        bad = np.flatnonzero(ts[1:] <= ts[:-1])
+        if len(bad):
+            i = int(bad[0]) + 1
+            raise CacheError(
+                f"{path}: ts is not strictly increasing at row {i} "
+                f"({ts[i - 1]} then {ts[i]}); sort and deduplicate the bars"
+            )
+    for name in ("features", "ofi", "targets"):
+        a = cols[name]
+        # A sum in the column's own dtype propagates NaN/Inf in one SIMD pass with no
+        # temporary; only when it is not finite (a bad value, or an overflow of huge
+        # but finite values) do we pay for the exact elementwise check.
+        if np.isfinite(_parallel_sum(a)):
+            continue
+        bad_rows = np.flatnonzero(~np.isfinite(a).all(axis=1))
+        if len(bad_rows):
+            row = int(bad_rows[0])
+            colno = int(np.flatnonzero(~np.isfinite(a[row]))[0])
+            raise CacheError(
+                f"{path}: column {name!r} has NaN/Inf (first at row {row}, "
+                f"element {colno}); fix the source bars or features"
+            )
+    targets = cols["targets"]
+    if targets.size and not targets.min() > 0:  # a log return of a price <= 0 is NaN, found late
+        row = int(np.flatnonzero((targets <= 0).any(axis=1))[0])
+        which = ("open", "high", "low", "close")[int(np.flatnonzero(targets[row] <= 0)[0])]
+        raise CacheError(
+            f"{path}: column 'targets' has a price <= 0 (first at row {row}: {which} {targets[row].tolist()}); "
+            "prices must be positive: fix or drop those bars"
+        )
+
+
+def verify(market) -> dict:
+    """Every value of `market` checked and its content hash recomputed against the stored one.
+    Returns {"algo", "content_hash", "values_s", "hash_s"}; CacheError (one line) otherwise."""
+    cols = {k: getattr(market, k) for k in COLUMN_ORDER}
+    t0 = time.perf_counter()
+    check_values(market.path, cols)
+    t1 = time.perf_counter()
+    algo = market.meta.get("content_hash_algo", LEGACY_ALGO)
+    digest = content_hash(*cols.values(), algo=algo)
+    t2 = time.perf_counter()
+    if digest != market.content_hash:
+        raise CacheError(
+            f"{market.path}: its contents do not match its stored content hash ({algo} {digest} != "
+            f"{market.content_hash}): the file was changed or damaged; rebuild it with `python -m fxray.data`"
+        )
+    return {"algo": algo, "content_hash": digest, "values_s": t1 - t0, "hash_s": t2 - t1}
+
+
+class Verification:
+    """`verify(market)` in a daemon thread, started at once (numpy and BLAKE3 release the GIL,
+    so it overlaps whatever the caller does next); `wait()` returns its report or raises."""
+
+    def __init__(self, market):
+        self.market = market
+        self.report: dict | None = None
+        self.error: BaseException | None = None
+        self.started = time.time()
+        self.thread = threading.Thread(target=self._run, name="fxray-verify-data", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.report = verify(self.market)
+        except BaseException as e:  # noqa: BLE001 (handed to wait(), in the caller's thread)
+            self.error = e
+
+    def wait(self) -> dict:
+        """The report, once the checks are done (CacheError if the file is bad). `waited_s`:
+        how long the caller waited here: what the overlap did not hide."""
+        t0 = time.perf_counter()
+        self.thread.join()
+        if self.error is not None:
+            if isinstance(self.error, CacheError):
+                raise CacheError(str(self.error)) from None
+            raise CacheError(f"{self.market.path}: could not be verified ({type(self.error).__name__}: {self.error})")
+        return {**self.report, "waited_s": time.perf_counter() - t0}

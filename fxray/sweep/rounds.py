@@ -1,0 +1,195 @@
+"""A round's state from fxray's own records, never from Tune's pickles.
+
+    state = round_state(storage, sweep)        # what the round's trials did: ended, errored, unfinished
+    plan = resume_plan(storage, sweep, limits) # what a resumed round runs again, and what it ends at once
+
+The records (all written by fxray, all plain text or sqlite, nothing that executes):
+
+    sweep.json     rounds: name, trials (the budget), seed, done
+    optuna.db      the study "fxray": every trial the searcher asked for, with user attrs
+                   fxray.trial_id (the trial's id everywhere: folds.jsonl, MLflow, checkpoints)
+                   and fxray.round; RUNNING = not told a value yet
+    folds.jsonl    every fold the driver received (trial_id, fold, score, ...), once
+    events.jsonl   trial_end (trial_id, status FINISHED|FAILED, folds_done), sweep_end
+
+A resumed round starts a fresh Tuner (fxray.sweep.search.StudySearch): the round's RUNNING
+trials run again with their configs and ids, each after its last fold in folds.jsonl;
+then the rest of the round's budget is sampled from the study. Tune's own directories
+(tune/session-N) are logs: nothing reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
+TRIAL_ATTR, ROUND_ATTR = "fxray.trial_id", "fxray.round"
+
+
+def load_study(storage: Path, sampler=None):
+    """The sweep's study, created if absent (a kill may come between the file and the study)."""
+    import optuna
+
+    rdb = optuna.storages.RDBStorage(f"sqlite:///{Path(storage) / 'optuna.db'}")
+    return optuna.create_study(
+        study_name=STUDY, storage=rdb, sampler=sampler, direction="maximize", load_if_exists=True
+    )
+
+
+def trial_id_of(number: int) -> str:
+    """The fxray id of the study's trial `number` (stable: it survives any resume)."""
+    return f"{number:04d}"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete lines of a JSON-lines file (a torn last line, from a kill mid-write, is skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def trial_ends(storage: Path) -> dict[str, dict]:
+    """{trial_id: its last trial_end event}."""
+    return {e["trial_id"]: e for e in read_jsonl(Path(storage) / "events.jsonl") if e.get("kind") == "trial_end"}
+
+
+def done_folds(storage: Path, trial_id: str) -> list[dict]:
+    """The folds.jsonl records of a trial, fold 0.. in order, up to its first missing fold
+    (what it has done: a resumed or retried trial continues after them)."""
+    path = Path(storage) / "folds.jsonl"
+    if not path.exists():
+        return []
+    needle = json.dumps(trial_id)
+    by_fold = {}
+    with open(path) as f:
+        for line in f:
+            if needle not in line:  # cheap: most lines are other trials'
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("trial_id") == trial_id:
+                by_fold.setdefault(rec["fold"], rec)
+    out = []
+    while len(out) in by_fold:
+        out.append(by_fold[len(out)])
+    return out
+
+
+@dataclass
+class RoundState:
+    """The trials of one round, as the records have them."""
+
+    budget: int  # trials the round runs (sweep.json)
+    started: int = 0  # trials the study holds for this round
+    finished: list[str] = field(default_factory=list)  # told a value and ended (FINISHED event)
+    errored: list[str] = field(default_factory=list)  # RUNNING, last event FAILED: --resume retries
+    running: list[str] = field(default_factory=list)  # RUNNING, no end: interrupted
+
+    @property
+    def unfinished(self) -> int:
+        """Trials of the budget not finished, errored ones aside."""
+        return self.budget - len(self.finished) - len(self.errored)
+
+
+def round_trials(study, name: str) -> list:
+    return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(ROUND_ATTR) == name]
+
+
+def round_state(storage: Path, sweep: dict) -> RoundState:
+    import optuna
+
+    rnd = sweep["rounds"][-1]
+    state = RoundState(budget=rnd["trials"])
+    if not (Path(storage) / "optuna.db").exists():
+        return state
+    ends = trial_ends(storage)
+    for t in round_trials(load_study(storage), rnd["name"]):
+        state.started += 1
+        tid = t.user_attrs[TRIAL_ATTR]
+        end = ends.get(tid, {}).get("status")
+        if t.state == optuna.trial.TrialState.RUNNING:
+            (state.errored if end == "FAILED" else state.running).append(tid)
+        elif end == "FINISHED":
+            state.finished.append(tid)
+        else:  # told, but its end event was lost to a kill: resume_plan writes it
+            state.running.append(tid)
+    return state
+
+
+@dataclass
+class ResumePlan:
+    resumed: list[tuple[int, str, dict]]  # (study number, trial id, sampled config): to run again
+    ended: list[str]  # trials whose records say they are done: ended here, not run again
+    n_new: int  # trials still to sample from the study
+    orphans: int  # RUNNING trials with no fxray id (asked, then a kill): marked FAIL
+
+
+def resume_plan(storage: Path, sweep: dict, planned_folds) -> ResumePlan:
+    """Make the study and the event log agree about the round, and say what is left to run.
+
+    `planned_folds(config) -> int`: the folds a trial of that sampled config trains (all of
+    them, or its --same-trials length). A RUNNING trial whose folds.jsonl shows it done (every
+    planned fold, or a diverged last fold) is told its last score; a told trial without its
+    trial_end event gets one; both are then ended (the MLflow writer closes their runs)."""
+    import optuna
+
+    from fxray.track.writer import append_event
+
+    rnd = sweep["rounds"][-1]
+    plan = ResumePlan([], [], 0, 0)
+    if not (Path(storage) / "optuna.db").exists():
+        plan.n_new = rnd["trials"]
+        return plan
+    plan.orphans = close_orphans(storage)
+    study = load_study(storage)
+    ends = trial_ends(storage)
+    mine = round_trials(study, rnd["name"])
+    for t in mine:
+        tid = t.user_attrs[TRIAL_ATTR]
+        folds = done_folds(storage, tid)
+        if t.state == optuna.trial.TrialState.RUNNING:
+            over = folds and (folds[-1]["status"] == "diverged" or len(folds) >= planned_folds(t.params))
+            if not over:
+                plan.resumed.append((t.number, tid, dict(t.params)))
+                continue
+            study.tell(t.number, folds[-1]["score"])
+        if ends.get(tid, {}).get("status") != "FINISHED":
+            append_event(storage, kind="trial_end", trial_id=tid, status="FINISHED", folds_done=len(folds))
+            plan.ended.append(tid)
+    plan.n_new = max(rnd["trials"] - len(mine), 0)
+    return plan
+
+
+def trials_started(storage: Path) -> int:
+    """Every trial the study ever started, in any state (the N of the Deflated Sharpe Ratio:
+    each was a chance to get lucky, whether ASHA stopped it, it failed or it finished)."""
+    import optuna
+
+    waiting = optuna.trial.TrialState.WAITING  # enqueued (--same-trials), not started
+    return sum(t.state != waiting for t in load_study(storage).get_trials(deepcopy=False))
+
+
+def close_orphans(storage: Path) -> int:
+    """Mark FAIL the study's RUNNING trials that no fxray trial owns (asked for by the searcher,
+    then a hard kill before it named them): no round will ever run them."""
+    import optuna
+
+    study = load_study(storage)
+    orphans = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state == optuna.trial.TrialState.RUNNING and TRIAL_ATTR not in t.user_attrs
+    ]
+    for t in orphans:
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    return len(orphans)

@@ -1,0 +1,101 @@
+"""Optuna's TPE as Tune's searcher, keyed by fxray's own trial ids, resumable from the study.
+
+    searcher = StudySearch(storage, space, seed, round_name, resumed=plan.resumed, n_new=plan.n_new)
+
+Unlike ray.tune.search.optuna.OptunaSearch (whose state Tune pickles, and unpickles on
+`Tuner.restore`), everything this searcher knows is in the Optuna RDB study: a trial it
+asks for is named at once (user attrs fxray.trial_id, fxray.round), its config travels in
+the Tune config with that id (TRIAL_KEY), and it is told its value when Tune ends it. So a
+round interrupted in any way is resumed by a fresh searcher over the same study: the
+round's RUNNING trials first (same configs, same ids), then new samples (TPE sees every
+trial told so far). Nothing of it is ever saved by or restored from Tune.
+
+A trial that errors stays RUNNING (not told): `--resume` runs it again under its id.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ray.tune.search import Searcher
+
+from fxray.sweep.rounds import ROUND_ATTR, TRIAL_ATTR, load_study, trial_id_of
+
+TRIAL_KEY = "fxray_trial_id"  # the trial's id inside its Tune config (not a config field)
+
+
+def split_config(config: dict) -> tuple[str, dict]:
+    """A Tune config -> (fxray trial id, the sampled config)."""
+    return config[TRIAL_KEY], {k: v for k, v in config.items() if k != TRIAL_KEY}
+
+
+class StudySearch(Searcher):
+    def __init__(
+        self,
+        storage: Path,
+        space: dict,
+        seed: int,
+        round_name: str,
+        resumed: list[tuple[int, str, dict]] = (),
+        n_new: int = 0,
+    ):
+        super().__init__(metric="score", mode="max")
+        self.storage, self.space, self.seed, self.round_name = Path(storage), space, seed, round_name
+        self.resumed = list(resumed)  # (study number, trial id, sampled config), run first
+        self.n_new = n_new
+        self.live: dict[str, int] = {}  # Tune trial id -> study number
+        self._study = None
+
+    @property
+    def study(self):
+        if self._study is None:
+            import optuna
+
+            self._study = load_study(self.storage, optuna.samplers.TPESampler(seed=self.seed))
+        return self._study
+
+    def __getstate__(self):  # Tune pickles its searcher into its own files: no live database handle
+        return {**self.__dict__, "_study": None}
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True  # metric and mode are fixed ("score", "max"); the space is ours
+
+    def suggest(self, trial_id: str):
+        if self.resumed:
+            number, tid, params = self.resumed.pop(0)
+        elif self.n_new > 0:
+            self.n_new -= 1
+            trial = self.study.ask(fixed_distributions=self.space)
+            number, tid, params = trial.number, trial_id_of(trial.number), dict(trial.params)
+            # named at once: a kill from here on leaves a trial a resume finds and runs again
+            trial.set_user_attr(TRIAL_ATTR, tid)
+            trial.set_user_attr(ROUND_ATTR, self.round_name)
+        else:
+            return Searcher.FINISHED
+        self.live[trial_id] = number
+        return {**params, TRIAL_KEY: tid}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        # the running score after each fold, as OptunaSearch reported it (a pruner could read it)
+        number, step = self.live.get(trial_id), result.get("folds_done")
+        if number is not None and step is not None and result.get("score") is not None:
+            study_trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+            try:
+                self.study._storage.set_trial_intermediate_value(study_trial_id, step, float(result["score"]))
+            except RuntimeError:  # a step reported before a resume; harmless
+                pass
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        number = self.live.pop(trial_id, None)
+        if number is None or error:  # an errored trial stays RUNNING: --resume runs it again
+            return
+        score = (result or {}).get("score")
+        if score is None:  # it reported nothing this session (Tune stopped it first): not told
+            return
+        self.study.tell(number, float(score))
+
+    def save(self, checkpoint_path: str):  # Tune's checkpoints of a searcher are never read back
+        raise NotImplementedError
+
+    def restore(self, checkpoint_path: str):
+        raise NotImplementedError("fxray resumes from the Optuna study, not from Tune's searcher state")

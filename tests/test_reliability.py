@@ -1,0 +1,321 @@
+"""Bad inputs that used to give a traceback, a hang or a silently wrong answer (issue 18):
+each is one line naming the file or key, exit 2, nothing written. The CLIs run in
+subprocesses; the pieces behind them (the run-directory lock, divergence in the records,
+the YAML reader) are checked directly too. The fault drills are in test_drills.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_tune import TINY
+
+from fxray.data.synth import SynthSpec, to_cache
+from fxray.rl import experiment as expmod
+from fxray.track.records import FoldRecord
+
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+
+def run(module, *args, cwd, env=None, timeout=120):
+    env = {**os.environ, "FXRAY_CACHE_DIR": str(cwd / "cache"), **(env or {})}
+    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{cwd / 'mlflow.db'}")
+    cmd = [sys.executable, "-m", module, *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(out, *needles) -> str:
+    assert out.returncode == 2, (out.returncode, out.stdout[-2000:], out.stderr[-3000:])
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def work(tmp_path):
+    """tiny.yaml, a small fxcache and nothing else in a fresh directory."""
+    (tmp_path / "tiny.yaml").write_text(TINY.format(trials=2, steps=10, grace=2, folds=2, bars=20000))
+    to_cache(SynthSpec(n_bars=20000, seed=0), tmp_path / "m.fxcache")
+    return tmp_path
+
+
+# --- the sweep CLI --------------------------------------------------------------------------
+
+
+def test_tune_json_naming_a_directory_is_refused_before_the_sweep(work):
+    (work / "out").mkdir()
+    one_line(run("fxray.tune", "--experiment", "tiny.yaml", "--json", "out", cwd=work), "--json out: is a directory")
+    assert not (work / "runs").exists() and not (work / "mlflow.db").exists()
+
+
+def test_tune_storage_naming_a_file(work):
+    (work / "afile").write_text("x")
+    one_line(run("fxray.tune", "--experiment", "tiny.yaml", "--storage", "afile", cwd=work), "afile: is a file")
+    assert (work / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"rounds": []}', "[1, 2]"])
+def test_tune_storage_holding_a_corrupt_sweep_json(work, content):
+    (work / "old").mkdir()
+    (work / "old/sweep.json").write_text(content)
+    out = run("fxray.tune", "--storage", "old", "--resume", cwd=work)
+    one_line(out, "old/sweep.json: not a sweep's record", "--storage DIR for a new sweep")
+    assert (work / "old/sweep.json").read_text() == content and sorted(os.listdir(work / "old")) == ["sweep.json"]
+
+
+def test_a_non_utf8_experiment_file(work):
+    (work / "latin.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    one_line(run("fxray.tune", "--experiment", "latin.yaml", cwd=work), "latin.yaml: not UTF-8 text")
+    assert not (work / "runs").exists()
+
+
+def test_a_fifo_as_data_does_not_hang(work):
+    os.mkfifo(work / "pipe.fxcache")
+    t0 = time.time()
+    out = run("fxray.tune", "--experiment", "tiny.yaml", "--data", "pipe.fxcache", cwd=work, timeout=60)
+    one_line(out, "pipe.fxcache: is a FIFO, not an fxcache file")
+    out = run("fxray.train", "--data", "pipe.fxcache", "--experiment", "tiny.yaml", cwd=work, timeout=60)
+    one_line(out, "pipe.fxcache: is a FIFO")
+    assert time.time() - t0 < 60 and not (work / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "uri,needle",
+    [
+        ("mlflw://localhost", "'mlflw' is not a store MLflow opens"),
+        ("sqlite:///{dir}/tiny.yaml", "tiny.yaml is not an SQLite database"),
+    ],
+)
+def test_a_bad_tracking_uri_is_found_before_ray_and_leaves_nothing(work, uri, needle):
+    out = run("fxray.tune", "--experiment", "tiny.yaml", cwd=work, env={"MLFLOW_TRACKING_URI": uri.format(dir=work)})
+    assert not one_line(out, "MLFLOW_TRACKING_URI", needle).startswith("fxray.tune: error: ---")
+    assert not (work / "runs").exists() and "Ray" not in out.stderr
+
+
+# --- the train CLI --------------------------------------------------------------------------
+
+
+def test_train_set_with_a_broken_yaml_value(work):
+    out = run("fxray.train", "--data", "m.fxcache", "--experiment", "tiny.yaml", "--set", "lr=[1", cwd=work)
+    one_line(out, "--set 'lr=[1': '[1' is not a YAML value")
+
+
+@pytest.mark.parametrize(
+    "line,needle", [("grad_clip: .nan", "dqn.grad_clip"), ("reward_scale: .inf", "dqn.reward_scale")]
+)
+def test_non_finite_config_values_in_an_experiment_file(work, line, needle):
+    text = (work / "tiny.yaml").read_text().replace("patience: 2}", f"patience: 2, {line}}}")
+    (work / "nan.yaml").write_text(text)
+    out = run("fxray.train", "--data", "m.fxcache", "--experiment", "nan.yaml", cwd=work)
+    one_line(out, "nan.yaml", needle, "must be a number > 0")
+    with pytest.raises(expmod.ExperimentError, match=needle):
+        expmod.load(work / "nan.yaml")
+
+
+# --- the data and compare CLIs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cmd", ["synth", "build"])
+def test_data_out_naming_a_directory(work, cmd):
+    (work / "outdir").mkdir()
+    args = ["--bars", "100"] if cmd == "synth" else ["--bars", "m.fxcache"]
+    one_line(run("fxray.data", cmd, *args, "--out", "outdir", cwd=work), "--out outdir: is a directory")
+    assert list((work / "outdir").iterdir()) == []
+
+
+def test_data_info_verify_finds_a_flipped_byte(work):
+    out = run("fxray.data", "info", "m.fxcache", "--verify", "--json", "i.json", cwd=work)
+    assert out.returncode == 0 and "content hash blake3" in out.stdout and "matches" in out.stdout, out.stderr
+    info = json.loads((work / "i.json").read_text())
+    assert info["verified"]["content_hash"] == info["content_hash"]
+    raw = bytearray((work / "m.fxcache").read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    (work / "m.fxcache").write_bytes(bytes(raw))
+    assert run("fxray.data", "info", "m.fxcache", cwd=work).returncode in (0, 2)  # values alone may pass
+    one_line(run("fxray.data", "info", "m.fxcache", "--verify", cwd=work), "do not match its stored content hash")
+
+
+def test_data_info_on_feature_names_of_the_wrong_type(work):
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    with pa.memory_map(str(work / "m.fxcache")) as src:
+        table = ipc.open_file(src).read_all()
+    meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
+    meta["feature_names"] = json.dumps({"not": "a list"})
+    table = table.replace_schema_metadata(meta)
+    with ipc.new_file(work / "bad.fxcache", table.schema) as w:
+        w.write_table(table)
+    one_line(run("fxray.data", "info", "bad.fxcache", cwd=work), "feature_names: must be a JSON list of 42 strings")
+
+
+def test_compare_on_a_file_that_is_not_a_database(work):
+    out = run("fxray.compare", "--tracking-uri", f"sqlite:///{work / 'tiny.yaml'}", "--no-log", cwd=work)
+    one_line(out, "is not an SQLite database")
+
+
+def test_compare_out_naming_a_file(work):
+    (work / "notadir").write_text("x")
+    one_line(run("fxray.compare", "--out", "notadir", "--no-log", cwd=work), "--out notadir: is not a directory")
+
+
+# --- YAML as people write it -----------------------------------------------------------------
+
+
+def test_yaml_reads_1e_3_as_a_number_and_refuses_duplicate_keys(tmp_path):
+    text = TINY.format(trials=2, steps=10, grace=2, folds=2, bars=20000).replace("low: 1.0e-4", "low: 1e-4")
+    (tmp_path / "a.yaml").write_text(text.replace("patience: 2}", "patience: 2, lr: 1e-3}"))
+    exp = expmod.load(tmp_path / "a.yaml")
+    assert exp.config.lr == 0.001 and exp.search[0].low == 1e-4
+    (tmp_path / "dup.yaml").write_text(text + "name: u\n")
+    with pytest.raises(expmod.ExperimentError, match=r"dup.yaml: not valid YAML: line \d+, column 1: key 'name'"):
+        expmod.load(tmp_path / "dup.yaml")
+    from fxray.train import parse_sets
+
+    assert parse_sets(["lr=1e-3", "hidden=128", "dueling=false"]) == {"lr": 0.001, "hidden": 128, "dueling": False}
+
+
+def test_an_empty_experiment_file_is_an_error_not_the_default_sweep(tmp_path):
+    (tmp_path / "empty.yaml").write_text("# nothing here\n")
+    with pytest.raises(expmod.ExperimentError, match="empty.yaml: is empty"):
+        expmod.load(tmp_path / "empty.yaml")
+
+
+def test_an_embargo_below_the_feature_lookback_is_refused(tmp_path):
+    from fxray.data.folds import default_embargo
+
+    text = TINY.format(trials=2, steps=10, grace=2, folds=2, bars=20000)
+    (tmp_path / "e.yaml").write_text(text.replace("max_folds: 2}", f"max_folds: 2, embargo: {default_embargo() - 1}}}"))
+    with pytest.raises(expmod.ExperimentError, match="e.yaml: folds.embargo: .* below the longest feature lookback"):
+        expmod.load(tmp_path / "e.yaml")
+    (tmp_path / "ok.yaml").write_text(text.replace("max_folds: 2}", f"max_folds: 2, embargo: {default_embargo()}}}"))
+    assert expmod.load(tmp_path / "ok.yaml").folds.embargo == default_embargo()
+
+
+# --- the run directory's lock ------------------------------------------------------------------
+
+
+def test_one_driver_at_a_time_and_a_dead_ones_lock_is_stale(tmp_path):
+    from fxray.sweep.lock import held_by, hold
+    from fxray.sweep.rundir import UsageError
+
+    storage = tmp_path / "runs/s"
+    with hold(storage, None):
+        assert held_by(storage) == str(os.getpid())
+        with pytest.raises(UsageError, match=f"another sweep \\(pid {os.getpid()}\\) is running"):
+            with hold(storage, None):
+                pass
+        (storage / "sweep.json").write_text(json.dumps({"rounds": [{"done": True}]}))
+    assert held_by(storage) is None and (storage / ".lock").exists()  # kept once a sweep is there
+    # a holder killed with SIGKILL: the kernel dropped its flock; its pid is still in the file
+    code = f"import fcntl, os, time; fd = os.open({str(storage / '.lock')!r}, os.O_RDWR); "
+    code += "fcntl.flock(fd, fcntl.LOCK_EX); os.pwrite(fd, b'999999\\n', 0); print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held" and held_by(storage) == "999999"
+    holder.kill()
+    holder.wait()
+    expected = json.loads((storage / "sweep.json").read_text())
+    with hold(storage, expected):
+        assert (storage / ".lock").read_text().strip() == str(os.getpid())
+
+
+def test_a_lock_on_a_new_run_directory_leaves_nothing_when_nothing_started(tmp_path):
+    from fxray.sweep.lock import hold
+
+    with pytest.raises(RuntimeError):
+        with hold(tmp_path / "runs/new", None):
+            assert (tmp_path / "runs/new/.lock").exists()
+            raise RuntimeError("refused after the lock")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- divergence: a status, never a score --------------------------------------------------------
+
+
+def fold(trial_id, k, status="ok", score=0.0):
+    rec = FoldRecord(fold=k, status=status, score=score, folds_done=k + 1).flat()
+    rec.update(trial_id=trial_id, config={"lr": 1e-3})
+    return rec
+
+
+def test_a_diverged_trial_has_no_score_and_never_wins():
+    from fxray.track.results import best_trial, trials_table
+
+    records = {(r["trial_id"], r["fold"]): r for r in (fold("a", 0, "diverged", -1e4), fold("b", 0, score=-3.0))}
+    assert best_trial(records, 1)["trial_id"] == "b"  # a losing trial still beats one that diverged
+    assert trials_table(records)["a"]["score"] is None and trials_table(records)["a"]["status"] == "diverged"
+    only = {("a", 0): fold("a", 0, "diverged", -1e4)}
+    assert best_trial(only, 1) is None
+    metrics = FoldRecord.from_flat(fold("a", 0, "diverged", -1e4)).mlflow_metrics()
+    assert "score" not in metrics and not any(k.startswith(("val_", "test_")) for k in metrics)
+    assert FoldRecord.from_flat(fold("b", 0, score=-3.0)).mlflow_metrics()["score"] == -3.0
+
+
+def test_compare_never_picks_a_diverged_trial():
+    from fxray.track.compare import best_of
+
+    trials = [
+        {"trial_id": "a", "status": "diverged", "score": None, "folds_done": 1},
+        {"trial_id": "b", "status": "ok", "score": -2.0, "folds_done": 2},
+    ]
+    assert best_of(trials, 2)["trial_id"] == "b"
+    assert best_of(trials[:1], 2) is None
+
+
+def test_results_of_a_sweep_where_every_trial_diverged(tmp_path, capsys):
+    from fxray.track.results import write_results
+
+    sweep = {
+        "experiment": "t",
+        "profile": "cpu",
+        "data": {},
+        "folds": [{"k": 0}],
+        "base": {"cost": 1e-4},
+        "rounds": [{"name": "tune", "trials": 1}],
+    }
+    (tmp_path / "experiment.yaml").write_text("name: t\n")
+    summary = write_results(tmp_path, sweep, {("a", 0): fold("a", 0, "diverged", -1e4)}, [], 1.0)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["best"] is None and results["trials"][0]["status"] == "diverged"
+    assert results["trials"][0]["score"] is None and "best_score" not in summary["mlflow_summary"]
+    assert "no best trial: all 1 trials diverged" in capsys.readouterr().out
+
+
+def test_csv_errors_quote_the_bad_value(tmp_path):
+    from fxray.data.bars import BarsError, load_bars
+
+    path = Path(tmp_path / "b.csv")
+    path.write_text("timestamp,open,high,low,close\n2024-01-01 00:00:00,1,1,1,1.5\n2024-01-01 00:01:00,1,1,1,oops\n")
+    with pytest.raises(BarsError, match="'oops' at data row 1"):
+        load_bars(path)
+
+
+def test_resume_refuses_a_data_file_replaced_by_another(work):
+    """A run directory whose sweep ran on other contents than the data file holds now."""
+    (work / "old").mkdir()
+    (work / "old/experiment.yaml").write_text((work / "tiny.yaml").read_text())
+    sweep = {
+        "rounds": [{"name": "tune", "trials": 2, "seed": 0, "done": False}],
+        "data": {"path": str(work / "m.fxcache"), "content_hash": "0" * 32},
+        "mlflow": {"uri": f"sqlite:///{work / 'mlflow.db'}"},
+    }
+    (work / "old/sweep.json").write_text(json.dumps(sweep))
+    one_line(
+        run("fxray.tune", "--storage", "old", "--resume", cwd=work), "its contents changed since the sweep started"
+    )
+    assert sorted(os.listdir(work / "old")) == ["experiment.yaml", "sweep.json"]
+
+
+def test_train_json_naming_a_directory_is_refused_before_training(work):
+    (work / "out").mkdir()
+    out = run("fxray.train", "--data", "m.fxcache", "--experiment", "tiny.yaml", "--json", "out", cwd=work)
+    one_line(out, "--json out: is a directory")
+    assert "fold" not in out.stdout
