@@ -1,0 +1,105 @@
+"""The supervised baseline (ridge + hysteresis, fxray.eval.baselines) against a plain numpy
+reference written from its docstring: the same regression, the same threshold grid, the
+same choice on train, the same positions bar by bar."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fxray.eval import baselines
+from fxray.eval.baselines import ENTER_QUANTILES, EXIT_SHARES, HORIZONS, RIDGE, fit_rule, hysteresis, net_returns
+
+
+def np_hysteresis(s: np.ndarray, enter: float, exit: float) -> np.ndarray:
+    pos, out = 0, np.empty(len(s), dtype=np.int8)
+    for t, v in enumerate(s):
+        if pos == 0:
+            pos = 1 if v > enter else -1 if v < -enter else 0
+        elif pos == 1:
+            pos = -1 if v < -enter else 1 if v > exit else 0
+        else:
+            pos = 1 if v > enter else -1 if v < -exit else 0
+        out[t] = pos
+    return out
+
+
+def np_net(pos: np.ndarray, fresh: np.ndarray, cost: float) -> np.ndarray:
+    prev = np.concatenate([[0.0], pos[:-1].astype(float)])
+    return pos * fresh - cost * np.abs(pos - prev)
+
+
+def np_fit(x: np.ndarray, fresh: np.ndarray, cost: float):
+    """(weights, enter, exit, horizon, train Sharpe) chosen as the docstring says."""
+    n, k = x.shape
+    gram = x.T @ x + RIDGE * n * np.eye(k)
+    best = None
+    for h in HORIZONS:
+        c = np.concatenate([[0.0], np.cumsum(fresh)])
+        y = c[np.minimum(np.arange(n) + h, n)] - c[:n]
+        w = np.linalg.solve(gram, x.T @ y)
+        s = x @ w
+        for q in ENTER_QUANTILES:
+            enter = float(np.quantile(np.abs(s).astype(np.float32), q))
+            for share in EXIT_SHARES:
+                r = np_net(np_hysteresis(s, enter, share * enter), fresh, cost)
+                sd = r.std(ddof=1)
+                sharpe = r.mean() / sd if sd > 0 else -math.inf
+                if best is None or sharpe > best[4]:
+                    best = (w, enter, share * enter, h, sharpe)
+    return best
+
+
+def small_market(n=3000, k=6, seed=0, beta=0.3):
+    """Inputs with a persistent signal in column 0 that predicts the next returns."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, k))
+    z = np.zeros(n)
+    for t in range(1, n):
+        z[t] = 0.95 * z[t - 1] + rng.standard_normal() * 0.3
+    x[:, 0] = z + 0.3 * rng.standard_normal(n)
+    fresh = 1e-4 * (beta * z + rng.standard_normal(n))
+    return x, fresh
+
+
+def test_hysteresis_is_the_plain_loop():
+    rng = np.random.default_rng(1)
+    s = rng.standard_normal(5000)
+    for enter, exit in ((0.5, 0.0), (1.0, 0.5), (0.2, 0.2), (math.inf, math.inf)):
+        got = hysteresis(torch.from_numpy(s), enter, exit).numpy()
+        assert np.array_equal(got, np_hysteresis(s, enter, exit)), (enter, exit)
+
+
+def test_net_returns_is_the_plain_formula():
+    rng = np.random.default_rng(2)
+    pos = rng.integers(-1, 2, 400).astype(np.int8)
+    fresh = rng.standard_normal(400) * 1e-4
+    got = net_returns(torch.from_numpy(pos), torch.from_numpy(fresh), 4e-5).numpy()
+    np.testing.assert_allclose(got, np_net(pos, fresh, 4e-5), rtol=0, atol=1e-18)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_fitted_rule_is_the_numpy_reference(seed):
+    x, fresh = small_market(seed=seed)
+    cost = 2e-5
+    rule = fit_rule(torch.from_numpy(x), torch.from_numpy(fresh), cost)
+    w, enter, exit, h, sharpe = np_fit(x, fresh, cost)
+    assert sharpe > 0  # the planted column pays on train: the rule is not the flat fallback
+    assert (rule.horizon, rule.enter, rule.exit) == (h, pytest.approx(enter, rel=1e-6), pytest.approx(exit, rel=1e-6))
+    np.testing.assert_allclose(rule.weights.numpy(), w, rtol=1e-9, atol=1e-15)
+    assert rule.train_sharpe == pytest.approx(sharpe, rel=1e-9)
+    # positions on a window it never saw, bar by bar
+    x2, _ = small_market(n=1500, seed=seed + 10)
+    got = rule.positions(torch.from_numpy(x2)).numpy()
+    assert np.array_equal(got, np_hysteresis(x2 @ w, enter, exit))
+    assert 0.05 < np.mean(got != 0) < 0.95  # it trades: the comparison is not of two flat paths
+
+
+def test_no_signal_on_train_is_a_flat_rule():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2000, 4))
+    fresh = rng.standard_normal(2000) * 1e-4
+    rule = fit_rule(torch.from_numpy(x), torch.from_numpy(fresh), cost=5e-3)  # a cost nothing can pay
+    assert rule.enter == math.inf and not rule.positions(torch.from_numpy(x)).any()
+    assert baselines.Rule is type(rule)
