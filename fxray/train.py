@@ -31,6 +31,7 @@ from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
 from fxray.rl.device import DeviceData
+from fxray.rl.overrides import parse_sets
 from fxray.rl.trainer import Trainer
 from fxray.track.records import FoldRecord
 from fxray.track.report import bp, fmt, sharpe_line
@@ -45,26 +46,6 @@ def resolve_device(name: str) -> str:
     if name != "cpu" and not name.startswith("cuda"):
         raise ValueError(f"--device {name!r}: use cpu, cuda, cuda:N or auto")
     return name
-
-
-def parse_sets(pairs: list[str]) -> dict:
-    """['lr=1e-3', 'dueling=false'] -> {'lr': 0.001, 'dueling': False} (YAML scalars, read as
-    an experiment file's are: 1e-3 is a number)."""
-    import yaml
-
-    from fxray.rl.experiment import yaml_value
-
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set {pair!r}: write KEY=VALUE, e.g. --set lr=1e-3")
-        try:
-            out[key.strip()] = yaml_value(value)
-        except yaml.YAMLError as e:
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ValueError(f"--set {pair!r}: {value!r} is not a YAML value ({problem}); quote a string") from None
-    return out
 
 
 def parse_folds(text: str | None, n: int) -> list[int]:

@@ -25,6 +25,7 @@ import ray
 
 from fxray.data.calendar import Calendar
 from fxray.rl import experiment as expmod
+from fxray.rl.overrides import set_overrides
 from fxray.sweep.cluster import start_ray
 from fxray.sweep.leases import Workers, pool_name
 from fxray.sweep.logs import capture_stdout, known_ray_lines
@@ -105,7 +106,7 @@ def validate(args, import_s: float = 0.0) -> Plan:
         and os.environ.get("MLFLOW_TRACKING_URI") != sweep["mlflow"]["uri"]
     ):
         raise UsageError(f"--tracking-uri: this sweep logs to {sweep['mlflow']['uri']}; drop --tracking-uri")
-    overrides.update(expmod.set_overrides(sets, file) if sets else {})
+    overrides.update(set_overrides(sets, file) if sets else {})
     same = same_trials(args, storage, sweep, overrides)
     exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
     for line in exp.warnings():

@@ -94,6 +94,10 @@ class StudySearch(Searcher):
             return
         self.study.tell(number, float(score))
 
+    def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
+        """Nothing: the study is the searcher's state, and Tune's copy would never be read back
+        (Tune's default tries save(), fails, and warns on every sweep)."""
+
     def save(self, checkpoint_path: str):  # Tune's checkpoints of a searcher are never read back
         raise NotImplementedError
 
