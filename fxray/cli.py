@@ -14,6 +14,7 @@ is one line of COMMANDS.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 
@@ -29,6 +30,17 @@ COMMANDS = {
     "backtest": ("fxray.backtest", "backtest an exported policy on an fxcache"),
     "live": ("fxray.live", "run an exported policy on a live feed"),
 }
+
+
+def command_parser(name: str, doc: str, label: str = "examples:\n") -> argparse.ArgumentParser:
+    """A command's parser: its module docstring's first paragraph is the description, the
+    rest (the examples) the epilog, kept as written."""
+    return argparse.ArgumentParser(
+        prog=f"fxray {name}",
+        description=doc.split("\n\n")[0],
+        epilog=label + doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def available() -> dict[str, tuple[str, str]]:

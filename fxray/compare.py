@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fxray.cli import command_parser
 from fxray.track.compare import CompareError, load_experiment, open_store, summarize, sweep_experiments
 from fxray.track.report import bp, fmt, sharpe_line, verdict
 from fxray.track.verdict import json_ready, verdict_png
@@ -308,12 +309,7 @@ def run(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="fxray compare",
-        description=__doc__.split("\n\n")[0],
-        epilog="examples:\n" + __doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("compare", __doc__)
     p.add_argument(
         "experiments",
         nargs="*",

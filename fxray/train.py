@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from fxray.cli import command_parser
 from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
@@ -289,12 +290,7 @@ def check_reproduced(run_id: str, logged: dict, results: list[dict], tolerance: 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="fxray train",
-        description=__doc__.split("\n\n")[0],
-        epilog="examples:\n" + __doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("train", __doc__)
     p.add_argument(
         "--data",
         type=Path,

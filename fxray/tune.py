@@ -31,6 +31,7 @@ from pathlib import Path
 _T_IMPORT = time.time()
 import ray  # noqa: E402, F401  (before the clock: Ray and Tune's import is not the run's)
 
+from fxray.cli import command_parser  # noqa: E402
 from fxray.data.cache import CacheError  # noqa: E402
 from fxray.data.folds import FoldError  # noqa: E402
 from fxray.rl import experiment as expmod  # noqa: E402
@@ -45,12 +46,7 @@ USER_ERRORS = (expmod.ExperimentError, UsageError, CacheError, FoldError, Config
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="fxray tune",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("tune", __doc__, label="")
     p.add_argument("--experiment", metavar="YAML", help=f"experiment file (default {expmod.DEFAULT_EXPERIMENT})")
     p.add_argument("--data", metavar="FXCACHE", help="an fxcache; overrides the experiment's data.path")
     p.add_argument("--trials", type=positive_int, metavar="N", help="trials to run (default: the file's sweep.trials)")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fxray.cli import command_parser
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, bar_spacing, make_folds
 
@@ -204,12 +205,7 @@ def cmd_info(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="fxray data",
-        description=__doc__.split("\n\n")[0],
-        epilog="examples:\n" + __doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("data", __doc__)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="synth, build or info")
     s = sub.add_parser("synth", help="write the synthetic market (planted signal) as an fxcache")
     s.add_argument("--bars", type=int, default=1_000_000, metavar="N", help="bars to write (after warm-up)")
