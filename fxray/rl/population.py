@@ -117,13 +117,13 @@ class StackedQNetwork:
         """x (K, N, in) -> (K, N, out): addmm per member, as nn.Linear computes it."""
         return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
 
-    def _q(self, h: torch.Tensor) -> torch.Tensor:
+    def _q(self, h: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
         """h (K, N, H) pre-activation of the first layer -> Q (K, N, 3)."""
         h = torch.relu(h)
-        body = self.params[3:-2]
+        body = params[3:-2]
         for w, b in zip(body[0::2], body[1::2]):
             h = torch.relu(self._linear(h, w, b))
-        out = self._linear(h, self.params[-2], self.params[-1])
+        out = self._linear(h, params[-2], params[-1])
         if not self.dueling:
             return out
         value, adv = out[..., :1], out[..., 1:]
@@ -132,16 +132,19 @@ class StackedQNetwork:
     def forward(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """market (K, N, n_inputs), position (K, N) in {-1,0,1} -> Q (K, N, 3)."""
         one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (K, N, 3)
-        return self._q(self._linear(market, self.params[1], self.params[2]) + torch.bmm(one_hot, self.params[0]))
+        h = self._linear(market, self.params[1], self.params[2]) + torch.bmm(one_hot, self.params[0])
+        return self._q(h, self.params)
 
     __call__ = forward
 
-    def q_all(self, market: torch.Tensor) -> torch.Tensor:
-        """market (K, T, n_inputs) -> (K, T, 3 previous positions, 3 actions)."""
+    def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
+        """market (M, T, n_inputs) -> (M, T, 3 previous positions, 3 actions) of `members` (M of them;
+        default all K)."""
+        params = self.params if members is None else [p[members] for p in self.params]
         k, t = market.shape[:2]
-        h = self._linear(market, self.params[1], self.params[2])  # (K, T, H)
-        h = (h.unsqueeze(2) + self.params[0].unsqueeze(1)).reshape(k, 3 * t, -1)  # (K, 3T, H)
-        return self._q(h).view(k, t, 3, -1)
+        h = self._linear(market, params[1], params[2])  # (M, T, H)
+        h = (h.unsqueeze(2) + params[0].unsqueeze(1)).reshape(k, 3 * t, -1)  # (M, 3T, H)
+        return self._q(h, params).view(k, t, 3, -1)
 
 
 # --- the population ------------------------------------------------------------------
@@ -380,10 +383,12 @@ class Population:
             self.learn()
         self.global_step.add_(self.active.to(torch.int64))
 
-    def q_all(self, market: torch.Tensor) -> torch.Tensor:
-        """market (T, n_inputs), shared by all members (the fold's normalisation) -> (K, T, 3, 3)."""
+    def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
+        """market (T, n_inputs), shared by all members (the fold's normalisation) -> (M, T, 3, 3)
+        of `members` (default all K)."""
+        m = self.K if members is None else len(members)
         with torch.no_grad():
-            return self.q_network.q_all(market.unsqueeze(0).expand(self.K, -1, -1))
+            return self.q_network.q_all(market.unsqueeze(0).expand(m, -1, -1), members)
 
     def epoch_stats(self) -> torch.Tensor:
         """(K, 3): summed loss, max |Q|, epsilon of each member."""

@@ -67,20 +67,22 @@ class PopulationTrainer:
 
     # --- evaluation --------------------------------------------------------------------
     @torch.no_grad()
-    def q_all(self, window: tuple[int, int]) -> torch.Tensor:
-        """(K, T, 3, 3) Q-values of every member for bars [start, end-1) of a window."""
+    def q_all(self, window: tuple[int, int], members: list[int]) -> torch.Tensor:
+        """(M, T, 3, 3) Q-values of `members` for bars [start, end-1) of a window; EVAL_CHUNK
+        member-bars per forward (Trainer's activation memory, whatever the population's size)."""
         start, end = window[0], window[1] - 1
+        chunk = max(1, EVAL_CHUNK // len(members))
         parts = [
-            self.algo.q_all(self.data.states(torch.arange(s, min(s + EVAL_CHUNK, end), device=self.data.device)))
-            for s in range(start, end, EVAL_CHUNK)
+            self.algo.q_all(self.data.states(torch.arange(s, min(s + chunk, end), device=self.data.device)), members)
+            for s in range(start, end, chunk)
         ]
         return torch.cat(parts, 1)
 
     def evaluate(self, window: tuple[int, int], members: list[int]) -> dict[int, BacktestResult]:
         """The greedy backtest of `members` over `window`, in one pass."""
-        q = self.q_all(window)[members]
         costs = [self.cfgs[k].cost for k in members]
-        return dict(zip(members, backtest_many(q, self.data.window(window, self.cfgs[0].fill), costs)))
+        results = backtest_many(self.q_all(window, members), self.data.window(window, self.cfgs[0].fill), costs)
+        return dict(zip(members, results))
 
     def score(self, k: int, result: BacktestResult) -> float:
         cfg = self.cfgs[k]
