@@ -187,7 +187,7 @@ def table(rows: list[dict]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="bench_population", description=__doc__.splitlines()[0])
     p.add_argument("--device", metavar="DEV", help="cuda or cpu (default: cuda if present)")
     p.add_argument("--quick", action="store_true", help="small sizes: < ~60 s on one H200, seconds on a CPU")
     p.add_argument("--max-k", type=int, metavar="K", help="largest population (default: by profile)")
@@ -201,14 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device here; drop --device (CPU sizes) or run on a GPU")
+    if args.sizes is not None:
+        try:
+            args.sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+            assert all(len(s) == 2 and min(s) >= 1 for s in args.sizes)
+        except (ValueError, AssertionError):
+            parser.error(f"--sizes {args.sizes!r}: expected BATCHxAGENTS[,BATCHxAGENTS...], e.g. 8192x2048,1024x256")
     profile = PROFILES[("cuda" if args.device.startswith("cuda") else "cpu") + ("-quick" if args.quick else "")]
     for key, value in profile.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    if isinstance(args.sizes, str):
-        args.sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = run(args)
     print(table(rows))

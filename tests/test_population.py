@@ -178,3 +178,27 @@ def test_members_of_different_shapes_are_refused():
         check_members([BASE.replace(update="all_actions")])
     with pytest.raises(ConfigError, match="no members"):
         check_members([])
+
+
+# --- the benchmark script runs (CPU, tiny sizes) -------------------------------------------------
+
+
+def test_bench_population_runs_on_the_cpu_and_writes_its_rows(tmp_path, capsys):
+    import runpy
+
+    bench = runpy.run_path("scripts/bench_population.py")
+    assert (
+        bench["main"](
+            ["--quick", "--device", "cpu", "--max-k", "2", "--steps", "2", "--json", str(tmp_path / "b.json")]
+        )
+        == 0
+    )
+    import json
+
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert [(r["kind"], r["K"]) for r in rows] == [("alone", 1), ("population", 1), ("population", 2)]
+    assert all(r["samples_s"] > 0 and r["env_steps_s"] > 0 for r in rows)
+    assert "population     2" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        bench["main"](["--sizes", "8192"])
+    assert stop.value.code == 2
