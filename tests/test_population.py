@@ -80,10 +80,14 @@ def test_each_member_trains_bit_for_bit_what_its_config_trains_alone(market_data
         assert list(ours) == list(theirs)
         for name in theirs:
             assert torch.equal(ours[name], theirs[name]), (k, name)
-    # a second fold on the same trainer (in-place reset) repeats itself
-    again = population.run_fold(fold, SEEDS)
-    for a, b in zip(results, again):
-        assert without_timings(a.curve) == without_timings(b.curve) and a.test == b.test
+    # the same trainer, its slots given other members: in place (same step structure: the
+    # graph is kept) and with a new structure (which members draw input noise)
+    for order in ([2, 1, 0], [1, 1, 0]):
+        population.configure([MEMBERS[i] for i in order])
+        assert population.algo.structure == ((5, (True, False, True)) if order[0] == 2 else (5, (False, False, True)))
+        again = population.run_fold(fold, [SEEDS[i] for i in order])
+        for i, b in zip(order, again):
+            assert without_timings(results[i].curve) == without_timings(b.curve) and results[i].test == b.test
 
 
 def test_a_population_of_one_is_the_trainer(market_data, tmp_path):

@@ -159,29 +159,7 @@ class Population:
         dev, K, E, S = data.device, len(cfgs), cfgs[0].num_envs, cfgs[0].buffer_steps
         self.K, self.E, self.S, self.B = K, E, S, cfgs[0].batch_size
         f32, i64 = torch.float32, torch.int64
-        # --- per-member settings, cast once exactly as DQN's python scalars are cast ---
         self.total_steps = cfgs[0].epochs * cfgs[0].steps_per_epoch
-        self.eps_end = _col([c.eps_end for c in cfgs], f32, dev, 0)
-        self.eps_span = _col([c.eps_start - c.eps_end for c in cfgs], f32, dev, 0)
-        self.eps_decay_steps = _col([max(c.eps_decay * self.total_steps, 1.0) for c in cfgs], f32, dev, 0)
-        self.cost = _col([c.cost for c in cfgs], f32, dev)  # (K, 1)
-        self.episode_len = _col([c.episode_len for c in cfgs], i64, dev)
-        self.n = _col([c.n_step for c in cfgs], i64, dev)  # (K, 1)
-        self.n_max = max(c.n_step for c in cfgs)
-        self.discounts = torch.stack(
-            [
-                torch.cat([c.gamma ** torch.arange(c.n_step + 1, dtype=f32), torch.zeros(self.n_max - c.n_step)])
-                for c in cfgs
-            ]
-        ).to(dev)  # (K, n_max + 1): gamma_k^j, zero past n_k
-        self.reward_scale = _col([c.reward_scale for c in cfgs], f32, dev)
-        self.huber_delta = _col([c.huber_delta for c in cfgs], f32, dev)
-        self.input_noise = [c.input_noise for c in cfgs]
-        self.noise_std = _col(self.input_noise, f32, dev, 2)  # (K, 1, 1)
-        self.grad_clip = _col([c.grad_clip for c in cfgs], f32, dev, 0)
-        self.tau = _col([c.tau for c in cfgs], f32, dev, 0)
-        self.target_every = _col([c.target_every for c in cfgs], i64, dev, 0)
-        self.warmup = [c.n_step + 1 for c in cfgs]  # collect steps before a member's first update
         self.fresh, self.carry = (data.returns, None) if cfgs[0].fill == "close" else (data.bar, data.gap)
         # --- state -----------------------------------------------------------------------
         self.generators = [torch.Generator(dev) for _ in cfgs]
@@ -206,6 +184,54 @@ class Population:
         self.target_params = self.target_network.params
         self.optimizer = StackedAdam(self.params, [c.lr for c in cfgs], [c.weight_decay for c in cfgs], self.active)
         self._names = list(initial_network(cfg, data.n_inputs, 0).state_dict())
+        self.structure = None
+        self.configure(cfgs)
+
+    def configure(self, cfgs: list[DQNConfig]) -> bool:
+        """Give the K slots these members' settings, in place (a captured graph keeps reading the
+        same tensors). True if the step's structure changed with them (n_max, which members draw
+        input noise): a graph captured before must be captured again."""
+        check_members(cfgs)
+        if len(cfgs) != self.K:
+            raise ConfigError(f"population: {len(cfgs)} members for {self.K} slots")
+        for key in SHAPE_FIELDS:
+            if getattr(cfgs[0], key) != getattr(self.cfg, key):
+                raise ConfigError(f"dqn.{key}: {getattr(cfgs[0], key)!r} differs from this population's")
+        self.cfgs, dev, f32, i64 = list(cfgs), self.data.device, torch.float32, torch.int64
+        n_max = max(c.n_step for c in cfgs)
+        # cast exactly as DQN casts its python scalars: (K, 1...) tensors of the float32 (int64) values
+        settings = {
+            "eps_end": _col([c.eps_end for c in cfgs], f32, dev, 0),
+            "eps_span": _col([c.eps_start - c.eps_end for c in cfgs], f32, dev, 0),
+            "eps_decay_steps": _col([max(c.eps_decay * self.total_steps, 1.0) for c in cfgs], f32, dev, 0),
+            "cost": _col([c.cost for c in cfgs], f32, dev),  # (K, 1)
+            "episode_len": _col([c.episode_len for c in cfgs], i64, dev),
+            "n": _col([c.n_step for c in cfgs], i64, dev),
+            "discounts": torch.stack(  # (K, n_max + 1): gamma_k^j, zero past n_k
+                [
+                    torch.cat([c.gamma ** torch.arange(c.n_step + 1, dtype=f32), torch.zeros(n_max - c.n_step)])
+                    for c in cfgs
+                ]
+            ).to(dev),
+            "reward_scale": _col([c.reward_scale for c in cfgs], f32, dev),
+            "huber_delta": _col([c.huber_delta for c in cfgs], f32, dev),
+            "noise_std": _col([c.input_noise for c in cfgs], f32, dev, 2),  # (K, 1, 1)
+            "grad_clip": _col([c.grad_clip for c in cfgs], f32, dev, 0),
+            "tau": _col([c.tau for c in cfgs], f32, dev, 0),
+            "target_every": _col([c.target_every for c in cfgs], i64, dev, 0),
+        }
+        structure = (n_max, tuple(c.input_noise > 0 for c in cfgs))
+        changed = structure != self.structure
+        for name, value in settings.items():
+            if changed:
+                setattr(self, name, value)
+            else:
+                getattr(self, name).copy_(value)
+        self.structure, self.n_max = structure, n_max
+        self.input_noise = [c.input_noise for c in cfgs]
+        self.warmup = [c.n_step + 1 for c in cfgs]  # collect steps before a member's first update
+        self.optimizer.configure([c.lr for c in cfgs], [c.weight_decay for c in cfgs])
+        return changed
 
     # --- random draws: member k from its own generator, in DQN's order -------------------
     def _draw(self, fn, members=None) -> torch.Tensor:
@@ -431,14 +457,21 @@ class StackedAdam:
         self, params: list, lrs: list[float], weight_decays: list[float], active, betas=(0.9, 0.999), eps=1e-8
     ):
         dev = params[0].device
-        self.params, self.lrs, self.weight_decays, self.active = params, lrs, weight_decays, active
+        self.params, self.active = params, active
         self.betas, self.eps = betas, eps
         self.exp_avg = [torch.zeros_like(p) for p in params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in params]
         self.steps = torch.zeros(len(lrs), dtype=torch.float32, device=dev)
         self.stacked = dev.type != "cpu"
-        self.lr = torch.tensor(lrs, dtype=torch.float64, device=dev)
-        self.decay = torch.tensor([1 - lr * wd for lr, wd in zip(lrs, weight_decays)], device=dev)
+        self.lr = torch.zeros(len(lrs), dtype=torch.float64, device=dev)
+        self.decay = torch.zeros(len(lrs), device=dev)
+        self.configure(lrs, weight_decays)
+
+    def configure(self, lrs: list[float], weight_decays: list[float]) -> None:
+        """Each member's lr and weight decay, in place."""
+        self.lrs, self.weight_decays = list(lrs), list(weight_decays)
+        self.lr.copy_(torch.tensor(lrs, dtype=torch.float64))
+        self.decay.copy_(torch.tensor([1 - lr * wd for lr, wd in zip(lrs, weight_decays)]))
 
     def reset(self) -> None:
         for t in (*self.exp_avg, *self.exp_avg_sq, self.steps):

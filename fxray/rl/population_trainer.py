@@ -39,6 +39,13 @@ class PopulationTrainer:
         self.best_params = [p.detach().clone() for p in self.algo.params]
         self.graph: torch.cuda.CUDAGraph | None = None
 
+    def configure(self, cfgs: list[DQNConfig]) -> None:
+        """Other members (of the same shape) in the same K slots, e.g. the next configs of a sweep.
+        The captured graph is kept unless the step's structure changed (Population.configure)."""
+        if self.algo.configure(cfgs):
+            self.graph = None
+        self.cfgs = list(cfgs)
+
     @property
     def K(self) -> int:
         return len(self.cfgs)
