@@ -129,6 +129,23 @@ def test_a_masked_member_stops_changing_and_the_others_do_not_notice(market_data
         assert all(torch.equal(a, b) for a, b in zip(member_state(masked, k), member_state(free, k))), k
 
 
+def test_a_cancelled_member_ends_at_once_and_the_others_train_on(market_data):
+    """stop(k) (a sweep's trial that no longer wants its fold) masks member k mid-epoch."""
+    data, fold = market_data
+    asked = []
+
+    def stop(k: int) -> bool:
+        asked.append(k)
+        return k == 1 and asked.count(1) > BASE.steps_per_epoch + 10  # in the middle of epoch 1
+
+    trainer = PopulationTrainer(data, [MEMBERS[0], MEMBERS[2]])
+    ours, cancelled = trainer.run_fold(fold, [3, 3], stop=stop)
+    assert (cancelled.status, cancelled.epochs_run, cancelled.test) == ("cancelled", 1, {})
+    assert_same_fold(Trainer(data, MEMBERS[0]).run_fold(fold, 3), ours)
+    every = trainer.run_fold(fold, [3, 3], stop=lambda k: True)
+    assert [(r.status, r.epochs_run) for r in every] == [("cancelled", 0)] * 2
+
+
 # --- the stacked (CUDA) Adam and the batched backtest against the plain ones ------------------------
 
 

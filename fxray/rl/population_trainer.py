@@ -99,7 +99,9 @@ class PopulationTrainer:
     def run_fold(
         self, fold: Fold, seeds: list[int] | None = None, log=None, checkpoint_dirs=None, stop=None
     ) -> list[FoldResult]:
-        """Trainer.run_fold of each member (seeds[k], checkpoint_dirs[k]); `stop()` cancels all."""
+        """Trainer.run_fold of each member (seeds[k], checkpoint_dirs[k]). `stop(k)`, asked before
+        every step for each running member, ends member k's fold at once with status "cancelled"
+        (masked: the others go on); when no member runs, the fold ends."""
         cfgs, K, sync = self.cfgs, self.K, self.data.synchronize
         seeds = [0] * K if seeds is None else list(seeds)
         if len(seeds) != K:
@@ -124,9 +126,17 @@ class PopulationTrainer:
             t0 = time.perf_counter()
             self.algo.reset_epoch_stats()
             for _ in range(spe):
-                if stop is not None and stop():
-                    return [self._cancelled(fold, curves[k], t_start) for k in range(K)]
+                gone = [k for k in running if stop(k)] if stop is not None else []  # host-side flags
+                if gone:
+                    for k in gone:
+                        running.discard(k)
+                        status[k] = "cancelled"
+                    if not running:
+                        break
+                    self.algo.active.copy_(torch.tensor([k in running for k in range(K)], device=self.data.device))
                 self.graph.replay() if self.graph is not None else self.algo.step()
+            if not running:
+                break
             stats = self.algo.epoch_stats().tolist()  # host sync: (K, 3) loss sums, |Q| max, epsilon
             t1 = time.perf_counter()
             scoring = []
@@ -208,6 +218,9 @@ class PopulationTrainer:
         t3 = time.perf_counter()
         results, adx = [], self.data.adx_mean(fold.train)
         for k, cfg in enumerate(self.cfgs):
+            if status[k] == "cancelled":
+                results.append(self._cancelled(fold, curves[k], t_start))
+                continue
             result = FoldResult(
                 fold=fold.as_dict(),
                 status=status[k],
@@ -239,6 +252,8 @@ class PopulationTrainer:
                 )
         t4 = time.perf_counter()
         for k, result in enumerate(results):
+            if result.status == "cancelled":
+                continue
             result.timings = {
                 "fold_switch_s": t_switch,
                 "train_s": train_s[k],
