@@ -630,6 +630,11 @@ def test_a_population_sweep_logs_every_config_once_with_what_it_trains_alone(tmp
     assert sum(w["n_calls"] for w in workers) == 4 * 2
     assert 4 * 2 <= sum(sum(w["populations"]) for w in workers) <= 4 * 2 + len(workers)
     assert all(1 <= size <= 2 for w in workers for size in w["populations"])
+    assert all(f["population"] in (1, 2) for t in results["trials"] for f in t["folds"])
+    split = sweep_report().report(str(tmp_path / "out.json"))  # device time counted once per population
+    shares = [split[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
+    assert sum(shares) == pytest.approx(1.0) and 0 < split["training_share"] < 1
+    assert sum(split["population_sizes"]) == 4 * 2
     replay = subprocess.run(
         [sys.executable, str(Path(__file__).parents[1] / "scripts/replay.py"), "out.json", "--device", "cpu"]
         + ["--json", "replay.json"],

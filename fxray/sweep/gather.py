@@ -38,6 +38,7 @@ class Request:
     seed: int
     checkpoint_dir: str | None
     stop: object  # () -> bool, or None
+    warmup: bool = False  # a worker's warm-up fold (logged apart: fxray.sweep.workers)
     key: tuple = ()  # (shape, fold): requests with the same key can share a population
     cfg: object = None
     result: dict | None = None
@@ -56,11 +57,15 @@ class Gatherer:
         self.busy = False  # a caller is training a population (it alone touches the device)
         self.trainers: OrderedDict = OrderedDict()
         self.sizes: list[int] = []  # the size of every population trained, for the sweep report
+        # per population: [start, end (unix s), size, "warmup" | "training" | "cancelled"]; a
+        # request's own call spans its wait in the queue too, so the report counts these
+        self.runs: list[list] = []
 
-    def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None) -> dict:
+    def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False) -> dict:
         cfg = make_config(config)
         shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
-        req = Request(config, fold, seed, checkpoint_dir, stop, (shape, json.dumps(fold, sort_keys=True)), cfg)
+        key = (shape, json.dumps(fold, sort_keys=True), warmup)
+        req = Request(config, fold, seed, checkpoint_dir, stop, warmup, key, cfg)
         with self.cond:
             self.queue.append(req)
             self.cond.notify_all()
@@ -93,6 +98,7 @@ class Gatherer:
 
     def _run(self, batch: list[Request]) -> None:
         """Train `batch` as one population; every request gets its result (or the error)."""
+        t0 = time.time()
         try:
             cfgs = [r.cfg for r in batch]
             key = (batch[0].key[0], len(batch))
@@ -111,6 +117,10 @@ class Gatherer:
                 stop=lambda k: batch[k].stop is not None and batch[k].stop(),
             )
             self.sizes.append(len(batch))
+            kind = "warmup" if batch[0].warmup else "training"
+            if all(r.status == "cancelled" for r in results):
+                kind = "cancelled"
+            self.runs.append([t0, time.time(), len(batch), kind])
             for r, result in zip(batch, results):
                 r.result = {**result.as_dict(), "population": len(batch)}
         except BaseException as e:  # noqa: BLE001 - handed to every caller of the batch

@@ -184,13 +184,13 @@ class DeviceWorker:
         inside the first trial. Logged as a call with status "warmup"."""
         t0 = time.time()
         small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
-        self._train(small, fold, 0, None, None)
+        self._train(small, fold, 0, None, None, warmup=True)
         self.trainers.pop(json.dumps(small, sort_keys=True), None)  # never used again
         if self.gatherer is not None:
             self.gatherer.forget(small)
         self.calls.append([t0, time.time(), None, fold["k"], "warmup"])
 
-    def _train(self, config, fold, seed, checkpoint_dir, stop) -> dict:
+    def _train(self, config, fold, seed, checkpoint_dir, stop, warmup=False) -> dict:
         from fxray.data.folds import Fold
         from fxray.rl.config import make_config
         from fxray.rl.device import DTYPES
@@ -203,7 +203,7 @@ class DeviceWorker:
                     f"dqn.dtype {cfg.dtype!r} differs from the worker's data "
                     f"({self.data.dtype}); the storage dtype is fixed per sweep"
                 )
-            return self.gatherer.train(config, fold, seed, checkpoint_dir, stop)
+            return self.gatherer.train(config, fold, seed, checkpoint_dir, stop, warmup)
         key = json.dumps(config, sort_keys=True)
         trainer = self.trainers.pop(key, None)
         if trainer is None:
@@ -233,6 +233,7 @@ class DeviceWorker:
             "n_calls": self.n_calls,
             "n_trainers": self.n_trainers,
             "populations": list(self.gatherer.sizes) if self.gatherer is not None else [],
+            "population_runs": list(self.gatherer.runs) if self.gatherer is not None else [],
             "calls": list(self.calls),
             "running": self.running,
             "restarted": self.restarted,
