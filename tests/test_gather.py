@@ -27,19 +27,34 @@ def submit_all(gatherer: Gatherer, requests: list[tuple]) -> list[dict]:
 
 def test_concurrent_requests_of_one_fold_train_as_one_population_and_get_their_own_results(market_data):  # noqa: F811
     data, fold = market_data
-    gatherer = Gatherer(data, k_max=3, wait_s=5.0)  # long: all three arrive before it trains
-    requests = [(cfg.as_dict(), fold.as_dict(), seed, None) for cfg, seed in zip(MEMBERS, SEEDS)]
+    gatherer = Gatherer(data, k_max=3, wait_s=5.0, pad=False)  # long: all three arrive before it trains
+    members = [cfg.replace(epochs=2) for cfg in MEMBERS]
+    requests = [(cfg.as_dict(), fold.as_dict(), seed, None) for cfg, seed in zip(members, SEEDS)]
     results = submit_all(gatherer, requests)
     assert gatherer.sizes == [3] and all(r["population"] == 3 for r in results)
-    for cfg, seed, got in zip(MEMBERS, SEEDS, results):
+    for cfg, seed, got in zip(members, SEEDS, results):
         got = FoldResult(**{k: v for k, v in got.items() if k != "population"})
         assert_same_fold(Trainer(data, cfg).run_fold(fold, seed), got)
+
+
+def test_a_padded_population_masks_its_spare_slots(market_data):  # noqa: F811
+    """pad (CUDA's default): 3 requests take 4 slots; the spare one is masked, the results are alone's."""
+    data, fold = market_data
+    gatherer = Gatherer(data, k_max=4, wait_s=1.0, pad=True)
+    small = [cfg.replace(epochs=2) for cfg in MEMBERS]
+    results = submit_all(gatherer, [(c.as_dict(), fold.as_dict(), s, None) for c, s in zip(small, SEEDS)])
+    assert gatherer.sizes == [3] and [key[1] for key in gatherer.trainers] == [4]
+    for cfg, seed, got in zip(small, SEEDS, results):
+        assert got["population"] == 3
+        assert_same_fold(
+            Trainer(data, cfg).run_fold(fold, seed), FoldResult(**{k: v for k, v in got.items() if k != "population"})
+        )
 
 
 def test_populations_hold_at_most_k_and_one_fold_each(market_data):  # noqa: F811
     data, fold = market_data
     other = type(fold)(fold.k + 1, fold.train, fold.val, fold.test)  # another fold (key), same bars
-    gatherer = Gatherer(data, k_max=2, wait_s=0.5)
+    gatherer = Gatherer(data, k_max=2, wait_s=0.5, pad=False)
     small = MEMBERS[0].replace(epochs=1, steps_per_epoch=2)
     cancel = threading.Event()
     cancel.set()

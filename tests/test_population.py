@@ -20,7 +20,7 @@ from fxray.rl.population import Population, StackedAdam, check_members
 from fxray.rl.population_trainer import PopulationTrainer
 from fxray.rl.trainer import Trainer, load_checkpoint
 
-BASE = TINY.replace(epochs=4)
+BASE = TINY.replace(epochs=4, steps_per_epoch=10)
 # members that differ in every setting a population lets them differ in
 MEMBERS = [
     BASE,
@@ -136,7 +136,7 @@ def test_a_cancelled_member_ends_at_once_and_the_others_train_on(market_data):
 
     def stop(k: int) -> bool:
         asked.append(k)
-        return k == 1 and asked.count(1) > BASE.steps_per_epoch + 10  # in the middle of epoch 1
+        return k == 1 and asked.count(1) > BASE.steps_per_epoch + 5  # in the middle of epoch 1
 
     trainer = PopulationTrainer(data, [MEMBERS[0], MEMBERS[2]])
     ours, cancelled = trainer.run_fold(fold, [3, 3], stop=stop)

@@ -28,7 +28,7 @@ from fxray.rl.population import SHAPE_FIELDS
 from fxray.rl.population_trainer import PopulationTrainer
 
 WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7 s)
-TRAINER_CACHE = 2  # PopulationTrainers (stacked networks + graph) kept, by (shape, K)
+TRAINER_CACHE = 2  # PopulationTrainers (stacked networks + graph) kept per shape, by size
 
 
 @dataclass
@@ -50,8 +50,14 @@ class Request:
 class Gatherer:
     """The queue of one worker's fold requests and the populations trained from it."""
 
-    def __init__(self, data, k_max: int, wait_s: float = WAIT_S):
+    def __init__(self, data, k_max: int, wait_s: float = WAIT_S, pad: bool | None = None):
+        """`pad` (default: on CUDA): a population of n requests takes the slots of the next power of
+        two (at most k_max), the spare slots masked from the first step. Their compute is wasted
+        (< 2x), but only log2(k_max) + 1 sizes exist, so the worker keeps one captured graph per
+        size instead of capturing again whenever the size changes (seconds each on a GPU)."""
         self.data, self.k_max, self.wait_s = data, k_max, wait_s
+        self.pad = data.device.type == "cuda" if pad is None else pad
+        self.cache = k_max.bit_length() + 1 if self.pad else TRAINER_CACHE
         self.cond = threading.Condition()
         self.queue: list[Request] = []
         self.busy = False  # a caller is training a population (it alone touches the device)
@@ -100,27 +106,29 @@ class Gatherer:
         """Train `batch` as one population; every request gets its result (or the error)."""
         t0 = time.time()
         try:
-            cfgs = [r.cfg for r in batch]
-            key = (batch[0].key[0], len(batch))
+            n = len(batch)
+            slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
+            cfgs = [r.cfg for r in batch] + [batch[0].cfg] * (slots - n)  # spare slots: masked below
+            key = (batch[0].key[0], slots)
             trainer = self.trainers.pop(key, None)
             if trainer is None:
                 trainer = PopulationTrainer(self.data, cfgs)
             else:
                 trainer.configure(cfgs)
             self.trainers[key] = trainer
-            while len(self.trainers) > TRAINER_CACHE:
+            while len(self.trainers) > self.cache:
                 self.trainers.popitem(last=False)
             results = trainer.run_fold(
                 Fold.from_dict(batch[0].fold),
-                [r.seed for r in batch],
-                checkpoint_dirs=[r.checkpoint_dir for r in batch],
-                stop=lambda k: batch[k].stop is not None and batch[k].stop(),
-            )
-            self.sizes.append(len(batch))
+                [r.seed for r in batch] + [batch[0].seed] * (slots - n),
+                checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
+                stop=lambda k: k >= n or (batch[k].stop is not None and batch[k].stop()),
+            )[:n]
+            self.sizes.append(n)
             kind = "warmup" if batch[0].warmup else "training"
             if all(r.status == "cancelled" for r in results):
                 kind = "cancelled"
-            self.runs.append([t0, time.time(), len(batch), kind])
+            self.runs.append([t0, time.time(), n, kind])
             for r, result in zip(batch, results):
                 r.result = {**result.as_dict(), "population": len(batch)}
         except BaseException as e:  # noqa: BLE001 - handed to every caller of the batch
