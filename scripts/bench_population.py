@@ -140,6 +140,11 @@ def run(args) -> list[dict]:
                 rows.append({"kind": "oom", "K": k, "batch": batch, "envs": envs, "note": "CUDA out of memory"})
                 say(f"K={k}: CUDA out of memory; stopping")
                 break
+            except Exception as e:  # a K that fails is a row, not the end of the table
+                note = f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+                rows.append({"kind": "failed", "K": k, "batch": batch, "envs": envs, "note": note})
+                say(f"K={k}: {note}; stopping this size")
+                break
             r = row("population", k, batch, envs, s, val_s, (peak - resident) / k / 2**20 if cuda else None)
             r["setup_s"] = setup
             base = base or r["samples_s"]
@@ -174,7 +179,7 @@ def table(rows: list[dict]) -> str:
     head += f"{'x K=1':>6} {'val all K s':>11} {'MiB/member':>10}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        if r["kind"] in ("oom", "stop"):
+        if r["kind"] in ("oom", "stop", "failed"):
             lines.append(f"{r['kind']:<11} {r['K']:>4} {r['batch']:>6} {r['envs']:>6}  {r['note']}")
             continue
         fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
