@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers-per-gpu", type=positive_int, metavar="K", help="FoldWorkers per GPU (num_gpus = 1/K each)"
     )
     p.add_argument(
+        "--population",
+        type=positive_int,
+        metavar="K",
+        help="train the folds of up to K trials together on a worker, as one population (sweep.population)",
+    )
+    p.add_argument(
         "--cpu-workers",
         type=positive_int,
         metavar="N",

@@ -63,7 +63,10 @@ def report(path: str) -> dict:
     }
     calls = [w.get("calls") or [] for w in workers]
     if not any(calls) or r.get("started") is None:  # results.json from before the call log
-        fold_s = sum(f["timings"].get("fold_time_s") or 0.0 for t in r["trials"] for f in t["folds"])
+        # a population's members share its wall: count it once
+        fold_s = sum(
+            (f["timings"].get("fold_time_s") or 0.0) / f.get("population", 1) for t in r["trials"] for f in t["folds"]
+        )
         out["training_share"] = fold_s / (wall * n_workers)
         return out
     start, end = r["started"], r["started"] + wall
@@ -87,6 +90,14 @@ def report(path: str) -> dict:
             else:
                 parts["between"] += gap
                 dispatch.append(gap)
+    runs = [w.get("population_runs") or [] for w in workers]
+    if any(runs):  # populations: a call spans its wait in the queue too; the device's time is the runs'
+        for k in ("training", "cancelled", "warmup", "between", "within"):
+            parts[k] = 0.0
+        for kind in ("training", "cancelled", "warmup"):
+            parts[kind] = sum(t1 - t0 for log in runs for t0, t1, _size, k in log if k == kind)
+        parts["between"] = wall * n_workers - sum(parts.values())  # the device idle between populations
+        out["population_sizes"] = [size for log in runs for _t0, _t1, size, k in log if k != "warmup"]
     for k, v in parts.items():
         out[f"{k}_share"] = v / (wall * n_workers)
     first = min(c[0] for log in calls for c in log if c[4] != "warmup")

@@ -179,3 +179,66 @@ def test_no_host_sync_inside_an_epoch(synth_cache):
             trainer.graph.replay()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+# --- populations (fxray.rl.population) -------------------------------------------------------
+
+
+POP = [CFG, CFG.replace(lr=1e-3, gamma=0.9, n_step=3, cost=1e-5, input_noise=0.0, tau=0.05, patience=1)]
+
+
+def test_population_step_is_the_solo_step_to_float_rounding_on_cuda(synth_cache):
+    """Member k's first learner steps on CUDA against DQN alone with the same seed: the same
+    draws (each member's generator), and weights equal to float rounding (bmm vs mm, and the
+    stacked Adam formula vs torch's fused kernel)."""
+    from fxray.rl.dqn import DQN
+    from fxray.rl.population import Population
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    market = cache.open(synth_cache)
+    data = DeviceData(market, "cuda")
+    data.set_fold(make_folds(market.ts, FoldSpec())[0])
+    pop = Population(data, POP)
+    pop.begin([5, 6])
+    for _ in range(3):
+        pop.step()
+    for k, (cfg, seed) in enumerate(zip(POP, [5, 6])):
+        torch.manual_seed(seed)
+        alone = DQN(data, cfg)
+        alone.begin(seed)
+        for _ in range(3):
+            alone.step()
+        assert torch.equal(pop.replay_t[k], alone.replay.t) and torch.equal(pop.t[k], alone.env.t)
+        for p, q in zip(pop.params, alone.params):
+            torch.testing.assert_close(p[k], q, rtol=1e-5, atol=1e-6)
+
+
+def test_population_graphed_equals_eager_and_alone_on_cuda(synth_cache):
+    from fxray.rl.population_trainer import PopulationTrainer
+
+    market = cache.open(synth_cache)
+    data = DeviceData(market, "cuda")
+    fold = make_folds(market.ts, FoldSpec())[0]
+    on = PopulationTrainer(data, [c.replace(graphs=True) for c in POP]).run_fold(fold, [5, 6])
+    off = PopulationTrainer(data, [c.replace(graphs=False) for c in POP]).run_fold(fold, [5, 6])
+    alone = [Trainer(data, c.replace(graphs=False)).run_fold(fold, seed=s) for c, s in zip(POP, [5, 6])]
+    for a, b in [*zip(on, off), *zip(off, alone)]:
+        assert a.epochs_run == b.epochs_run
+        np.testing.assert_allclose([c["loss"] for c in a.curve], [c["loss"] for c in b.curve], rtol=2e-3)
+        np.testing.assert_allclose(
+            [c["val_sharpe"] for c in a.curve], [c["val_sharpe"] for c in b.curve], rtol=2e-2, atol=0.05
+        )
+
+
+def test_population_has_no_host_sync_inside_an_epoch(synth_cache):
+    from fxray.rl.population_trainer import PopulationTrainer
+
+    market = cache.open(synth_cache)
+    trainer = PopulationTrainer(DeviceData(market, "cuda"), POP)
+    trainer.run_fold(make_folds(market.ts, FoldSpec())[0], [0, 1])  # captures the graph
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(CFG.steps_per_epoch):
+            trainer.graph.replay()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -611,3 +611,50 @@ def test_the_driver_start_up_path_imports_no_torch_scipy_or_mlflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+# --- populations (sweep.population, --population K: fxray.sweep.gather) ------------------------
+
+
+@pytest.mark.slow
+def test_a_population_sweep_logs_every_config_once_with_what_it_trains_alone(tmp_path):
+    """--population 2 on 2 CPU workers: one MLflow child run per config, every fold logged once,
+    and every fold's val Sharpe what the plain one-config-at-a-time loop gives, to the bit."""
+    exp, env = setup(tmp_path, trials=4)
+    out = cli(["--experiment", exp, "--num-cpus", 2, "--population", 2, "--json", "out.json"], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "populations of up to 2" in out.stdout
+    results = check_complete_sweep(tmp_path, 4)
+    workers = results["workers"]
+    # every fold went through a worker's populations (so may its warmup, in whatever order Ray
+    # delivers the calls: it may still be running when the sweep ends)
+    assert sum(w["n_calls"] for w in workers) == 4 * 2
+    assert 4 * 2 <= sum(sum(w["populations"]) for w in workers) <= 4 * 2 + len(workers)
+    assert all(1 <= size <= 2 for w in workers for size in w["populations"])
+    assert all(f["population"] in (1, 2) for t in results["trials"] for f in t["folds"])
+    split = sweep_report().report(str(tmp_path / "out.json"))  # device time counted once per population
+    shares = [split[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
+    assert sum(shares) == pytest.approx(1.0) and 0 < split["training_share"] < 1
+    assert sum(split["population_sizes"]) == 4 * 2
+    replay = subprocess.run(
+        [sys.executable, str(Path(__file__).parents[1] / "scripts/replay.py"), "out.json", "--device", "cpu"]
+        + ["--json", "replay.json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    plain = json.loads((tmp_path / "replay.json").read_text())
+    assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_population_sweep_interrupted_then_resumed(tmp_path):
+    exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
+    interrupt_after_a_fold(["--experiment", exp, "--num-cpus", 2, "--population", 2], env, tmp_path)
+    out = cli(["--experiment", exp, "--num-cpus", 2, "--population", 2, "--resume"], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    check_complete_sweep(tmp_path, 4)
+    assert (tmp_path / "runs/t/folds.jsonl").read_text().count("\n") == 4 * 2  # no fold trained twice

@@ -234,3 +234,48 @@ def test_warmup_runs_a_short_fold_and_logs_it(pool):
     ray.get(handle.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[0]))
     call = workers.stats()[0]["calls"][n0]
     assert call[2:] == [None, folds[0]["k"], "warmup"] and call[1] >= call[0]
+
+
+# --- populations (sweep.population > 1: fxray.sweep.gather) ------------------------------------
+
+
+def test_a_pool_of_capacity_k_leases_a_worker_to_k_trials(pool):
+    from fxray.sweep.leases import WorkerPool
+
+    shared = WorkerPool.remote(2, 2)
+    got = [ray.get(shared.acquire.remote(f"trial-{c}")) for c in "abcd"]
+    assert got == [0, 1, 0, 1]  # the least held worker first
+    waiting = shared.acquire.remote("trial-e")
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        ray.get(waiting, timeout=0.5)  # both full
+    assert ray.get(shared.try_acquire.remote("trial-x")) is None  # nothing idle to borrow
+    ray.get(shared.release.remote("trial-b"))
+    assert ray.get(waiting, timeout=10) == 1
+    assert ray.get(shared.owners.remote()) == [["trial-a", "trial-c"], ["trial-d", "trial-e"]]
+
+
+def test_a_population_worker_trains_two_trials_together_as_each_alone(pool):
+    """Two trials' folds on a worker with population 2 (threads gather them): each result is what
+    the one-at-a-time worker returns for that config."""
+    from fxray.sweep.leases import FoldStream
+    from fxray.sweep.workers import FoldWorker
+
+    workers, ref, folds, _ = pool
+    gathering = FoldWorker.options(num_cpus=0.1, num_gpus=0, max_concurrency=6).remote(
+        [ref],
+        9,
+        1,
+        "float32",
+        2,
+        10.0,  # waits for the second trial's fold however loaded the box
+    )
+    configs = [{**TINY, "lr": 1e-3}, {**TINY, "lr": 2e-4, "gamma": 0.9, "n_step": 2}]
+    streams = [FoldStream(gathering, c, folds, seed=4) for c in configs]  # both queue both folds now
+    together = [list(s) for s in streams]
+    with workers.lease("trial-p") as index:
+        alone = [[workers.train_fold(index, c, f, seed=4) for f in folds] for c in configs]
+    for mine, theirs in zip(together, alone):
+        for a, b in zip(mine, theirs):
+            assert a["population"] == 2 and (a["val"], a["test"]) == (b["val"], b["test"])
+    assert ray.get(gathering.stats.remote())["populations"] == [2] * len(folds)
+    ray.kill(gathering, no_restart=True)

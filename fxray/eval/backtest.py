@@ -255,3 +255,87 @@ def baselines(window: Window, cost: float) -> dict[str, Metrics]:
     """
     hold = buy_and_hold(window, cost)
     return {"buy_and_hold": hold.metrics, "flat": summarize(np.zeros(hold.metrics.n_days))}
+
+
+# --- many policies over one window (a population's members) ---------------------------
+
+
+def greedy_positions_many(q_all: torch.Tensor) -> torch.Tensor:
+    """(K, T) int8: greedy_positions of each of K policies, q_all (K, T, 3, 3), in one scan."""
+    if q_all.ndim != 4 or q_all.shape[2:] != (3, 3):
+        raise ValueError(
+            f"q_all must be (K, T, 3, 3) [policy, bar, previous position + 1, action], got {tuple(q_all.shape)}"
+        )
+    n_bars = q_all.shape[1]
+    table = q_all.argmax(dim=-1)  # (K, T, 3)
+    shift = 1
+    while shift < n_bars:
+        spare = table.clone()  # prefixes shorter than the shift are complete
+        spare[:, shift:] = torch.gather(table[:, shift:], 2, table[:, :-shift])
+        table = spare
+        shift *= 2
+    return (table[..., 1] - 1).to(torch.int8)
+
+
+def backtest_many(q_all: torch.Tensor, window: Window, costs: list[float]) -> list[BacktestResult]:
+    """backtest of K policies over one window, q_all (K, T, 3, 3), policy k at costs[k]: the
+    positions in one scan and the sums in one pass, one host sync for all. Policy k's result is
+    backtest(q_all[k], window, costs[k])'s (tests/test_population.py compares them)."""
+    if q_all.device != window.fresh.device:
+        raise ValueError(f"q_all on {q_all.device} but returns on {window.fresh.device}")
+    position = greedy_positions_many(q_all)  # (K, T)
+    K, n_bars = position.shape
+    for cost in costs:
+        _check_window(window, n_bars, cost)
+    if len(costs) != K:
+        raise ValueError(f"{K} policies but {len(costs)} costs")
+    cost = torch.tensor(costs, dtype=window.fresh.dtype, device=position.device).unsqueeze(1)  # (K, 1)
+    # _device_pack, with a leading policy axis
+    pos = position.to(window.fresh.dtype)  # (K, T)
+    prev = torch.cat((pos.new_zeros(K, 1), pos[:, :-1]), 1)
+    change = (pos - prev).abs()
+    net_returns = pos * window.fresh - cost * change
+    if window.carry is not None:
+        net_returns = net_returns + prev * window.carry
+    day_id, period_id = _dense_ids(window.day), _dense_ids(window.period)
+    daily = torch.zeros(K, window.n_days, dtype=torch.float64, device=pos.device)
+    daily.index_add_(1, day_id.clamp(max=window.n_days - 1), net_returns.double())
+    hourly = torch.zeros(K, 2, window.n_periods, dtype=torch.float64, device=pos.device)
+    hourly.index_add_(
+        2, period_id.clamp(max=window.n_periods - 1), torch.stack((net_returns.double(), change.double()), 1)
+    )
+    in_market = pos != 0
+    d, p = window.n_days, window.n_periods
+    scalars = torch.stack(
+        (
+            (change != 0).sum(1).double(),
+            in_market.sum(1).double(),
+            (in_market & (net_returns > 0)).sum(1).double(),
+            (day_id[-1] + 1).double().expand(K),
+            (period_id[-1] + 1).double().expand(K),
+            ((window.day[1:] < window.day[:-1]) | (window.period[1:] < window.period[:-1])).sum().double().expand(K),
+        ),
+        1,
+    )  # (K, N_SCALARS), as _device_pack's
+    packed = torch.cat((scalars, daily, hourly.reshape(K, -1)), 1).cpu().numpy()  # the one host sync
+    _, _, _, true_days, true_periods, backwards = packed[0, :N_SCALARS]
+    if backwards:
+        raise ValueError("day and period must be non-decreasing over the window")
+    if true_days != d or true_periods != p:
+        raise ValueError(
+            f"n_days={d}, n_periods={p} but the window has {int(true_days)} days, {int(true_periods)} periods"
+        )
+    out = []
+    for k in range(K):
+        n_trades, n_in, n_hits = packed[k, :3]
+        daily_returns = packed[k, N_SCALARS : N_SCALARS + d]
+        net, units = packed[k, N_SCALARS + d :].reshape(2, p)
+        metrics = summarize(
+            daily_returns,
+            turnover=float(units.sum() / n_bars),
+            n_trades=int(n_trades),
+            hit_rate=n_hits / n_in if n_in else 0.0,
+        )
+        periods = PeriodReturns(net, units, np.asarray(window.hours, dtype=np.int64), n_bars, int(n_trades), d)
+        out.append(BacktestResult(position[k], net_returns[k], daily_returns, metrics, periods))
+    return out

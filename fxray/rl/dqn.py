@@ -60,6 +60,18 @@ class QNetwork(nn.Module):
         return self._q(h.unsqueeze(1) + self.position_embed)  # (T, 3, H) -> (T, 3, 3)
 
 
+def initial_network(cfg: DQNConfig, n_inputs: int, seed: int) -> QNetwork:
+    """A fresh QNetwork on the CPU, its weights drawn from `seed` (the same on every device).
+
+    The draws run under torch.manual_seed of a seed derived from `seed`, inside a fork of
+    the CPU generator only: the CPU generator is left as it was, the CUDA generators are
+    left re-seeded with the derived seed (fxray.rl.population.draw_seed accounts for it)."""
+    cpu_gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=cpu_gen)))
+        return QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
+
+
 def epsilon(cfg: DQNConfig, step: torch.Tensor, total_steps: int) -> torch.Tensor:
     """Linear decay from eps_start to eps_end over eps_decay of all steps (device scalar)."""
     decay_steps = max(cfg.eps_decay * total_steps, 1.0)
@@ -178,10 +190,8 @@ class Learner:
 
     def reset(self, seed: int) -> None:
         """Fresh weights (drawn on the CPU from `seed`: same on every device) and optimizer."""
-        cpu_gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=cpu_gen)))
-            fresh = QNetwork(self.q_network.market_in.in_features, self.cfg.hidden, self.cfg.depth, self.cfg.dueling)
+        fresh = initial_network(self.cfg, self.q_network.market_in.in_features, seed)
+        with torch.no_grad():
             for p, f in zip(self.params, fresh.parameters()):
                 p.copy_(f)
             for tp, f in zip(self.target_params, fresh.parameters()):

@@ -56,6 +56,7 @@ class SweepSpec:
     workers_per_gpu: int = 1  # FoldWorker actors per GPU (each gets num_gpus = 1/K)
     cpu_per_trial: float = 0.25  # logical CPUs reserved by a trial process (it only waits)
     trials_per_worker: int = 2  # trials in flight per worker: one trains, the rest wait for its lease
+    population: int = 1  # trials whose folds a worker trains together as one population (issue 19)
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,7 @@ def _build(file, profile, d, raw, where) -> Experiment:
         ("reduction_factor", sweep.reduction_factor > 1, "> 1"),
         ("workers_per_gpu", sweep.workers_per_gpu >= 1, ">= 1"),
         ("trials_per_worker", sweep.trials_per_worker >= 1, ">= 1"),
+        ("population", sweep.population >= 1, ">= 1"),
         ("cpu_per_trial", 0 < sweep.cpu_per_trial <= 64, "in (0, 64] (Ray refuses 0)"),
     ):
         if not ok:

@@ -235,40 +235,47 @@ class Trainer:
         return result
 
     def _baselines(self, fold: Fold, result: FoldResult) -> None:
-        """The reference policies of the fold's windows: per-window metrics (test) for tables,
-        and their hourly returns on val and test for the pooled statistics beside the policy's.
-        They depend on the fold, the cost and the fill only: computed once per worker."""
-        key = (fold.as_dict().__repr__(), self.cfg.cost, self.cfg.fill)
-        if key not in self.data.references:
-            self.data.references[key] = self._references(fold)
-        result.baselines, result.baseline_periods = self.data.references[key]
+        result.baselines, result.baseline_periods = fold_baselines(self.data, fold, self.cfg.cost, self.cfg.fill)
 
     def _references(self, fold: Fold) -> tuple[dict, dict]:
-        """buy_and_hold and flat; the supervised rule ("ridge": all the inputs) and, on a planted
-        market, the oracle (the same rule on the columns that carry the signal, in the hours it
-        is on; fxray.eval.baselines), both fitted on the train slice only."""
-        cfg, data = self.cfg, self.data
-        windows = {w: data.window(getattr(fold, w), cfg.fill) for w in ("val", "test")}
-        runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cfg.cost) for w in windows}}
-        a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
-        train = data.window(fold.train, cfg.fill)
-        rules = {"ridge": (None, None)}
-        if data.oracle is not None:
-            rules["oracle"] = data.oracle
-        for name, (columns, hours) in rules.items():
-            x = data.states(torch.arange(a, b, device=data.device))
-            rule = baselines.fit_rule(
-                x, train.fresh, cfg.cost, carry=train.carry, columns=columns, gate=data.hour_gate(a, b, hours)
-            )
-            runs[name] = {}
-            for w in windows:
-                s, e = getattr(fold, w)[0], getattr(fold, w)[1] - 1
-                x = data.states(torch.arange(s, e, device=data.device))
-                runs[name][w] = evaluate(rule.positions(x, data.hour_gate(s, e, hours)), windows[w], cfg.cost)
-        table = {name: asdict(run["test"].metrics) for name, run in runs.items()}
-        table["flat"] = asdict(summarize(np.zeros(runs["buy_and_hold"]["test"].metrics.n_days)))
-        periods = {name: {w: r.periods.as_dict() for w, r in run.items()} for name, run in runs.items()}
-        return table, periods
+        return references(self.data, fold, self.cfg.cost, self.cfg.fill)
+
+
+def fold_baselines(data: DeviceData, fold: Fold, cost: float, fill: str) -> tuple[dict, dict]:
+    """The reference policies of the fold's windows: per-window metrics (test) for tables,
+    and their hourly returns on val and test for the pooled statistics beside the policy's.
+    They depend on the fold, the cost and the fill only: computed once per worker."""
+    key = (fold.as_dict().__repr__(), cost, fill)
+    if key not in data.references:
+        data.references[key] = references(data, fold, cost, fill)
+    return data.references[key]
+
+
+def references(data: DeviceData, fold: Fold, cost: float, fill: str) -> tuple[dict, dict]:
+    """buy_and_hold and flat; the supervised rule ("ridge": all the inputs) and, on a planted
+    market, the oracle (the same rule on the columns that carry the signal, in the hours it
+    is on; fxray.eval.baselines), both fitted on the train slice only."""
+    windows = {w: data.window(getattr(fold, w), fill) for w in ("val", "test")}
+    runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cost) for w in windows}}
+    a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
+    train = data.window(fold.train, fill)
+    rules = {"ridge": (None, None)}
+    if data.oracle is not None:
+        rules["oracle"] = data.oracle
+    for name, (columns, hours) in rules.items():
+        x = data.states(torch.arange(a, b, device=data.device))
+        rule = baselines.fit_rule(
+            x, train.fresh, cost, carry=train.carry, columns=columns, gate=data.hour_gate(a, b, hours)
+        )
+        runs[name] = {}
+        for w in windows:
+            s, e = getattr(fold, w)[0], getattr(fold, w)[1] - 1
+            x = data.states(torch.arange(s, e, device=data.device))
+            runs[name][w] = evaluate(rule.positions(x, data.hour_gate(s, e, hours)), windows[w], cost)
+    table = {name: asdict(run["test"].metrics) for name, run in runs.items()}
+    table["flat"] = asdict(summarize(np.zeros(runs["buy_and_hold"]["test"].metrics.n_days)))
+    periods = {name: {w: r.periods.as_dict() for w, r in run.items()} for name, run in runs.items()}
+    return table, periods
 
 
 def train_fold(
@@ -281,22 +288,29 @@ def train_fold(
 def save_checkpoint(directory, trainer: Trainer, fold: Fold, result: FoldResult) -> Path:
     """Best weights as safetensors + a JSON sidecar (config, fold, epoch, metrics, and the fold's
     train-slice normalisation that the weights expect: a policy needs it to run), atomically."""
+    return write_checkpoint(directory, trainer.cfg, trainer.data, trainer.algo.state_dict(), fold, result)
+
+
+def write_checkpoint(
+    directory, cfg: TrainConfig, data: DeviceData, state: dict, fold: Fold, result: FoldResult
+) -> Path:
+    """save_checkpoint of the weights `state` that `cfg` trained on `data`'s fold (a population member's too)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stem = directory / f"fold{fold.k}"
-    tensors = {k: v.detach().cpu().contiguous() for k, v in trainer.algo.state_dict().items()}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     meta = {
-        "config": trainer.cfg.as_dict(),
+        "config": cfg.as_dict(),
         "fold": fold.as_dict(),
         "best_epoch": result.best_epoch,
         "val": result.val,
         "test": result.test,
-        "n_inputs": trainer.data.n_inputs,
+        "n_inputs": data.n_inputs,
         "val_score": result.val_score,
         # float32 values as JSON floats: exact round trip (fxray.policy.export reads them)
-        "normalisation": {"mean": trainer.data.mean.tolist(), "inv_std": trainer.data.inv_std.tolist()},
+        "normalisation": {"mean": data.mean.tolist(), "inv_std": data.inv_std.tolist()},
     }
     for suffix, write in (
         (".safetensors", lambda p: save_file(tensors, p)),

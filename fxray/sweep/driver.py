@@ -78,6 +78,7 @@ def validate(args, import_s: float = 0.0) -> Plan:
             ("sweep.trials", args.trials),
             ("sweep.seed", args.seed),
             ("sweep.workers_per_gpu", args.workers_per_gpu),
+            ("sweep.population", getattr(args, "population", None)),
             ("name", args.name),
         )
         if v is not None
@@ -189,6 +190,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
             exp.sweep.cpu_per_trial,
             args.cpu_workers,
             exp.sweep.trials_per_worker,
+            exp.sweep.population,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

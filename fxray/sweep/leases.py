@@ -33,30 +33,38 @@ FOLD_RETRIES = 3  # fold calls lost to a dead worker before the trial gives up
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class WorkerPool:
-    """Hands idle worker indices to trials; one owner (a trial id) per worker at a time.
+    """Hands worker indices to trials: up to `capacity` owners (trial ids) per worker at a time
+    (1: exclusive; K > 1: the K trials whose folds the worker trains as populations).
 
     If it dies (e.g. an OOM kill) it restarts empty: trials holding a lease keep using
-    their worker, and for a while two trials may share one (their calls serialise on
-    the actor: slower, still correct)."""
+    their worker, and for a while more trials than `capacity` may share one (their calls
+    queue on the actor: slower, still correct)."""
 
-    def __init__(self, n_workers: int):
+    def __init__(self, n_workers: int, capacity: int = 1):
         import asyncio
 
-        self.owner: list[str | None] = [None] * n_workers
+        self.owner: list[list[str]] = [[] for _ in range(n_workers)]
+        self.capacity = capacity
         self.changed = asyncio.Condition()
         self.waiting = 0  # acquire() calls waiting for a worker
 
+    def _held(self, owner: str) -> int | None:
+        return next((i for i, o in enumerate(self.owner) if owner in o), None)
+
     async def acquire(self, owner: str, prefer: int | None = None) -> int:
-        """The index of a worker now leased to `owner`; waits while all are busy.
-        `prefer` (the worker the owner used last: its Trainer is there) wins if idle."""
+        """The index of a worker now leased to `owner`; waits while all are full.
+        `prefer` (the worker the owner used last: its Trainer is there) wins if it has room;
+        else the least held one."""
         async with self.changed:
             while True:
-                if owner in self.owner:  # a retried call from the same trial keeps its worker
-                    return self.owner.index(owner)
-                if None in self.owner:
-                    mine = prefer is not None and 0 <= prefer < len(self.owner) and self.owner[prefer] is None
-                    i = prefer if mine else self.owner.index(None)
-                    self.owner[i] = owner
+                held = self._held(owner)
+                if held is not None:  # a retried call from the same trial keeps its worker
+                    return held
+                room = [i for i, o in enumerate(self.owner) if len(o) < self.capacity]
+                if room:
+                    mine = prefer is not None and prefer in room
+                    i = prefer if mine else min(room, key=lambda j: (len(self.owner[j]), j))
+                    self.owner[i].append(owner)
                     return i
                 self.waiting += 1
                 try:
@@ -65,28 +73,33 @@ class WorkerPool:
                     self.waiting -= 1
 
     async def try_acquire(self, owner: str) -> int | None:
-        """An idle worker leased to `owner` at once, or None: none is idle, or a trial waits
-        for one (it comes first). How a trial borrows a worker for more of its folds."""
+        """An idle worker (no owner at all) leased to `owner` at once, or None: none is idle, or
+        a trial waits for one (it comes first). How a trial borrows a worker for more of its folds."""
         async with self.changed:
-            if self.waiting or None not in self.owner:
+            idle = [i for i, o in enumerate(self.owner) if not o]
+            if self.waiting or not idle:
                 return None
-            i = self.owner.index(None)
-            self.owner[i] = owner
-            return i
+            self.owner[idle[0]].append(owner)
+            return idle[0]
 
     async def release(self, owner: str) -> int:
         """Free every worker `owner` holds, the ones it borrowed (owner "OWNER+x") too
         (idempotent: trials and the driver both call it)."""
         async with self.changed:
             n = 0
-            for i, o in enumerate(self.owner):
-                if o is not None and (o == owner or o.startswith(owner + "+")):
-                    self.owner[i], n = None, n + 1
+            for o in self.owner:
+                mine = [x for x in o if x == owner or x.startswith(owner + "+")]
+                for x in mine:
+                    o.remove(x)
+                n += len(mine)
             self.changed.notify_all()
             return n
 
     async def owners(self) -> list:
-        return list(self.owner)
+        """Per worker: its owner or None (capacity 1), or the list of its owners."""
+        if self.capacity == 1:
+            return [o[0] if o else None for o in self.owner]
+        return [list(o) for o in self.owner]
 
 
 @dataclass

@@ -52,12 +52,14 @@ class WorkerPlan:
     num_gpus: float  # 1/K in gpu plans, 0 in cpu plans
     torch_threads: int  # intra-op threads of each worker
     n_trials: int  # Tune trials in flight (max_concurrent_trials)
+    population: int = 1  # trials a worker trains together (fxray.sweep.gather); 1: one at a time
 
     def describe(self) -> str:
         per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""
+        pop = f", populations of up to {self.population}" if self.population > 1 else ""
         return (
             f"{self.n_workers} {self.kind.upper()} worker(s), each {per}{self.num_cpus:g} CPU, "
-            f"{self.torch_threads} torch thread(s); {self.n_trials} trials in flight"
+            f"{self.torch_threads} torch thread(s){pop}; {self.n_trials} trials in flight"
         )
 
 
@@ -67,12 +69,15 @@ def plan_workers(
     cpu_per_trial: float = 0.25,
     cpu_workers: int | None = None,
     trials_per_worker: int = 1,
+    population: int = 1,
 ) -> WorkerPlan:
     """Split the cluster between workers and the trials that drive them.
 
     `trials_per_worker` trials are in flight per worker: one holds its lease, the
     others have been started by Tune and wait for it, so a worker goes from one
     trial to the next without waiting for Tune's trial turnover (~0.1 s).
+    With `population` K > 1, K trials share a worker (their folds trained as one population)
+    and one more waits: at least K + 1 trials in flight per worker.
     Trials only wait on workers, but Ray still needs room for their `cpu_per_trial`;
     a worker gets at most 1 logical CPU, less where the trials would not fit.
     """
@@ -84,7 +89,7 @@ def plan_workers(
         kind, num_gpus = "cpu", 0.0
         n = cpu_workers or max(1, int(cpus))  # one single-threaded worker per core beats one wide one
         threads = max(1, int(cpus // n))
-    n_trials = n * trials_per_worker
+    n_trials = n * (max(trials_per_worker, population + 1) if population > 1 else trials_per_worker)
     spare = (cpus - n_trials * cpu_per_trial) / n
     num_cpus = math.floor(min(float(threads if kind == "cpu" else 1), spare) * 100) / 100
     if num_cpus <= 0 and kind == "cpu":
@@ -93,7 +98,7 @@ def plan_workers(
             f"fit in {cpus:g} CPUs: lower sweep.cpu_per_trial, sweep.trials_per_worker or "
             "--cpu-workers"
         )
-    return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads, n_trials)
+    return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads, n_trials, population)
 
 
 # --- the actor -----------------------------------------------------------------------
@@ -108,7 +113,15 @@ class DeviceWorker:
     `cancel` and `stats` run in their own thread, so they answer while a fold trains.
     """
 
-    def __init__(self, arrays_ref: list, index: int, torch_threads: int = 1, dtype: str = "float32"):
+    def __init__(
+        self,
+        arrays_ref: list,
+        index: int,
+        torch_threads: int = 1,
+        dtype: str = "float32",
+        population: int = 1,
+        gather_wait_s: float | None = None,
+    ):
         t_init = time.time()  # the process is up and Ray has loaded this class
         import torch
 
@@ -130,6 +143,11 @@ class DeviceWorker:
             warnings.simplefilter("ignore")
             self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.trainers: OrderedDict = OrderedDict()
+        self.gatherer = None  # population > 1: the folds of up to K trials, trained together
+        if population > 1:
+            from fxray.sweep.gather import WAIT_S, Gatherer
+
+            self.gatherer = Gatherer(self.data, population, WAIT_S if gather_wait_s is None else gather_wait_s)
         self.cancelled: set = set()  # tokens whose queued folds are no longer wanted
         self.calls: list = []  # per call: [start, end (unix s), token, fold k, status]
         self.running: list | None = None  # [start, token, fold k] of the fold training now
@@ -166,16 +184,26 @@ class DeviceWorker:
         inside the first trial. Logged as a call with status "warmup"."""
         t0 = time.time()
         small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
-        self._train(small, fold, 0, None, None)
+        self._train(small, fold, 0, None, None, warmup=True)
         self.trainers.pop(json.dumps(small, sort_keys=True), None)  # never used again
+        if self.gatherer is not None:
+            self.gatherer.forget(small)
         self.calls.append([t0, time.time(), None, fold["k"], "warmup"])
 
-    def _train(self, config, fold, seed, checkpoint_dir, stop) -> dict:
+    def _train(self, config, fold, seed, checkpoint_dir, stop, warmup=False) -> dict:
         from fxray.data.folds import Fold
         from fxray.rl.config import make_config
         from fxray.rl.device import DTYPES
         from fxray.rl.trainer import Trainer
 
+        if self.gatherer is not None:
+            cfg = make_config(config)
+            if DTYPES[cfg.dtype] != self.data.dtype:
+                raise ValueError(
+                    f"dqn.dtype {cfg.dtype!r} differs from the worker's data "
+                    f"({self.data.dtype}); the storage dtype is fixed per sweep"
+                )
+            return self.gatherer.train(config, fold, seed, checkpoint_dir, stop, warmup)
         key = json.dumps(config, sort_keys=True)
         trainer = self.trainers.pop(key, None)
         if trainer is None:
@@ -204,6 +232,8 @@ class DeviceWorker:
             "n_loads": self.n_loads,
             "n_calls": self.n_calls,
             "n_trainers": self.n_trainers,
+            "populations": list(self.gatherer.sizes) if self.gatherer is not None else [],
+            "population_runs": list(self.gatherer.runs) if self.gatherer is not None else [],
             "calls": list(self.calls),
             "running": self.running,
             "restarted": self.restarted,
@@ -240,10 +270,15 @@ def start_workers(
     `workers.stats()` waits for them). `worker_class`: see worker_actor."""
     actor = worker_actor(worker_class)
     # The ref travels inside a list so that the actor's own ray.get is the one load we count.
+    # a population's trials queue up to two folds each: their calls must run at once (threads) for
+    # the worker to gather them (fxray.sweep.gather); one at a time otherwise, as always
+    threads = {"max_concurrency": 2 * plan.population + 2} if plan.population > 1 else {}
     handles = [
-        actor.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus).remote([arrays_ref], i, plan.torch_threads, dtype)
+        actor.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus, **threads).remote(
+            [arrays_ref], i, plan.torch_threads, dtype, plan.population
+        )
         for i in range(plan.n_workers)
     ]
     # Named (see pool_name), so that the driver's Tune callbacks, rebuilt from pickles on
     # resume, find it.
-    return Workers(WorkerPool.options(name=name).remote(plan.n_workers), handles, plan)
+    return Workers(WorkerPool.options(name=name).remote(plan.n_workers, plan.population), handles, plan)

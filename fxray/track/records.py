@@ -59,6 +59,7 @@ class FoldRecord:
     bh_test_sharpe: float | None = _f(None, metric=True)  # buy-and-hold on the test window
     adx: float = _f(0.0)  # mean raw ADX(14) of the train slice
     worker: int = _f(-1)
+    population: int = _f(1)  # members of the population the fold trained in (its timings are the population's)
     checkpoint: str = _f("")
     fold_switch_s: float = _f(0.0)
     train_s: float = _f(0.0)
@@ -90,6 +91,7 @@ class FoldRecord:
             bh_test_sharpe=r["baselines"].get("buy_and_hold", {}).get("sharpe"),
             adx=r["adx"] if math.isfinite(r["adx"]) else 0.0,
             worker=r.get("worker", -1),
+            population=r.get("population", 1),
             checkpoint=r["checkpoint"] or "",
             fold_time_s=timings.get("total_s", 0.0),
             **{k: timings.get(k, 0.0) for k in ("fold_switch_s", "train_s", "eval_s")},

@@ -1,0 +1,513 @@
+"""A population: K DQN members of one shape trained side by side in stacked tensors.
+
+    pop = Population(data, [cfg_a, cfg_b, ...])   # K members; shapes equal (SHAPE_FIELDS)
+    pop.begin([seed_a, seed_b, ...])              # fresh weights, replay, agents per member
+    pop.step()                                     # one collect + learn of every member (no host sync)
+    pop.q_all(market)                              # (K, T, 3, 3): the val backtest of all members at once
+
+Every per-member tensor carries a leading member axis K: the Q-network's weights are
+(K, out, in) and a layer is one `baddbmm` over the members; the target network, Adam's
+moments, the replay ring (K, S, E), the agents (K, E), the epsilon schedule and the
+epoch accumulators (K,) likewise. Members may differ in every field that leaves the
+shapes alone (lr, gamma, tau, target_every, eps schedule, huber_delta, reward_scale,
+cost, episode_len, n_step up to the largest via masks, input_noise, weight_decay,
+grad_clip, seed; patience and select are the trainer's).
+
+Same maths as alone: member k computes what fxray.rl.dqn.DQN computes for its config,
+op for op, and draws its random numbers from its own torch.Generator, seeded and drawn
+in the order that DQN draws from the global generator (`draw_seed`). On the CPU a
+member is bit-identical to the same config trained alone (tests/test_population.py).
+On CUDA the Adam step is a stacked formula instead of torch's fused kernel (one lr per
+member), so a member agrees with its solo run to float rounding only.
+
+A member that stops (patience, divergence) is masked: `active[k]` False keeps its
+weights, target, Adam state and step count where they are; its agents and replay keep
+being computed and are ignored. The mask is a device tensor, so a captured CUDA graph
+stays valid when it changes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fxray.rl.config import ConfigError, DQNConfig
+from fxray.rl.device import DeviceData
+from fxray.rl.dqn import N_ACTIONS, initial_network
+
+# fields every member of a population shares: they set a tensor shape, the loop, or the data
+SHAPE_FIELDS = (
+    "algo",
+    "num_envs",
+    "buffer_steps",
+    "updates_per_step",
+    "epochs",
+    "steps_per_epoch",
+    "fill",
+    "dtype",
+    "graphs",
+    "matmul",
+    "hidden",
+    "depth",
+    "dueling",
+    "batch_size",
+    "update",
+)
+
+
+def check_members(cfgs: list[DQNConfig]) -> None:
+    """ConfigError naming the first field where a member's shape differs from member 0's."""
+    if not cfgs:
+        raise ConfigError("population: no members")
+    for k, cfg in enumerate(cfgs):
+        if not isinstance(cfg, DQNConfig):
+            raise ConfigError(f"population: member {k} is a {type(cfg).__name__}, not a DQNConfig")
+        if cfg.update != "sampled":
+            raise ConfigError(f"dqn.update: {cfg.update!r} is not supported in a population (only 'sampled')")
+        for key in SHAPE_FIELDS:
+            if getattr(cfg, key) != getattr(cfgs[0], key):
+                raise ConfigError(
+                    f"dqn.{key}: member {k} has {getattr(cfg, key)!r}, member 0 {getattr(cfgs[0], key)!r}; "
+                    "members of one population share it (split them into populations)"
+                )
+
+
+def draw_seed(seed: int, device: torch.device) -> int:
+    """The seed of the generator DQN's random draws come from, for `seed` on `device`.
+
+    The Trainer seeds the global generators with `seed`; Learner.reset then calls
+    torch.manual_seed with a seed derived from it inside fork_rng(devices=[]), which
+    restores the CPU generator but leaves the CUDA one re-seeded. So on the CPU a fold's
+    draws come from `seed`, on CUDA from the derived seed."""
+    if device.type == "cpu":
+        return seed
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(seed)))
+
+
+def _col(values, dtype, device, dims: int = 1) -> torch.Tensor:
+    """(K, 1, ..., 1) tensor of per-member values, broadcasting against (K, ...) with `dims` trailing dims."""
+    return torch.tensor(values, dtype=dtype, device=device).view(-1, *([1] * dims))
+
+
+# --- the stacked Q-network -----------------------------------------------------------
+
+
+class StackedQNetwork:
+    """K copies of fxray.rl.dqn.QNetwork as stacked tensors; member k's slices are its weights.
+
+    `params` is in QNetwork.parameters() order (position_embed, market_in W, b, body W, b..., head W, b:
+    the order matters, the clipping norm sums over it);
+    a weight is (K, out, in), a bias (K, out), position_embed (K, 3, H)."""
+
+    def __init__(self, k: int, n_inputs: int, hidden: int, depth: int, dueling: bool, device):
+        shapes = [(3, hidden), (hidden, n_inputs), (hidden,)]
+        shapes += [s for _ in range(depth - 1) for s in ((hidden, hidden), (hidden,))]
+        shapes += [(N_ACTIONS + (1 if dueling else 0), hidden), (N_ACTIONS + (1 if dueling else 0),)]
+        self.params = [torch.zeros((k, *s), device=device) for s in shapes]
+        self.dueling = dueling
+        self.positions = torch.tensor([-1, 0, 1], device=device)
+
+    def requires_grad_(self, flag: bool) -> StackedQNetwork:
+        for p in self.params:
+            p.requires_grad_(flag)
+        return self
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """x (K, N, in) -> (K, N, out): addmm per member, as nn.Linear computes it."""
+        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+
+    def _q(self, h: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+        """h (K, N, H) pre-activation of the first layer -> Q (K, N, 3)."""
+        h = torch.relu(h)
+        body = params[3:-2]
+        for w, b in zip(body[0::2], body[1::2]):
+            h = torch.relu(self._linear(h, w, b))
+        out = self._linear(h, params[-2], params[-1])
+        if not self.dueling:
+            return out
+        value, adv = out[..., :1], out[..., 1:]
+        return value + adv - adv.mean(-1, keepdim=True)
+
+    def forward(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """market (K, N, n_inputs), position (K, N) in {-1,0,1} -> Q (K, N, 3)."""
+        one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (K, N, 3)
+        h = self._linear(market, self.params[1], self.params[2]) + torch.bmm(one_hot, self.params[0])
+        return self._q(h, self.params)
+
+    __call__ = forward
+
+    def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
+        """market (M, T, n_inputs) -> (M, T, 3 previous positions, 3 actions) of `members` (M of them;
+        default all K)."""
+        params = self.params if members is None else [p[members] for p in self.params]
+        k, t = market.shape[:2]
+        h = self._linear(market, params[1], params[2])  # (M, T, H)
+        h = (h.unsqueeze(2) + params[0].unsqueeze(1)).reshape(k, 3 * t, -1)  # (M, 3T, H)
+        return self._q(h, params).view(k, t, 3, -1)
+
+
+# --- the population ------------------------------------------------------------------
+
+
+class Population:
+    """K DQN members' agents, index replay, networks and Adam, stacked (see the module doc)."""
+
+    def __init__(self, data: DeviceData, cfgs: list[DQNConfig]):
+        check_members(cfgs)
+        self.data, self.cfgs, self.cfg = data, list(cfgs), cfgs[0]
+        dev, K, E, S = data.device, len(cfgs), cfgs[0].num_envs, cfgs[0].buffer_steps
+        self.K, self.E, self.S, self.B = K, E, S, cfgs[0].batch_size
+        f32, i64 = torch.float32, torch.int64
+        self.total_steps = cfgs[0].epochs * cfgs[0].steps_per_epoch
+        self.fresh, self.carry = (data.returns, None) if cfgs[0].fill == "close" else (data.bar, data.gap)
+        # --- state -----------------------------------------------------------------------
+        self.generators = [torch.Generator(dev) for _ in cfgs]
+        self.active = torch.ones(K, dtype=torch.bool, device=dev)
+        self.t = torch.zeros(K, E, dtype=i64, device=dev)  # agents: bar, position, steps this episode
+        self.position = torch.zeros(K, E, dtype=i64, device=dev)
+        self.ep_step = torch.zeros(K, E, dtype=i64, device=dev)
+        self.replay_t = torch.zeros(K, S, E, dtype=i64, device=dev)  # ring row i % S: collect step i
+        self.replay_position = torch.zeros(K, S, E, dtype=i64, device=dev)
+        self.replay_action = torch.zeros(K, S, E, dtype=i64, device=dev)
+        self.replay_reward = torch.zeros(K, S, E, dtype=f32, device=dev)
+        self.replay_done = torch.zeros(K, S, E, dtype=torch.bool, device=dev)
+        self.replay_steps = torch.zeros(K, dtype=i64, device=dev)
+        self.global_step = torch.zeros(K, dtype=i64, device=dev)
+        self.updates = torch.zeros(K, dtype=i64, device=dev)
+        self.loss_sum = torch.zeros(K, device=dev)
+        self.q_abs_max = torch.zeros(K, device=dev)
+        cfg = cfgs[0]
+        self.q_network = StackedQNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling, dev)
+        self.target_network = StackedQNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling, dev)
+        self.params = self.q_network.requires_grad_(True).params
+        self.target_params = self.target_network.params
+        self.optimizer = StackedAdam(self.params, [c.lr for c in cfgs], [c.weight_decay for c in cfgs], self.active)
+        self._names = list(initial_network(cfg, data.n_inputs, 0).state_dict())
+        self.structure = None
+        self.configure(cfgs)
+
+    def configure(self, cfgs: list[DQNConfig]) -> bool:
+        """Give the K slots these members' settings, in place (a captured graph keeps reading the
+        same tensors). True if the step's structure changed with them (n_max, which members draw
+        input noise): a graph captured before must be captured again."""
+        check_members(cfgs)
+        if len(cfgs) != self.K:
+            raise ConfigError(f"population: {len(cfgs)} members for {self.K} slots")
+        for key in SHAPE_FIELDS:
+            if getattr(cfgs[0], key) != getattr(self.cfg, key):
+                raise ConfigError(f"dqn.{key}: {getattr(cfgs[0], key)!r} differs from this population's")
+        self.cfgs, dev, f32, i64 = list(cfgs), self.data.device, torch.float32, torch.int64
+        n_max = max(c.n_step for c in cfgs)
+        # cast exactly as DQN casts its python scalars: (K, 1...) tensors of the float32 (int64) values
+        settings = {
+            "eps_end": _col([c.eps_end for c in cfgs], f32, dev, 0),
+            "eps_span": _col([c.eps_start - c.eps_end for c in cfgs], f32, dev, 0),
+            "eps_decay_steps": _col([max(c.eps_decay * self.total_steps, 1.0) for c in cfgs], f32, dev, 0),
+            "cost": _col([c.cost for c in cfgs], f32, dev),  # (K, 1)
+            "episode_len": _col([c.episode_len for c in cfgs], i64, dev),
+            "n": _col([c.n_step for c in cfgs], i64, dev),
+            "discounts": torch.stack(  # (K, n_max + 1): gamma_k^j, zero past n_k
+                [
+                    torch.cat([c.gamma ** torch.arange(c.n_step + 1, dtype=f32), torch.zeros(n_max - c.n_step)])
+                    for c in cfgs
+                ]
+            ).to(dev),
+            "reward_scale": _col([c.reward_scale for c in cfgs], f32, dev),
+            "huber_delta": _col([c.huber_delta for c in cfgs], f32, dev),
+            "noise_std": _col([c.input_noise for c in cfgs], f32, dev, 2),  # (K, 1, 1)
+            "grad_clip": _col([c.grad_clip for c in cfgs], f32, dev, 0),
+            "tau": _col([c.tau for c in cfgs], f32, dev, 0),
+            "target_every": _col([c.target_every for c in cfgs], i64, dev, 0),
+        }
+        structure = (n_max, tuple(c.input_noise > 0 for c in cfgs))
+        changed = structure != self.structure
+        for name, value in settings.items():
+            if changed:
+                setattr(self, name, value)
+            else:
+                getattr(self, name).copy_(value)
+        self.structure, self.n_max = structure, n_max
+        self.input_noise = [c.input_noise for c in cfgs]
+        self.warmup = [c.n_step + 1 for c in cfgs]  # collect steps before a member's first update
+        self.optimizer.configure([c.lr for c in cfgs], [c.weight_decay for c in cfgs])
+        return changed
+
+    # --- random draws: member k from its own generator, in DQN's order -------------------
+    def _draw(self, fn, members=None) -> torch.Tensor:
+        """stack of fn(generator_k) over the members (zeros of the same shape where `members[k]` is False)."""
+        out = [fn(g) if members is None or members[k] else None for k, g in enumerate(self.generators)]
+        like = next(o for o in out if o is not None)
+        return torch.stack([o if o is not None else torch.zeros_like(like) for o in out])
+
+    def _rand(self, n: int, members=None) -> torch.Tensor:
+        return self._draw(lambda g: torch.rand(n, generator=g, device=self.data.device), members)
+
+    def _randint(self, low: int, high: int, n: int, members=None) -> torch.Tensor:
+        return self._draw(lambda g: torch.randint(low, high, (n,), generator=g, device=self.data.device), members)
+
+    # --- agents and replay ---------------------------------------------------------------
+    def _random_starts(self, members=None) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.data.bounds[0], self.data.bounds[1]
+        span = (end - 1 - start).to(torch.float32)
+        u = self._rand(self.E, members)
+        t = start + (u * span).to(torch.int64).clamp_max(end - 2 - start)
+        return t, self._randint(-1, 2, self.E, members)
+
+    def epsilon(self) -> torch.Tensor:
+        """(K, 1) each member's exploration rate (fxray.rl.dqn.epsilon, per member)."""
+        frac = (1.0 - self.global_step.to(torch.float32) / self.eps_decay_steps).clamp(0.0, 1.0)
+        return (self.eps_end + self.eps_span * frac).unsqueeze(1)
+
+    @torch.no_grad()
+    def collect(self, members=None) -> None:
+        """One epsilon-greedy step of every member's agents into its replay (fxray.rl.dqn.collect).
+        `members` (host list of bools): only those step; the others draw nothing, change nothing."""
+        t, position = self.t.clone(), self.position.clone()
+        q = self.q_network(self.data.states(t), position)  # (K, E, 3)
+        explore = self._rand(self.E, members) < self.epsilon()
+        random_action = self._randint(0, N_ACTIONS, self.E, members)
+        action = torch.where(explore, random_action, q.argmax(2))
+        # --- the env step (fxray.rl.env.TradingEnv.step, per-member cost and episode length)
+        new_position = action - 1
+        reward = new_position * self.fresh[t] - self.cost * (new_position - position).abs()
+        if self.carry is not None:
+            reward = reward + position * self.carry[t]
+        ep_step = self.ep_step + 1
+        done = (ep_step >= self.episode_len) | (t + 1 >= self.data.bounds[1] - 1)
+        t0, p0 = self._random_starts(members)
+        keep = None if members is None else torch.tensor(members, device=t.device).unsqueeze(1)  # (K, 1)
+        for state, new in (
+            (self.t, torch.where(done, t0, t + 1)),
+            (self.position, torch.where(done, p0, new_position)),
+            (self.ep_step, ep_step.masked_fill(done, 0)),
+        ):
+            state.copy_(new if keep is None else torch.where(keep, new, state))
+        # --- the replay write (fxray.rl.replay.Replay.add): row steps_k % S of member k
+        row = (self.replay_steps % self.S).view(-1, 1, 1).expand(-1, 1, self.E)  # (K, 1, E)
+        for buf, value in (
+            (self.replay_t, t),
+            (self.replay_position, position),
+            (self.replay_action, action),
+            (self.replay_reward, reward),
+            (self.replay_done, done),
+        ):
+            value = value.unsqueeze(1)
+            if keep is not None:
+                value = torch.where(keep.unsqueeze(2), value, buf.gather(1, row))
+            buf.scatter_(1, row, value)
+        self.replay_steps.add_(1 if keep is None else keep.squeeze(1).to(torch.int64))
+
+    def sample_indices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, B) uniform (step, env) pairs of each member's replay (Replay.sample_indices)."""
+        hi = (self.replay_steps.unsqueeze(1) - self.n).expand(-1, 1)  # (K, 1)
+        lo = (self.replay_steps.unsqueeze(1) - self.S).clamp_min(0)
+        u = self._rand(self.B)
+        step = lo + (u * (hi - lo + 1).to(torch.float32)).to(torch.int64).clamp_max(hi - lo)
+        return step, self._randint(0, self.E, self.B)
+
+    def n_step_batch(self, step: torch.Tensor, env: torch.Tensor):
+        """Replay.n_step_batch per member over n_max columns, column j kept only where j < n_k."""
+        K = self.K
+        offsets = torch.arange(self.n_max, device=step.device)
+        rows = (step.unsqueeze(2) + offsets) % self.S  # (K, B, n_max)
+        envs = env.unsqueeze(2).expand_as(rows)
+        member = torch.arange(K, device=step.device).view(K, 1, 1).expand_as(rows)
+        reward, done = self.replay_reward[member, rows, envs], self.replay_done[member, rows, envs]
+        alive = torch.ones_like(reward[..., 0])
+        keep_cols = []
+        for j in range(self.n_max):
+            keep_cols.append(alive * (j < self.n).to(torch.float32))
+            alive = alive * (~done[..., j]).to(torch.float32)
+        keep = torch.stack(keep_cols, 2)  # (K, B, n_max)
+        return_n = (reward * keep * self.discounts[:, None, : self.n_max]).sum(2)
+        k = keep.sum(2).to(torch.int64)  # (K, B) steps included, 1..n_k
+        last_row = rows.gather(2, (k - 1).unsqueeze(2)).squeeze(2)
+        m = member[..., 0]
+        t0 = self.replay_t[m, rows[..., 0], env]
+        return (
+            t0,
+            self.replay_position[m, rows[..., 0], env],
+            self.replay_action[m, rows[..., 0], env],
+            return_n,
+            t0 + k,
+            self.replay_action[m, last_row, env] - 1,
+            self.discounts.gather(1, k),
+        )
+
+    # --- learning ------------------------------------------------------------------------
+    def td_loss(self, step: torch.Tensor, env: torch.Tensor, noise):
+        """(K,) Huber TD losses and (K,) max |Q|: Learner.td_loss per member."""
+        t, position, action, return_n, next_t, next_position, discount = self.n_step_batch(step, env)
+        B = t.shape[1]
+        market = self.data.states(torch.cat([t, next_t], 1))  # (K, 2B, n_inputs)
+        if noise is not None:
+            market = market + noise
+        q_both = self.q_network(market, torch.cat([position, next_position], 1))  # (K, 2B, 3)
+        q = q_both[:, :B]
+        with torch.no_grad():
+            next_action = q_both[:, B:].argmax(2, keepdim=True)
+            next_q = self.target_network(market[:, B:], next_position).gather(2, next_action).squeeze(2)
+            td_target = return_n * self.reward_scale + discount * next_q
+        q_sa = q.gather(2, action.unsqueeze(2)).squeeze(2)  # (K, B)
+        # F.huber_loss's formula with a per-member delta (same forward and gradient, element by element)
+        z, delta = (q_sa - td_target).abs(), self.huber_delta
+        loss = torch.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)).mean(1)
+        return loss, q.detach().abs().amax((1, 2))
+
+    def learn(self) -> None:
+        """One gradient step of every member (Learner.learn); masked members keep their state."""
+        step, env = self.sample_indices()
+        noise = None
+        if any(s > 0 for s in self.input_noise):  # members without noise draw none (as alone) and add 0
+            members = [s > 0 for s in self.input_noise]
+            shape = (2 * self.B, self.data.n_inputs)
+            noise = self.noise_std * self._draw(lambda g: torch.randn(shape, generator=g, device=step.device), members)
+        loss, q_max = self.td_loss(step, env, noise)
+        for p in self.params:
+            p.grad = None
+        loss.sum().backward()  # members are independent: d sum / d loss_k = 1
+        clip_grad_norms_(self.params, self.grad_clip)
+        self.optimizer.step()
+        with torch.no_grad():
+            active = self.active
+            self.updates.add_(active.to(torch.int64))
+            hard = (self.updates % self.target_every.clamp_min(1) == 0).to(torch.float32)
+            weight = torch.where(self.target_every > 0, hard, self.tau) * active  # 0: target unchanged
+            for tp, p in zip(self.target_params, self.params):
+                tp.lerp_(p, weight.view(-1, *([1] * (p.ndim - 1))))
+            self.loss_sum.add_(torch.where(active, loss.detach(), 0.0))
+            self.q_abs_max.copy_(torch.where(active, torch.maximum(self.q_abs_max, q_max), self.q_abs_max))
+
+    # --- the Algorithm members (fxray.rl.algorithm), stacked -------------------------------
+    def begin(self, seeds: list[int]) -> None:
+        """Fresh weights (each from its seed, as Learner.reset draws them), Adam, replay and agents,
+        all members active; then each member's n_k + 1 warm-up collect steps."""
+        dev = self.data.device
+        for k, (g, seed) in enumerate(zip(self.generators, seeds)):
+            g.manual_seed(draw_seed(seed, dev))
+            fresh = initial_network(self.cfgs[k], self.data.n_inputs, seed)
+            with torch.no_grad():
+                for p, tp, f in zip(self.params, self.target_params, fresh.parameters()):
+                    p[k].copy_(f)
+                    tp[k].copy_(f)
+        self.active.fill_(True)
+        self.optimizer.reset()
+        for x in (self.updates, self.replay_steps, self.global_step, self.ep_step):
+            x.zero_()
+        self.reset_epoch_stats()
+        t, p = self._random_starts()
+        self.t.copy_(t)
+        self.position.copy_(p)
+        w_max = max(self.warmup)
+        for i in range(w_max):  # member k collects in the last warmup_k of these rounds
+            self.collect([i >= w_max - w for w in self.warmup])
+
+    def step(self) -> None:
+        self.collect()
+        for _ in range(self.cfg.updates_per_step):
+            self.learn()
+        self.global_step.add_(self.active.to(torch.int64))
+
+    def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
+        """market (T, n_inputs), shared by all members (the fold's normalisation) -> (M, T, 3, 3)
+        of `members` (default all K)."""
+        m = self.K if members is None else len(members)
+        with torch.no_grad():
+            return self.q_network.q_all(market.unsqueeze(0).expand(m, -1, -1), members)
+
+    def epoch_stats(self) -> torch.Tensor:
+        """(K, 3): summed loss, max |Q|, epsilon of each member."""
+        return torch.stack([self.loss_sum, self.q_abs_max, self.epsilon().squeeze(1)], 1)
+
+    def reset_epoch_stats(self) -> None:
+        self.loss_sum.zero_()
+        self.q_abs_max.zero_()
+
+    def state_dict(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's weights under fxray.rl.dqn.QNetwork's names (a checkpoint of its own)."""
+        return {name: p[k].detach() for name, p in zip(self._names, self.params)}
+
+
+# --- clipping and Adam, per member ----------------------------------------------------
+
+
+@torch.no_grad()
+def clip_grad_norms_(params: list[torch.Tensor], max_norm: torch.Tensor) -> None:
+    """torch.nn.utils.clip_grad_norm_ of each member's gradients, in place: member k's total
+    norm over its slices of every parameter, scaled by min(max_norm_k / (norm + 1e-6), 1)."""
+    K = params[0].shape[0]
+    norms = torch.stack([torch.linalg.vector_norm(p.grad.reshape(K, -1), dim=1) for p in params], 1)  # (K, P)
+    total = torch.linalg.vector_norm(norms, dim=1)  # (K,)
+    coef = torch.clamp((total + 1e-6).reciprocal() * max_norm, max=1.0)  # float / tensor is reciprocal * float
+    for p in params:
+        p.grad.mul_(coef.view(-1, *([1] * (p.ndim - 1))))
+
+
+class StackedAdam:
+    """fxray.rl.optim.Adam per member over stacked parameters: member k with its own lr and weight
+    decay and its own step count, which only an active member advances.
+
+    On the CPU, member by member with exactly Adam's CPU code on its slices (bit-identical
+    to the member alone). On CUDA, one stacked formula for all members (a handful of
+    kernels whatever K; no per-member lr in torch's fused kernel), masked by `active`:
+    the same maths to float rounding."""
+
+    def __init__(
+        self, params: list, lrs: list[float], weight_decays: list[float], active, betas=(0.9, 0.999), eps=1e-8
+    ):
+        dev = params[0].device
+        self.params, self.active = params, active
+        self.betas, self.eps = betas, eps
+        self.exp_avg = [torch.zeros_like(p) for p in params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
+        self.steps = torch.zeros(len(lrs), dtype=torch.float32, device=dev)
+        self.stacked = dev.type != "cpu"
+        self.lr = torch.zeros(len(lrs), dtype=torch.float64, device=dev)
+        self.decay = torch.zeros(len(lrs), device=dev)
+        self.configure(lrs, weight_decays)
+
+    def configure(self, lrs: list[float], weight_decays: list[float]) -> None:
+        """Each member's lr and weight decay, in place."""
+        self.lrs, self.weight_decays = list(lrs), list(weight_decays)
+        self.lr.copy_(torch.tensor(lrs, dtype=torch.float64))
+        self.decay.copy_(torch.tensor([1 - lr * wd for lr, wd in zip(lrs, weight_decays)]))
+
+    def reset(self) -> None:
+        for t in (*self.exp_avg, *self.exp_avg_sq, self.steps):
+            t.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        (self._step_stacked if self.stacked else self._step_members)()
+
+    def _step_members(self) -> None:
+        beta1, beta2 = self.betas
+        for k in torch.nonzero(self.active).flatten().tolist():  # a CPU tensor: no device sync
+            self.steps[k] += 1.0
+            t = float(self.steps[k])
+            bias1, bias2_sqrt = 1 - beta1**t, math.sqrt(1 - beta2**t)
+            lr, wd = self.lrs[k], self.weight_decays[k]
+            for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
+                p, g, m, v = p[k], p.grad[k], m[k], v[k]
+                if wd:
+                    p.mul_(1 - lr * wd)
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                p.addcdiv_(m, (v.sqrt() / bias2_sqrt).add_(self.eps), value=-lr / bias1)
+
+    def _step_stacked(self) -> None:
+        beta1, beta2 = self.betas
+        self.steps.add_(self.active.to(torch.float32))
+        t = self.steps.double()
+        alpha = (-self.lr / (1 - beta1**t)).float()  # (K,)
+        bias2_sqrt = (1 - beta2**t).sqrt().float()
+        for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
+            view = (-1, *([1] * (p.ndim - 1)))
+            on = self.active.view(view)
+            g = p.grad
+            m.copy_(torch.where(on, torch.lerp(m, g, 1 - beta1), m))
+            v.copy_(torch.where(on, (v * beta2).addcmul_(g, g, value=1 - beta2), v))
+            new = p * self.decay.view(view)
+            new = new + alpha.view(view) * (m / ((v.sqrt() / bias2_sqrt.view(view)).add_(self.eps)))
+            p.copy_(torch.where(on, new, p))

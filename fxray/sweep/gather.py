@@ -1,0 +1,149 @@
+"""A FoldWorker's populations: the fold requests of several trials, trained K at a time.
+
+    gatherer = Gatherer(data, k_max=4)
+    result = gatherer.train(config, fold, seed, checkpoint_dir, stop)   # from any thread; blocks
+
+With `sweep.population: K`, up to K trials hold a lease on one worker at once, and each
+queues its next folds there (fxray.sweep.leases). The worker's calls run in threads; each
+puts its request here and waits. Whichever caller finds the device free trains the next
+population: the oldest waiting request and the others of the same shape
+(fxray.rl.population.SHAPE_FIELDS) and the same fold, at most K of them, after waiting at
+most WAIT_S for the K-th. Each request gets back the FoldResult dict its config would have
+got alone (bit for bit on the CPU: tests/test_population.py), plus "population": the size
+of the population it trained in. A request whose `stop()` turns true is masked in its
+population (status "cancelled"); the others go on. No Ray here: tests drive it with threads.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from fxray.data.folds import Fold
+from fxray.rl.config import make_config
+from fxray.rl.population import SHAPE_FIELDS
+from fxray.rl.population_trainer import PopulationTrainer
+
+WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7 s)
+TRAINER_CACHE = 2  # PopulationTrainers (stacked networks + graph) kept per shape, by size
+
+
+@dataclass
+class Request:
+    config: dict
+    fold: dict
+    seed: int
+    checkpoint_dir: str | None
+    stop: object  # () -> bool, or None
+    warmup: bool = False  # a worker's warm-up fold (logged apart: fxray.sweep.workers)
+    key: tuple = ()  # (shape, fold): requests with the same key can share a population
+    cfg: object = None
+    result: dict | None = None
+    error: BaseException | None = None
+    done: bool = False
+    t_queued: float = field(default_factory=time.time)
+
+
+class Gatherer:
+    """The queue of one worker's fold requests and the populations trained from it."""
+
+    def __init__(self, data, k_max: int, wait_s: float = WAIT_S, pad: bool | None = None):
+        """`pad` (default: on CUDA): a population of n requests takes the slots of the next power of
+        two (at most k_max), the spare slots masked from the first step. Their compute is wasted
+        (< 2x), but only log2(k_max) + 1 sizes exist, so the worker keeps one captured graph per
+        size instead of capturing again whenever the size changes (seconds each on a GPU)."""
+        self.data, self.k_max, self.wait_s = data, k_max, wait_s
+        self.pad = data.device.type == "cuda" if pad is None else pad
+        self.cache = k_max.bit_length() + 1 if self.pad else TRAINER_CACHE
+        self.cond = threading.Condition()
+        self.queue: list[Request] = []
+        self.busy = False  # a caller is training a population (it alone touches the device)
+        self.trainers: OrderedDict = OrderedDict()
+        self.sizes: list[int] = []  # the size of every population trained, for the sweep report
+        # per population: [start, end (unix s), size, "warmup" | "training" | "cancelled"]; a
+        # request's own call spans its wait in the queue too, so the report counts these
+        self.runs: list[list] = []
+
+    def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False) -> dict:
+        cfg = make_config(config)
+        shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
+        key = (shape, json.dumps(fold, sort_keys=True), warmup)
+        req = Request(config, fold, seed, checkpoint_dir, stop, warmup, key, cfg)
+        with self.cond:
+            self.queue.append(req)
+            self.cond.notify_all()
+            while not req.done:
+                if self.busy:
+                    self.cond.wait()
+                    continue
+                self.busy = True
+                batch = self._take()
+                self.cond.release()
+                try:
+                    self._run(batch)
+                finally:
+                    self.cond.acquire()
+                    self.busy = False
+                    self.cond.notify_all()
+        if req.error is not None:
+            raise req.error
+        return req.result
+
+    def _take(self) -> list[Request]:
+        """The oldest request and up to k_max - 1 more of its key (the lock held; waits for them)."""
+        key = self.queue[0].key
+        deadline = time.monotonic() + self.wait_s
+        while sum(r.key == key for r in self.queue) < self.k_max and time.monotonic() < deadline:
+            self.cond.wait(max(deadline - time.monotonic(), 0.0))
+        batch = [r for r in self.queue if r.key == key][: self.k_max]
+        self.queue = [r for r in self.queue if r not in batch]
+        return batch
+
+    def _run(self, batch: list[Request]) -> None:
+        """Train `batch` as one population; every request gets its result (or the error)."""
+        t0 = time.time()
+        try:
+            n = len(batch)
+            slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
+            cfgs = [r.cfg for r in batch] + [batch[0].cfg] * (slots - n)  # spare slots: masked below
+            key = (batch[0].key[0], slots)
+            trainer = self.trainers.pop(key, None)
+            if trainer is None:
+                trainer = PopulationTrainer(self.data, cfgs)
+            else:
+                trainer.configure(cfgs)
+            self.trainers[key] = trainer
+            while len(self.trainers) > self.cache:
+                self.trainers.popitem(last=False)
+            results = trainer.run_fold(
+                Fold.from_dict(batch[0].fold),
+                [r.seed for r in batch] + [batch[0].seed] * (slots - n),
+                checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
+                stop=lambda k: k >= n or (batch[k].stop is not None and batch[k].stop()),
+            )[:n]
+            self.sizes.append(n)
+            kind = "warmup" if batch[0].warmup else "training"
+            if all(r.status == "cancelled" for r in results):
+                kind = "cancelled"
+            self.runs.append([t0, time.time(), n, kind])
+            for r, result in zip(batch, results):
+                r.result = {**result.as_dict(), "population": len(batch)}
+        except BaseException as e:  # noqa: BLE001 - handed to every caller of the batch
+            for r in batch:
+                r.error = e
+        finally:
+            for r in batch:
+                r.done = True
+
+    def forget(self, config: dict) -> None:
+        """Drop the cached trainers of `config`'s shape (a warm-up's, never used again)."""
+        cfg = make_config(config)
+        shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
+        with self.cond:
+            while self.busy:
+                self.cond.wait()
+            for key in [k for k in self.trainers if k[0] == shape]:
+                self.trainers.pop(key)

@@ -1,0 +1,67 @@
+"""fxray.sweep.gather: the fold requests of several callers, trained as populations (no Ray)."""
+
+from __future__ import annotations
+
+import threading
+
+from test_population import MEMBERS, SEEDS, assert_same_fold, market_data  # noqa: F401 (a fixture)
+
+from fxray.rl.trainer import FoldResult, Trainer
+from fxray.sweep.gather import Gatherer
+
+
+def submit_all(gatherer: Gatherer, requests: list[tuple]) -> list[dict]:
+    """Each (config, fold, seed, stop) from its own thread at once, as a worker's calls arrive."""
+    results: list = [None] * len(requests)
+
+    def call(i, config, fold, seed, stop):
+        results[i] = gatherer.train(config, fold, seed, None, stop)
+
+    threads = [threading.Thread(target=call, args=(i, *r)) for i, r in enumerate(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results
+
+
+def test_concurrent_requests_of_one_fold_train_as_one_population_and_get_their_own_results(market_data):  # noqa: F811
+    data, fold = market_data
+    gatherer = Gatherer(data, k_max=3, wait_s=5.0, pad=False)  # long: all three arrive before it trains
+    members = [cfg.replace(epochs=2) for cfg in MEMBERS]
+    requests = [(cfg.as_dict(), fold.as_dict(), seed, None) for cfg, seed in zip(members, SEEDS)]
+    results = submit_all(gatherer, requests)
+    assert gatherer.sizes == [3] and all(r["population"] == 3 for r in results)
+    for cfg, seed, got in zip(members, SEEDS, results):
+        got = FoldResult(**{k: v for k, v in got.items() if k != "population"})
+        assert_same_fold(Trainer(data, cfg).run_fold(fold, seed), got)
+
+
+def test_a_padded_population_masks_its_spare_slots(market_data):  # noqa: F811
+    """pad (CUDA's default): 3 requests take 4 slots; the spare one is masked, the results are alone's."""
+    data, fold = market_data
+    gatherer = Gatherer(data, k_max=4, wait_s=1.0, pad=True)
+    small = [cfg.replace(epochs=2) for cfg in MEMBERS]
+    results = submit_all(gatherer, [(c.as_dict(), fold.as_dict(), s, None) for c, s in zip(small, SEEDS)])
+    assert gatherer.sizes == [3] and [key[1] for key in gatherer.trainers] == [4]
+    for cfg, seed, got in zip(small, SEEDS, results):
+        assert got["population"] == 3
+        assert_same_fold(
+            Trainer(data, cfg).run_fold(fold, seed), FoldResult(**{k: v for k, v in got.items() if k != "population"})
+        )
+
+
+def test_populations_hold_at_most_k_and_one_fold_each(market_data):  # noqa: F811
+    data, fold = market_data
+    other = type(fold)(fold.k + 1, fold.train, fold.val, fold.test)  # another fold (key), same bars
+    gatherer = Gatherer(data, k_max=2, wait_s=0.5, pad=False)
+    small = MEMBERS[0].replace(epochs=1, steps_per_epoch=2)
+    cancel = threading.Event()
+    cancel.set()
+    requests = [(small.as_dict(), fold.as_dict(), 0, None), (small.as_dict(), other.as_dict(), 0, cancel.is_set)]
+    requests += [(small.as_dict(), fold.as_dict(), 1, None)] * 2
+    results = submit_all(gatherer, requests)
+    # fold k: three requests, at most two per population; fold k+1 apart, and cancelled
+    assert sorted(gatherer.sizes) == [1, 1, 2] and results[1]["status"] == "cancelled"
+    assert [r["fold"]["k"] for r in results] == [fold.k, fold.k + 1, fold.k, fold.k]
+    assert all(r["status"] == "ok" for i, r in enumerate(results) if i != 1)
