@@ -176,8 +176,25 @@ def test_a_killed_mlflow_writer_is_restarted_and_catches_up(tmp_path):
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     notes = [line for line in err.splitlines() if "MLflow writer" in line]
+    # killed after it opened the store (finish() starts it again) or, on a loaded box, before
+    # (the reader starts it again at once): either way once, and nothing is lost
     assert len(notes) == 1 and "starting it again to catch up from folds.jsonl" in notes[0], err[-3000:]
     check_complete_sweep(tmp_path, 4)
+
+
+def test_a_writer_killed_before_it_opens_the_store_is_started_again(tmp_path):
+    """Killed while it waits for sweep.json (before any fold): not a store that refused, so
+    the driver starts it once more and it catches up; the sweep ends as if nothing happened."""
+    exp, env = setup(tmp_path, trials=2, steps=20)
+    proc = launch(["--experiment", exp, "--num-cpus", 2], env, tmp_path)
+    wait_for(lambda: children_running(proc.pid, "fxray.track.writer"), proc)
+    (writer,) = children_running(proc.pid, "fxray.track.writer")
+    os.kill(writer, signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    notes = [line for line in err.splitlines() if "MLflow writer" in line]
+    assert len(notes) == 1 and "before it opened the store; starting it again" in notes[0], err[-3000:]
+    check_complete_sweep(tmp_path, 2)
 
 
 GIVEN = [  # (sampled config, folds); gamma >= 0.9 diverges (FXRAY_FAULT=diverge:0.9)

@@ -108,8 +108,8 @@ def test_placebo_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
 # --- the sweeps -------------------------------------------------------------------------------
 
 # A strong planted market (the DQN learns it in seconds) in 3 folds of 3-day test windows: each
-# sweep is 3 trials, one in flight, ~20 s on the 2-core box. N = 4 placebos: the smallest
-# p-value there is 1 / 5 (the GPU measurement runs 8: docs/benchmarks.md).
+# sweep is 3 trials, one in flight, ~20 s on the 2-core box. N = 3 placebos: the smallest
+# p-value there is 1 / 4 (the GPU measurement runs 8: docs/benchmarks.md).
 PLANTED = """\
 name: {name}
 data: {{synth: {{n_bars: 30000, seed: 0, shuffle: {shuffle}, beta: 0.20, persistence: 0.95, ofi_noise: 0.0,
@@ -121,7 +121,7 @@ search:
   gamma: {{type: uniform, low: 0.8, high: 0.95}}
 sweep: {{trials: 3, seed: 0, grace_folds: 1, reduction_factor: 2, cpu_per_trial: 0.25, trials_per_worker: 1}}
 """
-N_PLACEBO = 4
+N_PLACEBO = 3
 
 
 def placebo_sweep(tmp_path, name: str, shuffle: bool) -> dict:
@@ -206,13 +206,15 @@ def test_a_planted_market_beats_every_placebo_sweep(tmp_path):
 def test_its_shuffled_twin_does_not(tmp_path):
     results = placebo_sweep(tmp_path, "shuffled", shuffle=True)
     v, best = results["verdict"], results["best"]
-    # issue 17's control: the shuffled twin's chosen trial has no edge out of sample, and the
-    # deflated Sharpe says so (the planted twin's oracle and ridge are recorded but not traded)
-    assert best["test"]["sharpe"] < 1, best["test"]
+    # issue 17's control: the shuffled twin's chosen trial shows no edge out of sample. Its 9
+    # test days (140 hours) give a Sharpe error of ~7, so "< 1" (the GPU measurement's bar, on
+    # 60 days) cannot be asked of it here: not significant is what can, and the DSR agrees
+    test = best["test"]
+    assert test["psr"] < 0.95 and test["sharpe"] < 2 * test["sharpe_se"], test
     assert best["dsr"] is None or best["dsr"] < 0.95, best
     placebo = v["placebo"]
-    # Under the null the real sweep's rank is uniform over 1..N+1: rank 1 comes one time in five
-    # with N = 4, so the rank cannot tell here. The distance can: the planted market stands more
+    # Under the null the real sweep's rank is uniform over 1..N+1: rank 1 comes one time in four
+    # with N = 3, so the rank cannot tell here. The distance can: the planted market stands more
     # than 3 placebo deviations above their mean; its shuffled twin does not.
     assert placebo["z"] < 3, placebo
     assert v["spa_pvalue"] is None or v["spa_pvalue"] > 0.05

@@ -60,6 +60,7 @@ class Writer:
         self.error: str | None = None
         self.failed: int | None = None  # writes that failed, once done
         self.opened = threading.Event()  # set once open, or once it cannot be
+        self.restarts = 0  # of a writer killed before it opened the store
         self._start()
 
     def _start(self) -> None:
@@ -93,7 +94,17 @@ class Writer:
             elif "done" in msg:
                 self.failed, self.top = int(msg["done"]), [tuple(t) for t in msg.get("top", [])]
         if not self.opened.is_set():
-            self._fail(f"the MLflow writer exited before it opened the store (code {proc.wait()})")
+            code = proc.wait()
+            if code < 0 and self.error is None and self.restarts < 1:  # killed by a signal, not refused by the store
+                self.restarts += 1
+                print(
+                    f"fxray.tune: the MLflow writer had exited (code {code}) before it opened the store; "
+                    "starting it again to catch up from folds.jsonl",
+                    file=sys.stderr,
+                )
+                self._start()
+                return
+            self._fail(f"the MLflow writer exited before it opened the store (code {code})")
 
     def _fail(self, error: str) -> None:
         if self.error is None:
