@@ -16,8 +16,9 @@ from fxray.data.folds import make_folds
 from fxray.eval.backtest import backtest, backtest_many
 from fxray.rl.config import ConfigError
 from fxray.rl.device import DeviceData
-from fxray.rl.population import Population, StackedAdam, check_members
+from fxray.rl.population import Population, check_members
 from fxray.rl.population_trainer import PopulationTrainer
+from fxray.rl.stacked import StackedAdam
 from fxray.rl.trainer import Trainer, load_checkpoint
 
 BASE = TINY.replace(epochs=4, steps_per_epoch=10)

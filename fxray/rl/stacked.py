@@ -1,0 +1,161 @@
+"""Stacked members: K copies of the Q-network as stacked tensors (one `baddbmm` a layer), and
+clipping and Adam per member over them, what fxray.rl.population trains with. Member k's
+slices compute what fxray.rl.dqn.QNetwork, torch.nn.utils.clip_grad_norm_ and
+fxray.rl.optim.Adam compute for it alone (tests/test_population.py)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fxray.rl.dqn import N_ACTIONS
+
+
+def _col(values, dtype, device, dims: int = 1) -> torch.Tensor:
+    """(K, 1, ..., 1) tensor of per-member values, broadcasting against (K, ...) with `dims` trailing dims."""
+    return torch.tensor(values, dtype=dtype, device=device).view(-1, *([1] * dims))
+
+
+# --- the stacked Q-network -----------------------------------------------------------
+
+
+class StackedQNetwork:
+    """K copies of fxray.rl.dqn.QNetwork as stacked tensors; member k's slices are its weights.
+
+    `params` is in QNetwork.parameters() order (position_embed, market_in W, b, body W, b..., head W, b:
+    the order matters, the clipping norm sums over it);
+    a weight is (K, out, in), a bias (K, out), position_embed (K, 3, H)."""
+
+    def __init__(self, k: int, n_inputs: int, hidden: int, depth: int, dueling: bool, device):
+        shapes = [(3, hidden), (hidden, n_inputs), (hidden,)]
+        shapes += [s for _ in range(depth - 1) for s in ((hidden, hidden), (hidden,))]
+        shapes += [(N_ACTIONS + (1 if dueling else 0), hidden), (N_ACTIONS + (1 if dueling else 0),)]
+        self.params = [torch.zeros((k, *s), device=device) for s in shapes]
+        self.dueling = dueling
+        self.positions = torch.tensor([-1, 0, 1], device=device)
+
+    def requires_grad_(self, flag: bool) -> StackedQNetwork:
+        for p in self.params:
+            p.requires_grad_(flag)
+        return self
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """x (K, N, in) -> (K, N, out): addmm per member, as nn.Linear computes it."""
+        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+
+    def _q(self, h: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+        """h (K, N, H) pre-activation of the first layer -> Q (K, N, 3)."""
+        h = torch.relu(h)
+        body = params[3:-2]
+        for w, b in zip(body[0::2], body[1::2]):
+            h = torch.relu(self._linear(h, w, b))
+        out = self._linear(h, params[-2], params[-1])
+        if not self.dueling:
+            return out
+        value, adv = out[..., :1], out[..., 1:]
+        return value + adv - adv.mean(-1, keepdim=True)
+
+    def forward(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """market (K, N, n_inputs), position (K, N) in {-1,0,1} -> Q (K, N, 3)."""
+        one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (K, N, 3)
+        h = self._linear(market, self.params[1], self.params[2]) + torch.bmm(one_hot, self.params[0])
+        return self._q(h, self.params)
+
+    __call__ = forward
+
+    def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
+        """market (M, T, n_inputs) -> (M, T, 3 previous positions, 3 actions) of `members` (M of them;
+        default all K)."""
+        params = self.params if members is None else [p[members] for p in self.params]
+        k, t = market.shape[:2]
+        h = self._linear(market, params[1], params[2])  # (M, T, H)
+        h = (h.unsqueeze(2) + params[0].unsqueeze(1)).reshape(k, 3 * t, -1)  # (M, 3T, H)
+        return self._q(h, params).view(k, t, 3, -1)
+
+
+# --- the population ------------------------------------------------------------------
+
+
+# --- clipping and Adam, per member ----------------------------------------------------
+
+
+@torch.no_grad()
+def clip_grad_norms_(params: list[torch.Tensor], max_norm: torch.Tensor) -> None:
+    """torch.nn.utils.clip_grad_norm_ of each member's gradients, in place: member k's total
+    norm over its slices of every parameter, scaled by min(max_norm_k / (norm + 1e-6), 1)."""
+    K = params[0].shape[0]
+    norms = torch.stack([torch.linalg.vector_norm(p.grad.reshape(K, -1), dim=1) for p in params], 1)  # (K, P)
+    total = torch.linalg.vector_norm(norms, dim=1)  # (K,)
+    coef = torch.clamp((total + 1e-6).reciprocal() * max_norm, max=1.0)  # float / tensor is reciprocal * float
+    for p in params:
+        p.grad.mul_(coef.view(-1, *([1] * (p.ndim - 1))))
+
+
+class StackedAdam:
+    """fxray.rl.optim.Adam per member over stacked parameters: member k with its own lr and weight
+    decay and its own step count, which only an active member advances.
+
+    On the CPU, member by member with exactly Adam's CPU code on its slices (bit-identical
+    to the member alone). On CUDA, one stacked formula for all members (a handful of
+    kernels whatever K; no per-member lr in torch's fused kernel), masked by `active`:
+    the same maths to float rounding."""
+
+    def __init__(
+        self, params: list, lrs: list[float], weight_decays: list[float], active, betas=(0.9, 0.999), eps=1e-8
+    ):
+        dev = params[0].device
+        self.params, self.active = params, active
+        self.betas, self.eps = betas, eps
+        self.exp_avg = [torch.zeros_like(p) for p in params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
+        self.steps = torch.zeros(len(lrs), dtype=torch.float32, device=dev)
+        self.stacked = dev.type != "cpu"
+        self.lr = torch.zeros(len(lrs), dtype=torch.float64, device=dev)
+        self.decay = torch.zeros(len(lrs), device=dev)
+        self.configure(lrs, weight_decays)
+
+    def configure(self, lrs: list[float], weight_decays: list[float]) -> None:
+        """Each member's lr and weight decay, in place."""
+        self.lrs, self.weight_decays = list(lrs), list(weight_decays)
+        self.lr.copy_(torch.tensor(lrs, dtype=torch.float64))
+        self.decay.copy_(torch.tensor([1 - lr * wd for lr, wd in zip(lrs, weight_decays)]))
+
+    def reset(self) -> None:
+        for t in (*self.exp_avg, *self.exp_avg_sq, self.steps):
+            t.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        (self._step_stacked if self.stacked else self._step_members)()
+
+    def _step_members(self) -> None:
+        beta1, beta2 = self.betas
+        for k in torch.nonzero(self.active).flatten().tolist():  # a CPU tensor: no device sync
+            self.steps[k] += 1.0
+            t = float(self.steps[k])
+            bias1, bias2_sqrt = 1 - beta1**t, math.sqrt(1 - beta2**t)
+            lr, wd = self.lrs[k], self.weight_decays[k]
+            for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
+                p, g, m, v = p[k], p.grad[k], m[k], v[k]
+                if wd:
+                    p.mul_(1 - lr * wd)
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                p.addcdiv_(m, (v.sqrt() / bias2_sqrt).add_(self.eps), value=-lr / bias1)
+
+    def _step_stacked(self) -> None:
+        beta1, beta2 = self.betas
+        self.steps.add_(self.active.to(torch.float32))
+        t = self.steps.double()
+        alpha = (-self.lr / (1 - beta1**t)).float()  # (K,)
+        bias2_sqrt = (1 - beta2**t).sqrt().float()
+        for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
+            view = (-1, *([1] * (p.ndim - 1)))
+            on = self.active.view(view)
+            g = p.grad
+            m.copy_(torch.where(on, torch.lerp(m, g, 1 - beta1), m))
+            v.copy_(torch.where(on, (v * beta2).addcmul_(g, g, value=1 - beta2), v))
+            new = p * self.decay.view(view)
+            new = new + alpha.view(view) * (m / ((v.sqrt() / bias2_sqrt.view(view)).add_(self.eps)))
+            p.copy_(torch.where(on, new, p))
