@@ -26,7 +26,7 @@ from fxray.eval.backtest import BacktestResult, backtest_many
 from fxray.rl.config import DQNConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.population import Population
-from fxray.rl.trainer import EVAL_CHUNK, Q_LIMIT, FoldResult, fold_baselines, write_checkpoint
+from fxray.rl.trainer import EVAL_CHUNK, Q_LIMIT, FoldResult, epoch_record, fold_baselines, write_checkpoint
 
 
 class PopulationTrainer:
@@ -168,19 +168,7 @@ class PopulationTrainer:
                 loss, val = loss_sum / (spe * ups), vals[k]
                 score = self.score(k, val)
                 train_s[k], eval_s[k] = train_s[k] + (t1 - t0), eval_s[k] + (t2 - t1)
-                curves[k].append(
-                    {
-                        "epoch": epoch,
-                        "loss": loss,
-                        "q_max": q_max,
-                        "val_sharpe": val.metrics.sharpe,
-                        "val_score": score,
-                        "epoch_s": t2 - t0,
-                        "train_s": t1 - t0,
-                        "val_s": t2 - t1,
-                        "eps": eps,
-                    }
-                )
+                curves[k].append(epoch_record(epoch, loss, q_max, val, score, eps, (t0, t1, t2)))
                 if log:
                     log(
                         f"member {k} fold {fold.k} epoch {epoch}: loss {loss:.4f}  val score {score:+.2f}  "

@@ -176,19 +176,7 @@ class Trainer:
             score = self.score(val)
             t2 = time.perf_counter()
             train_s, eval_s = train_s + (t1 - t0), eval_s + (t2 - t1)
-            curve.append(
-                {
-                    "epoch": epoch,
-                    "loss": loss,
-                    "q_max": q_max,
-                    "val_sharpe": val.metrics.sharpe,
-                    "val_score": score,
-                    "epoch_s": t2 - t0,
-                    "train_s": t1 - t0,
-                    "val_s": t2 - t1,
-                    "eps": eps,
-                }
-            )
+            curve.append(epoch_record(epoch, loss, q_max, val, score, eps, (t0, t1, t2)))
             if log:
                 log(
                     f"fold {fold.k} epoch {epoch}: loss {loss:.4f}  val score {score:+.2f}  eps {eps:.2f}  "
@@ -276,6 +264,22 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str) -> tuple[di
     table["flat"] = asdict(summarize(np.zeros(runs["buy_and_hold"]["test"].metrics.n_days)))
     periods = {name: {w: r.periods.as_dict() for w, r in run.items()} for name, run in runs.items()}
     return table, periods
+
+
+def epoch_record(epoch: int, loss: float, q_max: float, val, score: float, eps: float, times) -> dict:
+    """One epoch of a fold's curve (FoldResult.curve); `times`: (start, trained, evaluated)."""
+    t0, t1, t2 = times
+    return {
+        "epoch": epoch,
+        "loss": loss,
+        "q_max": q_max,
+        "val_sharpe": val.metrics.sharpe,
+        "val_score": score,
+        "epoch_s": t2 - t0,
+        "train_s": t1 - t0,
+        "val_s": t2 - t1,
+        "eps": eps,
+    }
 
 
 def train_fold(
