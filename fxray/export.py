@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -27,23 +26,15 @@ from fxray.policy.export import MODELS, ExportError, choose, export_bundle, load
 
 def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
     """(candidates, source) of an MLflow trial run: its fold checkpoints with their val scores."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    from fxray.track.runs import trial_run
 
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
-        raise ExportError(f"--tracking-uri {uri}: no such sqlite file")
-    client = MlflowClient(uri)
     try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        raise ExportError(f"{run_id}: no such run in {uri}") from None
+        client, run, uri = trial_run(
+            run_id, tracking_uri, ("fxray.trial_id", "fxray.storage", "fxray.dataset_hash"), run_id
+        )
+    except ValueError as e:
+        raise ExportError(str(e)) from None
     tags = run.data.tags
-    missing = [
-        t for t in ("mlflow.parentRunId", "fxray.trial_id", "fxray.storage", "fxray.dataset_hash") if t not in tags
-    ]
-    if missing:
-        raise ExportError(f"{run_id}: not an fxray sweep trial run (no tag {', '.join(missing)})")
     scores = {m.step: m.value for m in client.get_metric_history(run_id, "val_score")}
     folder = Path(tags["fxray.storage"]) / "checkpoints" / tags["fxray.trial_id"]
     paths = sorted(folder.glob("fold*.safetensors"))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -189,22 +188,13 @@ def load_run(args) -> dict:
 
     MLflow is imported here only: the rest of fxray.train runs without it.
     """
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    from fxray.track.runs import trial_run
 
     run_id = args.from_run
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
-        raise ValueError(f"--tracking-uri {uri}: no such sqlite file")
-    client = MlflowClient(uri)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        raise ValueError(f"--from-run {run_id}: no such run in {uri}") from None
+    client, run, uri = trial_run(
+        run_id, args.tracking_uri, ("fxray.folds", "fxray.dataset_hash"), f"--from-run {run_id}"
+    )
     tags = run.data.tags
-    missing = [t for t in ("mlflow.parentRunId", "fxray.folds", "fxray.dataset_hash") if t not in tags]
-    if missing:
-        raise ValueError(f"--from-run {run_id}: not an fxray sweep trial (no tag {', '.join(missing)})")
     if "fxray.seed" in tags:
         seed = int(tags["fxray.seed"])
     elif args.seed is not None:

@@ -36,6 +36,28 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
+def trial_run(run_id: str, uri: str | None, needs: tuple[str, ...], label: str):
+    """(client, run, uri) of an fxray sweep's trial run in the store at `uri` (None:
+    tracking_uri()) carrying the tags `needs`; a ValueError in one line, prefixed by `label`
+    (the flag or argument that named the run), when the store, the run or a tag is missing."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient as Client
+
+    uri = uri or tracking_uri()
+    path = sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise ValueError(f"--tracking-uri {uri}: no such sqlite file")
+    client = Client(uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ValueError(f"{label}: no such run in {uri}") from None
+    missing = [t for t in ("mlflow.parentRunId", *needs) if t not in run.data.tags]
+    if missing:
+        raise ValueError(f"{label}: not an fxray sweep trial run (no tag {', '.join(missing)})")
+    return client, run, uri
+
+
 def git_commit() -> str | None:
     try:
         out = subprocess.run(
