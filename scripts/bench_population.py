@@ -44,6 +44,7 @@ PROFILES = {
     "cpu-quick": dict(bars=20_000, val_bars=2_000, sizes=[(64, 16)], steps=5, max_k=4, hidden=32),
 }
 T0 = time.perf_counter()
+MATMUL = ["tf32"]  # --matmul: what members() gives its configs
 
 
 def say(text: str) -> None:
@@ -66,7 +67,14 @@ def random_market(n: int, seed: int = 0) -> dict:
 def members(k: int, batch: int, envs: int, hidden: int, steps: int) -> list[DQNConfig]:
     """K configs of one shape that differ as a sweep's would (lr, gamma, n_step)."""
     base = DQNConfig(
-        num_envs=envs, batch_size=batch, hidden=hidden, buffer_steps=64, steps_per_epoch=steps, epochs=1, n_step=3
+        matmul=MATMUL[0],
+        num_envs=envs,
+        batch_size=batch,
+        hidden=hidden,
+        buffer_steps=64,
+        steps_per_epoch=steps,
+        epochs=1,
+        n_step=3,
     )
     return [base.replace(lr=5e-4 * (1 + i % 4), gamma=0.95 + 0.01 * (i % 3), n_step=1 + i % 3) for i in range(k)]
 
@@ -103,6 +111,8 @@ def run(args) -> list[dict]:
     for batch, envs in args.sizes:
         # today's single trainer, for reference
         cfg = members(1, batch, envs, args.hidden, args.steps)[0]
+        # what run_fold sets before it trains (the precision is process-wide in torch)
+        torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
         trainer = Trainer(data, cfg)
         trainer._begin(fold, 0)
         if trainer.use_graph:
@@ -125,6 +135,7 @@ def run(args) -> list[dict]:
                     torch.cuda.reset_peak_memory_stats(dev)
                 t_build = time.perf_counter()
                 pop = PopulationTrainer(data, members(k, batch, envs, args.hidden, args.steps))
+                pop.algo.q_network.split_k &= not args.no_split_k
                 pop._begin(fold, list(range(k)))
                 if pop.use_graph:
                     pop._capture()
@@ -201,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", metavar="BxE,...", help="per-member batch x agents, e.g. 8192x2048,1024x256")
     p.add_argument("--steps", type=int, metavar="N", help="steps timed per K (default: by profile)")
     p.add_argument("--hidden", type=int, metavar="H", help="hidden width (default: by profile)")
+    p.add_argument(
+        "--matmul",
+        choices=("tf32", "fp32"),
+        default="tf32",
+        help="CUDA matmul precision (dqn.matmul; default tf32, as a sweep trains)",
+    )
+    p.add_argument(
+        "--no-split-k", action="store_true", help="weight gradients by autograd's own bmm backward (before the split)"
+    )
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON here")
     return p
 
@@ -208,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    MATMUL[0] = args.matmul
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device here; drop --device (CPU sizes) or run on a GPU")

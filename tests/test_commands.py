@@ -268,3 +268,38 @@ def test_bench_refuses_gpu_sizes_without_a_gpu():
     assert out.stderr.strip().splitlines() == [
         "bench: error: --device cuda: no CUDA device here; drop --device (CPU sizes) or run on a GPU"
     ]
+
+
+def test_a_replay_of_an_embedded_market_made_elsewhere_generates_it_again(tmp_path, monkeypatch):
+    """--same-trials on a fresh machine: the results name the embedded market's cache file of
+    the machine that ran the sweep; it is generated here from the experiment's spec and checked
+    by its content hash (a market of other contents still fails, naming --data)."""
+    from fxray.data import cache, synth
+    from fxray.rl import experiment as expmod
+    from fxray.sweep.driver import validate
+    from fxray.sweep.rundir import UsageError, make_fold_dicts
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    exp = expmod.load(tmp_path / "tiny.yaml", "cpu", {})
+    path = synth.ensure_default(exp.synth, log=lambda _: None)
+    market = cache.open(str(path))
+    results = {
+        "trials": [
+            {"trial_id": "t0", "sampled": {"lr": 1e-3}, "folds_done": 1, "folds": [{"timings": {"trial_start": 1}}]}
+        ],
+        "rounds": [{"seed": 0}],
+        "profile": "cpu",
+        "data": {"path": "/elsewhere/.cache/fxray/" + path.name, "content_hash": market.content_hash},
+        "folds": make_fold_dicts(tmp_path / "tiny.yaml", exp, market),
+        "base_config": exp.config.as_dict(),
+    }
+    path.unlink()  # this machine never had it
+    (tmp_path / "given.json").write_text(json.dumps(results))
+    plan = validate(tune_args(tmp_path, "--same-trials", str(tmp_path / "given.json"), "--profile", "cpu"))
+    assert plan.data_path == str(path) and path.is_file()
+    results["data"]["content_hash"] = "0" * 32  # what ran there is not what the spec makes here
+    (tmp_path / "other.json").write_text(json.dumps(results))
+    with pytest.raises(UsageError, match=r"ran on other data \(/elsewhere/.*: pass that file as --data$"):
+        validate(tune_args(tmp_path, "--same-trials", str(tmp_path / "other.json"), "--profile", "cpu"))

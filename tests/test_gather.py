@@ -65,3 +65,42 @@ def test_populations_hold_at_most_k_and_one_fold_each(market_data):  # noqa: F81
     assert sorted(gatherer.sizes) == [1, 1, 2] and results[1]["status"] == "cancelled"
     assert [r["fold"]["k"] for r in results] == [fold.k, fold.k + 1, fold.k, fold.k]
     assert all(r["status"] == "ok" for i, r in enumerate(results) if i != 1)
+
+
+def test_a_failed_population_gets_its_error_and_its_trainer_is_not_reused(market_data, monkeypatch):  # noqa: F811
+    """A population that raises mid-fold (on CUDA: a graph capture) hands the error to each of its
+    callers, and its trainer (whose generators may be left mid-capture) is dropped: the next
+    population of that shape trains on a fresh one and gets alone's result."""
+    from fxray.rl.population_trainer import PopulationTrainer
+
+    data, fold = market_data
+    gatherer = Gatherer(data, k_max=2, wait_s=0.5, pad=False)
+    small = MEMBERS[0].replace(epochs=1, steps_per_epoch=3)
+    real = PopulationTrainer.run_fold
+    calls = []
+
+    def fail_once(self, *args, **kwargs):
+        calls.append(id(self))
+        if len(calls) == 1:
+            raise RuntimeError("capture invalidated")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(PopulationTrainer, "run_fold", fail_once)
+    failed = []
+
+    def call():
+        try:
+            gatherer.train(small.as_dict(), fold.as_dict(), 0)
+        except RuntimeError as e:
+            failed.append(str(e))
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert failed == ["capture invalidated"] * 2 and gatherer.trainers == {}
+    again = gatherer.train(small.as_dict(), fold.as_dict(), 0)
+    assert calls[1] != calls[0] and again["status"] == "ok"
+    alone = Trainer(data, small).run_fold(fold, 0)
+    assert_same_fold(alone, FoldResult(**{k: v for k, v in again.items() if k != "population"}))

@@ -18,7 +18,7 @@ from fxray.rl.config import ConfigError
 from fxray.rl.device import DeviceData
 from fxray.rl.population import Population, check_members
 from fxray.rl.population_trainer import PopulationTrainer
-from fxray.rl.stacked import StackedAdam
+from fxray.rl.stacked import SplitKMatmul, StackedAdam, split_chunks
 from fxray.rl.trainer import Trainer, load_checkpoint
 
 BASE = TINY.replace(epochs=4, steps_per_epoch=10)
@@ -174,6 +174,53 @@ def test_stacked_adam_is_the_per_member_adam():
     assert torch.equal(plain_opt.steps, fast_opt.steps) and plain_opt.steps.tolist() == [8, 8, 4]
     for a, b in zip(plain, fast):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("k, n", [(1, 4096), (2, 4096), (3, 1536), (64, 1024), (2, 1000)])
+def test_split_k_weight_gradient_is_autograds(k, n):
+    """The CUDA path's SplitKMatmul (the weight gradient summed over row chunks) against autograd's
+    own baddbmm / bmm backward, in float64 on the CPU: the same gradients to rounding, with and
+    without a bias, for chunk counts 1 (n not divisible, or K large) up to 32."""
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(k, n, 7, dtype=torch.float64, generator=gen)
+    w = torch.randn(k, 5, 7, dtype=torch.float64, generator=gen)
+    b = torch.randn(k, 5, dtype=torch.float64, generator=gen)
+    g = torch.randn(k, n, 5, dtype=torch.float64, generator=gen)
+    for bias in (b, None):
+        grads = []
+        for fast in (False, True):
+            leaves = [t.clone().requires_grad_(True) for t in (x, w)] + (
+                [bias.clone().requires_grad_(True)] if bias is not None else []
+            )
+            xb, wb, bb = leaves[0], leaves[1], leaves[2] if bias is not None else None
+            if fast:
+                y = SplitKMatmul.apply(xb, wb, bb)
+            else:
+                y = (
+                    torch.bmm(xb, wb.transpose(1, 2))
+                    if bb is None
+                    else torch.baddbmm(bb.unsqueeze(1), xb, wb.transpose(1, 2))
+                )
+            y.backward(g)
+            grads.append([y.detach()] + [t.grad for t in leaves])
+        for plain, split in zip(*grads):
+            torch.testing.assert_close(split, plain, rtol=1e-12, atol=1e-12)
+    assert split_chunks(4096, 2) == 8 and split_chunks(1000, 2) == 1 and split_chunks(1024, 64) == 1
+
+
+def test_a_population_with_split_k_trains_what_the_plain_one_does(market_data):
+    """The same population with the CUDA path's split weight gradients forced on, on the CPU:
+    weights after a fold equal to float rounding (CUDA runs this path; the CPU the plain one)."""
+    data, fold = market_data
+    cfgs = [BASE.replace(lr=1e-3), BASE.replace(lr=3e-3, gamma=0.9)]
+    weights = []
+    for split in (False, True):
+        trainer = PopulationTrainer(data, cfgs)
+        trainer.algo.q_network.split_k = split
+        trainer.run_fold(fold, [0, 1])
+        weights.append([p.detach().clone() for p in trainer.algo.params])
+    for a, b in zip(*weights):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 
 def test_backtest_many_is_backtest_per_policy(market_data):

@@ -14,6 +14,7 @@ loop ends when no member runs. Timings are the population's wall: shared by its 
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import asdict
@@ -64,8 +65,20 @@ class PopulationTrainer:
             raise RuntimeError("this torch cannot capture non-default generators in a CUDA graph: set graphs=false")
         for g in self.algo.generators:
             self.graph.register_generator_state(g)
-        with torch.cuda.graph(self.graph):
-            self.algo.step()
+        # In a sweep this runs in one of a FoldWorker's threads while the others wait for their
+        # population (fxray.sweep.gather). A garbage collection that one of them triggers during
+        # the capture could free an evicted trainer's graph and memory (cudaFree: an implicit
+        # sync that invalidates the capture, and leaves the generators mid-capture). So the
+        # collector waits until the capture ends, and the capture checks only its own thread.
+        enabled = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.algo.step()
+        finally:
+            if enabled:
+                gc.enable()
 
     def _begin(self, fold: Fold, seeds: list[int]) -> None:
         torch.manual_seed(seeds[0])  # the global generators as Trainer leaves them (members use their own)

@@ -34,14 +34,21 @@ class StackedQNetwork:
         self.params = [torch.zeros((k, *s), device=device) for s in shapes]
         self.dueling = dueling
         self.positions = torch.tensor([-1, 0, 1], device=device)
+        # CUDA: weight gradients by SplitKMatmul (float rounding apart, the same maths); the CPU keeps
+        # autograd's own baddbmm backward, bit for bit what a member computes alone
+        self.split_k = torch.device(device).type == "cuda"
 
     def requires_grad_(self, flag: bool) -> StackedQNetwork:
         for p in self.params:
             p.requires_grad_(flag)
         return self
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """x (K, N, in) -> (K, N, out): addmm per member, as nn.Linear computes it."""
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """x (K, N, in) -> (K, N, out): addmm per member, as nn.Linear computes it (b None: no bias)."""
+        if self.split_k and torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            return SplitKMatmul.apply(x, w, b)
+        if b is None:
+            return torch.bmm(x, w.transpose(1, 2))
         return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
 
     def _q(self, h: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
@@ -59,7 +66,7 @@ class StackedQNetwork:
     def forward(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """market (K, N, n_inputs), position (K, N) in {-1,0,1} -> Q (K, N, 3)."""
         one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (K, N, 3)
-        h = self._linear(market, self.params[1], self.params[2]) + torch.bmm(one_hot, self.params[0])
+        h = self._linear(market, self.params[1], self.params[2]) + self._linear(one_hot, self.params[0].mT, None)
         return self._q(h, self.params)
 
     __call__ = forward
@@ -72,6 +79,54 @@ class StackedQNetwork:
         h = self._linear(market, params[1], params[2])  # (M, T, H)
         h = (h.unsqueeze(2) + params[0].unsqueeze(1)).reshape(k, 3 * t, -1)  # (M, 3T, H)
         return self._q(h, params).view(k, t, 3, -1)
+
+
+# --- the weight gradient, split along the batch ---------------------------------------
+
+SPLIT_TARGET = 64  # members x chunks to aim for: enough independent GEMMs to fill an H200's 132 SMs
+MIN_CHUNK = 512  # rows per chunk at least
+
+
+def split_chunks(n: int, k: int) -> int:
+    """Chunks to cut a weight gradient's n-row reduction into, for k members: powers of two while
+    k x chunks < SPLIT_TARGET, each chunk >= MIN_CHUNK rows and n divisible."""
+    c = 1
+    while k * c < SPLIT_TARGET and n % (2 * c) == 0 and n // (2 * c) >= MIN_CHUNK:
+        c *= 2
+    return c
+
+
+class SplitKMatmul(torch.autograd.Function):
+    """y = x @ w^T (+ b) per member, x (K, N, in), w (K, out, in), b (K, out) or None.
+
+    The weight gradient g^T x sums over the N = 2 x batch rows. cuBLAS's batched GEMM does that
+    sum in one pass per output tile when K is small: at K = 2..4, batch 8192, hidden 256 it
+    picked a 32x32-tile kernel that took ~0.6 ms a layer on an H200, most of a population step
+    (docs/benchmarks.md, "Populations"), where the single-member mm of the Trainer splits the
+    sum. Here the rows are cut into `split_chunks` chunks, each chunk's product is one more
+    batch of the bmm, and the chunks are summed: the same gradient to float rounding."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        if b is None:
+            return torch.bmm(x, w.transpose(1, 2))
+        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        grad_x = torch.bmm(g, w) if ctx.needs_input_grad[0] else None
+        grad_w = grad_b = None
+        if ctx.needs_input_grad[1]:
+            k, n, _ = x.shape
+            c = split_chunks(n, k)
+            gc = g.reshape(k * c, n // c, g.shape[2]).transpose(1, 2)
+            grad_w = torch.bmm(gc, x.reshape(k * c, n // c, x.shape[2])).view(k, c, *w.shape[1:]).sum(1)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(1)
+        return grad_x, grad_w, grad_b
 
 
 # --- the population ------------------------------------------------------------------

@@ -120,6 +120,12 @@ def validate(args, import_s: float = 0.0) -> Plan:
         raise UsageError(
             f"--data {args.data}: this sweep ran on {sweep['data']['path']}; use --storage DIR for a new sweep"
         )
+    if not args.data and (sweep or same) and exp.data_path is None and data_path and not Path(data_path).exists():
+        # the embedded market of a sweep that ran on another machine (a fresh GPU host): generated
+        # again here from the experiment's spec; its content hash is checked against the sweep's below
+        from fxray.data import synth
+
+        data_path = str(synth.ensure_default(exp.synth, log=print))
     if data_path and not Path(data_path).exists():
         where = "--data" if args.data else f"{file}: data.path"
         raise UsageError(f"{where}: {data_path} does not exist (build it with `python -m fxray.data build`)")

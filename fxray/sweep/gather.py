@@ -5,7 +5,10 @@
 
 With `sweep.population: K`, up to K trials hold a lease on one worker at once, and each
 queues its next folds there (fxray.sweep.leases). The worker's calls run in threads; each
-puts its request here and waits. Whichever caller finds the device free trains the next
+puts its request here and waits. One thread of the Gatherer's own does all the device work
+(building, capturing, training and dropping trainers), so a CUDA graph is captured, replayed
+and destroyed by one thread, with no other of this process's threads touching the device,
+as the Trainer's single-threaded worker does. It trains the next
 population: the oldest waiting request and the others of the same shape
 (fxray.rl.population.SHAPE_FIELDS) and the same fold, at most K of them, after waiting at
 most WAIT_S for the K-th. Each request gets back the FoldResult dict its config would have
@@ -60,12 +63,19 @@ class Gatherer:
         self.cache = k_max.bit_length() + 1 if self.pad else TRAINER_CACHE
         self.cond = threading.Condition()
         self.queue: list[Request] = []
-        self.busy = False  # a caller is training a population (it alone touches the device)
-        self.trainers: OrderedDict = OrderedDict()
+        self.forgets: list[list] = []  # [shape, done] for the device thread to drop
+        self.trainers: OrderedDict = OrderedDict()  # touched by the device thread only
         self.sizes: list[int] = []  # the size of every population trained, for the sweep report
         # per population: [start, end (unix s), size, "warmup" | "training" | "cancelled"]; a
         # request's own call spans its wait in the queue too, so the report counts these
         self.runs: list[list] = []
+        self.thread: threading.Thread | None = None
+
+    def _start(self) -> None:
+        """The device thread, started by the first request (the lock held)."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, name="fxray-population", daemon=True)
+            self.thread.start()
 
     def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False) -> dict:
         cfg = make_config(config)
@@ -73,24 +83,31 @@ class Gatherer:
         key = (shape, json.dumps(fold, sort_keys=True), warmup)
         req = Request(config, fold, seed, checkpoint_dir, stop, warmup, key, cfg)
         with self.cond:
+            self._start()
             self.queue.append(req)
             self.cond.notify_all()
             while not req.done:
-                if self.busy:
-                    self.cond.wait()
-                    continue
-                self.busy = True
-                batch = self._take()
-                self.cond.release()
-                try:
-                    self._run(batch)
-                finally:
-                    self.cond.acquire()
-                    self.busy = False
-                    self.cond.notify_all()
+                self.cond.wait()
         if req.error is not None:
             raise req.error
         return req.result
+
+    def _loop(self) -> None:
+        """The device thread: drop what was forgotten, then train the next population; forever."""
+        while True:
+            with self.cond:
+                while not self.queue and not self.forgets:
+                    self.cond.wait()
+                forgets, self.forgets = self.forgets, []
+                batch = self._take() if self.queue and not forgets else []
+            for shape, done in forgets:
+                for key in [k for k in self.trainers if k[0] == shape]:
+                    self.trainers.pop(key)
+                done.set()
+            if batch:
+                self._run(batch)
+                with self.cond:
+                    self.cond.notify_all()
 
     def _take(self) -> list[Request]:
         """The oldest request and up to k_max - 1 more of its key (the lock held; waits for them)."""
@@ -132,6 +149,8 @@ class Gatherer:
             for r, result in zip(batch, results):
                 r.result = {**result.as_dict(), "population": len(batch)}
         except BaseException as e:  # noqa: BLE001 - handed to every caller of the batch
+            # a trainer that failed mid-fold (a CUDA graph capture, say) is not reused
+            self.trainers = OrderedDict((k, t) for k, t in self.trainers.items() if k[0] != batch[0].key[0])
             for r in batch:
                 r.error = e
         finally:
@@ -139,11 +158,13 @@ class Gatherer:
                 r.done = True
 
     def forget(self, config: dict) -> None:
-        """Drop the cached trainers of `config`'s shape (a warm-up's, never used again)."""
+        """Drop the cached trainers of `config`'s shape (a warm-up's, never used again), in the
+        device thread; returns when they are dropped."""
         cfg = make_config(config)
         shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
+        done = threading.Event()
         with self.cond:
-            while self.busy:
-                self.cond.wait()
-            for key in [k for k in self.trainers if k[0] == shape]:
-                self.trainers.pop(key)
+            self._start()
+            self.forgets.append([shape, done])
+            self.cond.notify_all()
+        done.wait()
