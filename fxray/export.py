@@ -38,6 +38,13 @@ def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
     scores = {m.step: m.value for m in client.get_metric_history(run_id, "val_score")}
     folder = Path(tags["fxray.storage"]) / "checkpoints" / tags["fxray.trial_id"]
     paths = sorted(folder.glob("fold*.safetensors"))
+    seeds = int(float(run.data.params.get("seeds", 1) or 1))
+    if not paths and seeds > 1:
+        raise ExportError(
+            f"run {run_id}: a seed ensemble (seeds = {seeds}) has no single network to export; "
+            "train its config with one seed (fxray train --set seeds=1 and its other values, "
+            "--checkpoint-dir DIR) and export DIR"
+        )
     if not paths:
         raise ExportError(f"{folder}: no fold checkpoints of run {run_id} (the sweep's run directory moved?)")
     candidates = []

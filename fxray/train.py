@@ -31,8 +31,8 @@ from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
 from fxray.rl.device import DeviceData
+from fxray.rl.ensemble import make_trainer
 from fxray.rl.overrides import parse_sets
-from fxray.rl.trainer import Trainer
 from fxray.track.records import FoldRecord
 from fxray.track.report import bp, fmt, sharpe_line
 from fxray.track.results import pooled_stats
@@ -150,7 +150,7 @@ def run(args) -> dict:
         f"{cfg.num_envs} envs (load {t_load:.2f}s)",
         flush=True,
     )
-    trainer = Trainer(data, cfg)
+    trainer = make_trainer(data, cfg)  # seeds > 1: the ensemble of cfg.seeds seeds (fxray.rl.ensemble)
     market.verify()  # the data proven (values, content hash) before a fold is trained and reported
     results = []
     for k in chosen:

@@ -59,6 +59,9 @@ class TrainConfig:
     select: str = "val_score"
     """which epoch's weights a fold keeps: val_score (the best score on the val window,
     fxray.eval.pooled.score) or last (the last epoch; patience unused)"""
+    seeds: int = 1
+    """seeds trained per fold, as one population (fxray.rl.ensemble); > 1: the fold's policy
+    is their mean Q, its val score and test are the ensemble's, each seed's Sharpe beside it"""
     # --- execution -----------------------------------------------------------------
     dtype: str = "float32"
     """storage precision of features on device: float32 or bfloat16"""
@@ -95,7 +98,14 @@ class TrainConfig:
                 f"algo: {self.algo!r} is not an algorithm of this config; known: {', '.join(sorted(ALGORITHMS))}"
             )
         self._positive_ints(
-            "num_envs", "episode_len", "buffer_steps", "updates_per_step", "epochs", "steps_per_epoch", "patience"
+            "num_envs",
+            "episode_len",
+            "buffer_steps",
+            "updates_per_step",
+            "epochs",
+            "steps_per_epoch",
+            "patience",
+            "seeds",
         )
         self._in_unit_interval("eps_start", "eps_end", "eps_decay")
         if not _is_number(self.cost) or not 0 <= self.cost < 0.1:

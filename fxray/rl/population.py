@@ -52,6 +52,7 @@ SHAPE_FIELDS = (
     "dueling",
     "batch_size",
     "update",
+    "seeds",
 )
 
 

@@ -57,6 +57,8 @@ class FoldResult:
     val_periods: dict = field(default_factory=dict)  # of the kept weights on the val window
     test_periods: dict = field(default_factory=dict)  # ... and on the test window
     baseline_periods: dict = field(default_factory=dict)  # {"buy_and_hold": {"val": ..., "test": ...}, ...}
+    # seeds > 1 (fxray.rl.ensemble): the members' seeds, statuses and val / test Sharpe
+    seed_spread: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)

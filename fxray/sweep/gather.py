@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from fxray.data.folds import Fold
 from fxray.rl.config import make_config
+from fxray.rl.ensemble import EnsembleTrainer
 from fxray.rl.population import SHAPE_FIELDS
 from fxray.rl.population_trainer import PopulationTrainer
 
@@ -82,6 +83,8 @@ class Gatherer:
         shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
         key = (shape, json.dumps(fold, sort_keys=True), warmup)
         req = Request(config, fold, seed, checkpoint_dir, stop, warmup, key, cfg)
+        if cfg.seeds > 1:  # a seed ensemble is a population of its own (fxray.rl.ensemble)
+            req.key = (*key, id(req))
         with self.cond:
             self._start()
             self.queue.append(req)
@@ -122,6 +125,8 @@ class Gatherer:
     def _run(self, batch: list[Request]) -> None:
         """Train `batch` as one population; every request gets its result (or the error)."""
         t0 = time.time()
+        if batch[0].cfg.seeds > 1:
+            return self._run_ensemble(batch[0], t0)
         try:
             n = len(batch)
             slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
@@ -156,6 +161,27 @@ class Gatherer:
         finally:
             for r in batch:
                 r.done = True
+
+    def _run_ensemble(self, r: Request, t0: float) -> None:
+        """A request of seeds > 1: its seeds as one population, the ensemble's result."""
+        try:
+            key = (r.key[0], "ensemble")
+            trainer = self.trainers.pop(key, None) or EnsembleTrainer(self.data, r.cfg)
+            self.trainers[key] = trainer
+            while len(self.trainers) > self.cache:
+                self.trainers.popitem(last=False)
+            trainer.cfg = r.cfg
+            trainer.population.configure([r.cfg.replace(seeds=1)] * r.cfg.seeds)
+            result = trainer.run_fold(Fold.from_dict(r.fold), r.seed, stop=r.stop)
+            self.sizes.append(1)
+            kind = "warmup" if r.warmup else ("cancelled" if result.status == "cancelled" else "training")
+            self.runs.append([t0, time.time(), 1, kind])
+            r.result = {**result.as_dict(), "population": 1}
+        except BaseException as e:  # noqa: BLE001 - handed to its caller
+            self.trainers = OrderedDict((k, t) for k, t in self.trainers.items() if k[0] != r.key[0])
+            r.error = e
+        finally:
+            r.done = True
 
     def forget(self, config: dict) -> None:
         """Drop the cached trainers of `config`'s shape (a warm-up's, never used again), in the

@@ -194,7 +194,7 @@ class DeviceWorker:
         from fxray.data.folds import Fold
         from fxray.rl.config import make_config
         from fxray.rl.device import DTYPES
-        from fxray.rl.trainer import Trainer
+        from fxray.rl.ensemble import make_trainer
 
         if self.gatherer is not None:
             cfg = make_config(config)
@@ -213,7 +213,7 @@ class DeviceWorker:
                     f"dqn.dtype {cfg.dtype!r} differs from the worker's data "
                     f"({self.data.dtype}); the storage dtype is fixed per sweep"
                 )
-            trainer = Trainer(self.data, cfg)
+            trainer = make_trainer(self.data, cfg)  # an EnsembleTrainer with seeds > 1
             self.n_trainers += 1
         self.trainers[key] = trainer
         while len(self.trainers) > TRAINER_CACHE:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from fxray.eval.metrics import Metrics
@@ -40,6 +41,23 @@ def _f(default=None, *, metric=False, csv=True, factory=None):
     return field(default=default, metadata=meta)
 
 
+def seed_fields(spread: dict) -> dict:
+    """FoldRecord's seed fields from a FoldResult's seed_spread (fxray.rl.ensemble)."""
+    if not spread:
+        return {}
+
+    def std(values):
+        xs = [float(v) for v in values if v is not None and math.isfinite(v)]
+        return statistics.stdev(xs) if len(xs) >= 2 else None
+
+    return {
+        "seeds": len(spread["seeds"]),
+        "seed_val_sharpe_std": std(spread["val_sharpe"]),
+        "seed_test_sharpe_std": std(spread["test_sharpe"]),
+        "seed_test_sharpe": [v for v in spread["test_sharpe"]],
+    }
+
+
 @dataclass
 class FoldRecord:
     """One fold of one trial. `val`/`test`: {metric: value} of the kept weights on the
@@ -60,6 +78,11 @@ class FoldRecord:
     adx: float = _f(0.0)  # mean raw ADX(14) of the train slice
     worker: int = _f(-1)
     population: int = _f(1)  # members of the population the fold trained in (its timings are the population's)
+    # seeds > 1 (fxray.rl.ensemble): val/test above are the ensemble's; each seed's alone beside it
+    seeds: int = _f(1)
+    seed_val_sharpe_std: float | None = _f(None, metric=True)  # spread of the seeds' val Sharpe
+    seed_test_sharpe_std: float | None = _f(None, metric=True)
+    seed_test_sharpe: list = _f(factory=list, csv=False)  # each seed's test Sharpe
     checkpoint: str = _f("")
     fold_switch_s: float = _f(0.0)
     train_s: float = _f(0.0)
@@ -92,6 +115,7 @@ class FoldRecord:
             adx=r["adx"] if math.isfinite(r["adx"]) else 0.0,
             worker=r.get("worker", -1),
             population=r.get("population", 1),
+            **seed_fields(r.get("seed_spread") or {}),
             checkpoint=r["checkpoint"] or "",
             fold_time_s=timings.get("total_s", 0.0),
             **{k: timings.get(k, 0.0) for k in ("fold_switch_s", "train_s", "eval_s")},

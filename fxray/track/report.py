@@ -93,6 +93,13 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
         + ", flat 0"
         + (f"; share of the oracle {share:.2f}" if share is not None else "")
     )
+    spread = b.get("seed_spread")
+    if spread:
+        print(
+            f"  a seed ensemble of {spread['seeds']} (mean Q); each seed alone, per fold: test Sharpe "
+            f"{spread['mean']:+.2f} on average, spread between seeds {spread['std']:.2f} (mean std over "
+            f"{spread['folds']} folds)"
+        )
     wf = b.get("walk_forward")
     if wf:
         print(
@@ -102,6 +109,22 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
     print("  " + verdict(b))
     uri = results.get("tracking_uri")
     print(f"  judge it further: fxray compare {results['experiment']}" + (f" --tracking-uri {uri}" if uri else ""))
+
+
+def seed_spread(results: dict, trial_id: str) -> dict | None:
+    """The seeds of a trial's ensemble folds (fxray.rl.ensemble): {seeds, mean, std, folds}, or None."""
+    trial = next((t for t in results["trials"] if t["trial_id"] == trial_id), None)
+    folds = [f for f in (trial or {}).get("folds", []) if f.get("seeds", 1) > 1 and f.get("seed_test_sharpe")]
+    if not folds:
+        return None
+    per_seed = [v for f in folds for v in f["seed_test_sharpe"] if v is not None]
+    stds = [f["seed_test_sharpe_std"] for f in folds if f.get("seed_test_sharpe_std") is not None]
+    return {
+        "seeds": folds[0]["seeds"],
+        "mean": sum(per_seed) / max(len(per_seed), 1),
+        "std": sum(stds) / len(stds) if stds else float("nan"),
+        "folds": len(folds),
+    }
 
 
 def fmt_value(v) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fxray.eval import pooled, selection
 from fxray.track.records import CSV_COLUMNS, FoldRecord
-from fxray.track.report import equity_png, print_last_screen
+from fxray.track.report import equity_png, print_last_screen, seed_spread
 from fxray.track.verdict import json_ready, snooping_verdict
 from fxray.track.verdict import metrics as verdict_metrics
 from fxray.track.verdict import text as verdict_text
@@ -198,6 +198,7 @@ def write_results(
         },
         "verdict": json_ready(verdict),  # fxray.sweep.placebo adds the placebo sweeps' p-value
     }
+    results["best"]["seed_spread"] = seed_spread(results, best["trial_id"])  # None unless seeds > 1
     text = json.dumps(results, indent=1)
     (storage / "results.json").write_text(text)
     if json_path:

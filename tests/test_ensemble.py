@@ -1,0 +1,130 @@
+"""fxray.rl.ensemble: S seeds of one config as one population, scored as their mean-Q policy.
+
+The reference is independent of the population: each seed trained alone by the Trainer, its
+kept weights' Q-values on the window averaged by hand and backtested."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import torch
+from test_population import BASE, market_data  # noqa: F401 (a fixture)
+
+from fxray.eval.backtest import backtest
+from fxray.rl.ensemble import EnsembleTrainer, make_trainer, member_seeds
+from fxray.rl.trainer import FoldResult, Trainer
+from fxray.sweep.gather import Gatherer
+from fxray.track.records import FoldRecord
+
+CFG = BASE.replace(epochs=3, seeds=3)
+
+
+def alone_reference(data, fold, cfg, seed):
+    """Each member seed alone (Trainer), then the mean of their Q on val and test, backtested."""
+    q = {"val": [], "test": []}
+    singles = []
+    for s in member_seeds(seed, cfg.seeds):
+        trainer = Trainer(data, cfg.replace(seeds=1))
+        singles.append(trainer.run_fold(fold, s))
+        for w in q:  # the trainer ends a fold holding its kept weights
+            q[w].append(trainer.q_all(getattr(fold, w)))
+    data.set_fold(fold)
+    out = {
+        w: backtest(torch.stack(q[w]).mean(0), data.window(getattr(fold, w), cfg.fill), cfg.cost)
+        for w in ("val", "test")
+    }
+    return singles, out
+
+
+def test_the_ensemble_is_the_mean_q_policy_of_its_seeds_each_trained_as_alone(market_data):  # noqa: F811
+    data, fold = market_data
+    result = make_trainer(data, CFG).run_fold(fold, seed=4)
+    singles, ref = alone_reference(data, fold, CFG, 4)
+    assert result.status == "ok" and result.checkpoint is None
+    assert result.val == ref["val"].metrics.__dict__ and result.test == ref["test"].metrics.__dict__
+    assert result.val_periods == ref["val"].periods.as_dict() and result.test_periods == ref["test"].periods.as_dict()
+    spread = result.seed_spread
+    assert spread["seeds"] == [4, 4 + 7919, 4 + 2 * 7919] and spread["status"] == ["ok"] * 3
+    assert spread["val_sharpe"] == [s.val["sharpe"] for s in singles]
+    assert spread["test_sharpe"] == [s.test["sharpe"] for s in singles]
+    assert len(set(spread["test_sharpe"])) == 3  # three different seeds, not one three times
+    # the record: the ensemble's numbers, the seeds' spread beside them, logged to MLflow
+    rec = FoldRecord.from_result(result.as_dict())
+    assert rec.seeds == 3 and rec.seed_test_sharpe == spread["test_sharpe"]
+    assert abs(rec.seed_test_sharpe_std - torch.tensor(spread["test_sharpe"], dtype=torch.float64).std().item()) < 1e-9
+    assert "seed_test_sharpe_std" in rec.mlflow_metrics() and rec.test["sharpe"] == result.test["sharpe"]
+
+
+def test_one_seed_is_the_trainer_and_a_stopped_ensemble_is_cancelled(market_data):  # noqa: F811
+    data, fold = market_data
+    assert type(make_trainer(data, CFG.replace(seeds=1))) is Trainer
+    stopped = EnsembleTrainer(data, CFG).run_fold(fold, seed=0, stop=lambda: True)
+    assert stopped.status == "cancelled" and stopped.seed_spread["status"] == ["cancelled"] * 3
+
+
+def test_a_worker_trains_an_ensemble_as_a_population_of_its_own(market_data):  # noqa: F811
+    """Through the Gatherer (a population sweep's worker): the ensemble request is not mixed
+    with a plain request of the same fold, and each gets what it gets alone."""
+    data, fold = market_data
+    gatherer = Gatherer(data, k_max=4, wait_s=0.5, pad=False)
+    plain = CFG.replace(seeds=1, lr=2e-3)
+    out = {}
+
+    def call(name, cfg, seed):
+        out[name] = gatherer.train(cfg.as_dict(), fold.as_dict(), seed)
+
+    threads = [threading.Thread(target=call, args=a) for a in (("ens", CFG, 4), ("plain", plain, 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(gatherer.sizes) == [1, 1]
+    alone = EnsembleTrainer(data, CFG).run_fold(fold, seed=4).as_dict()
+    for key in ("status", "val", "test", "val_periods", "test_periods", "seed_spread"):
+        assert out["ens"][key] == alone[key], key
+    single = Trainer(data, plain).run_fold(fold, 1)
+    assert FoldResult(**{k: v for k, v in out["plain"].items() if k != "population"}).test == single.test
+
+
+def test_train_cli_with_seeds_reports_the_ensemble_and_its_seeds(tmp_path, synth_cache):
+    j = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "fxray.train", "--data", str(synth_cache), "--device", "cpu", "--epochs", "2"]
+    cmd += ["--folds", "1", "--set", "steps_per_epoch=20", "--set", "hidden=16", "--set", "seeds=2"]
+    p = subprocess.run([*cmd, "--json", str(j)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(j.read_text())
+    assert r["config"]["seeds"] == 2
+    (fold,) = r["folds"]
+    assert len(fold["seed_spread"]["test_sharpe"]) == 2 and fold["status"] == "ok"
+
+
+def test_export_of_an_ensemble_run_says_why_in_one_line(tmp_path):
+    """A seed ensemble's trial run has no single network: export stops with one line, writes nothing."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("t")
+    parent = client.create_run(exp)
+    tags = {"fxray.trial_id": "0000", "fxray.storage": str(tmp_path / "run"), "fxray.dataset_hash": "0" * 32}
+    run = client.create_run(exp, tags={**tags, "mlflow.parentRunId": parent.info.run_id})
+    client.log_param(run.info.run_id, "seeds", "3")
+    client.set_terminated(run.info.run_id)
+    cmd = [sys.executable, "-m", "fxray.export", run.info.run_id, "--tracking-uri", uri, "--out", str(tmp_path / "o")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert "a seed ensemble (seeds = 3) has no single network to export" in lines[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_summary_reports_the_seeds_of_the_best_trials_ensemble():
+    from fxray.track.report import seed_spread
+
+    fold = {"seeds": 2, "seed_test_sharpe": [1.0, 3.0], "seed_test_sharpe_std": 2**0.5}
+    results = {"trials": [{"trial_id": "a", "folds": [fold, {**fold, "seed_test_sharpe": [5.0, 7.0]}]}]}
+    assert seed_spread(results, "a") == {"seeds": 2, "mean": 4.0, "std": 2**0.5, "folds": 2}
+    assert seed_spread({"trials": [{"trial_id": "a", "folds": [{"seeds": 1}]}]}, "a") is None
