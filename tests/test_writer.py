@@ -99,6 +99,27 @@ def test_a_writer_started_again_writes_only_what_the_store_lacks(tmp_path):
     assert len(parents) == 1
 
 
+def test_a_child_run_created_by_a_writer_killed_before_its_params_gets_them(tmp_path):
+    """A writer killed between create_run and logging the trial's params (a drill under load
+    showed it): the writer started again finds the run, logs its params once, then its folds."""
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    make_sweep(storage, uri)
+    with Writer(storage, uri) as first:
+        assert first.wait_open(timeout=120)
+        assert first.finish("KILLED") == 0
+    client = MlflowClient(uri)
+    exp_id = client.get_experiment_by_name("m").experiment_id
+    bare = client.create_run(exp_id, tags={"mlflow.parentRunId": first.parent_id, "fxray.trial_id": "t1"})
+    log_fold(storage, "t1", 0, 0.5, lr=0.002)
+    with Writer(storage, uri) as again:
+        assert again.wait_open(timeout=120)
+        assert again.finish("FINISHED") == 0
+    children = child_runs(uri, first.parent_id)
+    assert list(children) == ["t1"] and children["t1"].info.run_id == bare.info.run_id
+    assert children["t1"].data.params["lr"] == "0.002"
+    assert val_points(uri, children["t1"]) == [(0, 0.5)]
+
+
 def test_a_writer_that_died_is_started_again_by_finish(tmp_path, capsys):
     uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
     make_sweep(storage, uri)

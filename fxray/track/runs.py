@@ -165,9 +165,12 @@ class Tracker:
         self.children: dict[str, str] = {}  # trial id -> run id
         self.finished: set[str] = set()  # trial ids whose run is FINISHED: never touched again
         self.steps: dict[str, set] = {}  # run id -> folds already logged
+        self.without_params: set[str] = set()  # trial ids whose run was created, its params not logged
         for run in self.child_runs():
             tid = run.data.tags.get("fxray.trial_id")
             self.children[tid] = run.info.run_id
+            if not run.data.params:  # a writer killed between create_run and its params
+                self.without_params.add(tid)
             if run.info.status == "FINISHED":
                 self.finished.add(tid)
             elif run.info.status != "RUNNING":  # a FAILED trial that --resume retries: same run
@@ -189,6 +192,11 @@ class Tracker:
 
     def _child(self, trial_id: str, name: str, params: dict) -> str:
         if trial_id in self.children:
+            if trial_id in self.without_params:
+                self.client.log_batch(
+                    self.children[trial_id], params=[Param(k, str(v)) for k, v in sorted(params.items())]
+                )
+                self.without_params.discard(trial_id)
             return self.children[trial_id]
         tags = {
             **self.sweep_tags,
