@@ -314,6 +314,9 @@ def finish(run: Run) -> int:
     state = round_state(storage, sweep)
     unfinished, errors = state.unfinished, len(state.errored)
     records = results.load_records(storage)
+    # the store opens while Tune runs; on a loaded box a short sweep can end first. The end is
+    # written through it anyway: wait for it, so that results.json's phases say when it opened
+    run.writer.wait_open(timeout=120)
     with capture_stdout() as screen:  # the last screen, also the parent run's summary.md
         summary = results.write_results(
             storage,
