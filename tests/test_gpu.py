@@ -242,3 +242,38 @@ def test_population_has_no_host_sync_inside_an_epoch(synth_cache):
             trainer.graph.replay()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_population_worker_on_cuda_trains_many_callers_through_its_device_thread(synth_cache):
+    """What a population sweep does to a FoldWorker on an H200 (docs/benchmarks.md, 'A population
+    sweep on the H200 failed'): many caller threads at once, two shapes, several folds, padded
+    populations of every size, so graphs are captured, reused, re-captured and evicted while the
+    callers wait. Every request ends "ok" (a member equals alone to float rounding: the tests above)."""
+    import threading
+
+    from fxray.sweep.gather import Gatherer
+
+    market = cache.open(synth_cache)
+    data = DeviceData(market, "cuda")
+    folds = make_folds(market.ts, FoldSpec(train="10d", val="3d", test="3d", max_folds=3))
+    base = CFG.replace(epochs=2, steps_per_epoch=20)
+    cfgs = [base.replace(lr=1e-3 * (1 + i % 3), hidden=64 if i % 2 else 32, n_step=1 + i % 3) for i in range(12)]
+    gatherer = Gatherer(data, k_max=8, wait_s=0.05)
+    out, errors = {}, []
+
+    def caller(i):
+        try:
+            for fold in folds:  # each caller walks its folds, as a trial does
+                out[(i, fold.k)] = gatherer.train(cfgs[i].as_dict(), fold.as_dict(), i)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(cfgs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors[:3]
+    assert len(out) == len(cfgs) * len(folds) and all(r["status"] == "ok" for r in out.values())
+    assert max(gatherer.sizes) > 1  # populations formed
+    assert all(np.isfinite(r["val"]["sharpe"]) and np.isfinite(r["test"]["sharpe"]) for r in out.values())
