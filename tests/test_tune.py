@@ -130,6 +130,22 @@ def sweep_report():
     return module
 
 
+def plain_replay(tmp_path, env) -> dict:
+    """scripts/replay.py on the sweep's out.json: the same folds trained by a plain loop (no Ray,
+    no Tune, no MLflow), on the CPU; its --json."""
+    replay = subprocess.run(
+        [sys.executable, str(Path(__file__).parents[1] / "scripts/replay.py"), "out.json", "--device", "cpu"]
+        + ["--json", "replay.json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    return json.loads((tmp_path / "replay.json").read_text())
+
+
 @pytest.mark.slow
 def test_sweep_on_logical_gpus(tmp_path):
     exp, env = setup(tmp_path, trials=4)
@@ -172,24 +188,7 @@ def test_sweep_on_logical_gpus(tmp_path):
     assert {"t_tune_started", "t_mlflow_ready", "t_worker_loaded", "t_workers_warm"} <= split.keys()
     assert split["t_worker_init"] <= split["t_worker_imported"] <= split["t_worker_loaded"] < split["t_workers_warm"]
     # the same folds trained by a plain loop (no Ray, no Tune, no MLflow) give the same val Sharpe
-    replay = subprocess.run(
-        [
-            sys.executable,
-            str(Path(__file__).parents[1] / "scripts/replay.py"),
-            "out.json",
-            "--device",
-            "cpu",
-            "--json",
-            "replay.json",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert replay.returncode == 0, replay.stderr[-3000:]
-    plain = json.loads((tmp_path / "replay.json").read_text())
+    plain = plain_replay(tmp_path, env)
     assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
     assert 0 < plain["ideal_wall_s"] < plain["sweep_wall_s"] and 0 < plain["overhead_share"] < 1
 
@@ -636,17 +635,7 @@ def test_a_population_sweep_logs_every_config_once_with_what_it_trains_alone(tmp
     shares = [split[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
     assert sum(shares) == pytest.approx(1.0) and 0 < split["training_share"] < 1
     assert sum(split["population_sizes"]) == 4 * 2
-    replay = subprocess.run(
-        [sys.executable, str(Path(__file__).parents[1] / "scripts/replay.py"), "out.json", "--device", "cpu"]
-        + ["--json", "replay.json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert replay.returncode == 0, replay.stderr[-3000:]
-    plain = json.loads((tmp_path / "replay.json").read_text())
+    plain = plain_replay(tmp_path, env)  # each config trained alone by a plain loop: the same val Sharpe
     assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
 
 

@@ -49,6 +49,11 @@ class EnsembleTrainer:
         self.data, self.cfg = data, cfg
         self.population = PopulationTrainer(data, [cfg.replace(seeds=1)] * cfg.seeds)
 
+    def configure(self, cfg: TrainConfig) -> None:
+        """Another config of the same shape (its seeds included) in the same slots, in place."""
+        self.cfg = cfg
+        self.population.configure([cfg.replace(seeds=1)] * cfg.seeds)
+
     def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None, stop=None) -> FoldResult:
         """Trainer.run_fold's contract; `checkpoint_dir` is ignored (no checkpoint of an ensemble)."""
         t0 = time.perf_counter()

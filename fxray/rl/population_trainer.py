@@ -65,11 +65,11 @@ class PopulationTrainer:
             raise RuntimeError("this torch cannot capture non-default generators in a CUDA graph: set graphs=false")
         for g in self.algo.generators:
             self.graph.register_generator_state(g)
-        # In a sweep this runs in one of a FoldWorker's threads while the others wait for their
-        # population (fxray.sweep.gather). A garbage collection that one of them triggers during
-        # the capture could free an evicted trainer's graph and memory (cudaFree: an implicit
-        # sync that invalidates the capture, and leaves the generators mid-capture). So the
-        # collector waits until the capture ends, and the capture checks only its own thread.
+        # In a sweep this runs in the Gatherer's device thread while the worker's other threads
+        # wait for their population (fxray.sweep.gather). A garbage collection one of them set off
+        # during the capture could free an evicted trainer's graph and memory there (cudaFree: an
+        # implicit sync that invalidates the capture and leaves the generators mid-capture). So
+        # the collector waits until the capture ends, and the capture checks only its own thread.
         enabled = gc.isenabled()
         gc.collect()
         gc.disable()

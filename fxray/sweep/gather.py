@@ -124,64 +124,49 @@ class Gatherer:
 
     def _run(self, batch: list[Request]) -> None:
         """Train `batch` as one population; every request gets its result (or the error)."""
-        t0 = time.time()
-        if batch[0].cfg.seeds > 1:
-            return self._run_ensemble(batch[0], t0)
+        t0, n, first = time.time(), len(batch), batch[0]
         try:
-            n = len(batch)
-            slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
-            cfgs = [r.cfg for r in batch] + [batch[0].cfg] * (slots - n)  # spare slots: masked below
-            key = (batch[0].key[0], slots)
-            trainer = self.trainers.pop(key, None)
-            if trainer is None:
-                trainer = PopulationTrainer(self.data, cfgs)
+            if first.cfg.seeds > 1:  # a seed ensemble: a population of its own (fxray.rl.ensemble)
+                trainer = self._trainer((first.key[0], "ensemble"), EnsembleTrainer, first.cfg)
+                results = [trainer.run_fold(Fold.from_dict(first.fold), first.seed, stop=first.stop)]
             else:
-                trainer.configure(cfgs)
-            self.trainers[key] = trainer
-            while len(self.trainers) > self.cache:
-                self.trainers.popitem(last=False)
-            results = trainer.run_fold(
-                Fold.from_dict(batch[0].fold),
-                [r.seed for r in batch] + [batch[0].seed] * (slots - n),
-                checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
-                stop=lambda k: k >= n or (batch[k].stop is not None and batch[k].stop()),
-            )[:n]
+                slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
+                cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)  # spare slots: masked below
+                trainer = self._trainer((first.key[0], slots), PopulationTrainer, cfgs)
+                results = trainer.run_fold(
+                    Fold.from_dict(first.fold),
+                    [r.seed for r in batch] + [first.seed] * (slots - n),
+                    checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
+                    stop=lambda k: k >= n or (batch[k].stop is not None and batch[k].stop()),
+                )[:n]
             self.sizes.append(n)
-            kind = "warmup" if batch[0].warmup else "training"
+            kind = "warmup" if first.warmup else "training"
             if all(r.status == "cancelled" for r in results):
                 kind = "cancelled"
             self.runs.append([t0, time.time(), n, kind])
             for r, result in zip(batch, results):
-                r.result = {**result.as_dict(), "population": len(batch)}
+                r.result = {**result.as_dict(), "population": n}
         except BaseException as e:  # noqa: BLE001 - handed to every caller of the batch
             # a trainer that failed mid-fold (a CUDA graph capture, say) is not reused
-            self.trainers = OrderedDict((k, t) for k, t in self.trainers.items() if k[0] != batch[0].key[0])
+            self.trainers = OrderedDict((k, t) for k, t in self.trainers.items() if k[0] != first.key[0])
             for r in batch:
                 r.error = e
         finally:
             for r in batch:
                 r.done = True
 
-    def _run_ensemble(self, r: Request, t0: float) -> None:
-        """A request of seeds > 1: its seeds as one population, the ensemble's result."""
-        try:
-            key = (r.key[0], "ensemble")
-            trainer = self.trainers.pop(key, None) or EnsembleTrainer(self.data, r.cfg)
-            self.trainers[key] = trainer
-            while len(self.trainers) > self.cache:
-                self.trainers.popitem(last=False)
-            trainer.cfg = r.cfg
-            trainer.population.configure([r.cfg.replace(seeds=1)] * r.cfg.seeds)
-            result = trainer.run_fold(Fold.from_dict(r.fold), r.seed, stop=r.stop)
-            self.sizes.append(1)
-            kind = "warmup" if r.warmup else ("cancelled" if result.status == "cancelled" else "training")
-            self.runs.append([t0, time.time(), 1, kind])
-            r.result = {**result.as_dict(), "population": 1}
-        except BaseException as e:  # noqa: BLE001 - handed to its caller
-            self.trainers = OrderedDict((k, t) for k, t in self.trainers.items() if k[0] != r.key[0])
-            r.error = e
-        finally:
-            r.done = True
+    def _trainer(self, key: tuple, cls, cfgs):
+        """The cached trainer of `key` given `cfgs` in place (configure), or a new `cls(data, cfgs)`;
+        the least recently used beyond the cache is dropped."""
+        trainer = self.trainers.pop(key, None)
+        if trainer is None:
+            trainer = cls(self.data, cfgs)
+        else:
+            trainer.configure(cfgs)
+        self.trainers[key] = trainer
+        while len(self.trainers) > self.cache:
+            self.trainers.popitem(last=False)
+        return trainer
 
     def forget(self, config: dict) -> None:
         """Drop the cached trainers of `config`'s shape (a warm-up's, never used again), in the

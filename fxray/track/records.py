@@ -54,7 +54,7 @@ def seed_fields(spread: dict) -> dict:
         "seeds": len(spread["seeds"]),
         "seed_val_sharpe_std": std(spread["val_sharpe"]),
         "seed_test_sharpe_std": std(spread["test_sharpe"]),
-        "seed_test_sharpe": [v for v in spread["test_sharpe"]],
+        "seed_test_sharpe": list(spread["test_sharpe"]),
     }
 
 
