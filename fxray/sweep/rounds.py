@@ -29,13 +29,30 @@ TRIAL_ATTR, ROUND_ATTR = "fxray.trial_id", "fxray.round"
 
 
 def load_study(storage: Path, sampler=None):
-    """The sweep's study, created if absent (a kill may come between the file and the study)."""
+    """The sweep's study, created if absent.
+
+    A new study is built in a file of its own and renamed into place: Optuna creates the
+    tables, then their indexes, then the study, each committed apart, so a kill in between
+    would leave an optuna.db whose study name is not unique (and a resume that adds a second
+    study of the same name). With the rename, optuna.db exists only with its study in it."""
     import optuna
 
-    rdb = optuna.storages.RDBStorage(f"sqlite:///{Path(storage) / 'optuna.db'}")
-    return optuna.create_study(
-        study_name=STUDY, storage=rdb, sampler=sampler, direction="maximize", load_if_exists=True
-    )
+    path = Path(storage) / "optuna.db"
+    if not path.exists():
+        part = path.with_name("optuna.db.part")  # one sweep per run directory: no one else writes it
+        for stale in (part, part.with_name("optuna.db.part-journal")):  # a hot journal would roll back into a new part
+            stale.unlink(missing_ok=True)
+        rdb = _rdb(part)
+        optuna.create_study(study_name=STUDY, storage=rdb, direction="maximize")
+        rdb.engine.dispose()  # closed before the rename: no connection or journal left on the part
+        part.replace(path)
+    return optuna.load_study(study_name=STUDY, storage=_rdb(path), sampler=sampler)
+
+
+def _rdb(path: Path):
+    import optuna
+
+    return optuna.storages.RDBStorage(f"sqlite:///{path}")
 
 
 def trial_id_of(number: int) -> str:
