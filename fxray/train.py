@@ -4,7 +4,7 @@
     fxray train --data eurusd.fxcache --epochs 3 --folds 0,1 --device cuda
     fxray train --set lr=1e-3 --set hidden=128 --json result.json
     # tiny CPU run (seconds):
-    fxray train --synth-bars 60000 --set steps_per_epoch=50 --epochs 2 --folds 0
+    fxray train --synth-bars 80000 --set steps_per_epoch=50 --epochs 2 --folds 0
     # re-train a sweep's trial from MLflow (config, folds, data hash, seed) and check its Sharpe:
     fxray train --from-run 20ed2998c1e44394887c65ed43ac6c64 --device cpu
 

@@ -16,6 +16,18 @@ torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="session")
+def short_folds_experiment(tmp_path_factory) -> Path:
+    """The default experiment with its CPU profile's folds cut to 20 days' training, for the
+    train CLI's tests on the 60k-bar markets below (the profile trains 60 days: 70 days a fold)."""
+    text = (Path(__file__).resolve().parents[1] / "experiments/default.yaml").read_text()
+    profile = "  folds: {train: 60d, max_folds: 4}\n"
+    assert profile in text, "experiments/default.yaml's cpu: folds changed: change this fixture with it"
+    path = tmp_path_factory.mktemp("exp") / "default_short.yaml"
+    path.write_text(text.replace(profile, "  folds: {train: 20d, max_folds: 4}\n"))
+    return path
+
+
+@pytest.fixture(scope="session")
 def synth_cache(tmp_path_factory) -> Path:
     """60k bars (~8 weeks of a 24x5 market) of the planted-signal market, seed 0."""
     from fxray.data.synth import SynthSpec, to_cache

@@ -133,10 +133,12 @@ def test_too_few_bars_is_one_line(tmp_path):
 # --- fxray.train --------------------------------------------------------------------
 
 
-def test_train_cli_writes_per_fold_json(tmp_path, synth_cache):
+def test_train_cli_writes_per_fold_json(tmp_path, synth_cache, short_folds_experiment):
     j = tmp_path / "r.json"
     p = run(
         "fxray.train",
+        "--experiment",
+        str(short_folds_experiment),
         "--data",
         str(synth_cache),
         "--device",
@@ -184,8 +186,9 @@ def test_train_cli_writes_per_fold_json(tmp_path, synth_cache):
         (["--data", "/nonexistent.fxcache"], ["/nonexistent.fxcache"]),
     ],
 )
-def test_train_cli_bad_input_is_one_line(tmp_path, synth_cache, args, needles):
-    base = ["--data", str(synth_cache)] if "--data" not in args else []
+def test_train_cli_bad_input_is_one_line(tmp_path, synth_cache, short_folds_experiment, args, needles):
+    base = ["--experiment", str(short_folds_experiment)]
+    base += ["--data", str(synth_cache)] if "--data" not in args else []
     one_line_error(
         run("fxray.train", *base, "--device", "cpu", *args, "--json", str(tmp_path / "r.json"))
         if "--device" not in args

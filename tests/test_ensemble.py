@@ -89,9 +89,10 @@ def test_a_worker_trains_an_ensemble_as_a_population_of_its_own(market_data):  #
     assert FoldResult(**{k: v for k, v in out["plain"].items() if k != "population"}).test == single.test
 
 
-def test_train_cli_with_seeds_reports_the_ensemble_and_its_seeds(tmp_path, synth_cache):
+def test_train_cli_with_seeds_reports_the_ensemble_and_its_seeds(tmp_path, synth_cache, short_folds_experiment):
     j = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "fxray.train", "--data", str(synth_cache), "--device", "cpu", "--epochs", "2"]
+    cmd = [sys.executable, "-m", "fxray.train", "--experiment", str(short_folds_experiment), "--data", str(synth_cache)]
+    cmd += ["--device", "cpu", "--epochs", "2"]
     cmd += ["--folds", "1", "--set", "steps_per_epoch=20", "--set", "hidden=16", "--set", "seeds=2"]
     p = subprocess.run([*cmd, "--json", str(j)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
