@@ -6,6 +6,7 @@ what a local sweep listens on. docs/reliability.md lists them beside the bad inp
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -198,6 +199,36 @@ def test_a_lock_left_by_a_killed_sweep_is_stale(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+def without_shutdown_noise(err: str) -> str:
+    """stderr less the lines of Ray workers that Ray's own SIGTERM at shutdown interrupted
+    (its handler raises SystemExit, and Python prints "Exception ignored in ..." when that lands
+    in a weakref callback): seen once on CI's box, after the sweep had ended. A worker's other
+    output, and every line of the driver, stay."""
+    prefix = re.compile(r"^(?:\x1b\[\d+m)?\((\w+) pid=(\d+)\)")
+    noisy = set()
+    for line in err.splitlines():
+        m = prefix.match(line)
+        if m and "sigterm_handler" in line:
+            noisy.add(m.groups())
+    return "\n".join(ln for ln in err.splitlines() if not ((m := prefix.match(ln)) and m.groups() in noisy))
+
+
+def test_shutdown_noise_is_only_the_interrupted_worker():
+    worker = "\x1b[36m(fold_trial pid=981)\x1b[0m"
+    err = "\n".join(
+        [
+            f"{worker} Exception ignored in: <function WeakSet.__init__.<locals>._remove at 0x7f>",
+            f"{worker} Traceback (most recent call last):",
+            f'{worker}   File "ray/_private/worker.py", line 1063, in sigterm_handler',
+            "\x1b[36m(fold_trial pid=982)\x1b[0m Traceback (most recent call last):",
+            "fxray.tune: the MLflow writer had exited (code -9); starting it again",
+        ]
+    )
+    left = without_shutdown_noise(err)
+    assert "pid=981" not in left and "pid=982) Traceback" in left.replace("\x1b[0m", "")
+    assert "Traceback" in without_shutdown_noise("Traceback (most recent call last):")
+
+
 def test_a_killed_mlflow_writer_is_restarted_and_catches_up(tmp_path):
     exp, env = setup(tmp_path, trials=4, steps=40)
     proc = launch(["--experiment", exp, "--num-cpus", 2], env, tmp_path)
@@ -206,7 +237,7 @@ def test_a_killed_mlflow_writer_is_restarted_and_catches_up(tmp_path):
     os.kill(writer, signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
+    assert "Traceback" not in without_shutdown_noise(err), err[-3000:]
     notes = [line for line in err.splitlines() if "MLflow writer" in line]
     # killed after it opened the store (finish() starts it again) or, on a loaded box, before
     # (the reader starts it again at once): either way once, and nothing is lost
