@@ -191,24 +191,20 @@ class Tracker:
                 return runs
 
     def _child(self, trial_id: str, name: str, params: dict) -> str:
-        if trial_id in self.children:
-            if trial_id in self.without_params:
-                self.client.log_batch(
-                    self.children[trial_id], params=[Param(k, str(v)) for k, v in sorted(params.items())]
-                )
-                self.without_params.discard(trial_id)
-            return self.children[trial_id]
-        tags = {
-            **self.sweep_tags,
-            **self.trial_tags,
-            "mlflow.parentRunId": self.parent_run_id,
-            "fxray.trial_id": trial_id,
-        }
-        run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
-        run_id = run.info.run_id
-        self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(params.items())])
-        self.children[trial_id] = run_id
-        return run_id
+        if trial_id not in self.children:
+            tags = {
+                **self.sweep_tags,
+                **self.trial_tags,
+                "mlflow.parentRunId": self.parent_run_id,
+                "fxray.trial_id": trial_id,
+            }
+            self.children[trial_id] = self.client.create_run(self.experiment_id, tags=tags, run_name=name).info.run_id
+            self.without_params.add(trial_id)
+        if trial_id in self.without_params:  # a new run, or one a killed writer left without them
+            params = [Param(k, str(v)) for k, v in sorted(params.items())]
+            self.client.log_batch(self.children[trial_id], params=params)
+            self.without_params.discard(trial_id)
+        return self.children[trial_id]
 
     def log_fold(self, trial_id: str, name: str, params: dict, record) -> None:
         """One fold of one trial, step = fold k; a fold already logged (a resumed trial) is skipped."""
