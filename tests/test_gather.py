@@ -104,3 +104,44 @@ def test_a_failed_population_gets_its_error_and_its_trainer_is_not_reused(market
     assert calls[1] != calls[0] and again["status"] == "ok"
     alone = Trainer(data, small).run_fold(fold, 0)
     assert_same_fold(alone, FoldResult(**{k: v for k, v in again.items() if k != "population"}))
+
+
+def test_a_failed_capture_trains_the_population_again_on_a_fresh_trainer(market_data, monkeypatch):  # noqa: F811
+    """A CaptureError (on CUDA: a graph capture invalidated) drops the trainer and trains the same
+    batch once more on a fresh one: the callers get alone's results, not the error. A second
+    failure in a row is handed to them."""
+    from fxray.rl.population_trainer import CaptureError, PopulationTrainer
+
+    data, fold = market_data
+    small = MEMBERS[0].replace(epochs=1, steps_per_epoch=3)
+    real = PopulationTrainer.run_fold
+
+    def failing(n_failures, calls):
+        def run_fold(self, *args, **kwargs):
+            calls.append(id(self))
+            if len(calls) <= n_failures:
+                raise CaptureError("capture invalidated")
+            return real(self, *args, **kwargs)
+
+        return run_fold
+
+    calls: list = []
+    monkeypatch.setattr(PopulationTrainer, "run_fold", failing(1, calls))
+    gatherer = Gatherer(data, k_max=2, wait_s=0.5, pad=False)
+    results = submit_all(gatherer, [(small.as_dict(), fold.as_dict(), s, None) for s in (0, 1)])
+    assert gatherer.capture_retries == 1 and len(calls) == 2 and calls[0] != calls[1]
+    assert gatherer.sizes == [2] and [r["population"] for r in results] == [2, 2]
+    for seed, got in zip((0, 1), results):
+        alone = Trainer(data, small).run_fold(fold, seed)
+        assert_same_fold(alone, FoldResult(**{k: v for k, v in got.items() if k != "population"}))
+
+    calls = []
+    monkeypatch.setattr(PopulationTrainer, "run_fold", failing(2, calls))
+    gatherer = Gatherer(data, k_max=1, wait_s=0.0, pad=False)
+    try:
+        gatherer.train(small.as_dict(), fold.as_dict(), 0)
+    except CaptureError as e:
+        failed = str(e)
+    else:
+        failed = None
+    assert failed == "capture invalidated" and len(calls) == 2 and gatherer.trainers == {}

@@ -30,6 +30,11 @@ from fxray.rl.population import Population
 from fxray.rl.trainer import EVAL_CHUNK, Q_LIMIT, FoldResult, epoch_record, fold_baselines, write_checkpoint
 
 
+class CaptureError(RuntimeError):
+    """A CUDA graph capture of a population step failed. The trainer is not to be reused (its
+    members' generators may be left mid-capture); a fresh one may capture (fxray.sweep.gather)."""
+
+
 class PopulationTrainer:
     """A Population and its CUDA graph on one device, built once and reused across folds."""
 
@@ -76,6 +81,9 @@ class PopulationTrainer:
         try:
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.algo.step()
+        except Exception as e:  # the graph and the members' generators are unusable now
+            self.graph = None
+            raise CaptureError(f"CUDA graph capture of a population of {self.K} failed: {e}") from e
         finally:
             if enabled:
                 gc.enable()

@@ -202,9 +202,9 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
         raise UsageError(str(e)) from None
     if wplan.kind == "gpu" and wplan.population > 1:
         print(
-            "fxray.tune: warning: --population on a GPU: a population sweep on an H200 failed its CUDA "
-            "graph captures (docs/benchmarks.md, 'A population sweep on the H200 failed'); the fix is not "
-            "yet run on CUDA",
+            "fxray.tune: note: --population on a GPU: each step is the one-config step to float rounding, "
+            "but over a fold the rounding grows: a fold's Sharpe may differ from a one-config-per-worker "
+            "sweep's by several units (docs/benchmarks.md, 'Populations under the sweep')",
             file=sys.stderr,
             flush=True,
         )

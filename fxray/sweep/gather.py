@@ -29,7 +29,7 @@ from fxray.data.folds import Fold
 from fxray.rl.config import make_config
 from fxray.rl.ensemble import EnsembleTrainer
 from fxray.rl.population import SHAPE_FIELDS
-from fxray.rl.population_trainer import PopulationTrainer
+from fxray.rl.population_trainer import CaptureError, PopulationTrainer
 
 WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7 s)
 TRAINER_CACHE = 2  # PopulationTrainers (stacked networks + graph) kept per shape, by size
@@ -71,6 +71,7 @@ class Gatherer:
         # request's own call spans its wait in the queue too, so the report counts these
         self.runs: list[list] = []
         self.thread: threading.Thread | None = None
+        self.capture_retries = 0  # populations trained again on a fresh trainer after a failed capture
 
     def _start(self) -> None:
         """The device thread, started by the first request (the lock held)."""
@@ -96,7 +97,19 @@ class Gatherer:
         return req.result
 
     def _loop(self) -> None:
-        """The device thread: drop what was forgotten, then train the next population; forever."""
+        """The device thread: drop what was forgotten, then train the next population; forever.
+        On CUDA all of it runs on a stream of its own: nothing fxray does is queued on the legacy
+        default stream, which a capture elsewhere in the process must not see used."""
+        if self.data.device.type != "cuda":
+            return self._serve()
+        import torch
+
+        stream = torch.cuda.Stream(self.data.device)
+        stream.wait_stream(torch.cuda.current_stream(self.data.device))  # the market's upload
+        with torch.cuda.stream(stream):
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self.cond:
                 while not self.queue and not self.forgets:
@@ -123,22 +136,18 @@ class Gatherer:
         return batch
 
     def _run(self, batch: list[Request]) -> None:
-        """Train `batch` as one population; every request gets its result (or the error)."""
+        """Train `batch` as one population; every request gets its result (or the error). A failed
+        CUDA graph capture (seen on an H200 about once in a hundred captures under a sweep:
+        docs/benchmarks.md, "Populations") drops the trainer and trains the batch once more on a
+        fresh one, which captures again; a second failure is handed to the callers."""
         t0, n, first = time.time(), len(batch), batch[0]
         try:
-            if first.cfg.seeds > 1:  # a seed ensemble: a population of its own (fxray.rl.ensemble)
-                trainer = self._trainer((first.key[0], "ensemble"), EnsembleTrainer, first.cfg)
-                results = [trainer.run_fold(Fold.from_dict(first.fold), first.seed, stop=first.stop)]
-            else:
-                slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
-                cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)  # spare slots: masked below
-                trainer = self._trainer((first.key[0], slots), PopulationTrainer, cfgs)
-                results = trainer.run_fold(
-                    Fold.from_dict(first.fold),
-                    [r.seed for r in batch] + [first.seed] * (slots - n),
-                    checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
-                    stop=lambda k: k >= n or (batch[k].stop is not None and batch[k].stop()),
-                )[:n]
+            try:
+                results = self._train(batch)
+            except CaptureError:
+                self._drop(first.key[0])
+                self.capture_retries += 1
+                results = self._train(batch)
             self.sizes.append(n)
             kind = "warmup" if first.warmup else "training"
             if all(r.status == "cancelled" for r in results):
@@ -147,13 +156,33 @@ class Gatherer:
             for r, result in zip(batch, results):
                 r.result = {**result.as_dict(), "population": n}
         except BaseException as e:  # noqa: BLE001 - handed to every caller of the batch
-            # a trainer that failed mid-fold (a CUDA graph capture, say) is not reused
-            self.trainers = OrderedDict((k, t) for k, t in self.trainers.items() if k[0] != first.key[0])
+            self._drop(first.key[0])  # a trainer that failed mid-fold is not reused
             for r in batch:
                 r.error = e
         finally:
             for r in batch:
                 r.done = True
+
+    def _drop(self, shape: str) -> None:
+        self.trainers = OrderedDict((k, t) for k, t in self.trainers.items() if k[0] != shape)
+
+    def _train(self, batch: list[Request]) -> list:
+        """The FoldResults of `batch`, trained as one population on the cached trainer of its shape."""
+        n, first = len(batch), batch[0]
+        if first.cfg.seeds > 1:  # a seed ensemble: a population of its own (fxray.rl.ensemble)
+            trainer = self._trainer((first.key[0], "ensemble"), EnsembleTrainer, first.cfg)
+            results = [trainer.run_fold(Fold.from_dict(first.fold), first.seed, stop=first.stop)]
+        else:
+            slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
+            cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)  # spare slots: masked below
+            trainer = self._trainer((first.key[0], slots), PopulationTrainer, cfgs)
+            results = trainer.run_fold(
+                Fold.from_dict(first.fold),
+                [r.seed for r in batch] + [first.seed] * (slots - n),
+                checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
+                stop=lambda k: k >= n or (batch[k].stop is not None and batch[k].stop()),
+            )[:n]
+        return results
 
     def _trainer(self, key: tuple, cls, cfgs):
         """The cached trainer of `key` given `cfgs` in place (configure), or a new `cls(data, cfgs)`;

@@ -234,6 +234,7 @@ class DeviceWorker:
             "n_trainers": self.n_trainers,
             "populations": list(self.gatherer.sizes) if self.gatherer is not None else [],
             "population_runs": list(self.gatherer.runs) if self.gatherer is not None else [],
+            "capture_retries": self.gatherer.capture_retries if self.gatherer is not None else 0,
             "calls": list(self.calls),
             "running": self.running,
             "restarted": self.restarted,
