@@ -71,6 +71,29 @@ def test_tune_storage_holding_a_corrupt_sweep_json(work, content):
     assert (work / "old/sweep.json").read_text() == content and sorted(os.listdir(work / "old")) == ["sweep.json"]
 
 
+def test_a_run_directory_whose_optuna_db_holds_two_studies_is_refused_on_resume(work):
+    """What a kill during the study's creation could leave under fxray before 0035261: a second
+    study named "fxray", which made every later load fail inside Optuna with a traceback."""
+    import sqlite3
+    from contextlib import closing
+
+    import optuna
+
+    (work / "old").mkdir()
+    (work / "old/sweep.json").write_text('{"rounds": [{"name": "r0", "done": false}]}')
+    db = work / "old/optuna.db"
+    optuna.create_study(study_name="fxray", storage=f"sqlite:///{db}")
+    with closing(sqlite3.connect(db)) as con:
+        for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'studies'"):
+            con.execute(f"DROP INDEX {name}")  # as if the kill came before Optuna's unique index
+        con.execute("INSERT INTO studies (study_name) VALUES ('fxray')")
+        con.commit()
+    before = db.read_bytes()
+    out = run("fxray.tune", "--storage", "old", "--resume", cwd=work)
+    one_line(out, "old/optuna.db: holds 2 Optuna studies named 'fxray'", "--storage DIR")
+    assert db.read_bytes() == before and sorted(os.listdir(work / "old")) == ["optuna.db", "sweep.json"]
+
+
 def test_a_non_utf8_experiment_file(work):
     (work / "latin.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
     one_line(run("fxray.tune", "--experiment", "latin.yaml", cwd=work), "latin.yaml: not UTF-8 text")

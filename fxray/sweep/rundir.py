@@ -119,7 +119,33 @@ def read_sweep(storage: Path) -> dict | None:
             f"{path}: not a sweep's record ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
             "restore it, or pass --storage DIR for a new sweep"
         ) from None
+    check_study(storage / "optuna.db")
     return sweep
+
+
+def check_study(path: Path) -> None:
+    """UsageError if optuna.db holds the sweep's study more than once. A kill while Optuna
+    created it, under fxray before the study was built apart and renamed into place
+    (fxray.sweep.rounds.load_study), could leave a file that a resume filled with a second
+    study of the same name; Optuna then fails on every load. An absent or empty file passes."""
+    import sqlite3
+    from contextlib import closing
+
+    from fxray.sweep.rounds import STUDY
+
+    if not path.exists():
+        return
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            n = db.execute("SELECT COUNT(*) FROM studies WHERE study_name = ?", (STUDY,)).fetchone()[0]
+    except sqlite3.Error:
+        return  # no studies table yet (or not SQLite): Optuna says what it finds when it loads
+    if n > 1:
+        raise UsageError(
+            f"{path}: holds {n} Optuna studies named {STUDY!r} (left by a kill while the study was "
+            "created, before fxray built it apart); this sweep cannot resume: start it again with "
+            "--storage DIR (a new directory)"
+        )
 
 
 def write_sweep(storage: Path, sweep: dict) -> None:
