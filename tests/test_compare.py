@@ -305,3 +305,32 @@ def test_config_round_trips_through_mlflow_params():
     assert {k: type(v) for k, v in back.as_dict().items()} == {k: type(v) for k, v in cfg.as_dict().items()}
     with pytest.raises(ValueError, match="param hidden='wide' is not a valid int"):
         train.config_from_params({**params, "hidden": "wide"}, "r")
+
+
+@pytest.mark.slow
+def test_top_ensemble_of_one_is_the_best_full_trial_and_every_size_is_reported(store, sweep_t):
+    """scripts/top_ensemble.py on a real sweep: its ensemble of one (greedy on scaled advantages,
+    from the saved checkpoints) scores exactly the pooled val and test Sharpe the sweep recorded
+    for its best full trial; the sizes asked for are all there, capped at the full trials."""
+    from pathlib import Path
+
+    d, uri, env = store
+    script = Path(__file__).resolve().parents[1] / "scripts" / "top_ensemble.py"
+    out = subprocess.run(
+        [sys.executable, str(script), d / "runs/t/results.json", "--n", "1,2,all", "--json", d / "top.json"],
+        env=env,
+        cwd=d,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads((d / "top.json").read_text())
+    n_folds = len(sweep_t["folds"])
+    full = [t for t in sweep_t["trials"] if t["status"] == "ok" and t["folds_done"] >= n_folds]
+    top = max(full, key=lambda t: t["val"]["sharpe"])
+    assert got["full_trials"] == len(full) >= 1
+    assert [r["n"] for r in got["rows"]] == sorted({1, min(2, len(full)), len(full)})
+    one = got["rows"][0]
+    assert one["val_sharpe"] == pytest.approx(top["val"]["sharpe"], abs=1e-9)
+    assert one["test_sharpe"] == pytest.approx(top["test"]["sharpe"], abs=1e-9)
