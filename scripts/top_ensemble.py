@@ -12,8 +12,10 @@ ranking is by pooled val Sharpe, and each member's advantage scale is its val wi
 
 Members may differ in gamma, n_step and reward scale, so raw Q-values are not comparable:
 member k's advantage A_k = Q_k - mean over actions, divided by its standard deviation over
-the fold's val window; the ensemble acts greedily on the mean of those. Needs the run
-directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors).
+the fold's val window; the ensemble acts greedily on the mean of those. `--combine vote`
+instead: each member votes for its own greedy action at every bar and position, and the
+ensemble takes the action most members chose (ties: the lower action index, as argmax breaks
+them). Needs the run directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=parse_ns, default=parse_ns("1,3,5,10,all"), help="ensemble sizes (default 1,3,5,10,all)")
     p.add_argument("--data", type=Path, help="the fxcache it ran on (default: the one results.json names)")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    p.add_argument("--combine", choices=("advantage", "vote"), default="advantage", help="how members combine")
     p.add_argument("--json", type=Path, help="write the numbers here")
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -72,6 +75,8 @@ def main(argv=None) -> int:
         for w in ("val", "test"):
             q = trainer.q_all(getattr(fold, w))
             out[w] = q - q.mean(-1, keepdim=True)
+        if args.combine == "vote":  # one-hot greedy actions: their mean is the share of votes
+            return {w: torch.nn.functional.one_hot(a.argmax(-1), a.shape[-1]).to(a.dtype) for w, a in out.items()}
         scale = out["val"].std().clamp_min(1e-12)
         return {w: a / scale for w, a in out.items()}
 
@@ -105,7 +110,10 @@ def main(argv=None) -> int:
                 "oracle_share": pooled.oracle_share(test, ref_stats.get("oracle")),
             }
         )
-    print(f"{args.results}: {len(full)} full trials of {res['n_trials']}, {n_folds} folds, ranked by pooled val Sharpe")
+    print(
+        f"{args.results}: {len(full)} full trials of {res['n_trials']}, {n_folds} folds, ranked by pooled val "
+        f"Sharpe; combined by {args.combine}"
+    )
     print(f"{'top N':>6} {'val':>7} {'test':>7} {'± se':>6} {'trades':>7} {'share':>6}")
     for r in rows:
         share = "n/a" if r["oracle_share"] is None else f"{r['oracle_share']:.2f}"
@@ -116,7 +124,13 @@ def main(argv=None) -> int:
     for name, s in ref_stats.items():
         print(f"{name + ' (test)':>22} {s['sharpe']:>+7.2f}")
     if args.json:
-        out = {"results": str(args.results), "full_trials": len(full), "rows": rows, "baselines": ref_stats}
+        out = {
+            "results": str(args.results),
+            "combine": args.combine,
+            "full_trials": len(full),
+            "rows": rows,
+            "baselines": ref_stats,
+        }
         args.json.write_text(json.dumps(out, indent=1))
     return 0
 

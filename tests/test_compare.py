@@ -334,3 +334,25 @@ def test_top_ensemble_of_one_is_the_best_full_trial_and_every_size_is_reported(s
     one = got["rows"][0]
     assert one["val_sharpe"] == pytest.approx(top["val"]["sharpe"], abs=1e-9)
     assert one["test_sharpe"] == pytest.approx(top["test"]["sharpe"], abs=1e-9)
+    # a vote of one member is that member's greedy policy too
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            d / "runs/t/results.json",
+            "--n",
+            "1",
+            "--combine",
+            "vote",
+            "--json",
+            d / "v.json",
+        ],
+        env=env,
+        cwd=d,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    vote = json.loads((d / "v.json").read_text())
+    assert vote["combine"] == "vote" and vote["rows"][0]["test_sharpe"] == pytest.approx(one["test_sharpe"], abs=1e-9)
