@@ -311,48 +311,27 @@ def test_config_round_trips_through_mlflow_params():
 def test_top_ensemble_of_one_is_the_best_full_trial_and_every_size_is_reported(store, sweep_t):
     """scripts/top_ensemble.py on a real sweep: its ensemble of one (greedy on scaled advantages,
     from the saved checkpoints) scores exactly the pooled val and test Sharpe the sweep recorded
-    for its best full trial; the sizes asked for are all there, capped at the full trials."""
+    for its best full trial, and so does a vote of one; the sizes asked for are all there, capped
+    at the full trials."""
     from pathlib import Path
 
     d, uri, env = store
     script = Path(__file__).resolve().parents[1] / "scripts" / "top_ensemble.py"
-    out = subprocess.run(
-        [sys.executable, str(script), d / "runs/t/results.json", "--n", "1,2,all", "--json", d / "top.json"],
-        env=env,
-        cwd=d,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads((d / "top.json").read_text())
+
+    def top(*args) -> dict:
+        cmd = [sys.executable, str(script), d / "runs/t/results.json", *args, "--json", d / "top.json"]
+        out = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads((d / "top.json").read_text())
+
+    got = top("--n", "1,2,all")
     n_folds = len(sweep_t["folds"])
     full = [t for t in sweep_t["trials"] if t["status"] == "ok" and t["folds_done"] >= n_folds]
-    top = max(full, key=lambda t: t["val"]["sharpe"])
+    best = max(full, key=lambda t: t["val"]["sharpe"])
     assert got["full_trials"] == len(full) >= 1
     assert [r["n"] for r in got["rows"]] == sorted({1, min(2, len(full)), len(full)})
     one = got["rows"][0]
-    assert one["val_sharpe"] == pytest.approx(top["val"]["sharpe"], abs=1e-9)
-    assert one["test_sharpe"] == pytest.approx(top["test"]["sharpe"], abs=1e-9)
-    # a vote of one member is that member's greedy policy too
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            d / "runs/t/results.json",
-            "--n",
-            "1",
-            "--combine",
-            "vote",
-            "--json",
-            d / "v.json",
-        ],
-        env=env,
-        cwd=d,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    vote = json.loads((d / "v.json").read_text())
+    assert one["val_sharpe"] == pytest.approx(best["val"]["sharpe"], abs=1e-9)
+    assert one["test_sharpe"] == pytest.approx(best["test"]["sharpe"], abs=1e-9)
+    vote = top("--n", "1", "--combine", "vote")  # a vote of one member is that member's greedy policy
     assert vote["combine"] == "vote" and vote["rows"][0]["test_sharpe"] == pytest.approx(one["test_sharpe"], abs=1e-9)
