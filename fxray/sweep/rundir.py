@@ -56,6 +56,7 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
         raise UsageError(f"{storage}: no sweep to resume (no sweep.json); run without --resume")
     if sweep is None:
         return file, storage, None
+    check_study(storage / "optuna.db")  # a resumed or extended sweep loads it next
     if args.resume and sweep["rounds"][-1]["done"] and not getattr(args, "same_trials", None):  # before Ray starts
         raise NothingToResume(
             f"nothing to resume: the sweep in {storage} finished at {finished_at(storage, sweep['rounds'][-1])} "
@@ -119,7 +120,6 @@ def read_sweep(storage: Path) -> dict | None:
             f"{path}: not a sweep's record ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
             "restore it, or pass --storage DIR for a new sweep"
         ) from None
-    check_study(storage / "optuna.db")
     return sweep
 
 
