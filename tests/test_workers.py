@@ -8,7 +8,7 @@ from fxray.data import cache
 from fxray.data.arrays import host_arrays
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, to_cache
-from fxray.sweep.workers import plan_workers, put_market, start_workers
+from fxray.sweep.workers import FoldWorker, plan_workers, put_market, start_workers
 
 TINY = {
     "num_envs": 16,
@@ -228,12 +228,28 @@ def test_plan_counts_the_trials_in_flight():
 
 
 def test_warmup_runs_a_short_fold_and_logs_it(pool):
-    workers, _, folds, _ = pool
-    handle = workers.handles[0]
-    n0 = len(workers.stats()[0]["calls"])
-    ray.get(handle.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[0]))
-    call = workers.stats()[0]["calls"][n0]
-    assert call[2:] == [None, folds[0]["k"], "warmup"] and call[1] >= call[0]
+    _, ref, folds, _ = pool
+    fresh = FoldWorker.options(num_cpus=0, num_gpus=0).remote([ref], 7)
+    ray.get(fresh.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[0]))
+    stats = ray.get(fresh.stats.remote())
+    (call,) = stats["calls"]
+    assert call[2:] == [None, folds[0]["k"], "warmup"] and call[1] > call[0]
+    assert stats["n_trainers"] == 1 and stats["n_calls"] == 0  # it trained, and is not a trial's fold
+    ray.kill(fresh)
+
+
+def test_a_warmup_that_comes_after_a_fold_only_logs_itself(pool):
+    """Ray orders calls per caller: the driver's warm-up may reach a worker after a trial's
+    fold has paid the one-time costs; it then trains nothing and is logged with no length."""
+    _, ref, folds, _ = pool
+    fresh = FoldWorker.options(num_cpus=0, num_gpus=0).remote([ref], 8)
+    assert ray.get(fresh.train_fold.remote(TINY, folds[0], 1))["status"] == "ok"
+    ray.get(fresh.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[0]))
+    stats = ray.get(fresh.stats.remote())
+    assert [c[4] for c in stats["calls"]] == ["ok", "warmup"]
+    warm = stats["calls"][1]
+    assert warm[0] == warm[1] >= stats["calls"][0][1] and stats["n_trainers"] == 1
+    ray.kill(fresh)
 
 
 # --- populations (sweep.population > 1: fxray.sweep.gather) ------------------------------------

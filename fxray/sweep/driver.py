@@ -65,6 +65,7 @@ class Run:
     writer: object
     arrays_ref: object  # held for the whole sweep: a restarted worker loads it again
     calendar: object  # fxray.data.calendar.Calendar of the data: what the pooled statistics annualise by
+    warmups: list = field(default_factory=list)  # the workers' warm-up calls (ObjectRefs)
 
 
 def validate(args, import_s: float = 0.0) -> Plan:
@@ -224,8 +225,8 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
         workers = start_workers(
             arrays_ref, wplan, cfg.dtype, pool_name(storage), worker_class=os.environ.get("FXRAY_WORKER_CLASS")
         )
-    for handle in workers.handles:  # pays a device process's one-time costs while Tune starts
-        handle.warmup.remote(cfg.as_dict(), folds[0])
+    # pays a device process's one-time costs while Tune starts (unordered with the trials' folds)
+    warmups = [handle.warmup.remote(cfg.as_dict(), folds[0]) for handle in workers.handles]
     phases["workers_created"] = time.time()
     # the data proven (values, content hash) before anything is recorded under its hash: the
     # check ran while Ray and the workers started; a bad file is one line, exit 2, nothing written
@@ -247,7 +248,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
         plan.mlflow_extra,
         device=wplan.kind,
     )
-    run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts))
+    run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts), warmups)
     prepared.set()
     writer.go()  # the sweep is checked and recorded: the store may be opened now
     watch_workers(workers, t0, phases)
@@ -317,6 +318,10 @@ def finish(run: Run) -> int:
     # the store opens while Tune runs; on a loaded box a short sweep can end first. The end is
     # written through it anyway: wait for it, so that results.json's phases say when it opened
     run.writer.wait_open(timeout=120)
+    # Ray orders a worker's calls per caller only: a warm-up that reached its worker after the
+    # trials' folds may still be queued; the workers' stats account for it once it has run
+    if run.warmups:
+        ray.wait(run.warmups, num_returns=len(run.warmups), timeout=120)
     with capture_stdout() as screen:  # the last screen, also the parent run's summary.md
         summary = results.write_results(
             storage,

@@ -181,8 +181,13 @@ class DeviceWorker:
         """One short fold of `config` (one epoch of a few steps), so that the one-time
         costs of a fresh device process (kernel loading, cuBLAS handles, the first graph
         capture: seconds on the H200) are paid while Tune starts its first trials, not
-        inside the first trial. Logged as a call with status "warmup"."""
+        inside the first trial. Logged as a call with status "warmup". Ray does not order it
+        with the trials' folds (they come from other callers): where a fold came first, it
+        has paid those costs, and the warm-up is logged with no training and no length."""
         t0 = time.time()
+        if self.n_calls:  # a trial's fold reached this worker first
+            self.calls.append([t0, t0, None, fold["k"], "warmup"])
+            return
         small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
         self._train(small, fold, 0, None, None, warmup=True)
         self.trainers.pop(json.dumps(small, sort_keys=True), None)  # never used again
