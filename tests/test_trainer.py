@@ -323,3 +323,35 @@ def test_compiled_loss_is_the_same_maths_as_eager():
     torch.testing.assert_close(learners[True].loss_sum, learners[False].loss_sum, rtol=1e-5, atol=1e-6)
     for p, q in zip(learners[True].params, learners[False].params):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def test_split_online_forward_is_the_joint_one():
+    """On CPU the online network's forward over the next states runs without autograd (the
+    joint pass over [s, s_next] of CUDA multiplies their zero gradients too): same updates."""
+    data = DeviceData(random_arrays())
+    data.set_fold(Fold(0, (0, 1500), (1600, 2200), (2300, 2900)))
+    cfg = TINY.replace(n_step=3, input_noise=0.5)
+    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
+    replay = Replay(cfg, cfg.num_envs, "cpu")
+    torch.manual_seed(0)
+    env.reset()
+    for _ in range(20):
+        collect(env, QNetwork(50, 8, 1, False), replay, torch.tensor(1.0))
+    batches = [replay.sample_indices(cfg.batch_size) for _ in range(6)]
+    learners = {}
+    for joint in (True, False):
+        learner = Learner(cfg, 50, "cpu")
+        assert not learner.joint_forward  # the CPU's choice
+        learner.joint_forward = joint
+        learner.reset(1)
+        torch.manual_seed(1)
+        for step, envi in batches:
+            learner.learn(data, replay, step, envi)
+        learners[joint] = learner
+    assert learners[True].loss_sum > 0
+    torch.testing.assert_close(learners[True].loss_sum, learners[False].loss_sum, rtol=1e-6, atol=1e-7)
+    for p, q in zip(learners[True].params, learners[False].params):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+    untrained = Learner(cfg, 50, "cpu")
+    untrained.reset(1)
+    assert all(not torch.equal(p, u) for p, u in zip(learners[False].params, untrained.params))  # it learned

@@ -111,6 +111,10 @@ class Learner:
         self.loss_sum = torch.zeros((), device=device)
         self.q_abs_max = torch.zeros((), device=device)
         self.fresh = self.carry = None  # the env's return arrays, for all_actions (set by DQN)
+        # the online network's forward over [s, s_next] in one pass where a step is bound by
+        # launches (CUDA); in two where it is bound by flops (CPU): there the joint pass's
+        # backward multiplies the next states' zero gradients too, 2/7 of a step's matmul flops
+        self.joint_forward = torch.device(device).type == "cuda"
 
     def td_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
         """Huber TD loss of the batch (step, env) and max |Q| over it: the maths of an update
@@ -121,15 +125,20 @@ class Learner:
         cfg = self.cfg
         t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
         B = t.shape[0]
-        # One online forward over [s, s_next] (2B rows): at these sizes a step is bound by
-        # kernel launches, not flops, so one pass of twice the rows is nearly free.
+        # On CUDA one online forward over [s, s_next] (2B rows): at these sizes a step is bound
+        # by kernel launches, not flops, so one pass of twice the rows is nearly free.
         market = data.states(torch.cat([t, next_t]))  # (2B, n_inputs)
         if noise is not None:  # the states and next states alike: a bar is never seen twice the same
             market = market + noise
-        q_both = self.q_network(market, torch.cat([position, next_position]))  # (2B, 3)
-        q = q_both[:B]
+        if self.joint_forward:
+            q_both = self.q_network(market, torch.cat([position, next_position]))  # (2B, 3)
+            q, q_next = q_both[:B], q_both[B:].detach()
+        else:  # the next states without autograd: the backward's matmuls over B rows, not 2B
+            q = self.q_network(market[:B], position)
+            with torch.no_grad():
+                q_next = self.q_network(market[B:], next_position)
         with torch.no_grad():  # Double DQN: online picks the next action, target evaluates it
-            next_action = q_both[B:].argmax(1, keepdim=True)
+            next_action = q_next.argmax(1, keepdim=True)
             next_q = self.target_network(market[B:], next_position).gather(1, next_action).squeeze(1)
             td_target = return_n * cfg.reward_scale + discount * next_q
         q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
