@@ -76,6 +76,14 @@ def report(s: dict) -> str:
             f"     walk-forward selection (each test window's trial chosen on the val windows before it): "
             f"{sharpe_line(wf)}"
         )
+    vote = s.get("ensemble")
+    if vote:
+        share = vote.get("oracle_share")
+        lines.append(
+            f"     vote of the {vote['n_members']} trials that ran every fold (the sweep's record): "
+            f"{vote['test_sharpe']:+.2f} ± {fmt(vote.get('test_sharpe_se'), '.2f')}"
+            + (f"; share of the oracle {share:.2f}" if share is not None else "")
+        )
     lines.append("   " + verdict(b))
     lines.append(verdict_text(s["verdict"]))
     return "\n".join(lines)

@@ -10,12 +10,9 @@ moves between configs. The chosen trial is then one draw; N policies of similar 
 average some of that noise away, as bagging does. Selection sees the val windows only: the
 ranking is by pooled val Sharpe, and each member's advantage scale is its val window's.
 
-Members may differ in gamma, n_step and reward scale, so raw Q-values are not comparable:
-member k's advantage A_k = Q_k - mean over actions, divided by its standard deviation over
-the fold's val window; the ensemble acts greedily on the mean of those. `--combine vote`
-instead: each member votes for its own greedy action at every bar and position, and the
-ensemble takes the action most members chose (ties: the lower action index, as argmax breaks
-them). Needs the run directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors).
+How members combine (`--combine advantage`, the default, or `vote`) is fxray.sweep.vote's;
+every sweep reports the vote of all its full trials itself (results.json "ensemble"). This
+script varies N. Needs the run directory's checkpoints.
 """
 
 from __future__ import annotations
@@ -43,63 +40,24 @@ def main(argv=None) -> int:
     import torch
 
     from fxray.data import cache
-    from fxray.data.folds import Fold
     from fxray.eval import pooled
-    from fxray.eval.backtest import backtest
-    from fxray.rl.config import make_config
     from fxray.rl.device import DeviceData
-    from fxray.rl.trainer import Trainer, load_checkpoint
+    from fxray.sweep import vote
 
     res = json.loads(args.results.read_text())
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    data = DeviceData(cache.open(args.data or res["data"]["path"]), device)
-    ppy = data.calendar.periods_per_year
+    data = DeviceData(cache.open(args.data or res["data"]["path"]), device, res["base_config"].get("dtype", "float32"))
     n_folds = len(res["folds"])
-    full = [t for t in res["trials"] if t["status"] == "ok" and t["folds_done"] >= n_folds]
+    full = vote.full_trials(res)
     if not full:
         sys.exit(f"{args.results}: no trial ran all {n_folds} folds")
-    full.sort(key=lambda t: t["val"]["sharpe"], reverse=True)
     sizes = sorted({len(full) if n == "all" else min(n, len(full)) for n in args.n})
-    known = set(make_config({}).as_dict())
-    ckpts = Path(res["storage"]) / "checkpoints"
-    cost = make_config({k: v for k, v in full[0]["config"].items() if k in known}).cost
-    trainers: dict = {}
-
-    def advantages(trial: dict, fold: Fold) -> dict:
-        """{window: the member's (T, 3, 3) advantages over that window, scaled by its val std}."""
-        cfg = make_config({k: v for k, v in trial["config"].items() if k in known})
-        trainer = trainers.setdefault(json.dumps(cfg.as_dict(), sort_keys=True), Trainer(data, cfg))
-        tensors, _ = load_checkpoint(ckpts / trial["trial_id"] / f"fold{fold.k}.safetensors")
-        trainer.algo.learner.q_network.load_state_dict({k: v.to(device) for k, v in tensors.items()})
-        out = {}
-        for w in ("val", "test"):
-            q = trainer.q_all(getattr(fold, w))
-            out[w] = q - q.mean(-1, keepdim=True)
-        if args.combine == "vote":  # one-hot greedy actions: their mean is the share of votes
-            return {w: torch.nn.functional.one_hot(a.argmax(-1), a.shape[-1]).to(a.dtype) for w, a in out.items()}
-        scale = out["val"].std().clamp_min(1e-12)
-        return {w: a / scale for w, a in out.items()}
-
-    periods = {n: {"val": [], "test": []} for n in sizes}
-    refs: dict = {}
-    ref_trainer = Trainer(data, make_config({k: v for k, v in full[0]["config"].items() if k in known}))
-    for fd in res["folds"]:
-        fold = Fold.from_dict(fd)
-        data.set_fold(fold)  # the fold's train-slice normalisation, as in training
-        members = [advantages(t, fold) for t in full[: sizes[-1]]]
-        for n in sizes:
-            for w in ("val", "test"):
-                mean = torch.stack([m[w] for m in members[:n]]).mean(0)
-                result = backtest(mean, data.window(getattr(fold, w), ref_trainer.cfg.fill), cost)
-                periods[n][w].append(result.periods.as_dict())
-        _, ref_periods = ref_trainer._references(fold)
-        for name, d in ref_periods.items():
-            refs.setdefault(name, []).append(d["test"])
-        print(f"fold {fold.k}: {len(members)} members scored", file=sys.stderr, flush=True)
-    ref_stats = {name: pooled.pooled(ws, cost, ppy) for name, ws in refs.items()}
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    combined = vote.combine_trials(res, data, sizes, args.combine, log)
+    ref_stats = res["best"]["baselines"]  # every full trial ran every fold: the same test windows
     rows = []
     for n in sizes:
-        val, test = (pooled.pooled(periods[n][w], cost, ppy) for w in ("val", "test"))
+        val, test = combined[n]["val"], combined[n]["test"]
         rows.append(
             {
                 "n": n,

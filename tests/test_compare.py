@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -313,8 +314,6 @@ def test_top_ensemble_of_one_is_the_best_full_trial_and_every_size_is_reported(s
     from the saved checkpoints) scores exactly the pooled val and test Sharpe the sweep recorded
     for its best full trial, and so does a vote of one; the sizes asked for are all there, capped
     at the full trials."""
-    from pathlib import Path
-
     d, uri, env = store
     script = Path(__file__).resolve().parents[1] / "scripts" / "top_ensemble.py"
 
@@ -335,3 +334,103 @@ def test_top_ensemble_of_one_is_the_best_full_trial_and_every_size_is_reported(s
     assert one["test_sharpe"] == pytest.approx(best["test"]["sharpe"], abs=1e-9)
     vote = top("--n", "1", "--combine", "vote")  # a vote of one member is that member's greedy policy
     assert vote["combine"] == "vote" and vote["rows"][0]["test_sharpe"] == pytest.approx(one["test_sharpe"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_the_sweep_reports_the_vote_of_its_full_trials(store, sweep_t):
+    """results.json's "ensemble": all the trials that ran every fold, best val first, voting;
+    pooled over the chosen trial's test windows with the oracle's share; the same numbers as
+    scripts/top_ensemble.py's vote of all; on the last screen and in the parent run."""
+    d, uri, env = store
+    n_folds = len(sweep_t["folds"])
+    full = sorted(
+        (t for t in sweep_t["trials"] if t["status"] == "ok" and t["folds_done"] >= n_folds),
+        key=lambda t: t["val"]["sharpe"],
+        reverse=True,
+    )
+    vote = sweep_t["ensemble"]
+    assert vote["combine"] == "vote" and "skipped" not in vote
+    assert vote["members"] == [t["trial_id"] for t in full] and vote["n_members"] == len(full) == 3
+    best = sweep_t["best"]
+    assert (
+        vote["test"]["n_periods"] == best["test"]["n_periods"] and vote["val"]["n_periods"] == best["val"]["n_periods"]
+    )
+    oracle = best["baselines"]["oracle"]["sharpe"]
+    assert vote["test"]["oracle_share"] == pytest.approx(vote["test"]["sharpe"] / oracle)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "top_ensemble.py"
+    cmd = [sys.executable, script, d / "runs/t/results.json", "--n", "all", "--combine", "vote", "--json", d / "v.json"]
+    out = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = json.loads((d / "v.json").read_text())["rows"]
+    assert row["test_sharpe"] == pytest.approx(vote["test"]["sharpe"], abs=1e-12)
+    assert row["val_sharpe"] == pytest.approx(vote["val"]["sharpe"], abs=1e-12)
+    screen = (d / "runs/t/summary.md").read_text()
+    assert (
+        f"vote of the 3 trials that ran every fold (members chosen on val only): {vote['test']['sharpe']:+.2f}"
+        in screen
+    )
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("t")
+    (parent,) = client.search_runs([exp.experiment_id], "metrics.best_test_sharpe > -1e9")  # the sweep's run
+    assert parent.data.metrics["ensemble_test_sharpe"] == pytest.approx(vote["test"]["sharpe"])
+    assert parent.data.metrics["ensemble_members"] == 3
+    out = run_cli("fxray.compare", ["t", "--tracking-uri", uri, "--no-log", "--json", d / "cv.json"], env, d)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"vote of the 3 trials that ran every fold (the sweep's record): {vote['test']['sharpe']:+.2f}" in out.stdout
+    (got,) = json.loads((d / "cv.json").read_text())["experiments"]
+    assert got["ensemble"]["test_sharpe"] == pytest.approx(vote["test"]["sharpe"])
+
+
+def test_a_vote_is_the_majority_of_the_members_greedy_actions():
+    """fxray.sweep.vote.votes against a plain count: ties go to the lower action, as argmax."""
+    import numpy as np
+    import torch
+
+    from fxray.sweep.vote import votes
+
+    rng = np.random.default_rng(0)
+    members = rng.integers(0, 3, size=(4, 50, 3, 3)).astype(np.float32)  # small integers: many ties
+    combined = torch.stack([votes(torch.from_numpy(q)) for q in members]).mean(0).argmax(-1).numpy()
+    want = np.zeros((50, 3), dtype=int)
+    for t in range(50):
+        for p in range(3):
+            counts = [0, 0, 0]
+            for q in members:
+                row = list(q[t, p])
+                counts[row.index(max(row))] += 1
+            want[t, p] = counts.index(max(counts))
+    assert (combined == want).all()
+    assert len({tuple(c) for c in combined.reshape(-1, 3)}) > 1  # not one action everywhere
+
+
+def test_a_vote_that_cannot_run_says_why_and_the_results_are_written_anyway(tmp_path):
+    """Fewer than 3 full trials, or a missing checkpoint (seeds > 1 writes none): "skipped" with
+    the reason, on the last screen too; an error inside the vote is recorded, not raised."""
+    from fxray.sweep.vote import vote_of_full_trials
+    from fxray.track.report import vote_line
+    from fxray.track.results import run_ensemble
+
+    def trial(tid, sharpe, folds_done=2):
+        return {"trial_id": tid, "status": "ok", "folds_done": folds_done, "val": {"sharpe": sharpe}}
+
+    results = {
+        "folds": [{"k": 0}, {"k": 1}],
+        "storage": str(tmp_path),
+        "trials": [trial("a", 1.0), trial("b", 3.0), trial("c", 9.0, folds_done=1)],
+    }
+    two = vote_of_full_trials(results)
+    assert two["members"] == ["b", "a"] and two["skipped"] == "2 trial(s) ran every fold; a vote needs 3"
+    assert vote_line(two).endswith("not run: 2 trial(s) ran every fold; a vote needs 3")
+    results["trials"].append(trial("d", 2.0))
+    (tmp_path / "checkpoints" / "b").mkdir(parents=True)
+    for k in (0, 1):
+        (tmp_path / "checkpoints" / "b" / f"fold{k}.safetensors").write_bytes(b"")
+    three = vote_of_full_trials(results)
+    assert three["n_members"] == 3 and three["skipped"].startswith("4 checkpoint(s) missing, e.g. ")
+    assert str(tmp_path / "checkpoints" / "d" / "fold0.safetensors") in three["skipped"]
+
+    def broken(_results):
+        raise KeyError("periods_per_year")
+
+    failed = run_ensemble(broken, results)
+    assert failed["skipped"] == "failed: KeyError: 'periods_per_year'" and failed["wall_s"] >= 0

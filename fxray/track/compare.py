@@ -225,4 +225,15 @@ def summarize(exp: dict) -> dict:
             "walk_forward": walk,
             "folds": rows,
         },
+        # the vote of the full trials needs their checkpoints: the sweep's own record of it
+        "ensemble": (
+            {
+                "n_members": int(metrics["ensemble_members"]),
+                "test_sharpe": metrics["ensemble_test_sharpe"],
+                "test_sharpe_se": metrics.get("ensemble_test_sharpe_se"),
+                "oracle_share": metrics.get("ensemble_test_oracle_share"),
+            }
+            if "ensemble_test_sharpe" in metrics
+            else None
+        ),
     }

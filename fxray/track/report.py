@@ -106,9 +106,25 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
             f"  walk-forward selection (each test window's trial chosen on the val windows before it): "
             f"{sharpe_line(wf)}"
         )
+    vote = results.get("ensemble")
+    if vote:
+        print("  " + vote_line(vote))
     print("  " + verdict(b))
     uri = results.get("tracking_uri")
     print(f"  judge it further: fxray compare {results['experiment']}" + (f" --tracking-uri {uri}" if uri else ""))
+
+
+def vote_line(vote: dict) -> str:
+    """The vote of the full trials (fxray.sweep.vote), one line."""
+    head = f"vote of the {vote['n_members']} trials that ran every fold (members chosen on val only)"
+    if "skipped" in vote:
+        return f"{head}: not run: {vote['skipped']}"
+    test, share = vote["test"], vote["test"].get("oracle_share")
+    return (
+        f"{head}: {sharpe_line(test)}, {test['n_trades']} trades"
+        + (f"; share of the oracle {share:.2f}" if share is not None else "")
+        + f"; PSR {fmt(test['psr'], '.3f')}"
+    )
 
 
 def seed_spread(results: dict, trial_id: str) -> dict | None:

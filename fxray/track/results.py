@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
+import time
 from pathlib import Path
 
 from fxray.eval import pooled, selection
@@ -112,9 +114,11 @@ def write_results(
     phases: dict | None = None,
     periods_per_year: float | None = None,
     n_trials_started: int | None = None,
+    ensemble=None,
 ) -> dict:
     """folds.csv, equity.png and results.json in the run directory (and --json), the last
-    screen on stdout; returns the parent run's summary metrics and artifacts."""
+    screen on stdout; returns the parent run's summary metrics and artifacts.
+    `ensemble(results) -> dict`, if given, fills results["ensemble"] (fxray.sweep.vote)."""
     storage, n_folds = Path(storage), len(sweep["folds"])
     trials = trials_table(records)
     if not trials:
@@ -199,6 +203,8 @@ def write_results(
         "verdict": json_ready(verdict),  # fxray.sweep.placebo adds the placebo sweeps' p-value
     }
     results["best"]["seed_spread"] = seed_spread(results, best["trial_id"])  # None unless seeds > 1
+    if ensemble is not None:
+        results["ensemble"] = run_ensemble(ensemble, results)
     text = json.dumps(results, indent=1)
     (storage / "results.json").write_text(text)
     if json_path:
@@ -228,8 +234,29 @@ def write_results(
         "trial_id": best["trial_id"],
     }
     summary.update({f"{name}_test_sharpe": s["sharpe"] for name, s in b["baselines"].items()})
+    vote = results.get("ensemble") or {}
+    if "test" in vote:
+        summary.update(
+            ensemble_test_sharpe=vote["test"]["sharpe"],
+            ensemble_test_sharpe_se=vote["test"]["sharpe_se"],
+            ensemble_test_oracle_share=vote["test"]["oracle_share"],
+            ensemble_members=vote["n_members"],
+        )
     summary.update(verdict_metrics(verdict))
     return {"mlflow_summary": {k: v for k, v in summary.items() if v is not None}, "artifacts": artifacts}
+
+
+def run_ensemble(ensemble, results: dict) -> dict:
+    """results["ensemble"]: what `ensemble(results)` returns; its failure is recorded, not
+    raised (the sweep's own results are written either way)."""
+    t0 = time.time()
+    print("voting: the trials that ran every fold, as one policy (fxray.sweep.vote) ...", file=sys.stderr, flush=True)
+    try:
+        out = ensemble(results)
+    except Exception as e:  # noqa: BLE001 (an extra line of the report must not lose the sweep's results)
+        out = {"skipped": f"failed: {type(e).__name__}: {e}"}
+    out["wall_s"] = time.time() - t0
+    return out
 
 
 def no_best(storage: Path, sweep: dict, trials: dict, json_path) -> dict:

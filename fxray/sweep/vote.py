@@ -1,0 +1,127 @@
+"""The sweep's full trials as one policy: at every bar and position, the action most of them take.
+
+    ensemble = vote_of_full_trials(results)     # results.json's dict, before it is written
+    combined = combine_trials(results, data, sizes=[1, 5, len(full)], combine="vote")
+
+Why: a config's fold result is one draw from a distribution about as wide as the spread
+between configs (docs/benchmarks.md, "Populations under the sweep"), so the chosen trial is
+the luckiest draw on val. A vote of the trials that ran every fold (the ones ASHA kept,
+on their val windows) averages some of that luck away, as bagging does; it was at least
+the chosen trial on every CPU sweep measured, and flat on the shuffled twin
+(docs/benchmarks.md, "Averaging the sweep's best policies").
+
+Only val decides: membership is ASHA's (val scores), the ranking is by pooled val Sharpe,
+and an advantage's scale is its val window's. The rule (all full trials, a majority vote) is
+fixed before a sweep starts, so its pooled test statistics are one policy's out of sample;
+the sweep still reports and deflates its chosen trial as `best`.
+
+Members may differ in gamma, n_step and reward scale, so raw Q-values are not comparable.
+"vote": each member's greedy action at every bar and previous position is one vote; the
+policy takes the action with the most votes (ties: the lower action index, as argmax
+breaks them). "advantage": member k's advantage A_k = Q_k - its mean over actions, divided
+by its standard deviation over the fold's val window; the policy acts on their mean.
+Needs the run directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MIN_MEMBERS = 3  # fewer full trials: no vote (a vote of two is the first one's action at each tie)
+
+
+def full_trials(results: dict) -> list[dict]:
+    """The trials that ran every fold, best pooled val Sharpe first."""
+    n_folds = len(results["folds"])
+    full = [t for t in results["trials"] if t["status"] == "ok" and t["folds_done"] >= n_folds]
+    return sorted(full, key=lambda t: t["val"]["sharpe"], reverse=True)
+
+
+def missing_checkpoints(results: dict, trials: list[dict]) -> list[Path]:
+    ckpts = Path(results["storage"]) / "checkpoints"
+    paths = [ckpts / t["trial_id"] / f"fold{f['k']}.safetensors" for t in trials for f in results["folds"]]
+    return [p for p in paths if not p.exists()]
+
+
+def votes(q):
+    """(..., n_actions) values -> one-hot greedy actions: their mean over members is each
+    action's share of the votes, and its argmax the majority (ties: the lower index)."""
+    import torch
+
+    return torch.nn.functional.one_hot(q.argmax(-1), q.shape[-1]).to(q.dtype)
+
+
+def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote", log=None) -> dict:
+    """{n: {"val": pooled stats, "test": pooled stats}} of the top n full trials combined, per
+    fold, on that fold's val and test windows. `data`: a DeviceData of the sweep's market."""
+    import torch
+
+    from fxray.data.folds import Fold
+    from fxray.eval import pooled
+    from fxray.eval.backtest import backtest
+    from fxray.rl.config import make_config
+    from fxray.rl.trainer import Trainer, load_checkpoint
+
+    full = full_trials(results)
+    sizes = sorted({min(n, len(full)) for n in sizes})
+    known = set(make_config({}).as_dict())
+    config = lambda t: make_config({k: v for k, v in t["config"].items() if k in known})  # noqa: E731
+    ckpts, cost, fill = Path(results["storage"]) / "checkpoints", config(full[0]).cost, config(full[0]).fill
+    ppy = results["periods_per_year"]
+    trainers: dict = {}
+
+    def member(trial: dict, fold: Fold) -> dict:
+        """{window: (T, 3, 3) votes (one-hot greedy actions) or val-scaled advantages}."""
+        cfg = config(trial)
+        trainer = trainers.setdefault(json.dumps(cfg.as_dict(), sort_keys=True), Trainer(data, cfg))
+        tensors, _ = load_checkpoint(ckpts / trial["trial_id"] / f"fold{fold.k}.safetensors")
+        trainer.algo.learner.q_network.load_state_dict({k: v.to(data.device) for k, v in tensors.items()})
+        out = {}
+        for w in ("val", "test"):
+            q = trainer.q_all(getattr(fold, w))
+            out[w] = q - q.mean(-1, keepdim=True)
+        if combine == "vote":
+            return {w: votes(a) for w, a in out.items()}
+        scale = out["val"].std().clamp_min(1e-12)
+        return {w: a / scale for w, a in out.items()}
+
+    periods = {n: {"val": [], "test": []} for n in sizes}
+    for fd in results["folds"]:
+        fold = Fold.from_dict(fd)
+        data.set_fold(fold)  # the fold's train-slice normalisation, as in training
+        members = [member(t, fold) for t in full[: sizes[-1]]]
+        for n in sizes:
+            for w in ("val", "test"):
+                mean = torch.stack([m[w] for m in members[:n]]).mean(0)
+                periods[n][w].append(backtest(mean, data.window(getattr(fold, w), fill), cost).periods.as_dict())
+        if log:
+            log(f"fold {fold.k}: {len(members)} members combined")
+    return {n: {w: pooled.pooled(periods[n][w], cost, ppy) for w in ("val", "test")} for n in sizes}
+
+
+def vote_of_full_trials(results: dict, data_path=None) -> dict:
+    """What results.json's "ensemble" holds: the vote of all full trials, pooled on val and
+    test, its shares of the oracle and the ridge rule on the chosen trial's test windows (the
+    same windows: every member ran every fold); or {"skipped": why}."""
+    full = full_trials(results)
+    out = {"combine": "vote", "members": [t["trial_id"] for t in full], "n_members": len(full)}
+    if len(full) < MIN_MEMBERS:
+        return {**out, "skipped": f"{len(full)} trial(s) ran every fold; a vote needs {MIN_MEMBERS}"}
+    missing = missing_checkpoints(results, full)
+    if missing:
+        return {**out, "skipped": f"{len(missing)} checkpoint(s) missing, e.g. {missing[0]}"}
+    import torch
+
+    from fxray.data import cache
+    from fxray.eval import pooled
+    from fxray.rl.device import DeviceData
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = results["base_config"].get("dtype", "float32")  # the storage dtype the members trained on
+    data = DeviceData(cache.open(data_path or results["data"]["path"]), device, dtype)
+    stats = combine_trials(results, data, [len(full)], "vote")[len(full)]
+    refs = results["best"].get("baselines") or {}
+    stats["test"]["oracle_share"] = pooled.oracle_share(stats["test"], refs.get("oracle"))
+    stats["test"]["ridge_share"] = pooled.oracle_share(stats["test"], refs.get("ridge"))
+    return {**out, **stats}
