@@ -16,12 +16,15 @@ Rows (goals from the issues, for one H200):
           `batch` + one env step of `envs` agents per learner step + greedy backtest over `val-bars`
           (<= 0.3 s), env steps/s, gradient samples/s, host syncs inside an epoch (0);
           with CUDA graphs and without.
+  forward the learner step with the online network's forward over [s, s_next] in one pass and in
+          two (fxray.rl.dqn.Learner.joint_forward: one on CUDA, two on a CPU), side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -242,6 +245,35 @@ def bench_variant(args, rows, data, folds, cfg, tag, sync) -> None:
         profile_step(trainer, args.profile)
 
 
+def bench_forward(args, rows, path: Path) -> None:
+    """The learner step with the online forward over [s, s_next] in one pass (CUDA's choice) and
+    in two (the CPU's: fxray.rl.dqn.Learner.joint_forward), side by side: 4 alternations of
+    `steps` steps each, best of 4, at the CPU profile's sizes unless given (hidden 128 and 256)."""
+    dev = torch.device(args.device)
+    data = DeviceData(cache.open(path), dev)
+    n = data.n_bars
+    fold = Fold(0, (0, int(n * 0.8)), (int(n * 0.8), int(n * 0.9)), (int(n * 0.9), n))
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    for hidden in (128, 256):
+        trainer = Trainer(data, DQNConfig(num_envs=args.envs, batch_size=args.batch, hidden=hidden, graphs=False))
+        trainer._begin(fold, 0)
+        best = {True: math.inf, False: math.inf}
+        for _ in range(4):
+            for joint in (True, False):
+                trainer.algo.learner.joint_forward = joint
+                for _ in range(10):
+                    trainer._step()
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    trainer._step()
+                sync()
+                best[joint] = min(best[joint], (time.perf_counter() - t0) / args.steps)
+        for joint, tag in ((True, "one pass over [s, s_next]"), (False, "two passes, s_next without autograd")):
+            rows.append(("forward", f"learner step, hidden {hidden}, {tag}", best[joint] * 1e3, "ms", ""))
+        rows.append(("forward", f"hidden {hidden}: two passes / one pass", best[False] / best[True], "x", ""))
+
+
 def profile_step(trainer: Trainer, out: Path) -> None:
     """Kernel table of 20 eager hot steps (where the time of a step goes), written to `out`."""
     from torch.profiler import ProfilerActivity, profile
@@ -257,7 +289,9 @@ def profile_step(trainer: Trainer, out: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", default="data,trainer", metavar="LIST", help="data, upload, trainer (comma-separated)")
+    p.add_argument(
+        "--sections", default="data,trainer", metavar="LIST", help="data, upload, trainer, forward (comma-separated)"
+    )
     p.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", metavar="DEVICE", help="cpu or cuda"
     )
@@ -305,6 +339,9 @@ def main(argv=None) -> int:
         if "trainer" in sections:
             say(f"trainer: {args.epochs} epochs x {args.steps} steps per variant, two folds each")
             bench_trainer(args, rows, path)
+        if "forward" in sections:
+            say(f"forward: the learner step's online forward, joint and split, {args.steps} steps x 4 each")
+            bench_forward(args, rows, path)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     print(
         f"fxray bench  {time.strftime('%Y-%m-%d')}  torch {torch.__version__}  device {args.device} "

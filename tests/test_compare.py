@@ -434,3 +434,17 @@ def test_a_vote_that_cannot_run_says_why_and_the_results_are_written_anyway(tmp_
 
     failed = run_ensemble(broken, results)
     assert failed["skipped"] == "failed: KeyError: 'periods_per_year'" and failed["wall_s"] >= 0
+
+
+def test_a_thin_vote_shows_no_psr():
+    """The shuffled twin's vote went nearly flat (8 trades, 5 active hours): its PSR of 0.98 is
+    not evidence, so the line names the thin evidence and leaves the PSR out."""
+    from fxray.track.report import vote_line
+
+    def stats(evidence, n_active):
+        return {"sharpe": 6.76, "sharpe_se": 3.42, "psr": 0.976, "evidence": evidence, "n_active": n_active,
+                "n_trades": 8, "oracle_share": None}  # fmt: skip
+
+    thin = vote_line({"n_members": 13, "test": stats("thin", 5)})
+    assert "(thin: 5 active hours)" in thin and "0.976" not in thin and thin.endswith("too few active hours for a PSR")
+    assert vote_line({"n_members": 13, "test": stats("ok", 40)}).endswith("8 trades; PSR 0.976")

@@ -120,10 +120,12 @@ def vote_line(vote: dict) -> str:
     if "skipped" in vote:
         return f"{head}: not run: {vote['skipped']}"
     test, share = vote["test"], vote["test"].get("oracle_share")
+    # a Sharpe of a few active hours says nothing; neither does its PSR (it is not shown)
+    psr = f"PSR {fmt(test['psr'], '.3f')}" if test["evidence"] == "ok" else "too few active hours for a PSR"
     return (
         f"{head}: {sharpe_line(test)}, {test['n_trades']} trades"
         + (f"; share of the oracle {share:.2f}" if share is not None else "")
-        + f"; PSR {fmt(test['psr'], '.3f')}"
+        + f"; {psr}"
     )
 
 
