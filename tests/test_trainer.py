@@ -300,18 +300,24 @@ def test_shuffled_returns_control_does_not_look_profitable(strong_cache, tmp_pat
     assert math.isfinite(control.test["sharpe"])
 
 
-def test_compiled_loss_is_the_same_maths_as_eager():
-    """cfg.compile (torch.compile of the TD loss) changes speed, not the updates."""
+def filled_replay(cfg, n_batches: int):
+    """(data, replay, batches): a random market's fold, a replay filled by a random network,
+    and `n_batches` sampled (step, env) index batches, for comparing two learners' updates."""
     data = DeviceData(random_arrays())
     data.set_fold(Fold(0, (0, 1500), (1600, 2200), (2300, 2900)))
-    cfg = TINY.replace(n_step=2)
     env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
     replay = Replay(cfg, cfg.num_envs, "cpu")
     torch.manual_seed(0)
     env.reset()
     for _ in range(20):
         collect(env, QNetwork(50, 8, 1, False), replay, torch.tensor(1.0))
-    batches = [replay.sample_indices(cfg.batch_size) for _ in range(4)]
+    return data, replay, [replay.sample_indices(cfg.batch_size) for _ in range(n_batches)]
+
+
+def test_compiled_loss_is_the_same_maths_as_eager():
+    """cfg.compile (torch.compile of the TD loss) changes speed, not the updates."""
+    cfg = TINY.replace(n_step=2)
+    data, replay, batches = filled_replay(cfg, 4)
     learners = {}
     for compiled in (False, True):
         learner = Learner(cfg.replace(compile=compiled), 50, "cpu")
@@ -328,16 +334,8 @@ def test_compiled_loss_is_the_same_maths_as_eager():
 def test_split_online_forward_is_the_joint_one():
     """On CPU the online network's forward over the next states runs without autograd (the
     joint pass over [s, s_next] of CUDA multiplies their zero gradients too): same updates."""
-    data = DeviceData(random_arrays())
-    data.set_fold(Fold(0, (0, 1500), (1600, 2200), (2300, 2900)))
     cfg = TINY.replace(n_step=3, input_noise=0.5)
-    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
-    replay = Replay(cfg, cfg.num_envs, "cpu")
-    torch.manual_seed(0)
-    env.reset()
-    for _ in range(20):
-        collect(env, QNetwork(50, 8, 1, False), replay, torch.tensor(1.0))
-    batches = [replay.sample_indices(cfg.batch_size) for _ in range(6)]
+    data, replay, batches = filled_replay(cfg, 6)
     learners = {}
     for joint in (True, False):
         learner = Learner(cfg, 50, "cpu")

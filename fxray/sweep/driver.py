@@ -26,6 +26,7 @@ import ray
 from fxray.data.calendar import Calendar
 from fxray.rl import experiment as expmod
 from fxray.rl.overrides import set_overrides
+from fxray.sweep import vote
 from fxray.sweep.cluster import start_ray
 from fxray.sweep.leases import Workers, pool_name
 from fxray.sweep.logs import capture_stdout, known_ray_lines
@@ -33,7 +34,6 @@ from fxray.sweep.rounds import close_orphans, resume_plan, round_state, trials_s
 from fxray.sweep.rundir import UsageError, locate, make_fold_dicts, prepare_storage, same_trials, write_sweep
 from fxray.sweep.trial import config_key
 from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, debug_log, fold_limits, make_tuner
-from fxray.sweep.vote import vote_of_full_trials
 from fxray.track.links import next_steps
 
 
@@ -335,7 +335,7 @@ def finish(run: Run) -> int:
             phases=plan.phases,
             periods_per_year=run.calendar.periods_per_year,
             n_trials_started=trials_started(storage),
-            ensemble=vote_of_full_trials,
+            ensemble=vote.on_worker(run.workers),
         )
     if unfinished:
         run.writer.finish("KILLED")

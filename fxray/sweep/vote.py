@@ -1,6 +1,7 @@
 """The sweep's full trials as one policy: at every bar and position, the action most of them take.
 
     ensemble = vote_of_full_trials(results)     # results.json's dict, before it is written
+    write_results(..., ensemble=on_worker(workers))   # the sweep: the same, on FoldWorker 0
     combined = combine_trials(results, data, sizes=[1, 5, len(full)], combine="vote")
 
 Why: a config's fold result is one draw from a distribution about as wide as the spread
@@ -25,7 +26,6 @@ Needs the run directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 MIN_MEMBERS = 3  # fewer full trials: no vote (a vote of two is the first one's action at each tie)
@@ -61,25 +61,32 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
     from fxray.eval import pooled
     from fxray.eval.backtest import backtest
     from fxray.rl.config import make_config
-    from fxray.rl.trainer import Trainer, load_checkpoint
+    from fxray.rl.dqn import QNetwork
+    from fxray.rl.trainer import EVAL_CHUNK, load_checkpoint
 
     full = full_trials(results)
     sizes = sorted({min(n, len(full)) for n in sizes})
     known = set(make_config({}).as_dict())
-    config = lambda t: make_config({k: v for k, v in t["config"].items() if k in known})  # noqa: E731
-    ckpts, cost, fill = Path(results["storage"]) / "checkpoints", config(full[0]).cost, config(full[0]).fill
-    ppy = results["periods_per_year"]
-    trainers: dict = {}
+    configs = {t["trial_id"]: make_config({k: v for k, v in t["config"].items() if k in known}) for t in full}
+    ckpts, first = Path(results["storage"]) / "checkpoints", configs[full[0]["trial_id"]]
+    cost, fill, ppy = first.cost, first.fill, results["periods_per_year"]
+
+    @torch.no_grad()
+    def q_all(net, window) -> torch.Tensor:  # as Trainer.q_all: bars [start, end - 1), in chunks
+        start, end = window[0], window[1] - 1
+        chunks = (torch.arange(s, min(s + EVAL_CHUNK, end), device=data.device) for s in range(start, end, EVAL_CHUNK))
+        return torch.cat([net.q_all(data.states(t)) for t in chunks])
 
     def member(trial: dict, fold: Fold) -> dict:
         """{window: (T, 3, 3) votes (one-hot greedy actions) or val-scaled advantages}."""
-        cfg = config(trial)
-        trainer = trainers.setdefault(json.dumps(cfg.as_dict(), sort_keys=True), Trainer(data, cfg))
+        cfg = configs[trial["trial_id"]]
         tensors, _ = load_checkpoint(ckpts / trial["trial_id"] / f"fold{fold.k}.safetensors")
-        trainer.algo.learner.q_network.load_state_dict({k: v.to(data.device) for k, v in tensors.items()})
+        net = QNetwork(data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
+        net.load_state_dict(tensors)
+        net = net.to(data.device).eval()
         out = {}
         for w in ("val", "test"):
-            q = trainer.q_all(getattr(fold, w))
+            q = q_all(net, getattr(fold, w))
             out[w] = q - q.mean(-1, keepdim=True)
         if combine == "vote":
             return {w: votes(a) for w, a in out.items()}
@@ -100,10 +107,36 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
     return {n: {w: pooled.pooled(periods[n][w], cost, ppy) for w in ("val", "test")} for n in sizes}
 
 
-def vote_of_full_trials(results: dict, data_path=None) -> dict:
+def slim(results: dict) -> dict:
+    """What a vote reads of results.json's dict (a GPU sweep's is ~12 MB: the periods of every fold)."""
+    keep = ("trial_id", "status", "folds_done", "config")
+    return {
+        "folds": results["folds"],
+        "storage": results["storage"],
+        "periods_per_year": results["periods_per_year"],
+        "data": results["data"],
+        "base_config": results["base_config"],
+        "best": {"baselines": results["best"].get("baselines") or {}},
+        "trials": [{**{k: t[k] for k in keep}, "val": {"sharpe": t["val"]["sharpe"]}} for t in results["trials"]],
+    }
+
+
+def on_worker(workers):
+    """`ensemble` for fxray.track.results.write_results: the vote, run by FoldWorker 0 (torch
+    and the data are loaded there, on the sweep's device; the driver imports no torch)."""
+    import ray
+
+    def ensemble(results: dict) -> dict:
+        return ray.get(workers.handles[0].vote.remote(slim(results)), timeout=600)
+
+    return ensemble
+
+
+def vote_of_full_trials(results: dict, data_path=None, data=None) -> dict:
     """What results.json's "ensemble" holds: the vote of all full trials, pooled on val and
     test, its shares of the oracle and the ridge rule on the chosen trial's test windows (the
-    same windows: every member ran every fold); or {"skipped": why}."""
+    same windows: every member ran every fold); or {"skipped": why}. `data`: a DeviceData of
+    the sweep's market (a FoldWorker's), else one is loaded from `data_path` or results.json's."""
     full = full_trials(results)
     out = {"combine": "vote", "members": [t["trial_id"] for t in full], "n_members": len(full)}
     if len(full) < MIN_MEMBERS:
@@ -111,15 +144,17 @@ def vote_of_full_trials(results: dict, data_path=None) -> dict:
     missing = missing_checkpoints(results, full)
     if missing:
         return {**out, "skipped": f"{len(missing)} checkpoint(s) missing, e.g. {missing[0]}"}
-    import torch
-
-    from fxray.data import cache
     from fxray.eval import pooled
-    from fxray.rl.device import DeviceData
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = results["base_config"].get("dtype", "float32")  # the storage dtype the members trained on
-    data = DeviceData(cache.open(data_path or results["data"]["path"]), device, dtype)
+    if data is None:
+        import torch
+
+        from fxray.data import cache
+        from fxray.rl.device import DeviceData
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = results["base_config"].get("dtype", "float32")  # the storage dtype the members trained on
+        data = DeviceData(cache.open(data_path or results["data"]["path"]), device, dtype)
     stats = combine_trials(results, data, [len(full)], "vote")[len(full)]
     refs = results["best"].get("baselines") or {}
     stats["test"]["oracle_share"] = pooled.oracle_share(stats["test"], refs.get("oracle"))

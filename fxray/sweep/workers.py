@@ -195,6 +195,13 @@ class DeviceWorker:
             self.gatherer.forget(small)
         self.calls.append([t0, time.time(), None, fold["k"], "warmup"])
 
+    def vote(self, results: dict) -> dict:
+        """The vote of the sweep's full trials on this worker's data (fxray.sweep.vote), once
+        the sweep's folds are done: it sets the data's fold as it goes."""
+        from fxray.sweep.vote import vote_of_full_trials
+
+        return vote_of_full_trials(results, data=self.data)
+
     def _train(self, config, fold, seed, checkpoint_dir, stop, warmup=False) -> dict:
         from fxray.data.folds import Fold
         from fxray.rl.config import make_config
