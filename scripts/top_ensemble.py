@@ -37,16 +37,11 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="write the numbers here")
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import torch
-
-    from fxray.data import cache
     from fxray.eval import pooled
-    from fxray.rl.device import DeviceData
     from fxray.sweep import vote
 
     res = json.loads(args.results.read_text())
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    data = DeviceData(cache.open(args.data or res["data"]["path"]), device, res["base_config"].get("dtype", "float32"))
+    data = vote.sweep_data(res, args.data, args.device)
     n_folds = len(res["folds"])
     full = vote.full_trials(res)
     if not full:

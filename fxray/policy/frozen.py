@@ -26,7 +26,7 @@ from fxray.policy.bundle import Bundle
 from fxray.rl.config import make_config
 from fxray.rl.device import DeviceData
 from fxray.rl.dqn import QNetwork
-from fxray.rl.trainer import EVAL_CHUNK
+from fxray.rl.trainer import window_bars
 
 ENGINES = ("torch", "onnxruntime")
 
@@ -51,12 +51,10 @@ def q_values(bundle: Bundle, data: DeviceData, window: tuple[int, int], engine: 
     the last member's (the bundle's, not the data's)."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
-    start, end = window[0], window[1] - 1
-    qs = []
+    qs, chunks = [], window_bars(data, window)
     for member in bundle.members:
         data.mean.copy_(torch.from_numpy(member.mean))
         data.inv_std.copy_(torch.from_numpy(member.inv_std))
-        chunks = [torch.arange(s, min(s + EVAL_CHUNK, end), device=data.device) for s in range(start, end, EVAL_CHUNK)]
         if engine == "torch":
             net = q_network(bundle.manifest["config"], int(bundle.network["n_inputs"]), member.weights, data.device)
             qs.append(torch.cat([net.q_all(data.states(t)) for t in chunks]))

@@ -27,7 +27,15 @@ from fxray.eval.backtest import BacktestResult, backtest_many
 from fxray.rl.config import DQNConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.population import Population
-from fxray.rl.trainer import EVAL_CHUNK, Q_LIMIT, FoldResult, epoch_record, fold_baselines, write_checkpoint
+from fxray.rl.trainer import (
+    EVAL_CHUNK,
+    Q_LIMIT,
+    FoldResult,
+    epoch_record,
+    fold_baselines,
+    window_bars,
+    write_checkpoint,
+)
 
 
 class CaptureError(RuntimeError):
@@ -98,13 +106,10 @@ class PopulationTrainer:
     def q_all(self, window: tuple[int, int], members: list[int]) -> torch.Tensor:
         """(M, T, 3, 3) Q-values of `members` for bars [start, end-1) of a window; EVAL_CHUNK
         member-bars per forward (Trainer's activation memory, whatever the population's size)."""
-        start, end = window[0], window[1] - 1
         chunk = max(1, EVAL_CHUNK // len(members))
-        parts = [
-            self.algo.q_all(self.data.states(torch.arange(s, min(s + chunk, end), device=self.data.device)), members)
-            for s in range(start, end, chunk)
-        ]
-        return torch.cat(parts, 1)
+        return torch.cat(
+            [self.algo.q_all(self.data.states(t), members) for t in window_bars(self.data, window, chunk)], 1
+        )
 
     def evaluate(self, window: tuple[int, int], members: list[int]) -> dict[int, BacktestResult]:
         """The greedy backtest of `members` over `window`, in one pass."""

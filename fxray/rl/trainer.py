@@ -101,12 +101,7 @@ class Trainer:
     @torch.no_grad()
     def q_all(self, window: tuple[int, int]) -> torch.Tensor:
         """(T, 3, 3) Q-values for bars [start, end-1) of a window (bars with a next bar)."""
-        start, end = window[0], window[1] - 1
-        parts = [
-            self.algo.q_all(self.data.states(torch.arange(s, min(s + EVAL_CHUNK, end), device=self.data.device)))
-            for s in range(start, end, EVAL_CHUNK)
-        ]
-        return torch.cat(parts)
+        return torch.cat([self.algo.q_all(self.data.states(t)) for t in window_bars(self.data, window)])
 
     def evaluate(self, window: tuple[int, int]) -> BacktestResult:
         return backtest(self.q_all(window), self.data.window(window, self.cfg.fill), self.cfg.cost)
@@ -229,6 +224,13 @@ class Trainer:
 
     def _references(self, fold: Fold) -> tuple[dict, dict]:
         return references(self.data, fold, self.cfg.cost, self.cfg.fill)
+
+
+def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHUNK) -> list[torch.Tensor]:
+    """The bars [start, end - 1) of `window` (those with a next bar) as index tensors on the
+    data's device, `chunk` at a time: what every evaluation feeds its Q-network."""
+    start, end = window[0], window[1] - 1
+    return [torch.arange(s, min(s + chunk, end), device=data.device) for s in range(start, end, chunk)]
 
 
 def fold_baselines(data: DeviceData, fold: Fold, cost: float, fill: str) -> tuple[dict, dict]:

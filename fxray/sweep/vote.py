@@ -62,7 +62,7 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
     from fxray.eval.backtest import backtest
     from fxray.rl.config import make_config
     from fxray.rl.dqn import QNetwork
-    from fxray.rl.trainer import EVAL_CHUNK, load_checkpoint
+    from fxray.rl.trainer import load_checkpoint, window_bars
 
     full = full_trials(results)
     sizes = sorted({min(n, len(full)) for n in sizes})
@@ -70,12 +70,6 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
     configs = {t["trial_id"]: make_config({k: v for k, v in t["config"].items() if k in known}) for t in full}
     ckpts, first = Path(results["storage"]) / "checkpoints", configs[full[0]["trial_id"]]
     cost, fill, ppy = first.cost, first.fill, results["periods_per_year"]
-
-    @torch.no_grad()
-    def q_all(net, window) -> torch.Tensor:  # as Trainer.q_all: bars [start, end - 1), in chunks
-        start, end = window[0], window[1] - 1
-        chunks = (torch.arange(s, min(s + EVAL_CHUNK, end), device=data.device) for s in range(start, end, EVAL_CHUNK))
-        return torch.cat([net.q_all(data.states(t)) for t in chunks])
 
     def member(trial: dict, fold: Fold) -> dict:
         """{window: (T, 3, 3) votes (one-hot greedy actions) or val-scaled advantages}."""
@@ -86,7 +80,8 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
         net = net.to(data.device).eval()
         out = {}
         for w in ("val", "test"):
-            q = q_all(net, getattr(fold, w))
+            with torch.no_grad():  # as Trainer.q_all
+                q = torch.cat([net.q_all(data.states(t)) for t in window_bars(data, getattr(fold, w))])
             out[w] = q - q.mean(-1, keepdim=True)
         if combine == "vote":
             return {w: votes(a) for w, a in out.items()}
@@ -121,6 +116,20 @@ def slim(results: dict) -> dict:
     }
 
 
+def sweep_data(results: dict, data_path=None, device: str = "auto"):
+    """A DeviceData of the sweep's market (`data_path`, else the fxcache results.json names) in
+    the storage dtype its members trained on; device "auto": CUDA where there is one."""
+    import torch
+
+    from fxray.data import cache
+    from fxray.rl.device import DeviceData
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = results["base_config"].get("dtype", "float32")
+    return DeviceData(cache.open(data_path or results["data"]["path"]), device, dtype)
+
+
 def on_worker(workers):
     """`ensemble` for fxray.track.results.write_results: the vote, run by FoldWorker 0 (torch
     and the data are loaded there, on the sweep's device; the driver imports no torch)."""
@@ -146,15 +155,7 @@ def vote_of_full_trials(results: dict, data_path=None, data=None) -> dict:
         return {**out, "skipped": f"{len(missing)} checkpoint(s) missing, e.g. {missing[0]}"}
     from fxray.eval import pooled
 
-    if data is None:
-        import torch
-
-        from fxray.data import cache
-        from fxray.rl.device import DeviceData
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = results["base_config"].get("dtype", "float32")  # the storage dtype the members trained on
-        data = DeviceData(cache.open(data_path or results["data"]["path"]), device, dtype)
+    data = data if data is not None else sweep_data(results, data_path)
     stats = combine_trials(results, data, [len(full)], "vote")[len(full)]
     refs = results["best"].get("baselines") or {}
     stats["test"]["oracle_share"] = pooled.oracle_share(stats["test"], refs.get("oracle"))
