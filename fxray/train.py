@@ -207,7 +207,11 @@ def load_run(args) -> dict:
             f"--from-run {run_id}: its data file {data_path or '(not recorded)'} is not here; "
             "pass --data with a copy of it"
         )
-    folds = [Fold(k, tuple(tr), tuple(va), tuple(te)) for k, tr, va, te in json.loads(tags["fxray.folds"])]
+    # [k, train, val, test] and, where the sweep chose its epochs on a holdout window, that window
+    folds = [
+        Fold(f[0], tuple(f[1]), tuple(f[2]), tuple(f[3]), tuple(f[4]) if len(f) > 4 else None)
+        for f in json.loads(tags["fxray.folds"])
+    ]
     # fold_time_s: logged for every fold that ran; a window's Sharpe is not logged where it is
     # undefined (fxray.track.records.mlflow_metrics), which the trainer reports as 0.0
     logged = {

@@ -140,6 +140,10 @@ def test_bad_sweep_values(tmp_path):
 def test_bad_folds(tmp_path):
     msg = error(write(tmp_path, GOOD.replace("train: 4d", "train: 4 days")))
     assert "folds.train" in msg and "duration" in msg
+    msg = error(write(tmp_path, GOOD.replace("train: 4d", "train: 4d, holdout: true")))
+    assert "folds.holdout: True must be a duration like '20d'" in msg
+    msg = error(write(tmp_path, GOOD.replace("train: 4d", "train: 4d, holdout: 4d")))
+    assert "folds.holdout: '4d' is not shorter than folds.train" in msg
 
 
 def test_not_a_mapping(tmp_path):

@@ -27,11 +27,13 @@ def max_lookback() -> int:
 # --- the reference: plain loops, comparisons only --------------------------------------
 
 
-def reference_folds(ts, train, val, test, step, anchored, embargo, max_folds):
+def reference_folds(ts, train, val, test, step, anchored, embargo, max_folds, holdout=0):
     """Walk the calendar windows one by one; a bar is in a window iff lo <= ts < hi.
 
     Durations in ns. The data covers up to the last close + the typical bar spacing
-    (median gap; the tests stay below the 100k bars `bar_spacing` looks at)."""
+    (median gap; the tests stay below the 100k bars `bar_spacing` looks at). With a
+    `holdout` duration the last `holdout` of the train window is the holdout window, whose
+    first `embargo` bars are dropped, as val's and test's are."""
     ts = [int(t) for t in ts]
     gaps = sorted(ts[i + 1] - ts[i] for i in range(len(ts) - 1))
     if not gaps:
@@ -50,22 +52,26 @@ def reference_folds(ts, train, val, test, step, anchored, embargo, max_folds):
         test_end = test_start + test
         if test_end > covered:
             break
-        train_bars, val_bars, test_bars = [], [], []
+        train_bars, holdout_bars, val_bars, test_bars = [], [], [], []
         for i, t in enumerate(ts):
-            if train_start <= t < val_start:
+            if train_start <= t < val_start - holdout:
                 train_bars.append(i)
+            elif val_start - holdout <= t < val_start and train_start <= t:
+                holdout_bars.append(i)
             elif val_start <= t < test_start:
                 val_bars.append(i)
             elif test_start <= t < test_end:
                 test_bars.append(i)
         val_bars, test_bars = val_bars[embargo:], test_bars[embargo:]  # the embargo drops bars
-        if train_bars and val_bars and test_bars:
+        holdout_bars = holdout_bars[embargo:]
+        if train_bars and val_bars and test_bars and (holdout_bars or not holdout):
             result.append(
                 Fold(
                     len(result),
                     (train_bars[0], train_bars[-1] + 1),
                     (val_bars[0], val_bars[-1] + 1),
                     (test_bars[0], test_bars[-1] + 1),
+                    (holdout_bars[0], holdout_bars[-1] + 1) if holdout else None,
                 )
             )
         k += 1
@@ -127,6 +133,10 @@ def random_spec(rng, ts) -> tuple[FoldSpec, dict]:
     embargo = None if rng.random() < 0.2 else int(rng.choice([1, 2, 3, 7, 25]))
     max_folds = None if rng.random() < 0.6 else int(rng.integers(1, 6))
     anchored = bool(rng.random() < 0.4)
+    # drawn last, so the other settings are those of the cases before holdout existed
+    holdout = minutes(0.005, 0.1) if rng.random() < 0.4 else 0
+    if holdout >= train:
+        holdout = 0
     spec = FoldSpec(
         train=as_text(train, rng),
         val=as_text(val, rng),
@@ -135,6 +145,7 @@ def random_spec(rng, ts) -> tuple[FoldSpec, dict]:
         anchored=anchored,
         embargo=embargo,
         max_folds=max_folds,
+        holdout=as_text(holdout, rng) if holdout else None,
     )
     ref = dict(
         train=train * MIN_NS,
@@ -144,6 +155,7 @@ def random_spec(rng, ts) -> tuple[FoldSpec, dict]:
         anchored=anchored,
         embargo=max_lookback() + 1 if embargo is None else embargo,
         max_folds=max_folds,
+        holdout=holdout * MIN_NS,
     )
     return spec, ref
 
@@ -168,15 +180,16 @@ def folds_or_empty(ts, spec) -> list[Fold]:
 
 
 def test_make_folds_equals_the_brute_force_reference():
-    n_folds = n_empty = 0
+    n_folds = n_empty = n_holdout = 0
     for case, ts, spec, ref in random_cases():
         got = folds_or_empty(ts, spec)
         want = reference_folds(ts, **ref)
         assert got == want, f"case {case}: {spec} on {len(ts)} bars"
         n_folds += len(got)
         n_empty += not got
-    # the generator must exercise both outcomes, and many folds
-    assert n_folds > 500 and 10 < n_empty < 250, (n_folds, n_empty)
+        n_holdout += sum(f.holdout is not None for f in got)
+    # the generator must exercise both outcomes, and many folds, with and without holdout
+    assert n_folds > 500 and 10 < n_empty < 250 and 100 < n_holdout < n_folds - 100, (n_folds, n_empty, n_holdout)
 
 
 def test_no_test_window_is_a_window_selection_saw():
@@ -220,6 +233,12 @@ def check_invariants(fold_list, ts, ref, case):
         (a, b), (c, d), (e, f) = fold.train, fold.val, fold.test
         msg = f"case {case} fold {j}: {fold}"
         assert fold.k == j, msg
+        holdout = ref["holdout"]
+        assert (fold.holdout is not None) == bool(holdout), msg
+        if holdout:  # training | embargo | holdout | embargo | val: no bar is in two of them
+            s0, s1 = fold.holdout
+            assert s0 == b + embargo and s0 < s1 and c == s1 + embargo, msg
+            training_end, b = b, s1  # the holdout window ends where an unsplit train window would
         assert 0 <= a < b and c == b + embargo and c < d and e == d + embargo and e < f <= n, msg
         if ref["anchored"]:
             assert a == 0, msg
@@ -232,11 +251,13 @@ def check_invariants(fold_list, ts, ref, case):
         ]
         if not ref["anchored"]:
             bounds.append(calendar_ks(ts, a, 0, step))
+        if holdout:  # training ends on the same grid point, `holdout` before val's start
+            bounds.append(calendar_ks(ts, training_end, train - holdout, step))
         k_lo, k_hi = max(lo for lo, _ in bounds), min(hi for _, hi in bounds)
         assert k_lo <= k_hi, msg
         assert k_lo >= prev_k, msg  # folds in calendar order
         if prev is not None:  # and in bar order
-            for x, y in zip((*prev.train, *prev.val, *prev.test), (a, b, c, d, e, f)):
+            for x, y in zip((*prev.train, *prev.val, *prev.test), (a, fold.train[1], c, d, e, f)):
                 assert x <= y, msg
         prev, prev_k = fold, k_lo
 
@@ -519,3 +540,27 @@ def test_fold_as_dict():
     fold = Fold(2, (0, 10), (13, 20), (23, 30))
     assert fold.as_dict() == {"k": 2, "train": [0, 10], "val": [13, 20], "test": [23, 30]}
     assert Fold.from_dict(fold.as_dict()) == fold  # what a FoldWorker gets back from JSON
+    assert fold.chooser == (13, 20)
+    held = Fold(2, (0, 6), (13, 20), (23, 30), holdout=(8, 10))
+    assert held.as_dict()["holdout"] == [8, 10] and Fold.from_dict(held.as_dict()) == held
+    assert held.chooser == (8, 10)
+
+
+def test_a_select_window_is_the_train_windows_end_behind_an_embargo():
+    """By hand on a regular grid: the same folds as without holdout, but training stops
+    `holdout` + embargo before val; the holdout window is what is left of the train window."""
+    ts = T0 + np.arange(40 * 1440, dtype=np.int64) * MIN_NS
+    plain = make_folds(ts, FoldSpec(train="10d", val="2d", test="3d", embargo=5))
+    held = make_folds(ts, FoldSpec(train="10d", val="2d", test="3d", embargo=5, holdout="2d"))
+    assert len(plain) == len(held) == 6  # 10 + 2 + 3 + 5k <= 40  ->  k = 0..5
+    for p, h in zip(plain, held):
+        assert (h.val, h.test) == (p.val, p.test)
+        assert h.train == (p.train[0], p.train[1] - 2 * 1440)
+        assert h.holdout == (h.train[1] + 5, p.train[1])
+    # holdout >= train is refused, naming the key
+    with pytest.raises(FoldError, match=r"^folds.holdout: '10d' is not shorter than folds.train"):
+        make_folds(ts, FoldSpec(train="10d", holdout="10d"))
+    with pytest.raises(FoldError, match=r"^folds.holdout: 'x' is not a duration"):
+        FoldSpec(holdout="x").validate()
+    with pytest.raises(FoldError, match=r"held out to choose epochs"):  # too short says why
+        make_folds(ts[: 12 * 1440], FoldSpec(train="10d", val="1d", test="1d", holdout="10min", embargo=30))

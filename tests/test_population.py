@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_trainer import FOLDS, TINY
+from test_trainer import FOLDS, TINY, held_out_folds
 
 from fxray.data import cache
 from fxray.data.folds import make_folds
@@ -99,6 +99,15 @@ def test_a_population_of_one_is_the_trainer(market_data, tmp_path):
     (ours, our_meta), (theirs, their_meta) = load_checkpoint(member.checkpoint), load_checkpoint(alone.checkpoint)
     assert our_meta == their_meta and list(ours) == list(theirs)
     assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
+
+
+def test_a_member_chooses_its_epoch_on_the_select_window_as_the_trainer_does(synth_cache):
+    market = cache.open(synth_cache)
+    data = DeviceData(market)
+    _, held = held_out_folds(market.ts)
+    cfg = BASE.replace(patience=1)
+    (member,) = PopulationTrainer(data, [cfg]).run_fold(held, [1])
+    assert_same_fold(Trainer(data, cfg).run_fold(held, 1), member)
 
 
 # --- masking ----------------------------------------------------------------------------------

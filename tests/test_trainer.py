@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -217,6 +218,33 @@ def test_same_seed_same_fold_is_bitwise_repeatable_on_cpu(synth_cache):
     assert r1.val == r2.val and r1.test == r2.test
     r3 = train_fold(data, fold, TINY, seed=4)
     assert [c["loss"] for c in r3.curve] != [c["loss"] for c in r1.curve]
+
+
+def held_out_folds(ts) -> tuple[Fold, Fold]:
+    """One fold twice: epochs chosen on window W as its val, and on W as its holdout window
+    with another window as val (the training range and test are the same)."""
+    folds = make_folds(ts, FOLDS)
+    f = folds[1]
+    return Fold(1, f.train, f.val, f.test), Fold(1, f.train, folds[2].val, f.test, holdout=f.val)
+
+
+def test_a_select_window_chooses_the_epoch_and_val_only_scores_it(synth_cache):
+    market = cache.open(synth_cache)
+    data = DeviceData(market)
+    on_val, held = held_out_folds(market.ts)
+    cfg = TINY.replace(epochs=4, patience=1)
+    plain = Trainer(data, cfg).run_fold(on_val, seed=2)
+    trainer = Trainer(data, cfg)
+    result = trainer.run_fold(held, seed=2)
+    # the same training and the same choice: every epoch is scored on the same window
+    strip = lambda curve: [{k: v for k, v in c.items() if not k.endswith("_s")} for c in curve]  # noqa: E731
+    assert strip(result.curve) == strip(plain.curve)
+    assert (result.best_epoch, result.epochs_run, result.test) == (plain.best_epoch, plain.epochs_run, plain.test)
+    # val is the kept weights' score on the val window, which chose nothing
+    val = trainer.evaluate(held.val)
+    assert result.val == asdict(val.metrics) and result.val != plain.val
+    assert result.val_score == trainer.score(val)
+    assert result.val_periods == val.periods.as_dict()
 
 
 def test_divergence_is_a_status_not_an_exception(synth_cache):

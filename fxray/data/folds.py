@@ -61,10 +61,21 @@ class FoldSpec:
     anchored: bool = False  # True: train always starts at the first bar (expanding)
     embargo: int | None = None  # bars dropped at the start of val and test; None = lookback + 1
     max_folds: int | None = None  # keep only the first N folds
+    # the last `holdout` of each train window, held out of training (an embargo before it), on
+    # which a fold's epochs are chosen and stopped early; None = they are chosen on val, which
+    # then scores the kept epoch that it chose (docs/folds.md, "Choosing the epoch")
+    holdout: str | None = None
 
     def validate(self) -> None:
         for key in ("train", "val", "test"):
             parse_duration(getattr(self, key), f"folds.{key}")
+        if self.holdout is not None:
+            holdout = parse_duration(self.holdout, "folds.holdout")
+            if holdout >= parse_duration(self.train, "folds.train"):
+                raise FoldError(
+                    f"folds.holdout: {self.holdout!r} is not shorter than folds.train ({self.train}): it is "
+                    "carved from the end of the train window; shorten it or lengthen folds.train"
+                )
         if self.step is not None:
             step = parse_duration(self.step, "folds.step")
             val, test = parse_duration(self.val, "folds.val"), parse_duration(self.test, "folds.test")
@@ -88,19 +99,30 @@ def _is_positive_int(x) -> bool:
 
 @dataclass(frozen=True)
 class Fold:
-    """One walk-forward fold: half-open [start, end) bar index ranges."""
+    """One walk-forward fold: half-open [start, end) bar index ranges. `holdout`, when the
+    spec has one, lies between train and val: the epochs are chosen there, not on val."""
 
     k: int
     train: tuple[int, int]
     val: tuple[int, int]
     test: tuple[int, int]
+    holdout: tuple[int, int] | None = None
+
+    @property
+    def chooser(self) -> tuple[int, int]:
+        """The window on which the fold's epochs are chosen and stopped early."""
+        return self.holdout if self.holdout is not None else self.val
 
     def as_dict(self) -> dict:
-        return {"k": self.k, "train": list(self.train), "val": list(self.val), "test": list(self.test)}
+        d = {"k": self.k, "train": list(self.train), "val": list(self.val), "test": list(self.test)}
+        if self.holdout is not None:
+            d["holdout"] = list(self.holdout)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Fold:
-        return cls(int(d["k"]), tuple(d["train"]), tuple(d["val"]), tuple(d["test"]))
+        holdout = tuple(d["holdout"]) if d.get("holdout") is not None else None
+        return cls(int(d["k"]), tuple(d["train"]), tuple(d["val"]), tuple(d["test"]), holdout)
 
 
 def default_embargo() -> int:
@@ -128,6 +150,7 @@ def make_folds(ts: np.ndarray, spec: FoldSpec = FoldSpec()) -> list[Fold]:
     ts = ts.astype(np.int64, copy=False)
     train, val, test = (parse_duration(getattr(spec, k)) for k in ("train", "val", "test"))
     step = parse_duration(spec.step, "folds.step") if spec.step is not None else val + test
+    holdout = parse_duration(spec.holdout, "folds.holdout") if spec.holdout is not None else 0
     embargo = spec.embargo if spec.embargo is not None else default_embargo()
     if len(ts) == 0:
         raise FoldError("no bars: cannot make folds")
@@ -147,14 +170,19 @@ def make_folds(ts: np.ndarray, spec: FoldSpec = FoldSpec()) -> list[Fold]:
             break
         a, b, d, f = np.searchsorted(ts, [start, t1, t2, t3], side="left").tolist()
         c, e = b + embargo, d + embargo
-        if a < b and c < d and e < f:
+        if holdout:  # training ends an embargo before the holdout window, which ends at t1
+            s = int(np.searchsorted(ts, t1 - holdout, side="left"))
+            if a < s and s + embargo < b and c < d and e < f:
+                folds.append(Fold(len(folds), (a, s), (c, d), (e, f), (s + embargo, b)))
+        elif a < b and c < d and e < f:
             folds.append(Fold(len(folds), (a, b), (c, d), (e, f)))
         k += 1
     if not folds:
         days = (int(ts[-1]) - t0) / _UNITS_NS["d"]
+        held = f" (its last {spec.holdout} held out to choose epochs)" if spec.holdout else ""
         raise FoldError(
             f"data too short for one fold: {len(ts):,} bars spanning {days:.2f} days; "
-            f"folds need train {spec.train} + val {spec.val} + test {spec.test} "
+            f"folds need train {spec.train}{held} + val {spec.val} + test {spec.test} "
             f"(each with >= 1 bar after an embargo of {embargo} bars): "
             "shorten folds.train/val/test or give more data"
         )

@@ -247,7 +247,7 @@ def _build(file, profile, d, raw, where) -> Experiment:
 
     fold_raw = _section(file, d, "folds", [f.name for f in dataclasses.fields(FoldSpec)], where)
     for k, v in fold_raw.items():
-        if k in ("train", "val", "test", "step") and not (v is None and k == "step"):
+        if k in ("train", "val", "test", "step", "holdout") and not (v is None and k in ("step", "holdout")):
             if not isinstance(v, (str, int, float)) or isinstance(v, bool):
                 fail(f"folds.{k}", f"{v!r} must be a duration like '20d', '12h', '90min'")
         elif k == "anchored" and not isinstance(v, bool):

@@ -187,7 +187,7 @@ class PopulationTrainer:
                 )
                 if log:
                     log(f"member {k} fold {fold.k} epoch {epoch}: diverged (loss {loss:.3g}, |Q| max {q_max:.3g})")
-            vals = self.evaluate(fold.val, scoring) if scoring else {}
+            vals = self.evaluate(fold.chooser, scoring) if scoring else {}
             t2 = time.perf_counter()
             for k in scoring:
                 loss_sum, q_max, eps = stats[k]
@@ -253,6 +253,10 @@ class PopulationTrainer:
             for b, p in zip(self.best_params, self.algo.params):
                 p[kept] = b[kept]
         tests = self.evaluate(fold.test, kept) if kept else {}
+        if fold.holdout is not None and kept:  # val was not the chooser: it scores the kept weights now
+            vals = self.evaluate(fold.val, kept)
+            for k in kept:
+                best_val[k], best_score[k] = vals[k], self.score(k, vals[k])
         for k in kept:
             result, test = results[k], tests[k]
             result.val, result.test = asdict(best_val[k].metrics), asdict(test.metrics)

@@ -118,8 +118,10 @@ class Trainer:
         (a sweep uses it for a fold it started ahead of a trial that is then stopped).
 
         The kept weights are those of the epoch `cfg.select` picks: "val_score", the best
-        score on the val window (hourly pooled Sharpe, shrunk for thin evidence; stops
-        after `patience` epochs without a better one), or "last", the last epoch."""
+        score on the fold's chooser window (hourly pooled Sharpe, shrunk for thin evidence;
+        stops after `patience` epochs without a better one), or "last", the last epoch. The
+        chooser is the val window, or the fold's holdout window where it has one: then val
+        scores the kept weights once, as test does, and `val_score` is that score."""
         cfg, sync = self.cfg, self.data.synchronize
         # matmul precision is process-wide in torch: set it for whichever trainer runs now
         torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
@@ -169,7 +171,7 @@ class Trainer:
                 if log:
                     log(f"fold {fold.k} epoch {epoch}: diverged (loss {loss:.3g}, |Q| max {q_max:.3g})")
                 break
-            val = self.evaluate(fold.val)
+            val = self.evaluate(fold.chooser)
             score = self.score(val)
             t2 = time.perf_counter()
             train_s, eval_s = train_s + (t1 - t0), eval_s + (t2 - t1)
@@ -203,6 +205,9 @@ class Trainer:
         if best_val is not None and status == "ok":
             for b, p in zip(self.best_params, self.algo.params):
                 p.data.copy_(b)
+            if fold.holdout is not None:  # val was not the chooser: it scores the kept weights now
+                best_val = self.evaluate(fold.val)
+                best_score = self.score(best_val)
             test = self.evaluate(fold.test)
             result.val, result.test = asdict(best_val.metrics), asdict(test.metrics)
             result.val_periods, result.test_periods = best_val.periods.as_dict(), test.periods.as_dict()

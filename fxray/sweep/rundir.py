@@ -193,7 +193,9 @@ def prepare_storage(
             "fxray.dataset_hash": market.content_hash,
             "fxray.profile": profile,
             "fxray.storage": str(storage),
-            "fxray.folds": json.dumps([[f["k"], f["train"], f["val"], f["test"]] for f in folds]),
+            "fxray.folds": json.dumps(
+                [[f["k"], f["train"], f["val"], f["test"]] + ([f["holdout"]] if "holdout" in f else []) for f in folds]
+            ),
             **({"fxray.device": device} if device else {}),
         }
         commit = mlruns.git_commit()
