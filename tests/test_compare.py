@@ -24,7 +24,7 @@ from fxray.rl.config import DQNConfig
 TINY = """\
 name: t
 data: {synth: {n_bars: 20000, seed: 0}}
-folds: {train: 4d, val: 2d, test: 2d, max_folds: 2}
+folds: {train: 4d, val: 2d, test: 2d, max_folds: 2, holdout: 1d}  # epochs chosen on the last day of train
 dqn: {num_envs: 16, batch_size: 64, hidden: 16, buffer_steps: 32, episode_len: 32,
       epochs: 2, steps_per_epoch: 20, patience: 2}
 search:
@@ -258,11 +258,15 @@ def test_from_run_reproduces_per_fold_sharpe_bitwise(store, sweep_t):
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("t")
     trial = sweep_t["trials"][0]
+    # the sweep chose its epochs on holdout windows: --from-run must read them back from the
+    # fxray.folds tag (else it trains on all of train and chooses on val: other numbers)
+    assert all(f["holdout"][1] <= f["val"][0] for f in sweep_t["folds"])
     run = client.search_runs([exp.experiment_id], f"tags.`fxray.trial_id` = '{trial['trial_id']}'")[0]
     out = run_cli("fxray.train", ["--from-run", run.info.run_id, "--device", "cpu", "--json", d / "again.json"], env, d)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     again = json.loads((d / "again.json").read_text())
     assert again["from_run"]["reproduced"] and again["from_run"]["max_abs_diff"] == 0.0
+    assert [f["fold"] for f in again["folds"]] == sweep_t["folds"]  # the same windows, holdouts too
     assert again["content_hash"] == sweep_t["data"]["content_hash"]
     for fold, logged in zip(again["folds"], trial["folds"], strict=True):
         assert fold["val"]["sharpe"] == logged["val"]["sharpe"]  # bitwise: ==, not approx
