@@ -63,7 +63,7 @@ class FoldSpec:
     max_folds: int | None = None  # keep only the first N folds
     # the last `holdout` of each train window, held out of training (an embargo before it), on
     # which a fold's epochs are chosen and stopped early; None = they are chosen on val, which
-    # then scores the kept epoch that it chose (docs/folds.md, "Choosing the epoch")
+    # then scores the kept epoch that it chose (docs/metrics.md, "Where the epoch is chosen")
     holdout: str | None = None
 
     def validate(self) -> None:
@@ -170,12 +170,11 @@ def make_folds(ts: np.ndarray, spec: FoldSpec = FoldSpec()) -> list[Fold]:
             break
         a, b, d, f = np.searchsorted(ts, [start, t1, t2, t3], side="left").tolist()
         c, e = b + embargo, d + embargo
-        if holdout:  # training ends an embargo before the holdout window, which ends at t1
-            s = int(np.searchsorted(ts, t1 - holdout, side="left"))
-            if a < s and s + embargo < b and c < d and e < f:
-                folds.append(Fold(len(folds), (a, s), (c, d), (e, f), (s + embargo, b)))
-        elif a < b and c < d and e < f:
-            folds.append(Fold(len(folds), (a, b), (c, d), (e, f)))
+        # with a holdout, training ends at s, an embargo before the holdout window, which ends at t1
+        s = int(np.searchsorted(ts, t1 - holdout, side="left")) if holdout else b
+        held_out = (s + embargo, b) if holdout else None
+        if a < s and (held_out is None or held_out[0] < held_out[1]) and c < d and e < f:
+            folds.append(Fold(len(folds), (a, s), (c, d), (e, f), held_out))
         k += 1
     if not folds:
         days = (int(ts[-1]) - t0) / _UNITS_NS["d"]
