@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fxray.data import cache
+from fxray.data.features import FEATURE_NAMES
 from fxray.data.folds import Fold, FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, oracle_positions, simulate
 from fxray.eval.backtest import evaluate
@@ -277,6 +278,8 @@ def test_config_errors_name_the_key():
         DQNConfig.from_dict({"widht": 3})
     with pytest.raises(ConfigError, match="dqn.dtype"):
         DQNConfig(dtype="float16")
+    with pytest.raises(ConfigError, match=r"^dqn\.noise_calendar: 'no' must be true or false$"):
+        DQNConfig(noise_calendar="no")
     docs = field_docs()
     assert set(docs) == set(DQNConfig().as_dict()) and all(docs.values())
 
@@ -357,6 +360,33 @@ def test_compiled_loss_is_the_same_maths_as_eager():
     torch.testing.assert_close(learners[True].loss_sum, learners[False].loss_sum, rtol=1e-5, atol=1e-6)
     for p, q in zip(learners[True].params, learners[False].params):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def test_the_clock_is_noised_unless_noise_calendar_is_false():
+    """dqn.noise_calendar: false leaves the clock inputs (found here by name) without input
+    noise; true, the default, gives every input the same N(0, input_noise^2)."""
+    clock = [FEATURE_NAMES.index(n) for n in ("tod_sin", "tod_cos", "dow_sin", "dow_cos")]
+    others = [i for i in range(50) if i not in clock]
+    cfg = TINY.replace(input_noise=1.5, batch_size=2048)
+    data, replay, batches = filled_replay(cfg, 1)
+    for noise_calendar in (True, False):
+        learner = Learner(cfg.replace(noise_calendar=noise_calendar), 50, "cpu")
+        learner.reset(1)
+        seen = []
+
+        def recording(*args, seen=seen, plain=learner.loss_fn):
+            seen.append(args[-1])
+            return plain(*args)
+
+        learner.loss_fn = recording
+        learner.learn(data, replay, *batches[0])
+        noise = seen[0]  # (2B, 50): what learn() added to the states of its batch
+        assert noise.shape == (2 * cfg.batch_size, 50)
+        assert abs(noise[:, others].std().item() - 1.5) < 0.02
+        if noise_calendar:
+            assert abs(noise[:, clock].std().item() - 1.5) < 0.05
+        else:
+            assert torch.count_nonzero(noise[:, clock]) == 0
 
 
 def test_split_online_forward_is_the_joint_one():

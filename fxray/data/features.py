@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from fxray.data.schema import ADX_INDEX, N_FEATURES
+from fxray.data.schema import ADX_INDEX, CALENDAR_INDICES, N_FEATURES
 
 # scipy (~0.6-1 s to import) is imported where it is used: the sweep driver reads
 # FEATURE_NAMES / MAX_LOOKBACK (the default market's cache key) on its start-up path.
@@ -96,6 +96,7 @@ LOOKBACKS: tuple[int, ...] = tuple(row[2] for row in FEATURE_TABLE)
 MAX_LOOKBACK = max(LOOKBACKS)  # 120 bars
 CUSUM_H = 5.0  # CUSUM threshold in units of rv_60 (per-bar sigma)
 assert len(FEATURE_NAMES) == N_FEATURES and FEATURE_NAMES[ADX_INDEX] == "adx_14"
+assert tuple(FEATURE_NAMES[i] for i in CALENDAR_INDICES) == ("tod_sin", "tod_cos", "dow_sin", "dow_cos")
 
 _DAY_NS = 86_400 * 10**9
 _WEEK_NS = 7 * _DAY_NS

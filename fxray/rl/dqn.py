@@ -181,6 +181,8 @@ class Learner:
         noise = None
         if cfg.input_noise > 0:  # N(0, input_noise^2) on the normalised inputs (config: input_noise)
             noise = cfg.input_noise * torch.randn(2 * step.shape[0], data.n_inputs, device=step.device)
+            if not cfg.noise_calendar:  # the clock left clean (dqn.noise_calendar: false)
+                noise = noise * data.noise_mask
         loss, q_max = self.loss_fn(data, replay, step, env, noise)
         self.optimizer.zero_grad()
         loss.backward()

@@ -133,7 +133,7 @@ class Population:
             if getattr(cfgs[0], key) != getattr(self.cfg, key):
                 raise ConfigError(f"dqn.{key}: {getattr(cfgs[0], key)!r} differs from this population's")
         self.cfgs, dev, f32, i64 = list(cfgs), self.data.device, torch.float32, torch.int64
-        n_max = max(c.n_step for c in cfgs)
+        n_max, mask = max(c.n_step for c in cfgs), self.data.noise_mask
         # cast exactly as DQN casts its python scalars: (K, 1...) tensors of the float32 (int64) values
         settings = {
             "eps_end": _col([c.eps_end for c in cfgs], f32, dev, 0),
@@ -150,7 +150,10 @@ class Population:
             ).to(dev),
             "reward_scale": _col([c.reward_scale for c in cfgs], f32, dev),
             "huber_delta": _col([c.huber_delta for c in cfgs], f32, dev),
-            "noise_std": _col([c.input_noise for c in cfgs], f32, dev, 2),  # (K, 1, 1)
+            # (K, 1, n_inputs): member k's noise std per input, 0 on the clock unless noise_calendar
+            "noise_std": torch.stack(
+                [c.input_noise * (torch.ones_like(mask) if c.noise_calendar else mask) for c in cfgs]
+            ).unsqueeze(1),
             "grad_clip": _col([c.grad_clip for c in cfgs], f32, dev, 0),
             "tau": _col([c.tau for c in cfgs], f32, dev, 0),
             "target_every": _col([c.target_every for c in cfgs], i64, dev, 0),
