@@ -7,6 +7,10 @@ seeds.
     python scripts/learner_grid.py scripts/grids/gpu_levers.json            # the GPU machine
     python scripts/learner_grid.py scripts/grids/gpu_levers.json --json grid.json
 
+On a market whose edge is on only in some hours (the "session" structure), each seed also
+gets `in_edge_hours`: the share of its traded units (|position change|) in those hours, beside
+the oracle's: a policy that cannot tell the hour trades there about 4 / 24 of the time.
+
 A grid file is a JSON list of jobs: {"tag": str, "market": SynthSpec keys, "folds": FoldSpec
 keys, "cfg": DQNConfig keys, "seeds": [int, ...], "ensemble": false}. With "ensemble": true
 the seeds are trained alone and the policy of each test window is their mean Q.
@@ -22,9 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fxray.data import cache
+from fxray.data.calendar import HOUR_NS
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, default_path, to_cache
 from fxray.eval import pooled
@@ -42,6 +48,18 @@ def market(kw: dict):
     if not path.exists():
         to_cache(spec, path)
     return cache.open(path)
+
+
+def in_hours(windows: list[dict], hours: tuple[int, int] | None, period_ns: int) -> float | None:
+    """The share of the traded units of these test windows (PeriodReturns dicts) in the UTC
+    hours [start, end); None without hours or without a trade."""
+    if hours is None or not windows:
+        return None
+    units = np.concatenate([np.asarray(w["units"], float) for w in windows])
+    hour = np.concatenate([np.asarray(w["hours"], np.int64) for w in windows]) * period_ns // HOUR_NS % 24
+    total = units.sum()
+    inside = (hour >= hours[0]) & (hour < hours[1])
+    return float(units[inside].sum() / total) if total > 0 else None
 
 
 def run_job(job: dict, device: str) -> dict:
@@ -71,14 +89,20 @@ def run_job(job: dict, device: str) -> dict:
     ref = {n: pooled.pooled(w, cfg.cost, ppy) for n, w in refs.items()}
     oracle = ref.get("oracle")
 
+    edge_hours = data.oracle[1] if data.oracle else None
+    period_ns = data.calendar.period_ns
+
     def stat(windows):
         p = pooled.pooled(windows, cfg.cost, ppy)
-        return {
+        out = {
             "sharpe": p["sharpe"],
             "sharpe_se": p["sharpe_se"],
             "n_trades": p["n_trades"],
             "oracle_share": pooled.oracle_share(p, oracle),
         }
+        if edge_hours:
+            out["in_edge_hours"] = in_hours(windows, edge_hours, period_ns)
+        return out
 
     out = {
         "tag": job.get("tag", ""),
@@ -88,6 +112,9 @@ def run_job(job: dict, device: str) -> dict:
         "seeds": {str(s): stat(tests[s]) for s in seeds},
         "best_epochs": best_epochs,
     }
+    if edge_hours:
+        out["edge_hours"] = list(edge_hours)
+        out["oracle_in_edge_hours"] = in_hours(refs["oracle"], edge_hours, period_ns)
     if ensemble:
         out["ensemble"] = stat(ens)
     return out
@@ -104,7 +131,14 @@ def line(r: dict) -> str:
         else ""
     )
     oracle = "n/a" if r["oracle"] is None else f"{r['oracle']:+.2f}"
-    return f"{r['tag']:<24} {r['wall_s']:5.0f}s oracle {oracle} ridge {r['ridge']:+.2f} | test (share) {seeds}{ens}"
+    hours = ""
+    if "edge_hours" in r:
+        a, b = r["edge_hours"]
+        each = " ".join(share(v["in_edge_hours"]) for v in r["seeds"].values())
+        hours = f" | traded in {a}-{b} UTC: {each} (oracle {share(r['oracle_in_edge_hours'])})"
+    return (
+        f"{r['tag']:<24} {r['wall_s']:5.0f}s oracle {oracle} ridge {r['ridge']:+.2f} | test (share) {seeds}{ens}{hours}"
+    )
 
 
 def main(argv=None) -> int:

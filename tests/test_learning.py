@@ -67,3 +67,31 @@ def test_the_cpu_profile_reaches_half_the_oracle_on_a_small_planted_market(plant
     assert None not in shares, shares
     print(f"shares of the oracle, seeds 0-2: {shares}")
     assert sorted(shares)[1] >= FLOOR and min(shares) > 0.25, shares
+
+
+def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys, monkeypatch):
+    """scripts/learner_grid.py: a tiny session-market job on the CPU, and its in_edge_hours
+    against a count by hand."""
+    import json
+    import runpy
+
+    monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))  # the grid's market, not the user's cache
+    grid = runpy.run_path("scripts/learner_grid.py")
+    hour = 3600 * 10**9
+    day0 = 20_000 * 24  # period numbers of one UTC day's hours 0..23
+    windows = [
+        {"units": [1.0, 2.0, 0.0], "hours": [day0 + 11, day0 + 12, day0 + 15], "net": [0, 0, 0]},
+        {"units": [3.0, 4.0], "hours": [day0 + 24 + 16, day0 + 24 + 13], "net": [0, 0]},
+    ]
+    assert grid["in_hours"](windows, (12, 16), hour) == pytest.approx((2 + 0 + 4) / 10)
+    assert grid["in_hours"](windows, None, hour) is None
+    assert grid["in_hours"]([{"units": [0.0], "hours": [day0 + 12], "net": [0]}], (12, 16), hour) is None
+    job = json.loads(open("scripts/grids/cpu_tiny.json").read())[0]
+    job["market"] = {"n_bars": 30000, "beta": 0.3, "structure": "session"}
+    (tmp_path / "grid.json").write_text(json.dumps([job]))
+    assert grid["main"]([str(tmp_path / "grid.json"), "--device", "cpu", "--json", str(tmp_path / "out.json")]) == 0
+    (r,) = json.loads((tmp_path / "out.json").read_text())
+    assert r["edge_hours"] == [12, 16]
+    assert r["oracle_in_edge_hours"] > 0.8  # the oracle trades in its hours, and exits after them
+    assert 0 <= r["seeds"]["0"]["in_edge_hours"] <= 1
+    assert "traded in 12-16 UTC:" in capsys.readouterr().out
