@@ -13,7 +13,11 @@ the oracle's: a policy that cannot tell the hour trades there about 4 / 24 of th
 
 A grid file is a JSON list of jobs: {"tag": str, "market": SynthSpec keys, "folds": FoldSpec
 keys, "cfg": DQNConfig keys, "seeds": [int, ...], "ensemble": false}. With "ensemble": true
-the seeds are trained alone and the policy of each test window is their mean Q.
+the seeds are trained alone and the policy of each test window is their mean Q. Two probes,
+which are diagnostics and not features: "edge_input": true puts the exact 0/1 indicator of
+the market's edge hours in place of the input dow_sin (is the learner able to use the hour
+when it is handed it?); "clean_columns": [i, ...] takes input noise off those input columns
+only (with "cfg": {"noise_calendar": false}).
 Fold k of seed s trains with seed s + k (100 s + k in an ensemble), as `fxray train` does.
 """
 
@@ -30,7 +34,9 @@ import numpy as np
 import torch
 
 from fxray.data import cache
+from fxray.data.arrays import host_arrays
 from fxray.data.calendar import HOUR_NS
+from fxray.data.features import FEATURE_NAMES
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, default_path, to_cache
 from fxray.eval import pooled
@@ -62,10 +68,26 @@ def in_hours(windows: list[dict], hours: tuple[int, int] | None, period_ns: int)
     return float(units[inside].sum() / total) if total > 0 else None
 
 
+EDGE_INPUT_COLUMN = FEATURE_NAMES.index("dow_sin")  # what the "edge_input" probe overwrites
+
+
+def with_edge_input(m) -> dict:
+    """The market's arrays with input dow_sin replaced by 1 in the edge's hours, else 0."""
+    arrays = host_arrays(m)
+    start, end = arrays["oracle_hours"].tolist()
+    hour = (arrays["ts"] - 1) // HOUR_NS % 24  # the hour a bar closes in, as the calendar counts it
+    features = np.array(arrays["features"])
+    features[:, EDGE_INPUT_COLUMN] = (hour >= start) & (hour < end)
+    return {**arrays, "features": features}
+
+
 def run_job(job: dict, device: str) -> dict:
     m = market(job.get("market", {}))
     folds = make_folds(m.ts, FoldSpec(**job.get("folds", {})))
-    data = DeviceData(m, device)
+    data = DeviceData(with_edge_input(m) if job.get("edge_input") else m, device)
+    if "clean_columns" in job:
+        data.noise_mask.fill_(1.0)
+        data.noise_mask[job["clean_columns"]] = 0.0
     ppy = data.calendar.periods_per_year
     cfg = DQNConfig(**job.get("cfg", {}))
     trainer = Trainer(data, cfg)

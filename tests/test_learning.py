@@ -11,6 +11,7 @@ few days (its pooled test Sharpe is ~20 +- 5 here). One seed is not a floor: mea
 median of three seeds (>= 0.5), and every seed must learn something (> 0.25).
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,3 +96,20 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
     assert r["oracle_in_edge_hours"] > 0.8  # the oracle trades in its hours, and exits after them
     assert 0 <= r["seeds"]["0"]["in_edge_hours"] <= 1
     assert "traded in 12-16 UTC:" in capsys.readouterr().out
+    # the edge-input probe: dow_sin becomes the 0/1 indicator of 12-16 UTC, the rest as it was
+    import datetime
+
+    from fxray.data import cache as cachemod
+    from fxray.data.features import FEATURE_NAMES
+    from fxray.data.synth import SynthSpec, default_path
+
+    m = cachemod.open(default_path(SynthSpec(**job["market"])))
+    probed = grid["with_edge_input"](m)
+    utc = datetime.UTC
+    utc_hour = np.array([datetime.datetime.fromtimestamp((int(t) - 1) // 10**9, utc).hour for t in m.ts[:2000]])
+    col = list(FEATURE_NAMES).index("dow_sin")
+    expected = ((utc_hour >= 12) & (utc_hour < 16)).astype(np.float32)
+    assert 0 < expected.sum() < len(expected)  # the first 2000 bars hold hours in and out of 12-16
+    assert np.array_equal(probed["features"][:2000, col], expected)
+    others = [i for i in range(m.features.shape[1]) if i != col]
+    assert np.array_equal(probed["features"][:, others], np.asarray(m.features)[:, others])
