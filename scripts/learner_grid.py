@@ -16,8 +16,9 @@ keys, "cfg": DQNConfig keys, "seeds": [int, ...], "ensemble": false}. With "ense
 the seeds are trained alone and the policy of each test window is their mean Q. Two probes,
 which are diagnostics and not features: "edge_input": true puts the exact 0/1 indicator of
 the market's edge hours in place of the input dow_sin (is the learner able to use the hour
-when it is handed it?); "clean_columns": [i, ...] takes input noise off those input columns
-only (with "cfg": {"noise_calendar": false}).
+when it is handed it?); "hour_inputs": true appends 24 inputs, the one-hot UTC hour of each
+bar's close, after the order flow (inputs 50-73); "clean_columns": [i, ...] takes input noise
+off those input columns only (with "cfg": {"noise_calendar": false}).
 Fold k of seed s trains with seed s + k (100 s + k in an ensemble), as `fxray train` does.
 """
 
@@ -81,10 +82,18 @@ def with_edge_input(m) -> dict:
     return {**arrays, "features": features}
 
 
+def with_hour_inputs(arrays: dict) -> dict:
+    """The arrays with 24 more inputs after the order flow: the one-hot UTC hour of the bar's close."""
+    hour = (arrays["ts"] - 1) // HOUR_NS % 24
+    onehot = (hour[:, None] == np.arange(24)).astype(np.float32)
+    return {**arrays, "ofi": np.concatenate([arrays["ofi"], onehot], 1)}
+
+
 def run_job(job: dict, device: str) -> dict:
     m = market(job.get("market", {}))
     folds = make_folds(m.ts, FoldSpec(**job.get("folds", {})))
-    data = DeviceData(with_edge_input(m) if job.get("edge_input") else m, device)
+    arrays = with_edge_input(m) if job.get("edge_input") else host_arrays(m)
+    data = DeviceData(with_hour_inputs(arrays) if job.get("hour_inputs") else arrays, device)
     if "clean_columns" in job:
         data.noise_mask.fill_(1.0)
         data.noise_mask[job["clean_columns"]] = 0.0
