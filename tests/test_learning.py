@@ -113,3 +113,8 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
     assert np.array_equal(probed["features"][:2000, col], expected)
     others = [i for i in range(m.features.shape[1]) if i != col]
     assert np.array_equal(probed["features"][:, others], np.asarray(m.features)[:, others])
+    # the hour-inputs probe: 24 one-hot UTC hours after the 8 order-flow inputs
+    hours = grid["with_hour_inputs"](probed)["ofi"]
+    assert hours.shape == (len(m.ts), 8 + 24)
+    assert np.array_equal(hours[:2000, 8:].argmax(1), utc_hour) and np.all(hours[:, 8:].sum(1) == 1)
+    assert np.array_equal(hours[:, :8], np.asarray(m.ofi))
