@@ -17,7 +17,8 @@ the seeds are trained alone and the policy of each test window is their mean Q. 
 which are diagnostics and not features: "edge_input": true puts the exact 0/1 indicator of
 the market's edge hours in place of the input dow_sin (is the learner able to use the hour
 when it is handed it?); "hour_inputs": true appends 24 inputs, the one-hot UTC hour of each
-bar's close, after the order flow (inputs 50-73); "clean_columns": [i, ...] takes input noise
+bar's close, after the order flow (inputs 50-73); "session_inputs": true appends 3, whether
+the Tokyo, London and New York sessions are open (FX_SESSIONS); "clean_columns": [i, ...] takes input noise
 off those input columns only (with "cfg": {"noise_calendar": false}).
 Fold k of seed s trains with seed s + k (100 s + k in an ensemble), as `fxray train` does.
 """
@@ -89,11 +90,26 @@ def with_hour_inputs(arrays: dict) -> dict:
     return {**arrays, "ofi": np.concatenate([arrays["ofi"], onehot], 1)}
 
 
+FX_SESSIONS = ((0, 9), (7, 16), (12, 21))  # Tokyo, London, New York: [start, end) hours UTC, winter times
+
+
+def with_session_inputs(arrays: dict) -> dict:
+    """The arrays with 3 more inputs after the order flow: 1 while the Tokyo, London, New York
+    session is open (FX_SESSIONS, fixed by the market's hours, not fitted), else 0."""
+    hour = (arrays["ts"] - 1) // HOUR_NS % 24
+    open_ = np.stack([(hour >= a) & (hour < b) for a, b in FX_SESSIONS], 1).astype(np.float32)
+    return {**arrays, "ofi": np.concatenate([arrays["ofi"], open_], 1)}
+
+
 def run_job(job: dict, device: str) -> dict:
     m = market(job.get("market", {}))
     folds = make_folds(m.ts, FoldSpec(**job.get("folds", {})))
     arrays = with_edge_input(m) if job.get("edge_input") else host_arrays(m)
-    data = DeviceData(with_hour_inputs(arrays) if job.get("hour_inputs") else arrays, device)
+    if job.get("hour_inputs"):
+        arrays = with_hour_inputs(arrays)
+    if job.get("session_inputs"):
+        arrays = with_session_inputs(arrays)
+    data = DeviceData(arrays, device)
     if "clean_columns" in job:
         data.noise_mask.fill_(1.0)
         data.noise_mask[job["clean_columns"]] = 0.0

@@ -100,6 +100,7 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
     import datetime
 
     from fxray.data import cache as cachemod
+    from fxray.data.arrays import host_arrays
     from fxray.data.features import FEATURE_NAMES
     from fxray.data.synth import SynthSpec, default_path
 
@@ -118,3 +119,6 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
     assert hours.shape == (len(m.ts), 8 + 24)
     assert np.array_equal(hours[:2000, 8:].argmax(1), utc_hour) and np.all(hours[:, 8:].sum(1) == 1)
     assert np.array_equal(hours[:, :8], np.asarray(m.ofi))
+    sessions = grid["with_session_inputs"](host_arrays(m))["ofi"][:2000, 8:]  # Tokyo, London, New York
+    for k, (a, b) in enumerate([(0, 9), (7, 16), (12, 21)]):
+        assert np.array_equal(sessions[:, k], ((utc_hour >= a) & (utc_hour < b)).astype(np.float32))
