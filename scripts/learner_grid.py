@@ -13,13 +13,13 @@ the oracle's: a policy that cannot tell the hour trades there about 4 / 24 of th
 
 A grid file is a JSON list of jobs: {"tag": str, "market": SynthSpec keys, "folds": FoldSpec
 keys, "cfg": DQNConfig keys, "seeds": [int, ...], "ensemble": false}. With "ensemble": true
-the seeds are trained alone and the policy of each test window is their mean Q. Two probes,
+the seeds are trained alone and the policy of each test window is their mean Q. Four probes,
 which are diagnostics and not features: "edge_input": true puts the exact 0/1 indicator of
 the market's edge hours in place of the input dow_sin (is the learner able to use the hour
 when it is handed it?); "hour_inputs": true appends 24 inputs, the one-hot UTC hour of each
 bar's close, after the order flow (inputs 50-73); "session_inputs": true appends 3, whether
-the Tokyo, London and New York sessions are open (FX_SESSIONS); "clean_columns": [i, ...] takes input noise
-off those input columns only (with "cfg": {"noise_calendar": false}).
+the Tokyo, London and New York sessions are open (FX_SESSIONS); "clean_columns": [i, ...]
+takes input noise off those input columns only (with "cfg": {"noise_calendar": false}).
 Fold k of seed s trains with seed s + k (100 s + k in an ensemble), as `fxray train` does.
 """
 
@@ -73,11 +73,17 @@ def in_hours(windows: list[dict], hours: tuple[int, int] | None, period_ns: int)
 EDGE_INPUT_COLUMN = FEATURE_NAMES.index("dow_sin")  # what the "edge_input" probe overwrites
 
 
+def close_hour(ts: np.ndarray) -> np.ndarray:
+    """The UTC hour each bar closes in, as the calendar's periods count it (a bar closing at
+    13:00 belongs to the 12:00 hour)."""
+    return (ts - 1) // HOUR_NS % 24
+
+
 def with_edge_input(m) -> dict:
     """The market's arrays with input dow_sin replaced by 1 in the edge's hours, else 0."""
     arrays = host_arrays(m)
     start, end = arrays["oracle_hours"].tolist()
-    hour = (arrays["ts"] - 1) // HOUR_NS % 24  # the hour a bar closes in, as the calendar counts it
+    hour = close_hour(arrays["ts"])
     features = np.array(arrays["features"])
     features[:, EDGE_INPUT_COLUMN] = (hour >= start) & (hour < end)
     return {**arrays, "features": features}
@@ -85,7 +91,7 @@ def with_edge_input(m) -> dict:
 
 def with_hour_inputs(arrays: dict) -> dict:
     """The arrays with 24 more inputs after the order flow: the one-hot UTC hour of the bar's close."""
-    hour = (arrays["ts"] - 1) // HOUR_NS % 24
+    hour = close_hour(arrays["ts"])
     onehot = (hour[:, None] == np.arange(24)).astype(np.float32)
     return {**arrays, "ofi": np.concatenate([arrays["ofi"], onehot], 1)}
 
@@ -96,7 +102,7 @@ FX_SESSIONS = ((0, 9), (7, 16), (12, 21))  # Tokyo, London, New York: [start, en
 def with_session_inputs(arrays: dict) -> dict:
     """The arrays with 3 more inputs after the order flow: 1 while the Tokyo, London, New York
     session is open (FX_SESSIONS, fixed by the market's hours, not fitted), else 0."""
-    hour = (arrays["ts"] - 1) // HOUR_NS % 24
+    hour = close_hour(arrays["ts"])
     open_ = np.stack([(hour >= a) & (hour < b) for a, b in FX_SESSIONS], 1).astype(np.float32)
     return {**arrays, "ofi": np.concatenate([arrays["ofi"], open_], 1)}
 
