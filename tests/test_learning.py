@@ -122,3 +122,82 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
     sessions = grid["with_session_inputs"](host_arrays(m))["ofi"][:2000, 8:]  # Tokyo, London, New York
     for k, (a, b) in enumerate([(0, 9), (7, 16), (12, 21)]):
         assert np.array_equal(sessions[:, k], ((utc_hour >= a) & (utc_hour < b)).astype(np.float32))
+
+
+def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeypatch):
+    """scripts/learner_probes.py: the gated network is the plain one while its gate is at 0
+    and projects nothing when it is shut; the LayerNorm network against F.layer_norm by hand;
+    both_losses is the sum of the two losses on one batch; a tiny grid runs with each."""
+    import json
+    import runpy
+
+    import torch.nn.functional as F
+
+    import fxray.rl.dqn as dqn
+
+    probes = runpy.run_path("scripts/learner_probes.py")
+    torch.manual_seed(0)
+    market, position = torch.randn(40, 50), torch.randint(-1, 2, (40,))
+    torch.manual_seed(1)
+    plain = dqn.QNetwork(50, 16, 2, True)
+    torch.manual_seed(1)
+    gated = probes["GatedQNetwork"](50, 16, 2, True)
+    assert torch.equal(gated(market, position), plain(market, position))
+    assert torch.equal(gated.q_all(market), plain.q_all(market))
+    with torch.no_grad():
+        gated.gate.bias.fill_(-200.0)  # shut: Q from the position alone
+    shut = plain._q(
+        torch.zeros(40, 16) + (position.unsqueeze(1) == torch.tensor([-1, 0, 1])).float() @ plain.position_embed
+    )
+    assert torch.allclose(gated(market, position), shut)
+    with torch.no_grad():
+        gated.gate.bias.zero_()
+        gated.gate.weight.normal_()
+    assert not torch.allclose(gated(market, position), plain(market, position))
+    torch.manual_seed(2)
+    ln = probes["LayerNormQNetwork"](50, 16, 3, True)
+    with torch.no_grad():
+        for norm in ln.norms:
+            norm.weight.normal_()
+            norm.bias.normal_()
+    one_hot = (position.unsqueeze(1) == torch.tensor([-1, 0, 1])).float()
+    h = market @ ln.market_in.weight.T + ln.market_in.bias + one_hot @ ln.position_embed
+    linears = [ln.body[0], ln.body[2]]
+    for k, norm in enumerate(ln.norms):
+        h = torch.relu(F.layer_norm(h, (16,), norm.weight, norm.bias))
+        if k < len(linears):
+            h = h @ linears[k].weight.T + linears[k].bias
+    out = h @ ln.head.weight.T + ln.head.bias
+    expected = out[:, :1] + out[:, 1:] - out[:, 1:].mean(1, keepdim=True)
+    assert torch.allclose(ln(market, position), expected, atol=1e-5)
+    # both_losses on a batch of a fold's replay
+    from fxray.rl.config import DQNConfig
+
+    m = cache.open(synth_cache)
+    data, fold = DeviceData(m), make_folds(m.ts, FoldSpec("20d", "5d", "5d"))[0]
+    cfg = DQNConfig(hidden=32, num_envs=16, batch_size=64, buffer_steps=32, episode_len=20, steps_per_epoch=5, epochs=1)
+    trainer = Trainer(data, cfg)
+    trainer.run_fold(fold, seed=0)
+    learner, replay = trainer.algo.learner, trainer.algo.replay
+    step, env = replay.sample_indices(64)
+    noise = torch.randn(128, data.n_inputs)
+    total, q_max = probes["both_losses"](learner, data, replay, step, env, noise)
+    a, qa = learner.td_loss(data, replay, step, env, noise)
+    b, qb = learner.all_actions_loss(data, replay, step, env, noise)
+    assert torch.equal(total, a + b) and torch.equal(q_max, torch.maximum(qa, qb)) and not torch.equal(a, b)
+    # each variant through the grid (the swap undone after the test)
+    monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
+    plain_network, plain_loss = dqn.QNetwork, dqn.Learner.td_loss
+    monkeypatch.setattr(dqn, "QNetwork", plain_network)
+    monkeypatch.setattr(dqn.Learner, "td_loss", plain_loss)
+    job = json.loads(open("scripts/grids/cpu_tiny.json").read())[0]
+    job["market"] = {"n_bars": 30000, "beta": 0.3}
+    (tmp_path / "grid.json").write_text(json.dumps([job]))
+    for variant in probes["VARIANTS"]:
+        dqn.QNetwork, dqn.Learner.td_loss = plain_network, plain_loss  # one variant at a time
+        out = tmp_path / f"{variant}.json"
+        assert probes["main"]([variant, str(tmp_path / "grid.json"), "--device", "cpu", "--json", str(out)]) == 0
+        assert json.loads(out.read_text())[0]["seeds"]["0"]["n_trades"] >= 0
+    assert dqn.Learner.td_loss is probes["both_losses"] and dqn.QNetwork is plain_network
+    with pytest.raises(SystemExit, match="no variant; known: gate, layernorm, both_losses"):
+        probes["main"](["dropout", str(tmp_path / "grid.json")])
