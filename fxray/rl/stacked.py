@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from fxray.rl.dqn import N_ACTIONS
 
@@ -34,9 +35,13 @@ class StackedQNetwork:
         self.params = [torch.zeros((k, *s), device=device) for s in shapes]
         self.dueling = dueling
         self.positions = torch.tensor([-1, 0, 1], device=device)
-        # CUDA: weight gradients by SplitKMatmul (float rounding apart, the same maths); the CPU keeps
-        # autograd's own baddbmm backward, bit for bit what a member computes alone
+        # CUDA: weight gradients by SplitKMatmul (float rounding apart, the same maths). The CPU runs
+        # each member through the kernels its network runs alone (addmm, mm and their autograd
+        # backward), bit for bit what it computes alone on any CPU: a bmm's reduction order is
+        # its own (on an AVX-512 CPU the (K, in, N) x (K, N, out) weight gradient differs from
+        # mm's in the last bit), and a CPU step is bound by flops, not launches
         self.split_k = torch.device(device).type == "cuda"
+        self.per_member = torch.device(device).type == "cpu"
 
     def requires_grad_(self, flag: bool) -> StackedQNetwork:
         for p in self.params:
@@ -45,6 +50,8 @@ class StackedQNetwork:
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """x (K, N, in) -> (K, N, out): addmm per member, as nn.Linear computes it (b None: no bias)."""
+        if self.per_member:
+            return torch.stack([F.linear(x[k], w[k], None if b is None else b[k]) for k in range(w.shape[0])])
         if self.split_k and torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
             return SplitKMatmul.apply(x, w, b)
         if b is None:
@@ -66,8 +73,14 @@ class StackedQNetwork:
     def forward(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """market (K, N, n_inputs), position (K, N) in {-1,0,1} -> Q (K, N, 3)."""
         one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (K, N, 3)
-        h = self._linear(market, self.params[1], self.params[2]) + self._linear(one_hot, self.params[0].mT, None)
-        return self._q(h, self.params)
+        return self._q(self._linear(market, self.params[1], self.params[2]) + self._embed(one_hot), self.params)
+
+    def _embed(self, one_hot: torch.Tensor) -> torch.Tensor:
+        """one_hot (K, N, 3) @ position_embed (K, 3, H), per member as QNetwork's matmul on the CPU."""
+        embed = self.params[0]
+        if self.per_member:
+            return torch.stack([one_hot[k] @ embed[k] for k in range(embed.shape[0])])
+        return self._linear(one_hot, embed.mT, None)
 
     __call__ = forward
 
