@@ -162,6 +162,7 @@ def run_job(job: dict, device: str) -> dict:
         "wall_s": time.time() - t0,
         "oracle": oracle and oracle["sharpe"],
         "ridge": ref["ridge"]["sharpe"],
+        "buy_and_hold": ref["buy_and_hold"]["sharpe"],
         "seeds": {str(s): stat(tests[s]) for s in seeds},
         "best_epochs": best_epochs,
     }
@@ -189,9 +190,8 @@ def line(r: dict) -> str:
         a, b = r["edge_hours"]
         each = " ".join(share(v["in_edge_hours"]) for v in r["seeds"].values())
         hours = f" | traded in {a}-{b} UTC: {each} (oracle {share(r['oracle_in_edge_hours'])})"
-    return (
-        f"{r['tag']:<24} {r['wall_s']:5.0f}s oracle {oracle} ridge {r['ridge']:+.2f} | test (share) {seeds}{ens}{hours}"
-    )
+    head = f"{r['tag']:<24} {r['wall_s']:5.0f}s oracle {oracle} ridge {r['ridge']:+.2f} long {r['buy_and_hold']:+.2f}"
+    return f"{head} | test (share) {seeds}{ens}{hours}"
 
 
 def main(argv=None) -> int:

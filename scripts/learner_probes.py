@@ -9,6 +9,9 @@ and every action's target").
                  unit can be switched off by the hour
     layernorm    LayerNorm (with its affine weights) before every hidden ReLU
     both_losses  the sampled n-step loss plus the all-actions 1-step loss of the same batch
+    hold_max     as fxray's `update: hold`, with the larger of the 1-step and the hold-n target
+                 of each action (both are lower bounds of Q*, holding being one feasible policy:
+                 lower-bound Q-learning, Oh et al. 2018, "Self-Imitation Learning")
 
 Each swaps a class attribute of fxray.rl.dqn for the run of this process only; the grid's
 jobs run as learner_grid runs them. These are diagnostics, not features: a variant that earns
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import fxray.rl.dqn as dqn
 from fxray.data.schema import CALENDAR_INDICES
@@ -75,8 +79,22 @@ def both_losses(self, data, replay, step, env, noise=None):
     return sampled + every, torch.maximum(q_sampled, q_every)
 
 
+def hold_max_loss(self, data, replay, step, env, noise=None):
+    """Learner.hold_loss with the larger of the 1-step and the hold-n target of each action."""
+    row = step % replay.S
+    t, position = replay.t[row, env], replay.position[row, env]
+    market = data.states(t)
+    if noise is not None:
+        market = market + noise[: t.shape[0]]
+    q = self.q_network(market, position)  # (B, 3)
+    with torch.no_grad():
+        one = self.hold_targets(data, t, position, 1, q.dtype)
+        target = torch.maximum(one, self.hold_targets(data, t, position, self.cfg.n_step, q.dtype))
+    return F.huber_loss(q, target, delta=self.cfg.huber_delta), q.detach().abs().max()
+
+
 SAMPLED_LOSS = dqn.Learner.td_loss
-VARIANTS = ("gate", "layernorm", "both_losses")
+VARIANTS = ("gate", "layernorm", "both_losses", "hold_max")
 
 
 def use(variant: str) -> None:
@@ -87,6 +105,8 @@ def use(variant: str) -> None:
         dqn.QNetwork = LayerNormQNetwork
     elif variant == "both_losses":
         dqn.Learner.td_loss = both_losses
+    elif variant == "hold_max":
+        dqn.Learner.td_loss = hold_max_loss
     else:
         raise SystemExit(f"learner_probes: {variant!r} is no variant; known: {', '.join(VARIANTS)}")
 

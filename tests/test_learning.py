@@ -185,6 +185,15 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
     a, qa = learner.td_loss(data, replay, step, env, noise)
     b, qb = learner.all_actions_loss(data, replay, step, env, noise)
     assert torch.equal(total, a + b) and torch.equal(q_max, torch.maximum(qa, qb)) and not torch.equal(a, b)
+    # hold_max: each action against the larger of its 1-step and hold-n targets
+    row = step % replay.S
+    t, position = replay.t[row, env], replay.position[row, env]
+    q = learner.q_network(data.states(t) + noise[:64], position)
+    one = learner.hold_targets(data, t, position, 1, q.dtype)
+    held = learner.hold_targets(data, t, position, learner.cfg.n_step, q.dtype)
+    assert (held > one).any() and (held < one).any()
+    want = F.huber_loss(q, torch.maximum(one, held), delta=learner.cfg.huber_delta)
+    assert torch.allclose(probes["hold_max_loss"](learner, data, replay, step, env, noise)[0], want)
     # each variant through the grid (the swap undone after the test)
     monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
     plain_network, plain_loss = dqn.QNetwork, dqn.Learner.td_loss
@@ -198,8 +207,8 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
         out = tmp_path / f"{variant}.json"
         assert probes["main"]([variant, str(tmp_path / "grid.json"), "--device", "cpu", "--json", str(out)]) == 0
         assert json.loads(out.read_text())[0]["seeds"]["0"]["n_trades"] >= 0
-    assert dqn.Learner.td_loss is probes["both_losses"] and dqn.QNetwork is plain_network
-    with pytest.raises(SystemExit, match="no variant; known: gate, layernorm, both_losses"):
+    assert dqn.Learner.td_loss is probes["hold_max_loss"] and dqn.QNetwork is plain_network
+    with pytest.raises(SystemExit, match="no variant; known: gate, layernorm, both_losses, hold_max"):
         probes["main"](["dropout", str(tmp_path / "grid.json")])
 
 

@@ -252,8 +252,9 @@ def test_backtest_many_is_backtest_per_policy(market_data):
 def test_members_of_different_shapes_are_refused():
     with pytest.raises(ConfigError, match=r"^dqn\.hidden: member 1 has 64, member 0 32; "):
         check_members([BASE, BASE.replace(hidden=64)])
-    with pytest.raises(ConfigError, match=r"^dqn\.update: 'all_actions'"):
-        check_members([BASE.replace(update="all_actions")])
+    for update in ("all_actions", "hold"):
+        with pytest.raises(ConfigError, match=rf"^dqn\.update: '{update}' is not supported in a population"):
+            check_members([BASE.replace(update=update)])
     with pytest.raises(ConfigError, match="no members"):
         check_members([])
 

@@ -411,3 +411,48 @@ def test_split_online_forward_is_the_joint_one():
     untrained = Learner(cfg, 50, "cpu")
     untrained.reset(1)
     assert all(not torch.equal(p, u) for p, u in zip(learners[False].params, untrained.params))  # it learned
+
+
+def test_hold_targets_match_a_plain_reference():
+    """update 'hold': each action's target is the return of holding its new position n bars
+    (cut at the train range's end), bootstrapped Double-DQN at (t + m, p'); n_step 1 is the
+    all_actions update exactly."""
+    cfg = TINY.replace(update="hold", n_step=4, gamma=0.8, cost=1e-4, reward_scale=1e4)
+    data, replay, batches = filled_replay(cfg, 1)
+    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)  # fill next_open: fresh bar, carry gap
+    learner = Learner(cfg, 50, "cpu")
+    learner.fresh, learner.carry = env.fresh, env.carry
+    learner.reset(3)
+    with torch.no_grad():  # a target network unlike the online one, so Double DQN's split shows
+        for p in learner.target_params:
+            p.add_(0.1 * torch.randn_like(p))
+    end = int(data.bounds[1])
+    t = torch.tensor([0, 17, 700, end - 5, end - 4, end - 3, end - 2])  # the last four cut n
+    position = torch.tensor([-1, 0, 1, 1, -1, 0, 1])
+    got = learner.hold_targets(data, t, position, cfg.n_step, torch.float32)
+    bar, gap, r = data.bar.double(), data.gap.double(), data.returns.double()
+    for j in range(len(t)):
+        tj, p = int(t[j]), int(position[j])
+        m = min(4, end - 1 - tj)
+        s = data.states(torch.tensor([tj + m]))
+        q_online, q_target = learner.q_network.q_all(s)[0], learner.target_network.q_all(s)[0]  # (3 p', 3 a)
+        for i, new in enumerate((-1, 0, 1)):
+            ret = new * bar[tj] + p * gap[tj] - 1e-4 * abs(new - p)
+            ret += sum(0.8**k * new * r[tj + k] for k in range(1, m))
+            value = q_target[i, int(q_online[i].argmax())]
+            want = float(ret) * 1e4 + 0.8**m * float(value)
+            assert abs(float(got[j, i]) - want) < 1e-4 * max(1.0, abs(want)), (j, new, float(got[j, i]), want)
+    one = learner.hold_targets(data, t, position, 1, torch.float32)
+    assert not torch.allclose(one, got)
+    step, envi = batches[0]
+    noise = torch.randn(2 * cfg.batch_size, 50)
+    as_hold = Learner(cfg.replace(n_step=1), 50, "cpu")
+    as_all = Learner(cfg.replace(n_step=1, update="all_actions"), 50, "cpu")
+    for lrn in (as_hold, as_all):
+        lrn.fresh, lrn.carry = env.fresh, env.carry
+        lrn.reset(3)
+    assert torch.equal(
+        as_hold.td_loss(data, replay, step, envi, noise)[0], as_all.td_loss(data, replay, step, envi, noise)[0]
+    )
+    with pytest.raises(ConfigError, match=r"^dqn\.update: 'held' must be 'sampled', 'all_actions' or 'hold'$"):
+        DQNConfig(update="held")

@@ -110,7 +110,7 @@ class Learner:
         # epoch accumulators, read once at epoch end
         self.loss_sum = torch.zeros((), device=device)
         self.q_abs_max = torch.zeros((), device=device)
-        self.fresh = self.carry = None  # the env's return arrays, for all_actions (set by DQN)
+        self.fresh = self.carry = None  # the env's return arrays, for all_actions and hold (set by DQN)
         # the online network's forward over [s, s_next] in one pass where a step is bound by
         # launches (CUDA); in two where it is bound by flops (CPU): there the joint pass's
         # backward multiplies the next states' zero gradients too, 2/7 of a step's matmul flops
@@ -122,6 +122,8 @@ class Learner:
         noise is drawn by `learn` and added to the states of the batch here: (2B, n_inputs))."""
         if self.cfg.update == "all_actions":
             return self.all_actions_loss(data, replay, step, env, noise)
+        if self.cfg.update == "hold":
+            return self.hold_loss(data, replay, step, env, noise)
         cfg = self.cfg
         t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
         B = t.shape[0]
@@ -153,8 +155,21 @@ class Learner:
         the three Q-values together ("action augmentation", Huang 2018, "Financial
         trading as a game") triples the information per sample and does not depend on
         what exploration happened to try. n_step is not used (the later actions of an
-        n-step return would depend on the first)."""
-        cfg = self.cfg
+        n-step return would depend on the first): update 'hold' is the n-step form."""
+        return self._every_action_loss(data, replay, step, env, noise, hold=1)
+
+    def hold_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
+        """all_actions with an n-step target: action a at (t, p) against the return of holding
+        p' = a - 1 for n = n_step bars (known, as the 1-step reward is: holding costs nothing
+        and earns p' r[t+k]), bootstrapped at (t + n, p'), n cut at the train range's end.
+
+        Holding is one feasible policy for the n - 1 bars after t, so the target is a lower
+        bound of Q*(t, p, a), as an n-step return of a behaviour policy is (Peng and Williams
+        1996); it carries the reward n bars back in one update, which the 1-step form
+        needs n updates for. n_step 1 is all_actions, exactly."""
+        return self._every_action_loss(data, replay, step, env, noise, hold=self.cfg.n_step)
+
+    def _every_action_loss(self, data, replay, step, env, noise, hold: int):
         row = step % replay.S
         t, position = replay.t[row, env], replay.position[row, env]  # (B,), (B,)
         market = data.states(t)
@@ -162,16 +177,35 @@ class Learner:
             market = market + noise[: t.shape[0]]
         q = self.q_network(market, position)  # (B, 3)
         with torch.no_grad():
-            new_position = self.q_network.positions.to(q.dtype)  # (3,) = a - 1
-            pos = position.to(q.dtype).unsqueeze(1)  # (B, 1)
-            reward = new_position * self.fresh[t].unsqueeze(1) - cfg.cost * (new_position - pos).abs()  # (B, 3)
-            if self.carry is not None:
-                reward = reward + pos * self.carry[t].unsqueeze(1)
-            market_next = data.states(t + 1)  # (B, n_inputs): bar t+1 is in the train range
-            next_action = self.q_network.q_all(market_next).argmax(-1, keepdim=True)  # (B, 3 p', 1)
-            next_q = self.target_network.q_all(market_next).gather(-1, next_action).squeeze(-1)  # (B, 3)
-            td_target = reward * cfg.reward_scale + cfg.gamma * next_q
-        return F.huber_loss(q, td_target, delta=cfg.huber_delta), q.detach().abs().max()
+            td_target = self.hold_targets(data, t, position, hold, q.dtype)
+        return F.huber_loss(q, td_target, delta=self.cfg.huber_delta), q.detach().abs().max()
+
+    def hold_targets(self, data: DeviceData, t: torch.Tensor, position: torch.Tensor, hold: int, dtype):
+        """(B, 3): each new position's target at (t, p) when held `hold` bars (1: the 1-step
+        target), Double DQN (the online network picks the action at the bootstrap state, the
+        target network values it). Bars t .. t+m are in the train range: m = min(hold,
+        train_end - 1 - t), and the environment's bars t have t + 1 < train_end."""
+        cfg = self.cfg
+        new_position = self.q_network.positions.to(dtype)  # (3,) = a - 1
+        pos = position.to(dtype).unsqueeze(1)  # (B, 1)
+        reward = new_position * self.fresh[t].unsqueeze(1) - cfg.cost * (new_position - pos).abs()  # (B, 3)
+        if self.carry is not None:
+            reward = reward + pos * self.carry[t].unsqueeze(1)
+        if hold == 1:
+            m, discount = t.new_ones(()), cfg.gamma
+        else:  # bars t+1 .. t+m-1 held: p' (gap + bar) = p' r of each, at no cost
+            end = data.bounds[1]
+            m = (end - 1 - t).clamp(1, hold)  # (B,)
+            k = torch.arange(1, hold, device=t.device)  # (hold - 1,)
+            alive = (k.unsqueeze(0) < m.unsqueeze(1)).to(dtype)  # (B, hold - 1)
+            held = data.returns[(t.unsqueeze(1) + k).clamp_max(end - 1)]  # (B, hold - 1)
+            held = (held * alive * cfg.gamma ** k.to(dtype)).sum(1, keepdim=True)  # (B, 1)
+            reward = reward + new_position * held
+            discount = (cfg.gamma ** m.to(dtype)).unsqueeze(1)  # (B, 1)
+        market_next = data.states(t + m)  # (B, n_inputs)
+        next_action = self.q_network.q_all(market_next).argmax(-1, keepdim=True)  # (B, 3 p', 1)
+        next_q = self.target_network.q_all(market_next).gather(-1, next_action).squeeze(-1)  # (B, 3)
+        return reward * cfg.reward_scale + discount * next_q
 
     def learn(self, data: DeviceData, replay: Replay, step=None, env=None) -> None:
         """One gradient step on a replay batch (sampled unless (step, env) are given)."""
