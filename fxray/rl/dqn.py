@@ -164,9 +164,9 @@ class Learner:
         and earns p' r[t+k]), bootstrapped at (t + n, p'), n cut at the train range's end.
 
         Holding is one feasible policy for the n - 1 bars after t, so the target is a lower
-        bound of Q*(t, p, a), as an n-step return of a behaviour policy is (Peng and Williams
-        1996); it carries the reward n bars back in one update, which the 1-step form
-        needs n updates for. n_step 1 is all_actions, exactly."""
+        bound of Q*(t, p, a), as an uncorrected n-step return of any behaviour policy is; it
+        carries the reward n bars back in one update, which the 1-step form needs n updates
+        for. n_step 1 is all_actions, exactly."""
         return self._every_action_loss(data, replay, step, env, noise, hold=self.cfg.n_step)
 
     def _every_action_loss(self, data, replay, step, env, noise, hold: int):
