@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import fxray.rl.dqn as dqn
 from fxray.data.schema import CALENDAR_INDICES
@@ -79,21 +78,14 @@ def both_losses(self, data, replay, step, env, noise=None):
     return sampled + every, torch.maximum(q_sampled, q_every)
 
 
-def hold_max_loss(self, data, replay, step, env, noise=None):
-    """Learner.hold_loss with the larger of the 1-step and the hold-n target of each action."""
-    row = step % replay.S
-    t, position = replay.t[row, env], replay.position[row, env]
-    market = data.states(t)
-    if noise is not None:
-        market = market + noise[: t.shape[0]]
-    q = self.q_network(market, position)  # (B, 3)
-    with torch.no_grad():
-        one = self.hold_targets(data, t, position, 1, q.dtype)
-        target = torch.maximum(one, self.hold_targets(data, t, position, self.cfg.n_step, q.dtype))
-    return F.huber_loss(q, target, delta=self.cfg.huber_delta), q.detach().abs().max()
+def max_targets(self, data, t, position, hold, dtype):
+    """Learner.hold_targets, each action's the larger of its 1-step and its hold-n target."""
+    one = PLAIN_TARGETS(self, data, t, position, 1, dtype)
+    return torch.maximum(one, PLAIN_TARGETS(self, data, t, position, hold, dtype))
 
 
 SAMPLED_LOSS = dqn.Learner.td_loss
+PLAIN_TARGETS = dqn.Learner.hold_targets
 VARIANTS = ("gate", "layernorm", "both_losses", "hold_max")
 
 
@@ -105,8 +97,8 @@ def use(variant: str) -> None:
         dqn.QNetwork = LayerNormQNetwork
     elif variant == "both_losses":
         dqn.Learner.td_loss = both_losses
-    elif variant == "hold_max":
-        dqn.Learner.td_loss = hold_max_loss
+    elif variant == "hold_max":  # update 'hold' whatever the config says, with the larger target
+        dqn.Learner.td_loss, dqn.Learner.hold_targets = dqn.Learner.hold_loss, max_targets
     else:
         raise SystemExit(f"learner_probes: {variant!r} is no variant; known: {', '.join(VARIANTS)}")
 

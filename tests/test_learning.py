@@ -194,26 +194,28 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
     # hold_max: each action against the larger of its 1-step and hold-n targets
     row = step % replay.S
     t, position = replay.t[row, env], replay.position[row, env]
-    q = learner.q_network(data.states(t) + noise[:64], position)
-    one = learner.hold_targets(data, t, position, 1, q.dtype)
-    held = learner.hold_targets(data, t, position, learner.cfg.n_step, q.dtype)
+    one = learner.hold_targets(data, t, position, 1, torch.float32)
+    held = learner.hold_targets(data, t, position, learner.cfg.n_step, torch.float32)
     assert (held > one).any() and (held < one).any()
-    want = F.huber_loss(q, torch.maximum(one, held), delta=learner.cfg.huber_delta)
-    assert torch.allclose(probes["hold_max_loss"](learner, data, replay, step, env, noise)[0], want)
+    got = probes["max_targets"](learner, data, t, position, learner.cfg.n_step, torch.float32)
+    assert torch.equal(got, torch.maximum(one, held))
     # each variant through the grid (the swap undone after the test)
     monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
-    plain_network, plain_loss = dqn.QNetwork, dqn.Learner.td_loss
+    plain_network, plain_loss, plain_targets = dqn.QNetwork, dqn.Learner.td_loss, dqn.Learner.hold_targets
     monkeypatch.setattr(dqn, "QNetwork", plain_network)
     monkeypatch.setattr(dqn.Learner, "td_loss", plain_loss)
+    monkeypatch.setattr(dqn.Learner, "hold_targets", plain_targets)
     job = json.loads(open("scripts/grids/cpu_tiny.json").read())[0]
     job["market"] = {"n_bars": 30000, "beta": 0.3}
     (tmp_path / "grid.json").write_text(json.dumps([job]))
     for variant in probes["VARIANTS"]:
         dqn.QNetwork, dqn.Learner.td_loss = plain_network, plain_loss  # one variant at a time
+        dqn.Learner.hold_targets = plain_targets
         out = tmp_path / f"{variant}.json"
         assert probes["main"]([variant, str(tmp_path / "grid.json"), "--device", "cpu", "--json", str(out)]) == 0
         assert json.loads(out.read_text())[0]["seeds"]["0"]["n_trades"] >= 0
-    assert dqn.Learner.td_loss is probes["hold_max_loss"] and dqn.QNetwork is plain_network
+    assert dqn.Learner.td_loss is dqn.Learner.hold_loss and dqn.Learner.hold_targets is probes["max_targets"]
+    assert dqn.QNetwork is plain_network
     with pytest.raises(SystemExit, match="no variant; known: gate, layernorm, both_losses, hold_max"):
         probes["main"](["dropout", str(tmp_path / "grid.json")])
 
