@@ -59,7 +59,7 @@ def pooled_test(market, cfg, seed: int) -> dict:
 @pytest.mark.slow
 def test_the_cpu_profile_reaches_a_floor_share_of_the_oracle_on_a_small_planted_market(planted):
     exp = expmod.load(expmod.default_experiment(), "cpu")
-    cfg = exp.config  # the CPU profile: 128 envs, batch 512, 4 epochs x 250 steps, cost 0.4 bp, the learner's defaults
+    cfg = exp.config  # the CPU profile: 128 envs, batch 512, 4 epochs x 200 steps, cost 0.4 bp, the learner's defaults
     assert (cfg.num_envs, cfg.batch_size, cfg.cost) == (128, 512, 4e-5)
     shares, threads = [], torch.get_num_threads()
     torch.set_num_threads(1)  # as the sweep's CPU workers train (1 torch thread each), and 3x faster here
