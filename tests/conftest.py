@@ -15,6 +15,23 @@ SHARED_DATA = Path(os.environ.get("FXRAY_SHARED_DATA", SHARED / "data"))
 torch.set_num_threads(2)
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for a test that trains, as the sweep's CPU workers train: with pytest -n 2
+    on 2 cores, two processes of 2 threads each oversubscribe the cores (~2-3x slower here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def cpu_profile_config():
+    """The default experiment's CPU-profile DQNConfig: what `fxray train` / `fxray tune` train on a CPU."""
+    from fxray.rl import experiment as expmod
+
+    return expmod.load(expmod.default_experiment(), "cpu").config
+
+
 @pytest.fixture(scope="session")
 def short_folds_experiment(tmp_path_factory) -> Path:
     """The default experiment with its CPU profile's folds cut to 20 days' training, for the

@@ -298,12 +298,12 @@ def oracle_sharpe(market_spec: SynthSpec, data: DeviceData, window, cost) -> flo
     return res.metrics.sharpe
 
 
-def test_default_config_learns_a_strong_planted_signal_in_every_fold(strong_cache):
+def test_default_config_learns_a_strong_planted_signal_in_every_fold(strong_cache, one_torch_thread):
     from conftest import STRONG
 
     market = cache.open(strong_cache)
     data = DeviceData(market)
-    cfg = DQNConfig(cost=1e-5)  # the default size
+    cfg = DQNConfig(cost=1e-5)  # the default size (the CPU profile's 128 envs learn ~0.55 of the oracle here)
     folds = make_folds(market.ts, FoldSpec(train="20d", val="5d", test="5d", step="10d", max_folds=2))
     trainer = Trainer(data, cfg)
     for fold in folds:
@@ -314,7 +314,7 @@ def test_default_config_learns_a_strong_planted_signal_in_every_fold(strong_cach
         assert result.test["sharpe"] >= 0.5 * oracle, (fold.k, result.test["sharpe"], oracle)
 
 
-def test_shuffled_returns_control_does_not_look_profitable(strong_cache, tmp_path):
+def test_shuffled_returns_control_does_not_look_profitable(strong_cache, one_torch_thread):
     """Same features, returns permuted: the signal is gone, so must be the profit."""
     market = cache.open(strong_cache)
     rng = np.random.default_rng(0)
