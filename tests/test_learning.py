@@ -240,3 +240,22 @@ def test_the_shuffled_twin_keeps_each_bars_size_and_no_days_drift():
     permuted = r[np.lexsort((np.random.default_rng(0).random(len(r)), day))]
     assert day_corr(permuted) > 0.3  # the v2 twin: its days' drift told by their order flow
     assert abs(day_corr(r_twin)) < 0.2
+
+
+def test_floor_seeds_refuses_bad_input_in_one_line(capsys):
+    """scripts/floor_seeds.py (the floor's measurement for other seeds and configs): a bad
+    argument is one line on stderr and exit 2, before any market is built."""
+    import runpy
+
+    script = runpy.run_path("scripts/floor_seeds.py")
+    cases = [
+        (["{bad", "0"], "Expecting property name"),
+        (["[1]", "0"], "must be a JSON object"),
+        (['{"no_such_field": 1}', "0"], "no_such_field"),
+        (["{}", "zero"], "invalid literal for int()"),
+    ]
+    for args, needle in cases:
+        assert script["main"](args) == 2, args
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("floor_seeds.py: error: "), lines
+    assert script["main"]([]) == 2 and "floor_seeds.py" in capsys.readouterr().err
