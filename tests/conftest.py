@@ -25,13 +25,6 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def cpu_profile_config():
-    """The default experiment's CPU-profile DQNConfig: what `fxray train` / `fxray tune` train on a CPU."""
-    from fxray.rl import experiment as expmod
-
-    return expmod.load(expmod.default_experiment(), "cpu").config
-
-
 @pytest.fixture(scope="session")
 def short_folds_experiment(tmp_path_factory) -> Path:
     """The default experiment with its CPU profile's folds cut to 20 days' training, for the
