@@ -20,10 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_learning import pooled_test  # noqa: E402  (the test's own measurement, not a copy)
+from test_learning import MARKET, pooled_test  # noqa: E402  (the test's own market and measurement)
 
 from fxray.data import cache  # noqa: E402
-from fxray.data.synth import SynthSpec, to_cache  # noqa: E402
+from fxray.data.synth import to_cache  # noqa: E402
 from fxray.eval import pooled  # noqa: E402
 from fxray.rl import experiment as expmod  # noqa: E402
 
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "floor.fxcache"
-        to_cache(SynthSpec(n_bars=60_000, seed=0, beta=0.09), path)
+        to_cache(MARKET, path)
         market = cache.open(path)
         for seed in seeds:
             t0 = time.perf_counter()

@@ -31,12 +31,13 @@ from fxray.rl.device import DeviceData
 from fxray.rl.trainer import Trainer
 
 FLOOR = 0.45  # on the mean share of seeds 0-2
+MARKET = SynthSpec(n_bars=60_000, seed=0, beta=0.09)  # the floor's market (scripts/floor_seeds.py uses it too)
 
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     path = tmp_path_factory.mktemp("floor") / "floor.fxcache"
-    to_cache(SynthSpec(n_bars=60_000, seed=0, beta=0.09), path)
+    to_cache(MARKET, path)
     return cache.open(path)
 
 
