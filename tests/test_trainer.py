@@ -454,5 +454,59 @@ def test_hold_targets_match_a_plain_reference():
     assert torch.equal(
         as_hold.td_loss(data, replay, step, envi, noise)[0], as_all.td_loss(data, replay, step, envi, noise)[0]
     )
-    with pytest.raises(ConfigError, match=r"^dqn\.update: 'held' must be 'sampled', 'all_actions' or 'hold'$"):
+    refused = r"^dqn\.update: 'held' must be 'sampled', 'all_actions', 'hold' or 'rollout'$"
+    with pytest.raises(ConfigError, match=refused):
         DQNConfig(update="held")
+
+
+def test_rollout_targets_match_a_plain_reference():
+    """update 'rollout': each first action's target is the n-step return of the online
+    network's greedy policy after it, on the bars that followed, cut at the train range's
+    end, bootstrapped Double-DQN at (t + m, the branch's position); n_step 1 is all_actions."""
+    cfg = TINY.replace(update="rollout", n_step=4, gamma=0.8, cost=1e-4, reward_scale=1e4)
+    data, replay, batches = filled_replay(cfg, 1)
+    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)  # fill next_open: fresh bar, carry gap
+    learner = Learner(cfg, 50, "cpu")
+    learner.fresh, learner.carry = env.fresh, env.carry
+    learner.reset(3)
+    with torch.no_grad():  # a target network unlike the online one, so Double DQN's split shows
+        for p in learner.target_params:
+            p.add_(0.1 * torch.randn_like(p))
+    end = int(data.bounds[1])
+    t = torch.tensor([0, 17, 700, 1203, end - 5, end - 4, end - 3, end - 2])  # the last four cut n
+    position = torch.tensor([-1, 0, 1, 0, 1, -1, 0, 1])
+    got = learner.rollout_targets(data, t, position, cfg.n_step, torch.float32)
+    bar, gap = data.bar.double(), data.gap.double()
+    moves = by_position = 0
+    for j in range(len(t)):
+        tj, p = int(t[j]), int(position[j])
+        m = min(4, end - 1 - tj)
+        for i, first in enumerate((-1, 0, 1)):
+            ret = first * bar[tj] + p * gap[tj] - 1e-4 * abs(first - p)
+            held = first
+            for k in range(1, m):  # the greedy policy of the online network, bar by bar
+                s = data.states(torch.tensor([tj + k]))
+                new = int(learner.q_network(s, torch.tensor([held]))[0].argmax()) - 1
+                moves += new != held
+                by_position += new != int(learner.q_network(s, torch.tensor([0]))[0].argmax()) - 1
+                ret += 0.8**k * (new * bar[tj + k] + held * gap[tj + k] - 1e-4 * abs(new - held))
+                held = new
+            s = data.states(torch.tensor([tj + m]))
+            q_online = learner.q_network(s, torch.tensor([held]))[0]
+            value = learner.target_network(s, torch.tensor([held]))[0, int(q_online.argmax())]
+            want = float(ret) * 1e4 + 0.8**m * float(value)
+            assert abs(float(got[j, i]) - want) < 1e-4 * max(1.0, abs(want)), (j, first, float(got[j, i]), want)
+    # the greedy moves were checked where they change the position, and where the position
+    # held decides the move (so a rollout that ignored what its branch holds would fail)
+    assert moves > 0 and by_position > 0, (moves, by_position)
+    assert not torch.allclose(got, learner.hold_targets(data, t, position, cfg.n_step, torch.float32))
+    step, envi = batches[0]
+    noise = torch.randn(2 * cfg.batch_size, 50)
+    as_rollout = Learner(cfg.replace(n_step=1), 50, "cpu")
+    as_all = Learner(cfg.replace(n_step=1, update="all_actions"), 50, "cpu")
+    for lrn in (as_rollout, as_all):
+        lrn.fresh, lrn.carry = env.fresh, env.carry
+        lrn.reset(3)
+    assert torch.equal(
+        as_rollout.td_loss(data, replay, step, envi, noise)[0], as_all.td_loss(data, replay, step, envi, noise)[0]
+    )

@@ -182,7 +182,8 @@ class DQNConfig(TrainConfig):
     update: str = "sampled"
     """sampled: the n-step update of the action the agent took; all_actions: the 1-step
     update of all three actions of each sampled state (their rewards are known); hold: the
-    same with the n_step-bar return of holding each new position (fxray.rl.dqn)"""
+    same with the n_step-bar return of holding each new position; rollout: the same with the
+    n_step-bar return of the greedy policy after each first action (fxray.rl.dqn)"""
 
     SECTION = "dqn"
 
@@ -198,8 +199,8 @@ class DQNConfig(TrainConfig):
             v = getattr(self, key)
             if not _is_number(v) or v <= 0:
                 self._fail(key, "must be a number > 0")
-        if self.update not in ("sampled", "all_actions", "hold"):
-            self._fail("update", "must be 'sampled', 'all_actions' or 'hold'")
+        if self.update not in ("sampled", "all_actions", "hold", "rollout"):
+            self._fail("update", "must be 'sampled', 'all_actions', 'hold' or 'rollout'")
         if not isinstance(self.target_every, int) or self.target_every < 0:
             self._fail("target_every", "must be an integer >= 0")
         if self.buffer_steps <= self.n_step:

@@ -110,7 +110,7 @@ class Learner:
         # epoch accumulators, read once at epoch end
         self.loss_sum = torch.zeros((), device=device)
         self.q_abs_max = torch.zeros((), device=device)
-        self.fresh = self.carry = None  # the env's return arrays, for all_actions and hold (set by DQN)
+        self.fresh = self.carry = None  # the env's return arrays, for all_actions, hold, rollout (set by DQN)
         # the online network's forward over [s, s_next] in one pass where a step is bound by
         # launches (CUDA); in two where it is bound by flops (CPU): there the joint pass's
         # backward multiplies the next states' zero gradients too, 2/7 of a step's matmul flops
@@ -124,6 +124,8 @@ class Learner:
             return self.all_actions_loss(data, replay, step, env, noise)
         if self.cfg.update == "hold":
             return self.hold_loss(data, replay, step, env, noise)
+        if self.cfg.update == "rollout":
+            return self.rollout_loss(data, replay, step, env, noise)
         cfg = self.cfg
         t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
         B = t.shape[0]
@@ -169,7 +171,17 @@ class Learner:
         for. n_step 1 is all_actions, exactly."""
         return self._every_action_loss(data, replay, step, env, noise, hold=self.cfg.n_step)
 
-    def _every_action_loss(self, data, replay, step, env, noise, hold: int):
+    def rollout_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
+        """all_actions with an n-step target of the greedy policy: after the first action, each
+        of the three branches follows the online network's greedy action for n_step - 1 bars
+        on the bars that followed (the market does not react to the agent, so this rollout is
+        exact, not a model), then bootstraps Double-DQN. The three targets share the same
+        future returns: where the branches come together their returns cancel in the
+        contrast between actions, which is what the policy acts on. n_step 1 is all_actions,
+        exactly."""
+        return self._every_action_loss(data, replay, step, env, noise, hold=self.cfg.n_step, rollout=True)
+
+    def _every_action_loss(self, data, replay, step, env, noise, hold: int, rollout: bool = False):
         row = step % replay.S
         t, position = replay.t[row, env], replay.position[row, env]  # (B,), (B,)
         market = data.states(t)
@@ -177,7 +189,8 @@ class Learner:
             market = market + noise[: t.shape[0]]
         q = self.q_network(market, position)  # (B, 3)
         with torch.no_grad():
-            td_target = self.hold_targets(data, t, position, hold, q.dtype)
+            targets = self.rollout_targets if rollout and hold > 1 else self.hold_targets
+            td_target = targets(data, t, position, hold, q.dtype)
         return F.huber_loss(q, td_target, delta=self.cfg.huber_delta), q.detach().abs().max()
 
     def hold_targets(self, data: DeviceData, t: torch.Tensor, position: torch.Tensor, hold: int, dtype):
@@ -206,6 +219,36 @@ class Learner:
         next_action = self.q_network.q_all(market_next).argmax(-1, keepdim=True)  # (B, 3 p', 1)
         next_q = self.target_network.q_all(market_next).gather(-1, next_action).squeeze(-1)  # (B, 3)
         return reward * cfg.reward_scale + discount * next_q
+
+    def rollout_targets(self, data: DeviceData, t: torch.Tensor, position: torch.Tensor, n: int, dtype):
+        """(B, 3): each first action's n-step target at (t, p) when the online network's greedy
+        policy acts after it, Double-DQN at (t + m, the branch's position); m = min(n,
+        train_end - 1 - t) as in hold_targets. No host sync: n is a Python int, the cut a mask."""
+        cfg = self.cfg
+        end = data.bounds[1]
+        pos = position.to(dtype).unsqueeze(1)  # (B, 1)
+        held = self.q_network.positions.to(dtype).expand(t.shape[0], N_ACTIONS)  # (B, 3): each branch's p'
+        ret = held * self.fresh[t].unsqueeze(1) - cfg.cost * (held - pos).abs()  # (B, 3)
+        if self.carry is not None:
+            ret = ret + pos * self.carry[t].unsqueeze(1)
+        m = (end - 1 - t).clamp(1, n)  # (B,) bars rolled, the first included
+        for k in range(1, n):  # bar t + k: each branch's greedy move from the position it holds
+            alive = (k < m).unsqueeze(1)  # (B, 1)
+            tk = (t + k).clamp_max(end - 1)
+            q = self.q_network.q_all(data.states(tk))  # (B, 3 previous, 3 actions)
+            chosen = q.gather(1, (held.long() + 1).unsqueeze(-1).expand(-1, -1, N_ACTIONS)).argmax(-1)  # (B, 3)
+            new = (chosen - 1).to(dtype)
+            reward = new * self.fresh[tk].unsqueeze(1) - cfg.cost * (new - held).abs()
+            if self.carry is not None:
+                reward = reward + held * self.carry[tk].unsqueeze(1)
+            ret = ret + alive * cfg.gamma**k * reward
+            held = torch.where(alive, new, held)
+        market_next = data.states(t + m)  # (B, n_inputs)
+        rows = (held.long() + 1).unsqueeze(-1).expand(-1, -1, N_ACTIONS)  # (B, 3, 3): the branch's position
+        next_action = self.q_network.q_all(market_next).gather(1, rows).argmax(-1, keepdim=True)  # (B, 3, 1)
+        next_q = self.target_network.q_all(market_next).gather(1, rows).gather(-1, next_action).squeeze(-1)
+        discount = (cfg.gamma ** m.to(dtype)).unsqueeze(1)  # (B, 1)
+        return ret * cfg.reward_scale + discount * next_q
 
     def learn(self, data: DeviceData, replay: Replay, step=None, env=None) -> None:
         """One gradient step on a replay batch (sampled unless (step, env) are given)."""
