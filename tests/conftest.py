@@ -5,20 +5,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# One thread a process for torch's and numpy's OpenMP pools, set before they load, so that the
+# CLIs the tests start (fxray.train, fxray.export, scripts/...) inherit it: `pytest -n 2` runs two
+# processes on CI's 2 cores, and two threads each oversubscribe them. On this 2-core box, loaded,
+# a test of a tiny fold's training took 30 s on two threads and 0.6 s on one (docs/benchmarks.md).
+# The numbers do not depend on it: `fxray.train --from-run` on two threads reproduced a sweep's
+# one-thread folds bit for bit (tests/test_compare.py) before this line was added.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 SHARED_DATA = Path(os.environ.get("FXRAY_SHARED_DATA", SHARED / "data"))
 
 # Tests run on the CPU with a fixed thread count: results do not depend on the box.
-torch.set_num_threads(2)
+torch.set_num_threads(1)
 
 
 @pytest.fixture
 def one_torch_thread():
-    """One torch thread for a test that trains, as the sweep's CPU workers train: with pytest -n 2
-    on 2 cores, two processes of 2 threads each oversubscribe the cores (~2-3x slower here)."""
+    """One torch thread for a test that trains, as the sweep's CPU workers train, whatever the
+    process's default (one above): with pytest -n 2 on 2 cores, two processes of 2 threads each
+    oversubscribe the cores (~2-3x slower here)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
