@@ -23,6 +23,40 @@ SHARED_DATA = Path(os.environ.get("FXRAY_SHARED_DATA", SHARED / "data"))
 torch.set_num_threads(1)
 
 
+# --- pytest -n N: the tests that share a costly fixture in one process -------------------------
+
+# Modules whose tests share a module- or session-scoped fixture that costs a sweep, a training,
+# a Ray or a big file (2-50 s). Under pytest-xdist each goes to one process as a unit, so that
+# its fixture is made once a suite, not once in each process; every other test is sent alone,
+# as xdist's default (load) does. (xdist's --dist loadgroup would do it by marks, but with
+# pytest 9.2 it no longer groups anything: pytest-xdist issue #1386.) {module: group}
+XDIST_GROUPS = {
+    "tests/test_compare.py": "a real tiny sweep",  # store + sweep_t
+    "tests/test_policy.py": "eurusd_trained",  # + bundles
+    "tests/test_live.py": "eurusd_trained",  # + bundle_dirs
+    "tests/test_workers.py": "a Ray and two FoldWorkers",  # pool
+    "tests/test_cluster.py": "a two-node Ray",  # two_nodes
+    "tests/test_book_features.py": "an ES day of book and trades",  # es
+    "tests/test_cache.py": "a million-row fxcache",  # big
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own choice of scheduler
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":  # the default of -n N; an explicit --dist is kept
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        """LoadScopeScheduling with a work unit a group of XDIST_GROUPS or else one test (the
+        groups are sent first: its default order is by tests in a unit, most first)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return XDIST_GROUPS.get(nodeid.split("::", 1)[0], nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
 @pytest.fixture
 def one_torch_thread():
     """One torch thread for a test that trains, as the sweep's CPU workers train, whatever the
