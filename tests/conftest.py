@@ -41,7 +41,7 @@ XDIST_GROUPS = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own choice of scheduler
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own choice; xdist may be off
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "load":  # the default of -n N; an explicit --dist is kept
         return None
