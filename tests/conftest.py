@@ -5,20 +5,63 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# One thread a process for torch's and numpy's OpenMP pools, set before they load, so that the
+# CLIs the tests start (fxray.train, fxray.export, scripts/...) inherit it: `pytest -n 2` runs two
+# processes on CI's 2 cores, and two threads each oversubscribe them. On this 2-core box, loaded,
+# a test of a tiny fold's training took 30 s on two threads and 0.6 s on one (docs/benchmarks.md).
+# The numbers do not depend on it: `fxray.train --from-run` on two threads reproduced a sweep's
+# one-thread folds bit for bit (tests/test_compare.py) before this line was added.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 SHARED_DATA = Path(os.environ.get("FXRAY_SHARED_DATA", SHARED / "data"))
 
 # Tests run on the CPU with a fixed thread count: results do not depend on the box.
-torch.set_num_threads(2)
+torch.set_num_threads(1)
+
+
+# --- pytest -n N: the tests that share a costly fixture in one process -------------------------
+
+# Modules whose tests share a module- or session-scoped fixture that costs a sweep, a training,
+# a Ray or a big file (2-50 s). Under pytest-xdist each goes to one process as a unit, so that
+# its fixture is made once a suite, not once in each process; every other test is sent alone,
+# as xdist's default (load) does. (xdist's --dist loadgroup would do it by marks, but with
+# pytest 9.2 it no longer groups anything: pytest-xdist issue #1386.) {module: group}
+XDIST_GROUPS = {
+    "tests/test_compare.py": "a real tiny sweep",  # store + sweep_t
+    "tests/test_policy.py": "eurusd_trained",  # + bundles
+    "tests/test_live.py": "eurusd_trained",  # + bundle_dirs
+    "tests/test_workers.py": "a Ray and two FoldWorkers",  # pool
+    "tests/test_cluster.py": "a two-node Ray",  # two_nodes
+    "tests/test_book_features.py": "an ES day of book and trades",  # es
+    "tests/test_cache.py": "a million-row fxcache",  # big
+}
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own choice; xdist may be off
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":  # the default of -n N; an explicit --dist is kept
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        """LoadScopeScheduling with a work unit a group of XDIST_GROUPS or else one test (the
+        groups are sent first: its default order is by tests in a unit, most first)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return XDIST_GROUPS.get(nodeid.split("::", 1)[0], nodeid)
+
+    return SharedFixtureScheduling(config, log)
 
 
 @pytest.fixture
 def one_torch_thread():
-    """One torch thread for a test that trains, as the sweep's CPU workers train: with pytest -n 2
-    on 2 cores, two processes of 2 threads each oversubscribe the cores (~2-3x slower here)."""
+    """One torch thread for a test that trains, as the sweep's CPU workers train, whatever the
+    process's default (one above): with pytest -n 2 on 2 cores, two processes of 2 threads each
+    oversubscribe the cores (~2-3x slower here)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,7 +1,9 @@
-"""fxray.compare and `fxray.train --from-run` on a real MLflow store (sqlite, temp dir), no mocks.
+"""fxray.compare, `fxray.train --from-run` and `fxray.export RUN_ID` on a real MLflow store (sqlite,
+temp dir), no mocks.
 
 Two experiments share one store:
-  "t"  a real sweep: `python -m fxray.tune` on a tiny config (3 trials x 2 folds, ~25 s here);
+  "t"  a real sweep: `python -m fxray.tune` on a tiny config (3 trials x 2 folds, ~25 s here),
+       run once for the tests of this file (conftest.py keeps them in one xdist process);
   "b"  logged directly through fxray.mlruns.Tracker with hand-chosen numbers (milliseconds),
        so the table's numbers can be checked against values we know exactly.
 """
@@ -297,6 +299,46 @@ def test_from_run_bad_input_is_one_line(store, sweep_t, capsys, tmp_path):
         rc = train.main(["--tracking-uri", uri, "--device", "cpu", *args])
         err = capsys.readouterr().err
         assert rc == 2 and message in err and err.count("\n") == 1, (args, err)
+
+
+# --- fxray.export RUN_ID --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")  # mlflow's own
+def test_export_a_sweeps_run_and_reproduce_its_last_folds_test_metrics(store, sweep_t, tmp_path):
+    """`fxray.export RUN_ID` of a trial of the real sweep, then `fxray.backtest --window test`:
+    the metrics MLflow logged for the last fold's test window, every one of them, bit for bit
+    (CPU)."""
+    from fxray.track.records import MLFLOW_NAMES, UNDEFINED_AT_ZERO, WINDOW_METRICS
+
+    _, uri, env = store
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    trial = next(x for x in runs if "mlflow.parentRunId" in x.data.tags)
+    run_id = trial.info.run_id
+    export = [run_id, "--out", tmp_path / "policy", "--json", tmp_path / "manifest.json"]
+    r = run_cli("fxray.export", export, env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["model"]["source"]["run_id"] == run_id and [m["name"] for m in manifest["members"]] == ["fold1"]
+    logged_score = client.get_metric_history(run_id, "val_score")
+    assert manifest["members"][0]["val_score"] == next(m.value for m in logged_score if m.step == 1)
+    backtest = ["--policy", tmp_path / "policy", "--data", manifest["data"]["path"], "--window", "test"]
+    r = run_cli("fxray.backtest", [*backtest, "--device", "cpu", "--json", tmp_path / "bt.json"], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads((tmp_path / "bt.json").read_text())["policy"]["metrics"]
+    logged = {
+        k: [m.value for m in client.get_metric_history(run_id, f"test_{MLFLOW_NAMES.get(k, k)}") if m.step == 1]
+        for k in WINDOW_METRICS
+    }
+    for k in WINDOW_METRICS:  # every metric MLflow holds, the backtest gives; an undefined ratio is not logged
+        if k in UNDEFINED_AT_ZERO and got[k] == 0.0:
+            assert logged[k] == [], k
+        else:
+            assert logged[k] == [float(got[k])], k
+    r = run_cli("fxray.export", ["f" * 32, "--out", tmp_path / "p2"], env, tmp_path)
+    assert r.returncode == 2 and "no such run" in r.stderr and not (tmp_path / "p2").exists()
 
 
 def test_config_round_trips_through_mlflow_params():
