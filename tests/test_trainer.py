@@ -413,19 +413,39 @@ def test_split_online_forward_is_the_joint_one():
     assert all(not torch.equal(p, u) for p, u in zip(learners[False].params, untrained.params))  # it learned
 
 
+def every_action_learner(cfg: DQNConfig):
+    """A replay filled under cfg, its env (fill next_open: fresh = bar, carry = gap) and a
+    Learner wired to it whose target network is unlike the online one (Double DQN's split shows)."""
+    data, replay, batches = filled_replay(cfg, 1)
+    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
+    learner = Learner(cfg, 50, "cpu")
+    learner.fresh, learner.carry = env.fresh, env.carry
+    learner.reset(3)
+    with torch.no_grad():
+        for p in learner.target_params:
+            p.add_(0.1 * torch.randn_like(p))
+    return data, replay, batches, env, learner
+
+
+def assert_one_step_is_all_actions(cfg: DQNConfig, data, replay, batch, env) -> None:
+    """cfg's update at n_step 1 gives the all_actions loss exactly, on one replay batch."""
+    step, envi = batch
+    noise = torch.randn(2 * cfg.batch_size, 50)
+    losses = []
+    for update in (cfg.update, "all_actions"):
+        lrn = Learner(cfg.replace(n_step=1, update=update), 50, "cpu")
+        lrn.fresh, lrn.carry = env.fresh, env.carry
+        lrn.reset(3)
+        losses.append(lrn.td_loss(data, replay, step, envi, noise)[0])
+    assert torch.equal(*losses)
+
+
 def test_hold_targets_match_a_plain_reference():
     """update 'hold': each action's target is the return of holding its new position n bars
     (cut at the train range's end), bootstrapped Double-DQN at (t + m, p'); n_step 1 is the
     all_actions update exactly."""
     cfg = TINY.replace(update="hold", n_step=4, gamma=0.8, cost=1e-4, reward_scale=1e4)
-    data, replay, batches = filled_replay(cfg, 1)
-    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)  # fill next_open: fresh bar, carry gap
-    learner = Learner(cfg, 50, "cpu")
-    learner.fresh, learner.carry = env.fresh, env.carry
-    learner.reset(3)
-    with torch.no_grad():  # a target network unlike the online one, so Double DQN's split shows
-        for p in learner.target_params:
-            p.add_(0.1 * torch.randn_like(p))
+    data, replay, batches, env, learner = every_action_learner(cfg)
     end = int(data.bounds[1])
     t = torch.tensor([0, 17, 700, end - 5, end - 4, end - 3, end - 2])  # the last four cut n
     position = torch.tensor([-1, 0, 1, 1, -1, 0, 1])
@@ -444,16 +464,7 @@ def test_hold_targets_match_a_plain_reference():
             assert abs(float(got[j, i]) - want) < 1e-4 * max(1.0, abs(want)), (j, new, float(got[j, i]), want)
     one = learner.hold_targets(data, t, position, 1, torch.float32)
     assert not torch.allclose(one, got)
-    step, envi = batches[0]
-    noise = torch.randn(2 * cfg.batch_size, 50)
-    as_hold = Learner(cfg.replace(n_step=1), 50, "cpu")
-    as_all = Learner(cfg.replace(n_step=1, update="all_actions"), 50, "cpu")
-    for lrn in (as_hold, as_all):
-        lrn.fresh, lrn.carry = env.fresh, env.carry
-        lrn.reset(3)
-    assert torch.equal(
-        as_hold.td_loss(data, replay, step, envi, noise)[0], as_all.td_loss(data, replay, step, envi, noise)[0]
-    )
+    assert_one_step_is_all_actions(cfg, data, replay, batches[0], env)
     refused = r"^dqn\.update: 'held' must be 'sampled', 'all_actions', 'hold' or 'rollout'$"
     with pytest.raises(ConfigError, match=refused):
         DQNConfig(update="held")
@@ -464,14 +475,7 @@ def test_rollout_targets_match_a_plain_reference():
     network's greedy policy after it, on the bars that followed, cut at the train range's
     end, bootstrapped Double-DQN at (t + m, the branch's position); n_step 1 is all_actions."""
     cfg = TINY.replace(update="rollout", n_step=4, gamma=0.8, cost=1e-4, reward_scale=1e4)
-    data, replay, batches = filled_replay(cfg, 1)
-    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)  # fill next_open: fresh bar, carry gap
-    learner = Learner(cfg, 50, "cpu")
-    learner.fresh, learner.carry = env.fresh, env.carry
-    learner.reset(3)
-    with torch.no_grad():  # a target network unlike the online one, so Double DQN's split shows
-        for p in learner.target_params:
-            p.add_(0.1 * torch.randn_like(p))
+    data, replay, batches, env, learner = every_action_learner(cfg)
     end = int(data.bounds[1])
     t = torch.tensor([0, 17, 700, 1203, end - 5, end - 4, end - 3, end - 2])  # the last four cut n
     position = torch.tensor([-1, 0, 1, 0, 1, -1, 0, 1])
@@ -500,13 +504,4 @@ def test_rollout_targets_match_a_plain_reference():
     # held decides the move (so a rollout that ignored what its branch holds would fail)
     assert moves > 0 and by_position > 0, (moves, by_position)
     assert not torch.allclose(got, learner.hold_targets(data, t, position, cfg.n_step, torch.float32))
-    step, envi = batches[0]
-    noise = torch.randn(2 * cfg.batch_size, 50)
-    as_rollout = Learner(cfg.replace(n_step=1), 50, "cpu")
-    as_all = Learner(cfg.replace(n_step=1, update="all_actions"), 50, "cpu")
-    for lrn in (as_rollout, as_all):
-        lrn.fresh, lrn.carry = env.fresh, env.carry
-        lrn.reset(3)
-    assert torch.equal(
-        as_rollout.td_loss(data, replay, step, envi, noise)[0], as_all.td_loss(data, replay, step, envi, noise)[0]
-    )
+    assert_one_step_is_all_actions(cfg, data, replay, batches[0], env)
