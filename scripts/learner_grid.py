@@ -132,9 +132,9 @@ def run_job(job: dict, device: str) -> dict:
             r = trainer.run_fold(f, seed=(100 * s if ensemble else s) + f.k)
             tests[s].append(r.test_periods or NO_RESULT)
             best_epochs.append(r.best_epoch)
-            test = (r.test_periods or NO_RESULT)["net"]
-            print(  # progress: a fold's test P&L in bp, so a grid stopped at a time limit still says something
-                f"  {job.get('tag', '')} fold {f.k} seed {s}: test net {1e4 * float(np.sum(test)):+.1f} bp,"
+            net_bp = 1e4 * float(np.sum(tests[s][-1]["net"]))
+            print(  # progress: a fold's test P&L, so a grid stopped at a time limit still says something
+                f"  {job.get('tag', '')} fold {f.k} seed {s}: test net {net_bp:+.1f} bp,"
                 f" best epoch {r.best_epoch}, {time.time() - t0:.0f}s",
                 file=sys.stderr,
                 flush=True,

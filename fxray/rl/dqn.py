@@ -189,9 +189,17 @@ class Learner:
             market = market + noise[: t.shape[0]]
         q = self.q_network(market, position)  # (B, 3)
         with torch.no_grad():
-            targets = self.rollout_targets if rollout and hold > 1 else self.hold_targets
+            targets = self.rollout_targets if rollout else self.hold_targets
             td_target = targets(data, t, position, hold, q.dtype)
         return F.huber_loss(q, td_target, delta=self.cfg.huber_delta), q.detach().abs().max()
+
+    def move_reward(self, t: torch.Tensor, previous: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """The environment's reward of moving from `previous` to `new` at bars t (fxray.rl.env),
+        broadcast: t (B,), previous (B, 1) or (B, 3), new (3,) or (B, 3) -> (B, 3)."""
+        reward = new * self.fresh[t].unsqueeze(1) - self.cfg.cost * (new - previous).abs()
+        if self.carry is not None:
+            reward = reward + previous * self.carry[t].unsqueeze(1)
+        return reward
 
     def hold_targets(self, data: DeviceData, t: torch.Tensor, position: torch.Tensor, hold: int, dtype):
         """(B, 3): each new position's target at (t, p) when held `hold` bars (1: the 1-step
@@ -200,10 +208,7 @@ class Learner:
         train_end - 1 - t), and the environment's bars t have t + 1 < train_end."""
         cfg = self.cfg
         new_position = self.q_network.positions.to(dtype)  # (3,) = a - 1
-        pos = position.to(dtype).unsqueeze(1)  # (B, 1)
-        reward = new_position * self.fresh[t].unsqueeze(1) - cfg.cost * (new_position - pos).abs()  # (B, 3)
-        if self.carry is not None:
-            reward = reward + pos * self.carry[t].unsqueeze(1)
+        reward = self.move_reward(t, position.to(dtype).unsqueeze(1), new_position)  # (B, 3)
         if hold == 1:
             m, discount = t.new_ones(()), cfg.gamma
         else:  # bars t+1 .. t+m-1 held: p' (gap + bar) = p' r of each, at no cost
@@ -226,11 +231,8 @@ class Learner:
         train_end - 1 - t) as in hold_targets. No host sync: n is a Python int, the cut a mask."""
         cfg = self.cfg
         end = data.bounds[1]
-        pos = position.to(dtype).unsqueeze(1)  # (B, 1)
         held = self.q_network.positions.to(dtype).expand(t.shape[0], N_ACTIONS)  # (B, 3): each branch's p'
-        ret = held * self.fresh[t].unsqueeze(1) - cfg.cost * (held - pos).abs()  # (B, 3)
-        if self.carry is not None:
-            ret = ret + pos * self.carry[t].unsqueeze(1)
+        ret = self.move_reward(t, position.to(dtype).unsqueeze(1), held)  # (B, 3)
         m = (end - 1 - t).clamp(1, n)  # (B,) bars rolled, the first included
         for k in range(1, n):  # bar t + k: each branch's greedy move from the position it holds
             alive = (k < m).unsqueeze(1)  # (B, 1)
@@ -238,10 +240,7 @@ class Learner:
             q = self.q_network.q_all(data.states(tk))  # (B, 3 previous, 3 actions)
             chosen = q.gather(1, (held.long() + 1).unsqueeze(-1).expand(-1, -1, N_ACTIONS)).argmax(-1)  # (B, 3)
             new = (chosen - 1).to(dtype)
-            reward = new * self.fresh[tk].unsqueeze(1) - cfg.cost * (new - held).abs()
-            if self.carry is not None:
-                reward = reward + held * self.carry[tk].unsqueeze(1)
-            ret = ret + alive * cfg.gamma**k * reward
+            ret = ret + alive * cfg.gamma**k * self.move_reward(tk, held, new)
             held = torch.where(alive, new, held)
         market_next = data.states(t + m)  # (B, n_inputs)
         rows = (held.long() + 1).unsqueeze(-1).expand(-1, -1, N_ACTIONS)  # (B, 3, 3): the branch's position
