@@ -9,6 +9,17 @@ and every action's target").
                  unit can be switched off by the hour
     layernorm    LayerNorm (with its affine weights) before every hidden ReLU
     both_losses  the sampled n-step loss plus the all-actions 1-step loss of the same batch
+    cost_known   Q(x, p, a) = net(x, p)[a] - cost |a - 1 - p| (reward-scaled): the cost of the move,
+                 which the reward's definition fixes, is added to the network's output instead
+                 of being learned; the network learns the rest
+    cost_split   Q(x, p, a) = U(x)[a] + p G(x) - cost |a - 1 - p|: the exact form of Q* when the
+                 market does not react to the agent (the old position earns the gap before the
+                 fill, whose value G(x) does not depend on the action; the new position's value
+                 U(x)[a] does not depend on the old one), so the network sees no position input
+    warm         each fold starts from the previous fold's kept weights (the first from fresh ones),
+                 as a model retrained on a rolling window would be: causal, since a fold's train,
+                 val and test ranges all end before the next fold's val begins. One seed per
+                 process (scripts/grid_parallel.py runs it so)
     hold_max     as fxray's `update: hold`, with the larger of the 1-step and the hold-n target
                  of each action (both are lower bounds of Q*, holding being one feasible policy:
                  lower-bound Q-learning, Oh et al. 2018, "Self-Imitation Learning")
@@ -71,6 +82,80 @@ class LayerNormQNetwork(dqn.QNetwork):
         return value + adv - adv.mean(-1, keepdim=True)
 
 
+class CostKnownQNetwork(dqn.QNetwork):
+    """QNetwork plus the known cost of each move; `cost_scaled` = cfg.cost * cfg.reward_scale
+    (set by the Learner's wrapped __init__ below)."""
+
+    cost_scaled = 0.0
+
+    def _cost(self, position: torch.Tensor, dtype) -> torch.Tensor:
+        """(..., 3): cost_scaled |a - 1 - p| for position (...) -> per action."""
+        return self.cost_scaled * (self.positions.to(dtype) - position.to(dtype).unsqueeze(-1)).abs()
+
+    def forward(self, market, position):
+        return super().forward(market, position) - self._cost(position, market.dtype)
+
+    def q_all(self, market):
+        return super().q_all(market) - self._cost(self.positions, market.dtype)  # (T, 3 p, 3 a)
+
+
+class CostSplitQNetwork(CostKnownQNetwork):
+    """U(x)[a] + p G(x) - cost |a - 1 - p|: no position input (position_embed kept at zero
+    weight in the graph so the optimizer's parameter list is the plain network's)."""
+
+    def __init__(self, n_inputs: int, hidden: int, depth: int, dueling: bool):
+        super().__init__(n_inputs, hidden, depth, dueling)
+        self.carry_head = nn.Linear(hidden, 1)
+
+    def _u_g(self, market):
+        h = self.market_in(market) + 0.0 * self.position_embed.sum()
+        z = self.body(torch.relu(h))
+        out = self.head(z)
+        if self.dueling:
+            value, adv = out[..., :1], out[..., 1:]
+            out = value + adv - adv.mean(-1, keepdim=True)
+        return out, self.carry_head(z)  # (..., 3), (..., 1)
+
+    def forward(self, market, position):
+        u, g = self._u_g(market)
+        return u + position.to(market.dtype).unsqueeze(-1) * g - self._cost(position, market.dtype)
+
+    def q_all(self, market):
+        u, g = self._u_g(market)  # (T, 3), (T, 1)
+        p = self.positions.to(market.dtype)  # (3,)
+        return u.unsqueeze(1) + (g * p).unsqueeze(-1) - self._cost(p, market.dtype)  # (T, 3 p, 3 a)
+
+
+def with_known_cost(init):
+    def __init__(self, cfg, n_inputs, device):
+        init(self, cfg, n_inputs, device)
+        for net in (self.q_network, self.target_network):
+            net.cost_scaled = cfg.cost * cfg.reward_scale
+
+    return __init__
+
+
+def warm_runs(run_fold):
+    def wrapped(self, fold, seed=0, **kw):
+        result = run_fold(self, fold, seed, **kw)
+        self.warm = [p.detach().clone() for p in self.algo.params]  # the kept weights
+        return result
+
+    return wrapped
+
+
+def warm_begin(begin):
+    def wrapped(self, fold, seed):
+        begin(self, fold, seed)
+        if getattr(self, "warm", None) is not None:
+            with torch.no_grad():
+                for w, p, tp in zip(self.warm, self.algo.params, self.algo.learner.target_params):
+                    p.copy_(w)
+                    tp.copy_(w)
+
+    return wrapped
+
+
 def both_losses(self, data, replay, step, env, noise=None):
     """Learner.td_loss of update 'sampled' plus Learner.all_actions_loss, on one batch."""
     sampled, q_sampled = SAMPLED_LOSS(self, data, replay, step, env, noise)
@@ -86,7 +171,7 @@ def max_targets(self, data, t, position, hold, dtype):
 
 SAMPLED_LOSS = dqn.Learner.td_loss
 PLAIN_TARGETS = dqn.Learner.hold_targets
-VARIANTS = ("gate", "layernorm", "both_losses", "hold_max")
+VARIANTS = ("gate", "layernorm", "both_losses", "hold_max", "cost_known", "cost_split", "warm")
 
 
 def use(variant: str) -> None:
@@ -99,6 +184,13 @@ def use(variant: str) -> None:
         dqn.Learner.td_loss = both_losses
     elif variant == "hold_max":  # update 'hold' whatever the config says, with the larger target
         dqn.Learner.td_loss, dqn.Learner.hold_targets = dqn.Learner.hold_loss, max_targets
+    elif variant in ("cost_known", "cost_split"):
+        dqn.QNetwork = CostKnownQNetwork if variant == "cost_known" else CostSplitQNetwork
+        dqn.Learner.__init__ = with_known_cost(dqn.Learner.__init__)
+    elif variant == "warm":
+        from fxray.rl.trainer import Trainer
+
+        Trainer.run_fold, Trainer._begin = warm_runs(Trainer.run_fold), warm_begin(Trainer._begin)
     else:
         raise SystemExit(f"learner_probes: {variant!r} is no variant; known: {', '.join(VARIANTS)}")
 
