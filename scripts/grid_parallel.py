@@ -1,6 +1,7 @@
 """Run a learner grid as one process per (job, seed), N at a time, and merge the results.
 
-    python scripts/grid_parallel.py GRID.json [--probe VARIANT] [--procs 8] [--device cuda] [--deadline S] --json OUT.json
+    python scripts/grid_parallel.py GRID.json [--probe VARIANT] [--procs 8] [--device cuda]
+                                    [--deadline S] --json OUT.json
 
 On the H200 one grid process leaves the GPU mostly idle (a learner step is bound by kernel
 launches), so the grids of docs/benchmarks.md ran several side by side; this is that launch,
