@@ -213,10 +213,9 @@ def main(argv=None) -> int:
             share = "n/a" if v["oracle_share"] is None else f"{v['oracle_share']:.2f}"
             se = "" if v["sharpe_se"] is None else f" ± {v['sharpe_se']:.2f}"
             print(f"  {name:<18} {v['sharpe']:+6.2f}{se}  share {share:>5}  trades {v['n_trades']}")
-        arcs = " ".join("{}-{}".format(*c["cols"]["arc"]) for c in r["chosen"])
-        print(f"  arcs chosen on train (cols): {arcs}")
-        arcs = " ".join("{}-{}".format(*c["all"]["arc"]) for c in r["chosen"])
-        print(f"  arcs chosen on train (all):  {arcs}")
+        for which in ("cols", "all"):
+            arcs = " ".join("{}-{}".format(*c[which]["arc"]) for c in r["chosen"])
+            print(f"  arcs chosen on train ({which}): {arcs}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

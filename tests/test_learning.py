@@ -131,7 +131,9 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
 def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeypatch):
     """scripts/learner_probes.py: the gated network is the plain one while its gate is at 0
     and projects nothing when it is shut; the LayerNorm network against F.layer_norm by hand;
-    both_losses is the sum of the two losses on one batch; a tiny grid runs with each."""
+    both_losses is the sum of the two losses on one batch; cost_known is the plain Q less
+    the move's cost; cost_split's positions differ by p G(x) only; warm starts a fold from
+    the last fold's kept weights; a tiny grid runs with each."""
     import json
     import runpy
 
@@ -197,23 +199,71 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
     assert (held > one).any() and (held < one).any()
     got = probes["max_targets"](learner, data, t, position, learner.cfg.n_step, torch.float32)
     assert torch.equal(got, torch.maximum(one, held))
-    # each variant through the grid (the swap undone after the test)
+    # cost_known: the plain network's Q less the move's known cost, for any position
+    cost, position = 0.25, torch.randint(-1, 2, (40,), generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(3)
+    known = probes["CostKnownQNetwork"](50, 16, 2, True)
+    known.cost_scaled = cost
+    torch.manual_seed(3)
+    plain = dqn.QNetwork(50, 16, 2, True)
+    moves = (torch.tensor([-1, 0, 1]) - position.unsqueeze(1)).abs().float()  # (40, 3): |a - 1 - p|
+    assert torch.allclose(known(market, position), plain(market, position) - cost * moves)
+    grid_p = torch.tensor([-1, 0, 1])
+    all_moves = (grid_p.view(1, 3) - grid_p.view(3, 1)).abs().float()  # (3 p, 3 a)
+    assert torch.allclose(known.q_all(market), plain.q_all(market) - cost * all_moves)
+    # cost_split: Q(x, p, .) - Q(x, p', .) is (p - p') G(x) plus the cost difference, and
+    # q_all holds forward's values for each position
+    torch.manual_seed(4)
+    split = probes["CostSplitQNetwork"](50, 16, 2, True)
+    split.cost_scaled = cost
+    with torch.no_grad():
+        split.carry_head.weight.normal_()
+    q = split.q_all(market)  # (40, 3 p, 3 a)
+    for k, p in enumerate((-1, 0, 1)):
+        assert torch.allclose(q[:, k], split(market, torch.full((40,), p)), atol=1e-6)
+    g = split.carry_head(split.body(torch.relu(split.market_in(market))))  # (40, 1)
+    assert torch.allclose(
+        (q[:, 2] + cost * all_moves[2]) - (q[:, 0] + cost * all_moves[0]), 2 * g.expand(40, 3), atol=1e-5
+    )
+    # each variant through the grid (every swap undone after the test)
     monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
     plain_network, plain_loss, plain_targets = dqn.QNetwork, dqn.Learner.td_loss, dqn.Learner.hold_targets
+    plain_init, plain_run, plain_begin = dqn.Learner.__init__, Trainer.run_fold, Trainer._begin
     monkeypatch.setattr(dqn, "QNetwork", plain_network)
-    monkeypatch.setattr(dqn.Learner, "td_loss", plain_loss)
-    monkeypatch.setattr(dqn.Learner, "hold_targets", plain_targets)
+    for owner, name in ((dqn.Learner, "td_loss"), (dqn.Learner, "hold_targets"), (dqn.Learner, "__init__")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    monkeypatch.setattr(Trainer, "run_fold", plain_run)
+    monkeypatch.setattr(Trainer, "_begin", plain_begin)
     job = json.loads(open("scripts/grids/cpu_tiny.json").read())[0]
     job["market"] = {"n_bars": 30000, "beta": 0.3}
     (tmp_path / "grid.json").write_text(json.dumps([job]))
     for variant in probes["VARIANTS"]:
         dqn.QNetwork, dqn.Learner.td_loss = plain_network, plain_loss  # one variant at a time
-        dqn.Learner.hold_targets = plain_targets
+        dqn.Learner.hold_targets, dqn.Learner.__init__ = plain_targets, plain_init
+        Trainer.run_fold, Trainer._begin = plain_run, plain_begin
         out = tmp_path / f"{variant}.json"
         assert probes["main"]([variant, str(tmp_path / "grid.json"), "--device", "cpu", "--json", str(out)]) == 0
         assert json.loads(out.read_text())[0]["seeds"]["0"]["n_trades"] >= 0
-    assert dqn.Learner.td_loss is dqn.Learner.hold_loss and dqn.Learner.hold_targets is probes["max_targets"]
-    assert dqn.QNetwork is plain_network
+        if variant == "hold_max":
+            assert dqn.Learner.td_loss is dqn.Learner.hold_loss and dqn.Learner.hold_targets is probes["max_targets"]
+        if variant in ("cost_known", "cost_split"):  # the grid's networks carried the config's cost
+            net = Trainer(data, cfg).algo.learner.q_network
+            assert isinstance(net, probes["CostKnownQNetwork"]) and net.cost_scaled == cfg.cost * cfg.reward_scale > 0
+    # warm: the second fold starts from the first fold's kept weights (the swap from the loop's last variant)
+    assert probes["VARIANTS"][-1] == "warm"
+    dqn.QNetwork, dqn.Learner.__init__ = plain_network, plain_init
+    warm = Trainer(data, cfg)
+    folds = make_folds(m.ts, FoldSpec("20d", "5d", "5d"))
+    warm.run_fold(folds[0], seed=0)
+    kept = [p.detach().clone() for p in warm.algo.params]
+    warm._begin(folds[1], seed=1)
+    assert all(torch.equal(p, k) for p, k in zip(warm.algo.params, kept))
+    assert all(torch.equal(p, k) for p, k in zip(warm.algo.learner.target_params, kept))
+    Trainer.run_fold, Trainer._begin = plain_run, plain_begin
+    cold = Trainer(data, cfg)
+    cold.run_fold(folds[0], seed=0)
+    cold._begin(folds[1], seed=1)
+    assert not all(torch.equal(p, k) for p, k in zip(cold.algo.params, kept))
     with pytest.raises(SystemExit, match="no variant; known: gate, layernorm, both_losses, hold_max"):
         probes["main"](["dropout", str(tmp_path / "grid.json")])
 
