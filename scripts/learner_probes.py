@@ -20,6 +20,10 @@ and every action's target").
                  as a model retrained on a rolling window would be: causal, since a fold's train,
                  val and test ranges all end before the next fold's val begins. One seed per
                  process (scripts/grid_parallel.py runs it so)
+    rollout_lagged  as fxray's `update: rollout`, with the branches' greedy moves looked up in a
+                 table of the train slice's greedy actions (argmax of q_all for each bar and
+                 previous position), rebuilt from the online network every LAG_STEPS learner
+                 steps: the rollout of a lagged policy, without its n_step - 1 forwards a step
     hold_max     as fxray's `update: hold`, with the larger of the 1-step and the hold-n target
                  of each action (both are lower bounds of Q*, holding being one feasible policy:
                  lower-bound Q-learning, Oh et al. 2018, "Self-Imitation Learning")
@@ -169,9 +173,31 @@ def max_targets(self, data, t, position, hold, dtype):
     return torch.maximum(one, PLAIN_TARGETS(self, data, t, position, hold, dtype))
 
 
+LAG_STEPS = 200  # learner steps between rebuilds of rollout_lagged's table (an epoch of the CPU profile)
+
+
+@torch.no_grad()
+def greedy_table(learner, data) -> torch.Tensor:
+    """(train bars, 3 previous positions) int64: the online network's greedy action index at
+    each bar of the active fold's train slice, rebuilt every LAG_STEPS learner updates and on a new fold."""
+    epoch = int(learner.updates) // LAG_STEPS  # (a host read: this probe is for the CPU)
+    stale = getattr(learner, "_lag_fold", None) is not data.fold or getattr(learner, "_lag_epoch", None) != epoch
+    if stale or getattr(learner, "_lag_table", None) is None:
+        a, b = data.fold.train
+        bars = torch.arange(a, b, device=data.device)
+        q = torch.cat([learner.q_network.q_all(data.states(c)) for c in bars.split(8192)])
+        learner._lag_table, learner._lag_fold, learner._lag_epoch = q.argmax(-1), data.fold, epoch
+    return learner._lag_table
+
+
+def lagged_greedy_moves(self, data, t, held):
+    """Learner.greedy_moves looked up in greedy_table instead of a forward of the batch."""
+    return greedy_table(self, data)[t - data.fold.train[0]].gather(1, held.long() + 1)
+
+
 SAMPLED_LOSS = dqn.Learner.td_loss
 PLAIN_TARGETS = dqn.Learner.hold_targets
-VARIANTS = ("gate", "layernorm", "both_losses", "hold_max", "cost_known", "cost_split", "warm")
+VARIANTS = ("gate", "layernorm", "both_losses", "hold_max", "cost_known", "cost_split", "rollout_lagged", "warm")
 
 
 def use(variant: str) -> None:
@@ -184,6 +210,8 @@ def use(variant: str) -> None:
         dqn.Learner.td_loss = both_losses
     elif variant == "hold_max":  # update 'hold' whatever the config says, with the larger target
         dqn.Learner.td_loss, dqn.Learner.hold_targets = dqn.Learner.hold_loss, max_targets
+    elif variant == "rollout_lagged":  # update 'rollout' whatever the config says, on the lagged table
+        dqn.Learner.td_loss, dqn.Learner.greedy_moves = dqn.Learner.rollout_loss, lagged_greedy_moves
     elif variant in ("cost_known", "cost_split"):
         dqn.QNetwork = CostKnownQNetwork if variant == "cost_known" else CostSplitQNetwork
         dqn.Learner.__init__ = with_known_cost(dqn.Learner.__init__)

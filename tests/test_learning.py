@@ -131,7 +131,8 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
 def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeypatch):
     """scripts/learner_probes.py: the gated network is the plain one while its gate is at 0
     and projects nothing when it is shut; the LayerNorm network against F.layer_norm by hand;
-    both_losses is the sum of the two losses on one batch; cost_known is the plain Q less
+    both_losses is the sum of the two losses on one batch; rollout_lagged's table gives the
+    online network's greedy moves; cost_known is the plain Q less
     the move's cost; cost_split's positions differ by p G(x) only; warm starts a fold from
     the last fold's kept weights; a tiny grid runs with each."""
     import json
@@ -199,6 +200,10 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
     assert (held > one).any() and (held < one).any()
     got = probes["max_targets"](learner, data, t, position, learner.cfg.n_step, torch.float32)
     assert torch.equal(got, torch.maximum(one, held))
+    # rollout_lagged: its table, freshly built, gives the online network's greedy moves
+    held = torch.randint(-1, 2, (t.shape[0], 3), generator=torch.Generator().manual_seed(6)).float()
+    lagged = probes["lagged_greedy_moves"](learner, data, t, held)
+    assert torch.equal(lagged, learner.greedy_moves(data, t, held)) and lagged.unique().numel() > 1
     # cost_known: the plain network's Q less the move's known cost, for any position
     cost, position = 0.25, torch.randint(-1, 2, (40,), generator=torch.Generator().manual_seed(5))
     torch.manual_seed(3)
@@ -229,8 +234,14 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
     monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
     plain_network, plain_loss, plain_targets = dqn.QNetwork, dqn.Learner.td_loss, dqn.Learner.hold_targets
     plain_init, plain_run, plain_begin = dqn.Learner.__init__, Trainer.run_fold, Trainer._begin
+    plain_moves = dqn.Learner.greedy_moves
     monkeypatch.setattr(dqn, "QNetwork", plain_network)
-    for owner, name in ((dqn.Learner, "td_loss"), (dqn.Learner, "hold_targets"), (dqn.Learner, "__init__")):
+    for owner, name in (
+        (dqn.Learner, "td_loss"),
+        (dqn.Learner, "hold_targets"),
+        (dqn.Learner, "__init__"),
+        (dqn.Learner, "greedy_moves"),
+    ):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     monkeypatch.setattr(Trainer, "run_fold", plain_run)
     monkeypatch.setattr(Trainer, "_begin", plain_begin)
@@ -240,10 +251,13 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
     for variant in probes["VARIANTS"]:
         dqn.QNetwork, dqn.Learner.td_loss = plain_network, plain_loss  # one variant at a time
         dqn.Learner.hold_targets, dqn.Learner.__init__ = plain_targets, plain_init
-        Trainer.run_fold, Trainer._begin = plain_run, plain_begin
+        Trainer.run_fold, Trainer._begin, dqn.Learner.greedy_moves = plain_run, plain_begin, plain_moves
         out = tmp_path / f"{variant}.json"
         assert probes["main"]([variant, str(tmp_path / "grid.json"), "--device", "cpu", "--json", str(out)]) == 0
         assert json.loads(out.read_text())[0]["seeds"]["0"]["n_trades"] >= 0
+        if variant == "rollout_lagged":
+            assert dqn.Learner.td_loss is dqn.Learner.rollout_loss
+            assert dqn.Learner.greedy_moves is probes["lagged_greedy_moves"]
         if variant == "hold_max":
             assert dqn.Learner.td_loss is dqn.Learner.hold_loss and dqn.Learner.hold_targets is probes["max_targets"]
         if variant in ("cost_known", "cost_split"):  # the grid's networks carried the config's cost

@@ -237,9 +237,7 @@ class Learner:
         for k in range(1, n):  # bar t + k: each branch's greedy move from the position it holds
             alive = (k < m).unsqueeze(1)  # (B, 1)
             tk = (t + k).clamp_max(end - 1)
-            q = self.q_network.q_all(data.states(tk))  # (B, 3 previous, 3 actions)
-            chosen = q.gather(1, (held.long() + 1).unsqueeze(-1).expand(-1, -1, N_ACTIONS)).argmax(-1)  # (B, 3)
-            new = (chosen - 1).to(dtype)
+            new = (self.greedy_moves(data, tk, held) - 1).to(dtype)
             ret = ret + alive * cfg.gamma**k * self.move_reward(tk, held, new)
             held = torch.where(alive, new, held)
         market_next = data.states(t + m)  # (B, n_inputs)
@@ -248,6 +246,12 @@ class Learner:
         next_q = self.target_network.q_all(market_next).gather(1, rows).gather(-1, next_action).squeeze(-1)
         discount = (cfg.gamma ** m.to(dtype)).unsqueeze(1)  # (B, 1)
         return ret * cfg.reward_scale + discount * next_q
+
+    def greedy_moves(self, data: DeviceData, t: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+        """(B, 3) action indices: the online network's greedy action at bars t (B,) from each
+        branch's position held (B, 3)."""
+        q = self.q_network.q_all(data.states(t))  # (B, 3 previous, 3 actions)
+        return q.gather(1, (held.long() + 1).unsqueeze(-1).expand(-1, -1, N_ACTIONS)).argmax(-1)
 
     def learn(self, data: DeviceData, replay: Replay, step=None, env=None) -> None:
         """One gradient step on a replay batch (sampled unless (step, env) are given)."""
