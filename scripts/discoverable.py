@@ -76,11 +76,6 @@ MARKETS = (
 )
 
 
-def hours_of(data: DeviceData, a: int, b: int) -> torch.Tensor:
-    """(b - a,) int64: the UTC hour each bar closes in."""
-    return torch.from_numpy((data.period_host[a:b] * data.calendar.period_ns // 3_600_000_000_000) % 24)
-
-
 def day_of(data: DeviceData, a: int, b: int) -> torch.Tensor:
     return torch.from_numpy(data.period_host[a:b] * data.calendar.period_ns // 86_400_000_000_000)
 
@@ -91,8 +86,7 @@ def direction(x: torch.Tensor, fresh: torch.Tensor, columns, horizon: int = 20) 
     cost: a direction, not a rule)."""
     X = (x if columns is None else x[:, columns]).double()
     y = baselines.forward_sum(fresh, horizon)
-    gram = X.T @ X + baselines.RIDGE * X.shape[0] * torch.eye(X.shape[1], dtype=torch.float64)
-    return X @ torch.linalg.solve(gram, X.T @ y)
+    return X @ torch.linalg.solve(baselines.ridge_gram(X), X.T @ y)
 
 
 def hour_pnl(signal: torch.Tensor, fresh: torch.Tensor, hour: torch.Tensor, day: torch.Tensor) -> torch.Tensor:
@@ -134,23 +128,22 @@ def in_set(hour: torch.Tensor, hours) -> torch.Tensor:
 def fold_rules(data: DeviceData, fold) -> dict:
     """Each rule's test-window periods on one fold."""
     data.set_fold(fold)  # the train slice's normalisation, as the trainer's references use
-    cols, true_hours = data.oracle
-    true_hours = tuple(true_hours or (0, 24))  # a market whose edge is on all day
+    cols, true_hours = data.oracle  # true_hours None: the edge is on all day
     a, b = fold.train[0], fold.train[1] - 1
     train = data.window(fold.train, "next_open")
     x = data.states(torch.arange(a, b))
-    hour, day = hours_of(data, a, b), day_of(data, a, b)
+    hour, day = data.bar_hours(a, b), day_of(data, a, b)
     chosen = {}
     for which, c in (("cols", cols), ("all", None)):
         s = direction(x, train.fresh, c)
         per_hour = hour_pnl(s, train.fresh, hour, day)
         chosen[which] = {"arc": best_arc(per_hour), "t>2": {int(h) for h in torch.nonzero(t_stat(per_hour) > 2)}}
     specs = {
-        "oracle": (cols, None if true_hours == (0, 24) else true_hours),
+        "oracle": (cols, true_hours),
         "cols, arc": (cols, chosen["cols"]["arc"]),
         "cols, hours t>2": (cols, chosen["cols"]["t>2"]),
         "cols, all day": (cols, None),
-        "all, true hours": (None, None if true_hours == (0, 24) else true_hours),
+        "all, true hours": (None, true_hours),
         "all, arc": (None, chosen["all"]["arc"]),
         "ridge": (None, None),
     }
@@ -163,7 +156,7 @@ def fold_rules(data: DeviceData, fold) -> dict:
         rule = baselines.fit_rule(x, train.fresh, COST, carry=train.carry, columns=c, gate=gate)
         s, e = fold.test[0], fold.test[1] - 1
         xt = data.states(torch.arange(s, e))
-        gt = None if hours is None else in_set(hours_of(data, s, e), hours)
+        gt = None if hours is None else in_set(data.bar_hours(s, e), hours)
         out[name] = evaluate(rule.positions(xt, gt), data.window(fold.test, "next_open"), COST).periods.as_dict()
     out["_chosen"] = {k: {"arc": list(v["arc"]), "t>2": sorted(v["t>2"])} for k, v in chosen.items()}
     return out

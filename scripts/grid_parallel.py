@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,7 @@ def main(argv=None) -> int:
     for _, i, out in done:
         if out.exists():
             results.setdefault(i, []).extend(json.loads(out.read_text()))
+    shutil.rmtree(tmp)
     merged = [merge(results[i]) for i in sorted(results)]
     args.json.write_text(json.dumps(merged, indent=1))
     for r in merged:

@@ -81,6 +81,12 @@ def forward_sum(fresh: torch.Tensor, h: int) -> torch.Tensor:
     return c[torch.clamp(idx + h, max=fresh.shape[0])] - c[idx]
 
 
+def ridge_gram(X: torch.Tensor) -> torch.Tensor:
+    """(k, k) X'X + RIDGE n I for float64 rows X (n, k): the ridge regression's normal matrix."""
+    n, k = X.shape
+    return X.T @ X + RIDGE * max(n, 1) * torch.eye(k, dtype=torch.float64, device=X.device)
+
+
 def fit_rule(
     x: torch.Tensor, fresh: torch.Tensor, cost: float, *, carry=None, columns=None, gate=None, horizons=HORIZONS
 ) -> Rule:
@@ -93,8 +99,8 @@ def fit_rule(
     X = cols.double()
     rows = gate if gate is not None else torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
     Xg = X[rows]
-    n, k = Xg.shape
-    gram = Xg.T @ Xg + RIDGE * max(n, 1) * torch.eye(k, dtype=torch.float64, device=X.device)
+    k = Xg.shape[1]
+    gram = ridge_gram(Xg)
     best = None
     for h in horizons:
         y = forward_sum(fresh, h)[rows]

@@ -27,7 +27,7 @@ import torch
 
 from fxray.data.arrays import host_arrays
 from fxray.data.cache import Market
-from fxray.data.calendar import Calendar
+from fxray.data.calendar import HOUR_NS, Calendar
 from fxray.data.folds import Fold
 from fxray.data.schema import ADX_INDEX, CALENDAR_INDICES
 from fxray.eval.backtest import Window
@@ -161,11 +161,15 @@ class DeviceData:
             carry,
         )
 
+    def bar_hours(self, start: int, end: int) -> torch.Tensor:
+        """(end - start,) int64 on the host: the UTC hour of each bar's close (its hourly period)."""
+        return torch.from_numpy((self.period_host[start:end] * self.calendar.period_ns // HOUR_NS) % 24)
+
     def hour_gate(self, start: int, end: int, hours: tuple | None) -> torch.Tensor | None:
         """(end - start,) bool: bars whose close hour (UTC) lies in [hours[0], hours[1])."""
         if hours is None:
             return None
-        hour = torch.from_numpy((self.period_host[start:end] * self.calendar.period_ns // 3_600_000_000_000) % 24)
+        hour = self.bar_hours(start, end)
         return ((hour >= hours[0]) & (hour < hours[1])).to(self.device)
 
     def synchronize(self) -> None:
