@@ -29,7 +29,7 @@ import numpy as np
 
 from fxray.cli import command_parser
 from fxray.track.compare import CompareError, load_experiment, open_store, summarize, sweep_experiments
-from fxray.track.report import bp, fmt, sharpe_line, verdict
+from fxray.track.report import bp, fmt, share_text, sharpe_line, verdict
 from fxray.track.verdict import json_ready, verdict_png
 from fxray.track.verdict import text as verdict_text
 
@@ -68,7 +68,7 @@ def report(s: dict) -> str:
         "     beside it: "
         + ", ".join(f"{n} {sharpe_line(r)}" for n, r in refs.items())
         + ", flat 0"
-        + (f"; share of the oracle {test['oracle_share']:.2f}" if test.get("oracle_share") is not None else ""),
+        + share_text(test),
     ]
     wf = b.get("walk_forward")
     if wf:
@@ -93,7 +93,7 @@ def summary_table(sums: list[dict]) -> str:
     """One row per experiment; pooled test Sharpe of the best trial, its SE, PSR, DSR, oracle share."""
     head = (
         f"{'experiment':<20} {'trials':>6} {'score':>7} {'test SR':>8} {'± se':>6} {'PSR':>6} {'DSR':>6} "
-        f"{'oracle':>7} {'share':>6}"
+        f"{'oracle':>7} {'share':>6} {'± se':>5}"
     )
     rows = [head, "-" * len(head)]
     for s in sums:
@@ -103,7 +103,7 @@ def summary_table(sums: list[dict]) -> str:
             f"{s['experiment'][:20]:<20} {s['n_trials']:>6} {s['best_score']:>+7.2f} {t['sharpe']:>+8.2f} "
             f"{fmt(t['sharpe_se'], '6.2f', '   n/a')} {fmt(t['psr'], '6.3f', '   n/a')} "
             f"{fmt(b['dsr'], '6.3f', '   n/a')} {fmt(oracle and oracle['sharpe'], '+7.2f', '    n/a')} "
-            f"{fmt(t.get('oracle_share'), '6.2f', '   n/a')}"
+            f"{fmt(t.get('oracle_share'), '6.2f', '   n/a')} {fmt(t.get('oracle_share_se'), '5.2f', '  n/a')}"
         )
     return "\n".join(rows)
 

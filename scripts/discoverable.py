@@ -46,6 +46,7 @@ from fxray.eval.backtest import evaluate  # noqa: E402
 from fxray.rl.device import DeviceData  # noqa: E402
 
 COST = 4e-5
+SCREEN_K = (2, 4, 8)  # columns the train-slice screen keeps
 MARKETS = (
     (
         "session, GPU profile",
@@ -118,6 +119,16 @@ def best_arc(per_hour: torch.Tensor) -> tuple[int, int]:
     return arc
 
 
+def screen(x: torch.Tensor, fresh: torch.Tensor, k: int, horizon: int = 20) -> torch.Tensor:
+    """The k input columns whose correlation with the next-`horizon`-bar return on train is
+    largest in size: a screen of the columns that uses the train slice only."""
+    y = baselines.forward_sum(fresh, horizon)
+    X = x.double() - x.double().mean(0)
+    yc = y - y.mean()
+    corr = (X.T @ yc) / (X.norm(dim=0) * yc.norm()).clamp_min(1e-30)
+    return torch.topk(corr.abs(), k).indices
+
+
 def in_set(hour: torch.Tensor, hours) -> torch.Tensor:
     if isinstance(hours, tuple):  # an arc [a, b), possibly past midnight
         a, b = hours
@@ -134,6 +145,7 @@ def fold_rules(data: DeviceData, fold) -> dict:
     x = data.states(torch.arange(a, b))
     hour, day = data.bar_hours(a, b), day_of(data, a, b)
     chosen = {}
+    screened = {k: screen(x, train.fresh, k) for k in SCREEN_K}
     for which, c in (("cols", cols), ("all", None)):
         s = direction(x, train.fresh, c)
         per_hour = hour_pnl(s, train.fresh, hour, day)
@@ -147,6 +159,10 @@ def fold_rules(data: DeviceData, fold) -> dict:
         "all, arc": (None, chosen["all"]["arc"]),
         "ridge": (None, None),
     }
+    for k, c in screened.items():
+        specs[f"top{k}, true hours"] = (c, true_hours)
+        specs[f"top{k}, no gate"] = (c, None)
+    hits = {k: len(set(c.tolist()) & set(cols.tolist())) for k, c in screened.items()}
     out = {}
     for name, (c, hours) in specs.items():
         gate = None if hours is None else in_set(hour, hours)
@@ -159,6 +175,7 @@ def fold_rules(data: DeviceData, fold) -> dict:
         gt = None if hours is None else in_set(data.bar_hours(s, e), hours)
         out[name] = evaluate(rule.positions(xt, gt), data.window(fold.test, "next_open"), COST).periods.as_dict()
     out["_chosen"] = {k: {"arc": list(v["arc"]), "t>2": sorted(v["t>2"])} for k, v in chosen.items()}
+    out["_chosen"]["screen_hits"] = hits
     return out
 
 
@@ -174,12 +191,17 @@ def run(tag: str, spec: dict, folds_kw: dict) -> dict:
         windows = [f[name] for f in per_fold if f[name] is not None]
         stats[name] = pooled.pooled(windows, COST, ppy) if windows else None
     oracle = stats["oracle"]
+    oracle_windows = [f["oracle"] for f in per_fold]
     rows = {
         name: {
             "sharpe": st and st["sharpe"],
             "sharpe_se": st and st["sharpe_se"],
             "n_trades": st and st["n_trades"],
             "oracle_share": st and pooled.oracle_share(st, oracle),
+            # a rule flat on a fold (no hour chosen) has no window there: no paired error
+            "oracle_share_se": st
+            and all(f[name] is not None for f in per_fold)
+            and pooled.oracle_share_se([f[name] for f in per_fold], oracle_windows),
         }
         for name, st in stats.items()
     }
@@ -204,8 +226,12 @@ def main(argv=None) -> int:
                 print(f"  {name:<18} flat on every fold (no hour chosen)")
                 continue
             share = "n/a" if v["oracle_share"] is None else f"{v['oracle_share']:.2f}"
+            if v["oracle_share_se"]:
+                share += f" ± {v['oracle_share_se']:.2f}"
             se = "" if v["sharpe_se"] is None else f" ± {v['sharpe_se']:.2f}"
-            print(f"  {name:<18} {v['sharpe']:+6.2f}{se}  share {share:>5}  trades {v['n_trades']}")
+            print(f"  {name:<18} {v['sharpe']:+6.2f}{se}  share {share:>12}  trades {v['n_trades']}")
+        hits = " ".join(str(c["screen_hits"]) for c in r["chosen"])
+        print(f"  planted columns among the screen's top k, per fold: {hits}")
         for which in ("cols", "all"):
             arcs = " ".join("{}-{}".format(*c[which]["arc"]) for c in r["chosen"])
             print(f"  arcs chosen on train ({which}): {arcs}")

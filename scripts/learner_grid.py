@@ -45,7 +45,7 @@ from fxray.eval import pooled
 from fxray.eval.backtest import backtest
 from fxray.rl.config import DQNConfig
 from fxray.rl.device import DeviceData
-from fxray.rl.trainer import Trainer
+from fxray.rl.ensemble import make_trainer
 
 NO_RESULT = {"net": [], "units": [], "hours": [], "n_bars": 0, "n_trades": 0, "n_days": 0}  # a diverged fold
 
@@ -121,7 +121,7 @@ def run_job(job: dict, device: str) -> dict:
         data.noise_mask[job["clean_columns"]] = 0.0
     ppy = data.calendar.periods_per_year
     cfg = DQNConfig(**job.get("cfg", {}))
-    trainer = Trainer(data, cfg)
+    trainer = make_trainer(data, cfg)  # "cfg": {"seeds": S} trains S seeds as one population, scored as their mean Q
     seeds, ensemble = tuple(job.get("seeds", [0])), bool(job.get("ensemble"))
     t0 = time.time()
     tests = {s: [] for s in seeds}
@@ -154,11 +154,13 @@ def run_job(job: dict, device: str) -> dict:
 
     def stat(windows):
         p = pooled.pooled(windows, cfg.cost, ppy)
+        share = pooled.oracle_share(p, oracle)
         out = {
             "sharpe": p["sharpe"],
             "sharpe_se": p["sharpe_se"],
             "n_trades": p["n_trades"],
-            "oracle_share": pooled.oracle_share(p, oracle),
+            "oracle_share": share,
+            "oracle_share_se": None if share is None else pooled.oracle_share_se(windows, refs["oracle"]),
         }
         if edge_hours:
             out["in_edge_hours"] = in_hours(windows, edge_hours, period_ns)

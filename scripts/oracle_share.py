@@ -1,5 +1,6 @@
 """The oracle-share table: per sweep, the chosen trial's pooled test Sharpe beside the planted
-market's oracle and the ridge rule on the same test windows, and its share of the oracle.
+market's oracle and the ridge rule on the same test windows, and its share of the oracle
+with that share's standard error (fxray.eval.pooled.oracle_share_se).
 
     python scripts/oracle_share.py runs/default/results.json runs/session/results.json ...
 
@@ -30,6 +31,7 @@ def row(path: str) -> dict:
         "chosen": b["test"]["sharpe"],
         "se": b["test"]["sharpe_se"],
         "share": b["test"].get("oracle_share"),
+        "share_se": b["test"].get("oracle_share_se"),  # absent in results.json written before 2026-12-03
         "dsr": b.get("dsr"),
         "best_full_share": best_full / oracle if oracle and best_full is not None and oracle > 0 else None,
         "walk_forward": (b.get("walk_forward") or {}).get("sharpe"),
@@ -48,14 +50,14 @@ def main(argv=None) -> int:
 
     print(
         f"{'sweep':<10} {'trials':>6} {'full':>4} {'oracle':>6} {'ridge':>6} {'chosen':>6} {'± se':>5} "
-        f"{'share':>6} {'DSR':>5} {'best full share':>15} {'walk-fwd':>8} {'wall s':>6}"
+        f"{'share':>6} {'± se':>5} {'DSR':>5} {'best full share':>15} {'walk-fwd':>8} {'wall s':>6}"
     )
     for p in paths:
         x = row(p)
         print(
             f"{x['sweep']:<10} {x['trials']:>6} {x['full']:>4} {f(x['oracle'])} {f(x['ridge'])} {f(x['chosen'])} "
-            f"{f(x['se'], '5.2f')} {f(x['share'], '6.2f')} {f(x['dsr'], '5.2f')} {f(x['best_full_share'], '15.2f')} "
-            f"{f(x['walk_forward'], '+8.2f')} {x['wall_s']:>6.0f}"
+            f"{f(x['se'], '5.2f')} {f(x['share'], '6.2f')} {f(x['share_se'], '5.2f')} {f(x['dsr'], '5.2f')} "
+            f"{f(x['best_full_share'], '15.2f')} {f(x['walk_forward'], '+8.2f')} {x['wall_s']:>6.0f}"
         )
     return 0
 

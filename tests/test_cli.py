@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fxray.data import cache
+from fxray.eval import pooled
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -173,6 +174,9 @@ def test_train_cli_writes_per_fold_json(tmp_path, synth_cache, short_folds_exper
     assert test["n_periods"] == len(r["folds"][0]["test_periods"]["net"]) > 0
     assert {"oracle", "ridge", "buy_and_hold"} <= set(r["pooled"]["baselines"])  # a planted market: it has one
     assert test["oracle_share"] == pytest.approx(test["sharpe"] / r["pooled"]["baselines"]["oracle"]["sharpe"])
+    oracle_windows = [f["baseline_periods"]["oracle"]["test"] for f in r["folds"]]
+    se = pooled.oracle_share_se([f["test_periods"] for f in r["folds"]], oracle_windows)
+    assert test["oracle_share_se"] == pytest.approx(se) and se > 0
     assert "pooled over" in p.stdout and "share of the oracle" in p.stdout and "break-even cost" in p.stdout
 
 

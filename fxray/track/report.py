@@ -27,6 +27,15 @@ def sharpe_line(s: dict) -> str:
     return line + (f" (thin: {s['n_active']} active hours)" if s["evidence"] == "thin" else "")
 
 
+def share_text(test: dict) -> str:
+    """'; share of the oracle 0.57 ± 0.35' (its standard error where known), or '' without an oracle."""
+    share = test.get("oracle_share")
+    if share is None:
+        return ""
+    se = test.get("oracle_share_se")
+    return f"; share of the oracle {share:.2f}" + (f" ± {se:.2f}" if se is not None else "")
+
+
 def verdict(best: dict) -> str:
     """One line: is the best trial's out-of-sample Sharpe more than the luckiest of N would show?"""
     dsr, n = best.get("dsr"), best.get("n_trials_counted")
@@ -86,13 +95,7 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
         f"{bp(test['break_even_cost'])}; {test['n_trades']} trades, turnover {test['turnover']:.4f} per bar"
     )
     beside = [f"{name} {sharpe_line(s)}" for name, s in refs.items()]
-    share = test.get("oracle_share")
-    print(
-        "  beside it: "
-        + ", ".join(beside)
-        + ", flat 0"
-        + (f"; share of the oracle {share:.2f}" if share is not None else "")
-    )
+    print("  beside it: " + ", ".join(beside) + ", flat 0" + share_text(test))
     spread = b.get("seed_spread")
     if spread:
         print(
@@ -119,14 +122,10 @@ def vote_line(vote: dict) -> str:
     head = f"vote of the {vote['n_members']} trials that ran every fold (members chosen on val only)"
     if "skipped" in vote:
         return f"{head}: not run: {vote['skipped']}"
-    test, share = vote["test"], vote["test"].get("oracle_share")
+    test = vote["test"]
     # a Sharpe of a few active hours says nothing; neither does its PSR (it is not shown)
     psr = f"PSR {fmt(test['psr'], '.3f')}" if test["evidence"] == "ok" else "too few active hours for a PSR"
-    return (
-        f"{head}: {sharpe_line(test)}, {test['n_trades']} trades"
-        + (f"; share of the oracle {share:.2f}" if share is not None else "")
-        + f"; {psr}"
-    )
+    return f"{head}: {sharpe_line(test)}, {test['n_trades']} trades" + share_text(test) + f"; {psr}"
 
 
 def seed_spread(results: dict, trial_id: str) -> dict | None:

@@ -81,13 +81,17 @@ def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
     folds = [FoldRecord.from_flat(r) for r in trial["folds"]]
     ok = [f for f in folds if f.ok]
     out = {w: pooled.pooled([getattr(f, f"{w}_periods") for f in ok], cost, periods_per_year) for w in ("val", "test")}
-    refs = {}
+    refs, ref_windows = {}, {}
     for name in REFERENCES:
         windows = [f.baseline_periods[name]["test"] for f in ok if name in f.baseline_periods]
         if windows and len(windows) == len(ok):
-            refs[name] = pooled.pooled(windows, cost, periods_per_year)
-    out["test"]["oracle_share"] = pooled.oracle_share(out["test"], refs.get("oracle"))
-    out["test"]["ridge_share"] = pooled.oracle_share(out["test"], refs.get("ridge"))
+            refs[name], ref_windows[name] = pooled.pooled(windows, cost, periods_per_year), windows
+    test_windows = [f.test_periods for f in ok]
+    for key, name in (("oracle_share", "oracle"), ("ridge_share", "ridge")):
+        out["test"][key] = pooled.oracle_share(out["test"], refs.get(name))
+        out["test"][f"{key}_se"] = (
+            pooled.oracle_share_se(test_windows, ref_windows[name]) if out["test"][key] is not None else None
+        )
     out["baselines"] = refs
     return out
 
@@ -225,6 +229,7 @@ def write_results(
         "best_test_psr": test["psr"],
         "best_test_dsr": deflated["dsr"],
         "best_test_oracle_share": test["oracle_share"],
+        "best_test_oracle_share_se": test.get("oracle_share_se"),
         "best_test_break_even_cost": test["break_even_cost"],
         "n_trials": len(trials),
         "n_trials_counted": n_started,
