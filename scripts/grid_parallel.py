@@ -11,7 +11,9 @@ seed; its fold-by-fold progress goes to stderr with the
 job's tag; the merged JSON holds one entry per job of GRID with every seed, as learner_grid's
 own --json does, and the merged line of each job is printed as learner_grid prints it. At
 --deadline seconds the processes still running are stopped and the merge keeps the seeds that
-finished (a device call has a time limit; the stopped ones are counted as failed).
+finished, and of a stopped seed the folds it did (learner_grid writes its JSON after every fold;
+its line says "[k/N folds]", and its share is over those folds' test windows only; a device
+call has a time limit; the stopped ones are counted as failed).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def merge(parts: list[dict]) -> dict:
     out["seeds"] = {k: v for p in parts for k, v in p["seeds"].items()}
     out["best_epochs"] = [e for p in parts for e in p["best_epochs"]]
     out["wall_s"] = max(p["wall_s"] for p in parts)
+    out["folds_done"] = min(p.get("folds_done", 0) for p in parts)  # a process stopped at --deadline did fewer
     return out
 
 

@@ -107,7 +107,8 @@ def with_session_inputs(arrays: dict) -> dict:
     return {**arrays, "ofi": np.concatenate([arrays["ofi"], open_], 1)}
 
 
-def run_job(job: dict, device: str) -> dict:
+def run_job(job: dict, device: str, on_fold=None) -> dict:
+    """Train `job` on every fold; `on_fold(numbers so far)` after each (a stopped run keeps them)."""
     m = market(job.get("market", {}))
     folds = make_folds(m.ts, FoldSpec(**job.get("folds", {})))
     arrays = with_edge_input(m) if job.get("edge_input") else host_arrays(m)
@@ -126,6 +127,47 @@ def run_job(job: dict, device: str) -> dict:
     t0 = time.time()
     tests = {s: [] for s in seeds}
     ens, refs, best_epochs = [], {}, []
+    edge_hours = data.oracle[1] if data.oracle else None
+    period_ns = data.calendar.period_ns
+
+    def summary() -> dict:
+        """The job's numbers over the folds done so far (every fold at the end)."""
+        ref = {n: pooled.pooled(w, cfg.cost, ppy) for n, w in refs.items()}
+        oracle = ref.get("oracle")
+
+        def stat(windows):
+            p = pooled.pooled(windows, cfg.cost, ppy)
+            share = pooled.oracle_share(p, oracle)
+            out = {
+                "sharpe": p["sharpe"],
+                "sharpe_se": p["sharpe_se"],
+                "n_trades": p["n_trades"],
+                "oracle_share": share,
+                "oracle_share_se": None if share is None else pooled.oracle_share_se(windows, refs["oracle"]),
+                "folds_done": len(windows),
+            }
+            if edge_hours:
+                out["in_edge_hours"] = in_hours(windows, edge_hours, period_ns)
+            return out
+
+        out = {
+            "tag": job.get("tag", ""),
+            "wall_s": time.time() - t0,
+            "folds_done": len(refs["ridge"]),
+            "folds": len(folds),
+            "oracle": oracle and oracle["sharpe"],
+            "ridge": ref["ridge"]["sharpe"],
+            "buy_and_hold": ref["buy_and_hold"]["sharpe"],
+            "seeds": {str(s): stat(tests[s]) for s in seeds},
+            "best_epochs": best_epochs,
+        }
+        if edge_hours:
+            out["edge_hours"] = list(edge_hours)
+            out["oracle_in_edge_hours"] = in_hours(refs["oracle"], edge_hours, period_ns)
+        if ensemble:
+            out["ensemble"] = stat(ens)
+        return out
+
     for f in folds:
         qs = []
         for s in seeds:
@@ -146,48 +188,20 @@ def run_job(job: dict, device: str) -> dict:
             ens.append(backtest(q, data.window(f.test, cfg.fill), cfg.cost).periods.as_dict())
         for name, d in r.baseline_periods.items():
             refs.setdefault(name, []).append(d["test"])
-    ref = {n: pooled.pooled(w, cfg.cost, ppy) for n, w in refs.items()}
-    oracle = ref.get("oracle")
-
-    edge_hours = data.oracle[1] if data.oracle else None
-    period_ns = data.calendar.period_ns
-
-    def stat(windows):
-        p = pooled.pooled(windows, cfg.cost, ppy)
-        share = pooled.oracle_share(p, oracle)
-        out = {
-            "sharpe": p["sharpe"],
-            "sharpe_se": p["sharpe_se"],
-            "n_trades": p["n_trades"],
-            "oracle_share": share,
-            "oracle_share_se": None if share is None else pooled.oracle_share_se(windows, refs["oracle"]),
-        }
-        if edge_hours:
-            out["in_edge_hours"] = in_hours(windows, edge_hours, period_ns)
-        return out
-
-    out = {
-        "tag": job.get("tag", ""),
-        "wall_s": time.time() - t0,
-        "oracle": oracle and oracle["sharpe"],
-        "ridge": ref["ridge"]["sharpe"],
-        "buy_and_hold": ref["buy_and_hold"]["sharpe"],
-        "seeds": {str(s): stat(tests[s]) for s in seeds},
-        "best_epochs": best_epochs,
-    }
-    if edge_hours:
-        out["edge_hours"] = list(edge_hours)
-        out["oracle_in_edge_hours"] = in_hours(refs["oracle"], edge_hours, period_ns)
-    if ensemble:
-        out["ensemble"] = stat(ens)
-    return out
+        if on_fold is not None:
+            on_fold(summary())
+    return summary()
 
 
 def line(r: dict) -> str:
     def share(x):
         return "n/a" if x is None else f"{x:.2f}"
 
-    seeds = " ".join(f"s{s} {v['sharpe']:+.2f} ({share(v['oracle_share'])})" for s, v in r["seeds"].items())
+    def done(v):  # a seed stopped at a time limit: its numbers are over the folds it did
+        n = v.get("folds_done", r.get("folds"))
+        return f" [{n}/{r['folds']} folds]" if n != r.get("folds") else ""
+
+    seeds = " ".join(f"s{s} {v['sharpe']:+.2f} ({share(v['oracle_share'])}){done(v)}" for s, v in r["seeds"].items())
     ens = (
         f" | ensemble {r['ensemble']['sharpe']:+.2f} ({share(r['ensemble']['oracle_share'])})"
         if "ensemble" in r
@@ -217,11 +231,17 @@ def main(argv=None) -> int:
     os.environ.setdefault("FXRAY_CACHE_DIR", str(Path.home() / ".cache" / "fxray"))
     jobs = json.loads(args.grid.read_text())
     results = []
+
+    def write(partial=None):  # after every fold: a run stopped at a time limit keeps the folds it did
+        if args.json:
+            tmp = args.json.with_suffix(".part")
+            tmp.write_text(json.dumps(results + ([partial] if partial else []), indent=1))
+            tmp.replace(args.json)
+
     for job in jobs:
-        results.append(run_job(job, args.device))
+        results.append(run_job(job, args.device, on_fold=write))
         print(line(results[-1]), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    write()
     return 0
 
 

@@ -100,6 +100,14 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
     assert r["oracle_in_edge_hours"] > 0.8  # the oracle trades in its hours, and exits after them
     assert 0 <= r["seeds"]["0"]["in_edge_hours"] <= 1
     assert "traded in 12-16 UTC:" in capsys.readouterr().out
+    assert r["seeds"]["0"]["oracle_share_se"] is None or r["seeds"]["0"]["oracle_share_se"] >= 0
+    # the numbers so far after every fold (what a run stopped at a time limit keeps)
+    seen = []
+    two = {**job, "folds": {**job["folds"], "max_folds": 2}}
+    last = grid["run_job"](two, "cpu", on_fold=seen.append)
+    assert [x["folds_done"] for x in seen] == [1, 2] and last["folds"] == 2
+    assert [x["seeds"]["0"]["folds_done"] for x in seen] == [1, 2]
+    assert seen[-1]["seeds"] == last["seeds"] and seen[-1]["oracle"] == last["oracle"]
     # the edge-input probe: dow_sin becomes the 0/1 indicator of 12-16 UTC, the rest as it was
     import datetime
 
