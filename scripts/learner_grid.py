@@ -13,13 +13,18 @@ the oracle's: a policy that cannot tell the hour trades there about 4 / 24 of th
 
 A grid file is a JSON list of jobs: {"tag": str, "market": SynthSpec keys, "folds": FoldSpec
 keys, "cfg": DQNConfig keys, "seeds": [int, ...], "ensemble": false}. With "ensemble": true
-the seeds are trained alone and the policy of each test window is their mean Q. Four probes,
+the seeds are trained alone and the policy of each test window is their mean Q. Five probes,
 which are diagnostics and not features: "edge_input": true puts the exact 0/1 indicator of
 the market's edge hours in place of the input dow_sin (is the learner able to use the hour
 when it is handed it?); "hour_inputs": true appends 24 inputs, the one-hot UTC hour of each
 bar's close, after the order flow (inputs 50-73); "session_inputs": true appends 3, whether
 the Tokyo, London and New York sessions are open (FX_SESSIONS); "clean_columns": [i, ...]
-takes input noise off those input columns only (with "cfg": {"noise_calendar": false}).
+takes input noise off those input columns only (with "cfg": {"noise_calendar": false});
+"ridge_inputs": true appends 3 inputs (50-52), each fold's ridge predictions of the next 5, 20
+and 60 bars' return fitted on its train slice (RidgeInputData; the ridge reference rule then
+fits on them too); with it, "only_columns": [i, ...] makes every other input read 0 (a
+diagnostic: the oracle and ridge references then read those 0s too and are not the market's);
+"ridge_columns": [i, ...] or "oracle" fits those predictions on those inputs only (told them).
 Fold k of seed s trains with seed s + k (100 s + k in an ensemble), as `fxray train` does.
 """
 
@@ -107,6 +112,48 @@ def with_session_inputs(arrays: dict) -> dict:
     return {**arrays, "ofi": np.concatenate([arrays["ofi"], open_], 1)}
 
 
+RIDGE_HORIZONS = (5, 20, 60)  # bars: the "ridge_inputs" probe's predictions, one input each
+
+
+class RidgeInputData(DeviceData):
+    """DeviceData whose last len(RIDGE_HORIZONS) inputs are, on each fold, the ridge regression's
+    prediction of the next-h-bar return from the other inputs, fitted on the fold's train slice
+    only (fxray.eval.baselines' ridge, without its thresholds), normalised on that slice as
+    every input is. Made from arrays with that many placeholder columns after the order flow."""
+
+    def set_fold(self, fold) -> None:
+        from fxray.eval import baselines
+
+        k = len(RIDGE_HORIZONS)
+        n = self.n_inputs - k
+        self.x[:, n:] = 0.0
+        super().set_fold(fold)  # the other inputs' train-slice normalisation
+        a, b = fold.train
+        train = (self.x[a:b, :n].double() - self.mean[:n].double()) * self.inv_std[:n].double()
+        if self.ridge_columns is not None:  # a diagnostic: the fit told which inputs to use
+            train = train * self.ridge_columns
+        fresh = self.bar[a:b]  # the next_open fill's fresh return (the baseline rule's, for next_open)
+        gram = baselines.ridge_gram(train)
+        w = torch.stack(
+            [torch.linalg.solve(gram, train.T @ baselines.forward_sum(fresh, h)) for h in RIDGE_HORIZONS], 1
+        )  # (n, k)
+        for rows in torch.arange(self.n_bars, device=self.device).split(65536):
+            z = (self.x[rows, :n].double() - self.mean[:n].double()) * self.inv_std[:n].double()
+            z = z if self.ridge_columns is None else z * self.ridge_columns
+            self.x[rows, n:] = (z @ w).to(self.x.dtype)
+        super().set_fold(fold)  # now with the predictions' own train-slice mean and scale
+        if self.keep is not None:  # "only_columns": the other inputs read 0 (the references too)
+            self.inv_std.mul_(self.keep)
+
+    keep: torch.Tensor | None = None
+    ridge_columns: torch.Tensor | None = None  # (n,) 0/1 float64: the inputs the fit may use
+
+
+def with_placeholder_inputs(arrays: dict, k: int) -> dict:
+    """The arrays with k more (zero) inputs after the order flow."""
+    return {**arrays, "ofi": np.concatenate([arrays["ofi"], np.zeros((len(arrays["ts"]), k), np.float32)], 1)}
+
+
 def run_job(job: dict, device: str, on_fold=None) -> dict:
     """Train `job` on every fold; `on_fold(numbers so far)` after each (a stopped run keeps them)."""
     m = market(job.get("market", {}))
@@ -116,7 +163,17 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
         arrays = with_hour_inputs(arrays)
     if job.get("session_inputs"):
         arrays = with_session_inputs(arrays)
-    data = DeviceData(arrays, device)
+    if job.get("ridge_inputs"):
+        data = RidgeInputData(with_placeholder_inputs(arrays, len(RIDGE_HORIZONS)), device)
+    else:
+        data = DeviceData(arrays, device)
+    if "ridge_columns" in job:  # a diagnostic: the ridge inputs fitted on these inputs only ("oracle" = its)
+        cols = data.oracle[0].tolist() if job["ridge_columns"] == "oracle" else job["ridge_columns"]
+        data.ridge_columns = torch.zeros(data.n_inputs - len(RIDGE_HORIZONS), dtype=torch.float64, device=data.device)
+        data.ridge_columns[cols] = 1.0
+    if "only_columns" in job:  # a diagnostic: its oracle and ridge are not the market's (they read 0s)
+        data.keep = torch.zeros(data.n_inputs, device=data.device)
+        data.keep[job["only_columns"]] = 1.0
     if "clean_columns" in job:
         data.noise_mask.fill_(1.0)
         data.noise_mask[job["clean_columns"]] = 0.0

@@ -28,6 +28,18 @@ and every action's target").
                  of each action (both are lower bounds of Q*, holding being one feasible policy:
                  lower-bound Q-learning, Oh et al. 2018, "Self-Imitation Learning")
 
+    vol_reward   the sampled n-step update with each transition's return divided by the volatility
+                 at its first bar (rv_60, known at that bar's close) over the train slice's median
+                 rv_60: targets of one variance in calm and turbulent hours alike (a weighted
+                 regression's weights), in the same units on average. Q(s, .) of the plain
+                 reward divided by a positive number known at s: the same greedy action, where
+                 the volatility holds over the horizon
+
+    avg_weights  the policy (what val scores, the epoch kept, test) is an exponential average of
+                 the online weights over ~1/AVG_TAU learner steps, not the online weights of the
+                 last step: SGD on targets this noisy leaves noise in the last iterate that an
+                 average removes (Polyak & Juditsky 1992); training itself is unchanged
+
 Each swaps a class attribute of fxray.rl.dqn for the run of this process only; the grid's
 jobs run as learner_grid runs them. These are diagnostics, not features: a variant that earns
 its place is built into fxray.rl with its export and population paths.
@@ -195,9 +207,92 @@ def lagged_greedy_moves(self, data, t, held):
     return greedy_table(self, data)[t - data.fold.train[0]].gather(1, held.long() + 1)
 
 
+VOL_FLOOR = 0.25  # rv_60 below this share of the train slice's median is taken at it (a quiet bar's weight <= 4)
+
+
+def vol_weight(data) -> torch.Tensor:
+    """(n_bars,) the train slice's median rv_60 / rv_60 at each bar (floored): the active fold's."""
+    if getattr(data, "_vol_fold", None) is not data.fold:
+        from fxray.data.features import FEATURE_NAMES
+
+        rv = data.x[:, FEATURE_NAMES.index("rv_60")].float()
+        a, b = data.fold.train
+        med = rv[a:b].median()
+        data._vol_weight, data._vol_fold = med / rv.clamp_min(VOL_FLOOR * med), data.fold
+    return data._vol_weight
+
+
+def vol_reward_loss(self, data, replay, step, env, noise=None):
+    """Learner.td_loss of update 'sampled', each n-step return times vol_weight at its first bar."""
+    cfg = self.cfg
+    t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
+    B = t.shape[0]
+    market = data.states(torch.cat([t, next_t]))
+    if noise is not None:
+        market = market + noise
+    q = self.q_network(market[:B], position)
+    with torch.no_grad():
+        q_next = self.q_network(market[B:], next_position)
+        next_action = q_next.argmax(1, keepdim=True)
+        next_q = self.target_network(market[B:], next_position).gather(1, next_action).squeeze(1)
+        td_target = return_n * vol_weight(data)[t] * cfg.reward_scale + discount * next_q
+    q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
+    return torch.nn.functional.huber_loss(q_sa, td_target, delta=cfg.huber_delta), q.detach().abs().max()
+
+
+AVG_TAU = 0.003  # avg_weights: the average's weight on each step's online weights (~330 steps)
+
+
+def averaged_init(init):
+    """DQN.__init__, then an averaged copy of the Q-network that the policy's paths use."""
+
+    def wrapped(self, data, cfg):
+        import copy
+
+        init(self, data, cfg)
+        self.avg_network = copy.deepcopy(self.learner.q_network).requires_grad_(False)
+        self.params = list(self.avg_network.parameters())  # what the trainer keeps and restores
+        online, avg = self.learner.params, self.params
+        learn = self.learner.learn
+
+        def learn_and_average(*args, **kw):
+            learn(*args, **kw)
+            with torch.no_grad():
+                torch._foreach_lerp_(avg, online, AVG_TAU)
+
+        self.learner.learn = learn_and_average
+        self._avg_pairs = (avg, online)
+
+    return wrapped
+
+
+def averaged_begin(begin):
+    def wrapped(self, seed):
+        begin(self, seed)  # fresh online weights (and the warm-up collect, which acts on them)
+        with torch.no_grad():
+            torch._foreach_copy_(*self._avg_pairs)
+
+    return wrapped
+
+
+def averaged_q_all(self, market):
+    return self.avg_network.q_all(market)
+
+
 SAMPLED_LOSS = dqn.Learner.td_loss
 PLAIN_TARGETS = dqn.Learner.hold_targets
-VARIANTS = ("gate", "layernorm", "both_losses", "hold_max", "cost_known", "cost_split", "rollout_lagged", "warm")
+VARIANTS = (
+    "gate",
+    "layernorm",
+    "both_losses",
+    "hold_max",
+    "cost_known",
+    "cost_split",
+    "rollout_lagged",
+    "vol_reward",
+    "avg_weights",
+    "warm",
+)
 
 
 def use(variant: str) -> None:
@@ -212,6 +307,11 @@ def use(variant: str) -> None:
         dqn.Learner.td_loss, dqn.Learner.hold_targets = dqn.Learner.hold_loss, max_targets
     elif variant == "rollout_lagged":  # update 'rollout' whatever the config says, on the lagged table
         dqn.Learner.td_loss, dqn.Learner.greedy_moves = dqn.Learner.rollout_loss, lagged_greedy_moves
+    elif variant == "avg_weights":
+        dqn.DQN.__init__, dqn.DQN.begin = averaged_init(dqn.DQN.__init__), averaged_begin(dqn.DQN.begin)
+        dqn.DQN.q_all = averaged_q_all
+    elif variant == "vol_reward":  # update 'sampled' (what the config says is ignored)
+        dqn.Learner.td_loss = vol_reward_loss
     elif variant in ("cost_known", "cost_split"):
         dqn.QNetwork = CostKnownQNetwork if variant == "cost_known" else CostSplitQNetwork
         dqn.Learner.__init__ = with_known_cost(dqn.Learner.__init__)
