@@ -179,6 +179,10 @@ class DQNConfig(TrainConfig):
     """hard target update every N learner steps; 0 = soft updates with tau"""
     reward_scale: float = 1e4
     """rewards are multiplied by this (1e4: basis points) so Q-values are O(1)"""
+    inputs: str = "raw"
+    """raw: the Q-network reads the 50 normalised inputs; ridge: it reads the ridge regression's
+    predictions of the next 5, 20 and 60 bars' return from the market inputs, fitted on each
+    fold's train slice, and the clock (fxray.rl.frontend; read clean, input noise on the clock only)"""
     update: str = "sampled"
     """sampled: the n-step update of the action the agent took; all_actions: the 1-step
     update of all three actions of each sampled state (their rewards are known); hold: the
@@ -199,6 +203,8 @@ class DQNConfig(TrainConfig):
             v = getattr(self, key)
             if not _is_number(v) or v <= 0:
                 self._fail(key, "must be a number > 0")
+        if self.inputs not in ("raw", "ridge"):
+            self._fail("inputs", "must be 'raw' or 'ridge'")
         if self.update not in ("sampled", "all_actions", "hold", "rollout"):
             self._fail("update", "must be 'sampled', 'all_actions', 'hold' or 'rollout'")
         if not isinstance(self.target_every, int) or self.target_every < 0:

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fxray.rl import frontend
 from fxray.rl.config import DQNConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.env import TradingEnv
@@ -32,10 +33,17 @@ class QNetwork(nn.Module):
     indexing with 3 distinct rows is a serialised scatter-add on CUDA (ms at B=8192).
     """
 
-    def __init__(self, n_inputs: int, hidden: int, depth: int, dueling: bool):
+    def __init__(self, n_inputs: int, hidden: int, depth: int, dueling: bool, front: int | None = None):
         super().__init__()
-        self.market_in = nn.Linear(n_inputs, hidden)
-        self.position_embed = nn.Parameter(torch.randn(3, hidden) / (n_inputs + 3) ** 0.5)
+        # front (dqn.inputs: ridge, fxray.rl.frontend): a fixed affine map of the inputs to
+        # `front` features, set per fold, before the first layer; its buffers are not weights
+        width = n_inputs if front is None else front
+        if front is not None:
+            self.register_buffer("front_w", torch.zeros(front, n_inputs), persistent=False)
+            self.register_buffer("front_b", torch.zeros(front), persistent=False)
+        self.front = front is not None
+        self.market_in = nn.Linear(width, hidden)
+        self.position_embed = nn.Parameter(torch.randn(3, hidden) / (width + 3) ** 0.5)
         self.register_buffer("positions", torch.tensor([-1, 0, 1]), persistent=False)
         self.body = nn.Sequential(*[m for _ in range(depth - 1) for m in (nn.Linear(hidden, hidden), nn.ReLU())])
         self.dueling = dueling
@@ -52,12 +60,25 @@ class QNetwork(nn.Module):
         """market (..., n_inputs) float32, position (...) in {-1,0,1} -> Q (..., 3)."""
         # (not F.one_hot: its bounds check reads a value back to the host on CUDA)
         one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (..., 3)
-        return self._q(self.market_in(market) + one_hot @ self.position_embed)
+        return self._q(self.market_in(self._front(market)) + one_hot @ self.position_embed)
 
     def q_all(self, market: torch.Tensor) -> torch.Tensor:
         """Q for every previous position: market (T, n_inputs) -> (T, 3 positions, 3 actions)."""
-        h = self.market_in(market)  # (T, H)
+        h = self.market_in(self._front(market))  # (T, H)
         return self._q(h.unsqueeze(1) + self.position_embed)  # (T, 3, H) -> (T, 3, 3)
+
+    def _front(self, market: torch.Tensor) -> torch.Tensor:
+        return market @ self.front_w.T + self.front_b if self.front else market
+
+    def plain_state(self) -> dict[str, torch.Tensor]:
+        """The state_dict of the plain QNetwork (no front) that computes the same Q: the front
+        folded into the first layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1)."""
+        state = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        if self.front:
+            w1, b1 = state["market_in.weight"], state["market_in.bias"]
+            state["market_in.weight"] = w1 @ self.front_w
+            state["market_in.bias"] = w1 @ self.front_b + b1
+        return state
 
 
 def initial_network(cfg: DQNConfig, n_inputs: int, seed: int) -> QNetwork:
@@ -69,7 +90,15 @@ def initial_network(cfg: DQNConfig, n_inputs: int, seed: int) -> QNetwork:
     cpu_gen = torch.Generator().manual_seed(seed)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=cpu_gen)))
-        return QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
+        return network(cfg, n_inputs)
+
+
+def network(cfg: DQNConfig, n_inputs: int) -> QNetwork:
+    """QNetwork of `cfg` (module-level, so a probe that swaps the class is used); with inputs:
+    ridge its front end (fxray.rl.frontend), whose buffers each fold sets."""
+    if cfg.inputs == "ridge":
+        return QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling, front=frontend.N_FRONT)
+    return QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
 
 
 def epsilon(cfg: DQNConfig, step: torch.Tensor, total_steps: int) -> torch.Tensor:
@@ -95,9 +124,10 @@ class Learner:
     """Online and target networks, Adam, and the Double-DQN n-step update."""
 
     def __init__(self, cfg: DQNConfig, n_inputs: int, device):
-        self.cfg = cfg
-        self.q_network = QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling).to(device)
-        self.target_network = QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling).to(device)
+        self.cfg, self.n_inputs = cfg, n_inputs
+        self.q_network = network(cfg, n_inputs).to(device)
+        self.target_network = network(cfg, n_inputs).to(device)
+        self.noise_keep = None  # inputs: ridge: 1 on the inputs input noise blurs (set by DQN)
         self.target_network.load_state_dict(self.q_network.state_dict())
         self.target_network.requires_grad_(False)
         self.params = list(self.q_network.parameters())
@@ -263,6 +293,8 @@ class Learner:
             noise = cfg.input_noise * torch.randn(2 * step.shape[0], data.n_inputs, device=step.device)
             if not cfg.noise_calendar:  # the clock left clean (dqn.noise_calendar: false)
                 noise = noise * data.noise_mask
+            if self.noise_keep is not None:  # inputs: ridge: the front end's predictions read clean
+                noise = noise * self.noise_keep
         loss, q_max = self.loss_fn(data, replay, step, env, noise)
         self.optimizer.zero_grad()
         loss.backward()
@@ -281,7 +313,7 @@ class Learner:
 
     def reset(self, seed: int) -> None:
         """Fresh weights (drawn on the CPU from `seed`: same on every device) and optimizer."""
-        fresh = initial_network(self.cfg, self.q_network.market_in.in_features, seed)
+        fresh = initial_network(self.cfg, self.n_inputs, seed)
         with torch.no_grad():
             for p, f in zip(self.params, fresh.parameters()):
                 p.copy_(f)
@@ -295,6 +327,13 @@ class Learner:
         self.loss_sum.zero_()
         self.q_abs_max.zero_()
 
+    @torch.no_grad()
+    def set_front(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        """The fold's front end (fxray.rl.frontend.fit) into both networks, in place."""
+        for net in (self.q_network, self.target_network):
+            net.front_w.copy_(weight)
+            net.front_b.copy_(bias)
+
 
 class DQN:
     """Agents in the train range, the index replay and the Learner: one fold's DQN state."""
@@ -306,6 +345,10 @@ class DQN:
         # the same (fused, graph-safe) Adam on every CUDA run, graphed or not
         self.learner = Learner(cfg, data.n_inputs, data.device)
         self.learner.fresh, self.learner.carry = self.env.fresh, self.env.carry
+        if cfg.inputs == "ridge":
+            self.learner.noise_keep = frontend.market_mask(data)
+            if not cfg.noise_calendar:
+                self.learner.noise_keep.zero_()
         self.params = self.learner.params
         self.global_step = torch.zeros((), dtype=torch.int64, device=data.device)
         self.total_steps = cfg.epochs * cfg.steps_per_epoch
@@ -315,8 +358,11 @@ class DQN:
         return epsilon(self.cfg, self.global_step, self.total_steps)
 
     def begin(self, seed: int) -> None:
-        """Fresh weights, replay and agents; then fill n replay rows (no learning)."""
+        """Fresh weights (and with inputs: ridge the fold's front end, fitted on its train
+        slice), replay and agents; then fill n replay rows (no learning)."""
         self.learner.reset(seed)
+        if self.cfg.inputs == "ridge":
+            self.learner.set_front(*frontend.fit(self.data, self.data.fold, self.cfg.fill))
         self.replay.reset()
         self.env.reset()
         self.global_step.zero_()
@@ -340,4 +386,6 @@ class DQN:
         self.learner.reset_accumulators()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.learner.q_network.state_dict()
+        """The Q-network's weights, as a plain QNetwork's (a front end folded into its first layer)."""
+        net = self.learner.q_network
+        return net.plain_state() if net.front else net.state_dict()

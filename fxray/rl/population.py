@@ -65,6 +65,11 @@ def check_members(cfgs: list[DQNConfig]) -> None:
             raise ConfigError(f"population: member {k} is a {type(cfg).__name__}, not a DQNConfig")
         if cfg.update != "sampled":
             raise ConfigError(f"dqn.update: {cfg.update!r} is not supported in a population (only 'sampled')")
+        if cfg.inputs != "raw":
+            raise ConfigError(
+                f"dqn.inputs: {cfg.inputs!r} is not supported in a population or a seed ensemble (only 'raw'): "
+                "add --set inputs=raw"
+            )
         for key in SHAPE_FIELDS:
             if getattr(cfg, key) != getattr(cfgs[0], key):
                 raise ConfigError(

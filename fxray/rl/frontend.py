@@ -1,0 +1,64 @@
+"""The Q-network's inputs with `dqn.inputs: ridge`: a supervised front end fitted per fold.
+
+With `inputs: raw` (the default) the Q-network reads the fold's 50 normalised inputs. With
+`inputs: ridge` it reads 7: the ridge regression's predictions of the next 5, 20 and 60 bars'
+return from the market inputs (every input but the clock), fitted on the fold's train slice
+only and normalised there, and the 4 clock inputs as they are. The least-squares fit finds a
+weak linear edge among 46 inputs from the whole train slice at once; the Q-learning then has a
+low-dimensional state in which to learn when to hold, enter and leave, and in which hours.
+Measured: docs/benchmarks.md "A supervised front end".
+
+The front end is an affine map of the normalised inputs z, u = A z + c (A (7, 50), c (7,)),
+set in place at each fold's start (no look-ahead: A and c are made of the train slice's
+inputs and returns only). Composed with the network's first layer it is a plain 50-input
+layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1): `plain_state` writes the network so, and
+checkpoints, exports and the live policy read a plain QNetwork.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fxray.data.folds import Fold
+from fxray.data.schema import CALENDAR_INDICES
+from fxray.eval import baselines
+
+HORIZONS = (5, 20, 60)  # bars ahead the front end's ridge predictions look
+N_FRONT = len(HORIZONS) + len(CALENDAR_INDICES)  # the Q-network's inputs with inputs: ridge
+INPUTS = ("raw", "ridge")
+
+
+def fit(data, fold: Fold, fill: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A (N_FRONT, n_inputs), c (N_FRONT,)) float32 on the data's device for `fold`'s train
+    slice: rows 0-2 the ridge predictions (fxray.eval.baselines.ridge_gram, the supervised
+    baseline's penalty) of the next-h-bar fresh return from the non-clock inputs, scaled to
+    mean 0 and std 1 over the train slice; rows 3-6 pick the clock inputs. `data.set_fold(fold)`
+    must have run (the inputs' normalisation is the train slice's)."""
+    a, b = fold.train
+    window = data.window(fold.train, fill)  # the train bars that have a next bar, and their fresh returns
+    z = data.states(torch.arange(a, b - 1, device=data.device)).double()
+    market = torch.ones(data.n_inputs, dtype=torch.bool, device=data.device)
+    market[list(CALENDAR_INDICES)] = False
+    X = z[:, market]
+    gram = baselines.ridge_gram(X)
+    A = torch.zeros(N_FRONT, data.n_inputs, dtype=torch.float64, device=data.device)
+    c = torch.zeros(N_FRONT, dtype=torch.float64, device=data.device)
+    for row, h in enumerate(HORIZONS):
+        w = torch.linalg.solve(gram, X.T @ baselines.forward_sum(window.fresh, h))
+        pred = X @ w
+        sd = float(pred.std()) if pred.numel() > 1 else 0.0
+        scale = 1.0 / sd if sd > 1e-12 else 0.0  # no signal to scale: the row reads 0
+        A[row, market] = w * scale
+        c[row] = -float(pred.mean()) * scale
+    for k, col in enumerate(CALENDAR_INDICES):
+        A[len(HORIZONS) + k, col] = 1.0
+    return A.float(), c.float()
+
+
+def market_mask(data) -> torch.Tensor:
+    """(n_inputs,) 1.0 on the clock inputs, 0 elsewhere: with inputs: ridge, the only inputs
+    that input noise blurs (the ridge predictions are read clean; noise on the market inputs
+    would reach them through A)."""
+    mask = torch.zeros(data.n_inputs, device=data.device)
+    mask[list(CALENDAR_INDICES)] = 1.0
+    return mask

@@ -1,0 +1,138 @@
+"""fxray.rl.frontend (dqn.inputs: ridge): the fold's front end against a plain numpy ridge, no
+look-ahead, the network with its front against the plain network it folds into, the clean
+predictions under input noise, and the refusals."""
+
+import numpy as np
+import pytest
+import torch
+
+from fxray.data import cache
+from fxray.data.folds import FoldSpec, make_folds
+from fxray.data.schema import CALENDAR_INDICES
+from fxray.rl import frontend
+from fxray.rl.config import ConfigError, DQNConfig
+from fxray.rl.device import DeviceData
+from fxray.rl.dqn import DQN, QNetwork
+from fxray.rl.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def fold_data(synth_cache):
+    m = cache.open(synth_cache)
+    data = DeviceData(m)
+    fold = make_folds(m.ts, FoldSpec("20d", "5d", "5d"))[0]
+    data.set_fold(fold)
+    return m, data, fold
+
+
+def numpy_front(m, fold, horizons=frontend.HORIZONS):
+    """The front end by hand: normalise the train slice's inputs, fit ridge of the next-h-bar
+    bar return (next_open fill: the bar's open-to-close) on the non-clock ones, scale."""
+    a, b = fold.train
+    x = np.concatenate([np.asarray(m.features, np.float64), np.asarray(m.ofi, np.float64)], 1)
+    train = x[a:b]
+    mean, std = train.mean(0), train.std(0)
+    std = np.where(std > 1e-8, std, 1.0)
+    z = (x - mean) / std
+    keep = [i for i in range(x.shape[1]) if i not in CALENDAR_INDICES]
+    X = z[a : b - 1][:, keep]
+    log_close, log_open = np.log(np.asarray(m.close)), np.log(np.asarray(m.targets[:, 0]))
+    fresh = (log_close[1:] - log_open[1:])[a : b - 1]  # bar t's fill earns the next bar's open-to-close
+    n = len(fresh)
+    out = []
+    for h in horizons:
+        y = np.array([fresh[t : t + h].sum() for t in range(n)])
+        w = np.linalg.solve(X.T @ X + 0.1 * n * np.eye(len(keep)), X.T @ y)
+        pred = z[:, keep] @ w
+        fit = pred[a : b - 1]
+        out.append((pred - fit.mean()) / fit.std(ddof=1))
+    return np.stack(out, 1), z[:, list(CALENDAR_INDICES)]
+
+
+def test_the_front_end_is_the_train_slices_ridge_by_hand(fold_data):
+    m, data, fold = fold_data
+    A, c = frontend.fit(data, fold, "next_open")
+    assert A.shape == (frontend.N_FRONT, data.n_inputs) and c.shape == (frontend.N_FRONT,)
+    rows = torch.arange(fold.train[0], fold.test[1])
+    u = (data.states(rows) @ A.T + c).numpy()
+    preds, clock = numpy_front(m, fold)
+    r = rows.numpy()
+    np.testing.assert_allclose(u[:, :3], preds[r], atol=2e-3)
+    np.testing.assert_allclose(u[:, 3:], clock[r], atol=1e-5)
+    assert np.all(A[:3, list(CALENDAR_INDICES)].numpy() == 0)  # the clock is an input, not a regressor
+
+
+def test_the_front_end_sees_nothing_after_its_train_slice(synth_cache):
+    m = cache.open(synth_cache)
+    fold = make_folds(m.ts, FoldSpec("20d", "5d", "5d"))[0]
+    data = DeviceData(m)
+    data.set_fold(fold)
+    before = frontend.fit(data, fold, "next_open")
+    end = fold.train[1]
+    g = torch.Generator().manual_seed(0)
+    data.x[end:] = torch.randn(data.x[end:].shape, generator=g)  # every input after the train slice
+    data.bar[end:] = torch.randn(data.bar[end:].shape, generator=g) * 1e-3  # and every return
+    data.set_fold(fold)
+    after = frontend.fit(data, fold, "next_open")
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+
+
+def test_the_network_with_its_front_is_the_plain_network_it_folds_into():
+    torch.manual_seed(0)
+    net = QNetwork(50, 32, 2, True, front=frontend.N_FRONT)
+    with torch.no_grad():
+        net.front_w.normal_()
+        net.front_b.normal_()
+    plain = QNetwork(50, 32, 2, True)
+    plain.load_state_dict(net.plain_state())
+    market, position = torch.randn(64, 50), torch.randint(-1, 2, (64,))
+    assert torch.allclose(plain(market, position), net(market, position), atol=1e-5)
+    assert torch.allclose(plain.q_all(market), net.q_all(market), atol=1e-5)
+    # the front is applied: a network reading the raw inputs into the same first layer differs
+    assert not torch.allclose(net.q_all(market), net.q_all(market + 1.0))
+
+
+def test_a_ridge_fold_trains_checkpoints_a_plain_network_and_reads_its_predictions_clean(fold_data):
+    _, data, fold = fold_data
+    cfg = DQNConfig(
+        hidden=32, num_envs=16, batch_size=64, buffer_steps=32, episode_len=20, steps_per_epoch=5, epochs=1
+    ).replace(inputs="ridge")
+    trainer = Trainer(data, cfg)
+    result = trainer.run_fold(fold, seed=0)
+    assert result.status == "ok"
+    algo = trainer.algo
+    assert isinstance(algo, DQN)
+    A, c = frontend.fit(data, fold, cfg.fill)
+    assert torch.equal(algo.learner.q_network.front_w, A) and torch.equal(algo.learner.target_network.front_b, c)
+    plain = QNetwork(data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
+    plain.load_state_dict(algo.state_dict())
+    x = data.states(torch.arange(*fold.test))
+    assert torch.allclose(plain.q_all(x), algo.q_all(x), atol=1e-4)
+    keep = algo.learner.noise_keep  # input noise reaches the clock only
+    assert keep.sum() == len(CALENDAR_INDICES) and bool(keep[list(CALENDAR_INDICES)].all())
+
+
+def test_inputs_refusals_are_one_line():
+    with pytest.raises(ConfigError, match=r"^dqn.inputs: 'pca' must be 'raw' or 'ridge'$"):
+        DQNConfig(inputs="pca")
+    from fxray.rl.population import check_members
+
+    with pytest.raises(ConfigError, match=r"dqn.inputs: 'ridge' is not supported in a population"):
+        check_members([DQNConfig(inputs="ridge")])
+
+
+@pytest.mark.parametrize(
+    "override, asks", [({"sweep.population": 4}, "sweep.population 4"), ({"dqn.seeds": 2}, "dqn.seeds 2")]
+)
+def test_an_experiment_asking_a_population_of_the_front_end_is_one_line(override, asks):
+    """The shipped default experiment reads inputs: ridge; --population K or --set seeds=S on it
+    fail when the file is read, before Ray starts, naming the fix."""
+    from fxray.rl import experiment as expmod
+
+    with pytest.raises(expmod.ExperimentError) as e:
+        expmod.load(expmod.default_experiment(), "cpu", override)
+    assert str(e.value).endswith(
+        f"dqn.inputs: 'ridge' trains no population, and {asks} asks for one: set inputs: raw (--set inputs=raw)"
+    )
+    assert "\n" not in str(e.value)
+    assert expmod.load(expmod.default_experiment(), "cpu", {**override, "dqn.inputs": "raw"}).config.inputs == "raw"
