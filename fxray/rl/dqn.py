@@ -127,7 +127,8 @@ class Learner:
         self.cfg, self.n_inputs = cfg, n_inputs
         self.q_network = network(cfg, n_inputs).to(device)
         self.target_network = network(cfg, n_inputs).to(device)
-        self.noise_keep = None  # inputs: ridge: 1 on the inputs input noise blurs (set by DQN)
+        # inputs: ridge: input noise on the clock only (the front end's predictions read clean)
+        self.noise_keep = frontend.clock_mask(n_inputs, device) if cfg.inputs == "ridge" else None
         self.target_network.load_state_dict(self.q_network.state_dict())
         self.target_network.requires_grad_(False)
         self.params = list(self.q_network.parameters())
@@ -345,10 +346,6 @@ class DQN:
         # the same (fused, graph-safe) Adam on every CUDA run, graphed or not
         self.learner = Learner(cfg, data.n_inputs, data.device)
         self.learner.fresh, self.learner.carry = self.env.fresh, self.env.carry
-        if cfg.inputs == "ridge":
-            self.learner.noise_keep = frontend.market_mask(data)
-            if not cfg.noise_calendar:
-                self.learner.noise_keep.zero_()
         self.params = self.learner.params
         self.global_step = torch.zeros((), dtype=torch.int64, device=data.device)
         self.total_steps = cfg.epochs * cfg.steps_per_epoch

@@ -25,7 +25,6 @@ from fxray.eval import baselines
 
 HORIZONS = (5, 20, 60)  # bars ahead the front end's ridge predictions look
 N_FRONT = len(HORIZONS) + len(CALENDAR_INDICES)  # the Q-network's inputs with inputs: ridge
-INPUTS = ("raw", "ridge")
 
 
 def fit(data, fold: Fold, fill: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,28 +36,24 @@ def fit(data, fold: Fold, fill: str) -> tuple[torch.Tensor, torch.Tensor]:
     a, b = fold.train
     window = data.window(fold.train, fill)  # the train bars that have a next bar, and their fresh returns
     z = data.states(torch.arange(a, b - 1, device=data.device)).double()
-    market = torch.ones(data.n_inputs, dtype=torch.bool, device=data.device)
-    market[list(CALENDAR_INDICES)] = False
+    market = clock_mask(data.n_inputs, data.device) == 0
     X = z[:, market]
-    gram = baselines.ridge_gram(X)
+    Y = torch.stack([baselines.forward_sum(window.fresh, h) for h in HORIZONS], 1)  # (n, 3)
+    W = torch.linalg.solve(baselines.ridge_gram(X), X.T @ Y)  # (k, 3): one solve for every horizon
+    pred = X @ W
+    sd = pred.std(0)
+    scale = torch.where(sd > 1e-12, 1.0 / sd, torch.zeros_like(sd))  # no signal to scale: the row reads 0
     A = torch.zeros(N_FRONT, data.n_inputs, dtype=torch.float64, device=data.device)
-    c = torch.zeros(N_FRONT, dtype=torch.float64, device=data.device)
-    for row, h in enumerate(HORIZONS):
-        w = torch.linalg.solve(gram, X.T @ baselines.forward_sum(window.fresh, h))
-        pred = X @ w
-        sd = float(pred.std()) if pred.numel() > 1 else 0.0
-        scale = 1.0 / sd if sd > 1e-12 else 0.0  # no signal to scale: the row reads 0
-        A[row, market] = w * scale
-        c[row] = -float(pred.mean()) * scale
-    for k, col in enumerate(CALENDAR_INDICES):
-        A[len(HORIZONS) + k, col] = 1.0
+    A[: len(HORIZONS), market] = (W * scale).T
+    c = torch.cat((-pred.mean(0) * scale, torch.zeros(len(CALENDAR_INDICES), dtype=torch.float64, device=data.device)))
+    A[torch.arange(len(HORIZONS), N_FRONT), list(CALENDAR_INDICES)] = 1.0
     return A.float(), c.float()
 
 
-def market_mask(data) -> torch.Tensor:
+def clock_mask(n_inputs: int, device) -> torch.Tensor:
     """(n_inputs,) 1.0 on the clock inputs, 0 elsewhere: with inputs: ridge, the only inputs
     that input noise blurs (the ridge predictions are read clean; noise on the market inputs
     would reach them through A)."""
-    mask = torch.zeros(data.n_inputs, device=data.device)
+    mask = torch.zeros(n_inputs, device=device)
     mask[list(CALENDAR_INDICES)] = 1.0
     return mask
