@@ -48,6 +48,7 @@ from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, default_path, to_cache
 from fxray.eval import pooled
 from fxray.eval.backtest import backtest
+from fxray.rl import frontend
 from fxray.rl.config import DQNConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.ensemble import make_trainer
@@ -112,35 +113,26 @@ def with_session_inputs(arrays: dict) -> dict:
     return {**arrays, "ofi": np.concatenate([arrays["ofi"], open_], 1)}
 
 
-RIDGE_HORIZONS = (5, 20, 60)  # bars: the "ridge_inputs" probe's predictions, one input each
+RIDGE_HORIZONS = frontend.HORIZONS  # bars: the "ridge_inputs" probe's predictions, one input each
 
 
 class RidgeInputData(DeviceData):
     """DeviceData whose last len(RIDGE_HORIZONS) inputs are, on each fold, the ridge regression's
     prediction of the next-h-bar return from the other inputs, fitted on the fold's train slice
-    only (fxray.eval.baselines' ridge, without its thresholds), normalised on that slice as
-    every input is. Made from arrays with that many placeholder columns after the order flow."""
+    only (fxray.rl.frontend.fit, `dqn.inputs: ridge`'s front end, on every other input, the clock
+    included), normalised on that slice as every input is. Made from arrays with that many
+    placeholder columns after the order flow."""
 
     def set_fold(self, fold) -> None:
-        from fxray.eval import baselines
-
         k = len(RIDGE_HORIZONS)
         n = self.n_inputs - k
         self.x[:, n:] = 0.0
         super().set_fold(fold)  # the other inputs' train-slice normalisation
-        a, b = fold.train
-        train = (self.x[a:b, :n].double() - self.mean[:n].double()) * self.inv_std[:n].double()
-        if self.ridge_columns is not None:  # a diagnostic: the fit told which inputs to use
-            train = train * self.ridge_columns
-        fresh = self.bar[a:b]  # the next_open fill's fresh return (the baseline rule's, for next_open)
-        gram = baselines.ridge_gram(train)
-        w = torch.stack(
-            [torch.linalg.solve(gram, train.T @ baselines.forward_sum(fresh, h)) for h in RIDGE_HORIZONS], 1
-        )  # (n, k)
+        regressors = torch.zeros(self.n_inputs, dtype=torch.bool, device=self.device)
+        regressors[:n] = True if self.ridge_columns is None else self.ridge_columns > 0  # told them: a diagnostic
+        A, c = frontend.fit(self, fold, "next_open", regressors)
         for rows in torch.arange(self.n_bars, device=self.device).split(65536):
-            z = (self.x[rows, :n].double() - self.mean[:n].double()) * self.inv_std[:n].double()
-            z = z if self.ridge_columns is None else z * self.ridge_columns
-            self.x[rows, n:] = (z @ w).to(self.x.dtype)
+            self.x[rows, n:] = (self.states(rows) @ A[:k].T + c[:k]).to(self.x.dtype)
         super().set_fold(fold)  # now with the predictions' own train-slice mean and scale
         if self.keep is not None:  # "only_columns": the other inputs read 0 (the references too)
             self.inv_std.mul_(self.keep)
