@@ -94,11 +94,10 @@ def test_train_cli_with_seeds_reports_the_ensemble_and_its_seeds(tmp_path, synth
     cmd = [sys.executable, "-m", "fxray.train", "--experiment", str(short_folds_experiment), "--data", str(synth_cache)]
     cmd += ["--device", "cpu", "--epochs", "2"]
     cmd += ["--folds", "1", "--set", "steps_per_epoch=20", "--set", "hidden=16", "--set", "seeds=2"]
-    cmd += ["--set", "inputs=raw"]  # the default experiment's inputs: ridge is not for an ensemble
     p = subprocess.run([*cmd, "--json", str(j)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     r = json.loads(j.read_text())
-    assert r["config"]["seeds"] == 2
+    assert r["config"]["seeds"] == 2 and r["config"]["inputs"] == "ridge"  # the experiment's front end
     (fold,) = r["folds"]
     assert len(fold["seed_spread"]["test_sharpe"]) == 2 and fold["status"] == "ok"
 

@@ -91,6 +91,25 @@ def test_each_member_trains_bit_for_bit_what_its_config_trains_alone(market_data
             assert without_timings(results[i].curve) == without_timings(b.curve) and results[i].test == b.test
 
 
+def test_members_with_the_front_end_train_bit_for_bit_what_they_train_alone(market_data, tmp_path):
+    """dqn.inputs: ridge in a population: the fold's front end, input noise on the clock only,
+    and each member's checkpoint a plain network's (the front folded in), as alone."""
+    data, fold = market_data
+    members = [cfg.replace(inputs="ridge") for cfg in MEMBERS]
+    results = PopulationTrainer(data, members).run_fold(
+        fold, SEEDS, checkpoint_dirs=[tmp_path / f"m{k}" for k in range(3)]
+    )
+    for k, (cfg, seed) in enumerate(zip(members, SEEDS)):
+        alone = Trainer(data, cfg).run_fold(fold, seed, checkpoint_dir=tmp_path / f"alone{k}")
+        assert_same_fold(alone, results[k])
+        (ours, _), (theirs, _) = load_checkpoint(results[k].checkpoint), load_checkpoint(alone.checkpoint)
+        assert list(ours) == list(theirs) and ours["market_in.weight"].shape[1] == data.n_inputs
+        assert all(torch.equal(ours[name], theirs[name]) for name in theirs), k
+    # the front end is used: the raw-input members train another policy
+    raw = PopulationTrainer(data, MEMBERS[:1]).run_fold(fold, SEEDS[:1])[0]
+    assert without_timings(raw.curve) != without_timings(results[0].curve)
+
+
 def test_a_population_of_one_is_the_trainer(market_data, tmp_path):
     data, fold = market_data
     (member,) = PopulationTrainer(data, [BASE]).run_fold(fold, [0], checkpoint_dirs=[tmp_path / "pop"])
@@ -250,6 +269,8 @@ def test_backtest_many_is_backtest_per_policy(market_data):
 
 
 def test_members_of_different_shapes_are_refused():
+    with pytest.raises(ConfigError, match=r"^dqn.inputs: member 1 has 'ridge', member 0 'raw'; "):
+        check_members([BASE, BASE.replace(inputs="ridge")])
     with pytest.raises(ConfigError, match=r"^dqn\.hidden: member 1 has 64, member 0 32; "):
         check_members([BASE, BASE.replace(hidden=64)])
     for update in ("all_actions", "hold"):

@@ -297,11 +297,6 @@ def _build(file, profile, d, raw, where) -> Experiment:
     ):
         if not ok:
             fail(f"sweep.{key}", f"{getattr(sweep, key)!r} must be {rule}")
-    inputs = getattr(config, "inputs", "raw")
-    if inputs != "raw" and (sweep.population > 1 or getattr(config, "seeds", 1) > 1):
-        asks = f"sweep.population {sweep.population}" if sweep.population > 1 else f"dqn.seeds {config.seeds}"
-        fix = "set inputs: raw (--set inputs=raw)"
-        fail("dqn.inputs", f"{inputs!r} trains no population, and {asks} asks for one: {fix}")
     return Experiment(
         name=name,
         file=file,

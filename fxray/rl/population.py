@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from fxray.rl import frontend
 from fxray.rl.config import ConfigError, DQNConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.dqn import N_ACTIONS, initial_network
@@ -53,6 +54,7 @@ SHAPE_FIELDS = (
     "batch_size",
     "update",
     "seeds",
+    "inputs",
 )
 
 
@@ -65,11 +67,6 @@ def check_members(cfgs: list[DQNConfig]) -> None:
             raise ConfigError(f"population: member {k} is a {type(cfg).__name__}, not a DQNConfig")
         if cfg.update != "sampled":
             raise ConfigError(f"dqn.update: {cfg.update!r} is not supported in a population (only 'sampled')")
-        if cfg.inputs != "raw":
-            raise ConfigError(
-                f"dqn.inputs: {cfg.inputs!r} is not supported in a population or a seed ensemble (only 'raw'): "
-                "add --set inputs=raw"
-            )
         for key in SHAPE_FIELDS:
             if getattr(cfg, key) != getattr(cfgs[0], key):
                 raise ConfigError(
@@ -118,8 +115,9 @@ class Population:
         self.loss_sum = torch.zeros(K, device=dev)
         self.q_abs_max = torch.zeros(K, device=dev)
         cfg = cfgs[0]
-        self.q_network = StackedQNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling, dev)
-        self.target_network = StackedQNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling, dev)
+        front = frontend.N_FRONT if cfg.inputs == "ridge" else None  # one front end for all: the fold's
+        self.q_network = StackedQNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling, dev, front)
+        self.target_network = StackedQNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling, dev, front)
         self.params = self.q_network.requires_grad_(True).params
         self.target_params = self.target_network.params
         self.optimizer = StackedAdam(self.params, [c.lr for c in cfgs], [c.weight_decay for c in cfgs], self.active)
@@ -139,6 +137,8 @@ class Population:
                 raise ConfigError(f"dqn.{key}: {getattr(cfgs[0], key)!r} differs from this population's")
         self.cfgs, dev, f32, i64 = list(cfgs), self.data.device, torch.float32, torch.int64
         n_max, mask = max(c.n_step for c in cfgs), self.data.noise_mask
+        # inputs: ridge: noise on the clock only, as Learner.noise_keep (the predictions read clean)
+        keep = frontend.clock_mask(self.data.n_inputs, dev) if self.cfg.inputs == "ridge" else torch.ones_like(mask)
         # cast exactly as DQN casts its python scalars: (K, 1...) tensors of the float32 (int64) values
         settings = {
             "eps_end": _col([c.eps_end for c in cfgs], f32, dev, 0),
@@ -157,7 +157,7 @@ class Population:
             "huber_delta": _col([c.huber_delta for c in cfgs], f32, dev),
             # (K, 1, n_inputs): member k's noise std per input, 0 on the clock unless noise_calendar
             "noise_std": torch.stack(
-                [c.input_noise * (torch.ones_like(mask) if c.noise_calendar else mask) for c in cfgs]
+                [c.input_noise * (torch.ones_like(mask) if c.noise_calendar else mask) * keep for c in cfgs]
             ).unsqueeze(1),
             "grad_clip": _col([c.grad_clip for c in cfgs], f32, dev, 0),
             "tau": _col([c.tau for c in cfgs], f32, dev, 0),
@@ -325,7 +325,8 @@ class Population:
     # --- the Algorithm members (fxray.rl.algorithm), stacked -------------------------------
     def begin(self, seeds: list[int]) -> None:
         """Fresh weights (each from its seed, as Learner.reset draws them), Adam, replay and agents,
-        all members active; then each member's n_k + 1 warm-up collect steps."""
+        all members active, with inputs: ridge the fold's front end (fitted on its train slice, as
+        DQN.begin fits it); then each member's n_k + 1 warm-up collect steps."""
         dev = self.data.device
         for k, (g, seed) in enumerate(zip(self.generators, seeds)):
             g.manual_seed(draw_seed(seed, dev))
@@ -334,6 +335,11 @@ class Population:
                 for p, tp, f in zip(self.params, self.target_params, fresh.parameters()):
                     p[k].copy_(f)
                     tp[k].copy_(f)
+        if self.q_network.front:
+            weight, bias = frontend.fit(self.data, self.data.fold, self.cfg.fill)
+            for net in (self.q_network, self.target_network):  # in place: a captured graph reads these
+                net.front_w.copy_(weight)
+                net.front_b.copy_(bias)
         self.active.fill_(True)
         self.optimizer.reset()
         for x in (self.updates, self.replay_steps, self.global_step, self.ep_step):
@@ -368,5 +374,11 @@ class Population:
         self.q_abs_max.zero_()
 
     def state_dict(self, k: int) -> dict[str, torch.Tensor]:
-        """Member k's weights under fxray.rl.dqn.QNetwork's names (a checkpoint of its own)."""
-        return {name: p[k].detach() for name, p in zip(self._names, self.params)}
+        """Member k's weights under fxray.rl.dqn.QNetwork's names (a checkpoint of its own): with
+        inputs: ridge a plain network's, the front end folded into the first layer (QNetwork.plain_state)."""
+        state = {name: p[k].detach().clone() for name, p in zip(self._names, self.params)}
+        if self.q_network.front:
+            w1, b1, net = state["market_in.weight"], state["market_in.bias"], self.q_network
+            state["market_in.weight"] = w1 @ net.front_w
+            state["market_in.bias"] = w1 @ net.front_b + b1
+        return state

@@ -28,8 +28,15 @@ class StackedQNetwork:
     the order matters, the clipping norm sums over it);
     a weight is (K, out, in), a bias (K, out), position_embed (K, 3, H)."""
 
-    def __init__(self, k: int, n_inputs: int, hidden: int, depth: int, dueling: bool, device):
-        shapes = [(3, hidden), (hidden, n_inputs), (hidden,)]
+    def __init__(self, k: int, n_inputs: int, hidden: int, depth: int, dueling: bool, device, front: int | None = None):
+        # front (dqn.inputs: ridge, fxray.rl.frontend): the fold's affine map of the inputs to
+        # `front` features, shared by every member (one fold, one train slice), set in place
+        width = n_inputs if front is None else front
+        self.front = front is not None
+        if self.front:
+            self.front_w = torch.zeros(front, n_inputs, device=device)
+            self.front_b = torch.zeros(front, device=device)
+        shapes = [(3, hidden), (hidden, width), (hidden,)]
         shapes += [s for _ in range(depth - 1) for s in ((hidden, hidden), (hidden,))]
         shapes += [(N_ACTIONS + (1 if dueling else 0), hidden), (N_ACTIONS + (1 if dueling else 0),)]
         self.params = [torch.zeros((k, *s), device=device) for s in shapes]
@@ -73,7 +80,18 @@ class StackedQNetwork:
     def forward(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """market (K, N, n_inputs), position (K, N) in {-1,0,1} -> Q (K, N, 3)."""
         one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (K, N, 3)
-        return self._q(self._linear(market, self.params[1], self.params[2]) + self._embed(one_hot), self.params)
+        return self._q(
+            self._linear(self._front(market), self.params[1], self.params[2]) + self._embed(one_hot), self.params
+        )
+
+    def _front(self, market: torch.Tensor) -> torch.Tensor:
+        """market (K, N, n_inputs) -> (K, N, front): QNetwork._front of each member (per member on
+        the CPU, as its network computes it alone)."""
+        if not self.front:
+            return market
+        if self.per_member:
+            return torch.stack([m @ self.front_w.T + self.front_b for m in market])
+        return market @ self.front_w.T + self.front_b
 
     def _embed(self, one_hot: torch.Tensor) -> torch.Tensor:
         """one_hot (K, N, 3) @ position_embed (K, 3, H), per member as QNetwork's matmul on the CPU."""
@@ -89,7 +107,7 @@ class StackedQNetwork:
         default all K)."""
         params = self.params if members is None else [p[members] for p in self.params]
         k, t = market.shape[:2]
-        h = self._linear(market, params[1], params[2])  # (M, T, H)
+        h = self._linear(self._front(market), params[1], params[2])  # (M, T, H)
         h = (h.unsqueeze(2) + params[0].unsqueeze(1)).reshape(k, 3 * t, -1)  # (M, 3T, H)
         return self._q(h, params).view(k, t, 3, -1)
 
