@@ -251,6 +251,26 @@ def test_a_population_with_split_k_trains_what_the_plain_one_does(market_data):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 
+def test_the_stacked_front_end_is_the_per_member_one(market_data):
+    """With inputs: ridge, CUDA's path (one matmul of the front end over every member's batch, one
+    bmm a layer) against the CPU's per-member path, on the CPU: the same Q to float rounding."""
+    data, fold = market_data
+    data.set_fold(fold)
+    pop = Population(data, [BASE.replace(inputs="ridge"), BASE.replace(inputs="ridge", lr=3e-3)])
+    pop.begin([0, 1])
+    net = pop.q_network
+    assert net.front and bool(net.front_w.abs().sum() > 0)  # the fold's front end is in
+    t = torch.arange(fold.val[0], fold.val[0] + 64)
+    market = data.states(t).unsqueeze(0).expand(2, -1, -1)
+    position = torch.tensor([-1, 0, 1]).repeat(22)[:64].expand(2, -1)
+    out = {}
+    for per_member in (True, False):
+        net.per_member = per_member
+        out[per_member] = (net(market, position), net.q_all(market))
+    for a, b in zip(out[True], out[False]):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
 def test_backtest_many_is_backtest_per_policy(market_data):
     data, fold = market_data
     data.set_fold(fold)
