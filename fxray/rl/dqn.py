@@ -74,11 +74,7 @@ class QNetwork(nn.Module):
         """The state_dict of the plain QNetwork (no front) that computes the same Q: the front
         folded into the first layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1)."""
         state = {k: v.detach().clone() for k, v in self.state_dict().items()}
-        if self.front:
-            w1, b1 = state["market_in.weight"], state["market_in.bias"]
-            state["market_in.weight"] = w1 @ self.front_w
-            state["market_in.bias"] = w1 @ self.front_b + b1
-        return state
+        return frontend.fold_in(state, self.front_w, self.front_b) if self.front else state
 
 
 def initial_network(cfg: DQNConfig, n_inputs: int, seed: int) -> QNetwork:
@@ -328,12 +324,9 @@ class Learner:
         self.loss_sum.zero_()
         self.q_abs_max.zero_()
 
-    @torch.no_grad()
     def set_front(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
         """The fold's front end (fxray.rl.frontend.fit) into both networks, in place."""
-        for net in (self.q_network, self.target_network):
-            net.front_w.copy_(weight)
-            net.front_b.copy_(bias)
+        frontend.load((self.q_network, self.target_network), weight, bias)
 
 
 class DQN:

@@ -336,10 +336,9 @@ class Population:
                     p[k].copy_(f)
                     tp[k].copy_(f)
         if self.q_network.front:
-            weight, bias = frontend.fit(self.data, self.data.fold, self.cfg.fill)
-            for net in (self.q_network, self.target_network):  # in place: a captured graph reads these
-                net.front_w.copy_(weight)
-                net.front_b.copy_(bias)
+            frontend.load(
+                (self.q_network, self.target_network), *frontend.fit(self.data, self.data.fold, self.cfg.fill)
+            )
         self.active.fill_(True)
         self.optimizer.reset()
         for x in (self.updates, self.replay_steps, self.global_step, self.ep_step):
@@ -375,10 +374,7 @@ class Population:
 
     def state_dict(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's weights under fxray.rl.dqn.QNetwork's names (a checkpoint of its own): with
-        inputs: ridge a plain network's, the front end folded into the first layer (QNetwork.plain_state)."""
+        inputs: ridge a plain network's, the front end folded into the first layer (frontend.fold_in)."""
         state = {name: p[k].detach().clone() for name, p in zip(self._names, self.params)}
-        if self.q_network.front:
-            w1, b1, net = state["market_in.weight"], state["market_in.bias"], self.q_network
-            state["market_in.weight"] = w1 @ net.front_w
-            state["market_in.bias"] = w1 @ net.front_b + b1
-        return state
+        net = self.q_network
+        return frontend.fold_in(state, net.front_w, net.front_b) if net.front else state
