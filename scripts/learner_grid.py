@@ -24,7 +24,11 @@ takes input noise off those input columns only (with "cfg": {"noise_calendar": f
 and 60 bars' return fitted on its train slice (RidgeInputData; the ridge reference rule then
 fits on them too); with it, "only_columns": [i, ...] makes every other input read 0 (a
 diagnostic: the oracle and ridge references then read those 0s too and are not the market's);
-"ridge_columns": [i, ...] or "oracle" fits those predictions on those inputs only (told them).
+"ridge_columns": [i, ...] or "oracle" fits those predictions on those inputs only (told them);
+"epoch_tests": true also scores every epoch's weights on the fold's test window, never used to
+choose anything: each seed gets `epochs`, per epoch the pooled test Sharpe, share and trades of
+the policy that stopped there (give the job "cfg": {"patience": epochs} so every fold runs them
+all), a diagnostic of where in training the out-of-sample edge is.
 Fold k of seed s trains with seed s + k (100 s + k in an ensemble), as `fxray train` does.
 """
 
@@ -175,6 +179,8 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
     seeds, ensemble = tuple(job.get("seeds", [0])), bool(job.get("ensemble"))
     t0 = time.time()
     tests = {s: [] for s in seeds}
+    per_epoch = {s: [] for s in seeds}  # "epoch_tests": per fold, each epoch's test periods
+    watch = watch_epochs(trainer) if job.get("epoch_tests") else {}
     ens, refs, best_epochs = [], {}, []
     edge_hours = data.oracle[1] if data.oracle else None
     period_ns = data.calendar.period_ns
@@ -199,6 +205,14 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
                 out["in_edge_hours"] = in_hours(windows, edge_hours, period_ns)
             return out
 
+        def epochs(s):  # epoch e's weights on every fold that ran it (a fold that stopped early: fewer)
+            runs = per_epoch[s]
+            n = max((len(r) for r in runs), default=0)
+            return [
+                {k: stat([r[e] for r in runs if len(r) > e])[k] for k in ("sharpe", "oracle_share", "n_trades")}
+                for e in range(n)
+            ]
+
         out = {
             "tag": job.get("tag", ""),
             "wall_s": time.time() - t0,
@@ -207,7 +221,9 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
             "oracle": oracle and oracle["sharpe"],
             "ridge": ref["ridge"]["sharpe"],
             "buy_and_hold": ref["buy_and_hold"]["sharpe"],
-            "seeds": {str(s): stat(tests[s]) for s in seeds},
+            "seeds": {
+                str(s): stat(tests[s]) | ({"epochs": epochs(s)} if job.get("epoch_tests") else {}) for s in seeds
+            },
             "best_epochs": best_epochs,
         }
         if edge_hours:
@@ -220,6 +236,9 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
     for f in folds:
         qs = []
         for s in seeds:
+            per_epoch[s].append([])
+            if watch:
+                watch.update(fold=f, into=per_epoch[s][-1])
             r = trainer.run_fold(f, seed=(100 * s if ensemble else s) + f.k)
             tests[s].append(r.test_periods or NO_RESULT)
             best_epochs.append(r.best_epoch)
@@ -242,6 +261,24 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
     return summary()
 
 
+def watch_epochs(trainer) -> dict:
+    """Make `trainer` also score each epoch's weights on a fold's test window. run_fold scores
+    every epoch on `fold.chooser` and nothing else on it, so each such call is one epoch; its
+    test periods are appended to `watch["into"]` while `watch["fold"]` is that fold (the caller
+    sets both before each run_fold). A diagnostic: run_fold's choices are unchanged."""
+    evaluate, watch = trainer.evaluate, {"fold": None, "into": None}
+
+    def scored(window):
+        result = evaluate(window)
+        fold = watch["fold"]
+        if fold is not None and tuple(window) == tuple(fold.chooser):
+            watch["into"].append(evaluate(fold.test).periods.as_dict())
+        return result
+
+    trainer.evaluate = scored
+    return watch
+
+
 def line(r: dict) -> str:
     def share(x):
         return "n/a" if x is None else f"{x:.2f}"
@@ -262,6 +299,17 @@ def line(r: dict) -> str:
         a, b = r["edge_hours"]
         each = " ".join(share(v["in_edge_hours"]) for v in r["seeds"].values())
         hours = f" | traded in {a}-{b} UTC: {each} (oracle {share(r['oracle_in_edge_hours'])})"
+    curves = [v["epochs"] for v in r["seeds"].values() if "epochs" in v]
+    if curves:  # "epoch_tests": the seeds' mean share (and trades) of each epoch's weights
+        shares = [
+            [c[e]["oracle_share"] for c in curves if len(c) > e and c[e]["oracle_share"] is not None]
+            for e in range(max(map(len, curves)))
+        ]
+        trades = [[c[e]["n_trades"] for c in curves if len(c) > e] for e in range(len(shares))]
+        hours += " | by epoch, mean share (trades): " + " ".join(
+            f"e{e} {np.mean(x):.2f} ({np.mean(t):.0f})" if x else f"e{e} n/a"
+            for e, (x, t) in enumerate(zip(shares, trades))
+        )
     head = f"{r['tag']:<24} {r['wall_s']:5.0f}s oracle {oracle} ridge {r['ridge']:+.2f} long {r['buy_and_hold']:+.2f}"
     return f"{head} | test (share) {seeds}{ens}{hours}"
 

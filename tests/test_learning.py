@@ -138,6 +138,29 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
         assert np.array_equal(sessions[:, k], ((utc_hour >= a) & (utc_hour < b)).astype(np.float32))
 
 
+def test_the_learner_grid_scores_every_epoch_on_test_without_changing_what_it_keeps(tmp_path, monkeypatch):
+    """scripts/learner_grid.py's "epoch_tests": each epoch's weights scored on the fold's test
+    window, a diagnostic only: the job's kept weights and numbers are those of the same job
+    without it, and the kept epoch's row is the kept policy's test."""
+    import json
+    import runpy
+
+    monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
+    grid = runpy.run_path("scripts/learner_grid.py")
+    job = json.loads(open("scripts/grids/cpu_tiny.json").read())[0]
+    job["cfg"] = {**job["cfg"], "epochs": 3, "patience": 3, "inputs": "ridge"}
+    job["seeds"] = [0, 1]
+    plain = grid["run_job"](job, "cpu")
+    watched = grid["run_job"]({**job, "epoch_tests": True}, "cpu")
+    assert watched["best_epochs"] == plain["best_epochs"]
+    for s, v in watched["seeds"].items():
+        assert len(v["epochs"]) == 3  # one row per epoch (one fold, patience 3: every epoch ran)
+        kept = v["epochs"][watched["best_epochs"][int(s)]]
+        assert kept["sharpe"] == pytest.approx(v["sharpe"]) and kept["n_trades"] == v["n_trades"]
+        assert {k: v[k] for k in ("sharpe", "n_trades")} == {k: plain["seeds"][s][k] for k in ("sharpe", "n_trades")}
+    assert "by epoch, mean share" in grid["line"](watched) and "by epoch" not in grid["line"](plain)
+
+
 def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeypatch):
     """scripts/learner_probes.py: the gated network is the plain one while its gate is at 0
     and projects nothing when it is shut; the LayerNorm network against F.layer_norm by hand;
