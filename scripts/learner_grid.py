@@ -28,7 +28,8 @@ diagnostic: the oracle and ridge references then read those 0s too and are not t
 "epoch_tests": true also scores every epoch's weights on the fold's test window, never used to
 choose anything: each seed gets `epochs`, per epoch the pooled test Sharpe, share and trades of
 the policy that stopped there (give the job "cfg": {"patience": epochs} so every fold runs them
-all), a diagnostic of where in training the out-of-sample edge is.
+all), a diagnostic of where in training the out-of-sample edge is; and `common_epoch`, the one
+epoch for every fold that the pooled val windows of all folds choose, with its test.
 Fold k of seed s trains with seed s + k (100 s + k in an ensemble), as `fxray train` does.
 """
 
@@ -209,9 +210,23 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
             runs = per_epoch[s]
             n = max((len(r) for r in runs), default=0)
             return [
-                {k: stat([r[e] for r in runs if len(r) > e])[k] for k in ("sharpe", "oracle_share", "n_trades")}
+                {k: stat([r[e]["test"] for r in runs if len(r) > e])[k] for k in ("sharpe", "oracle_share", "n_trades")}
                 for e in range(n)
             ]
+
+        def common_epoch(s):
+            """One epoch for every fold, chosen on the pooled chooser windows of all folds (the
+            selection score, fxray.eval.pooled.score), and its test: the alternative to each
+            fold choosing its own epoch on its own 5 days. Over the folds that ran every epoch."""
+            runs = [r for r in per_epoch[s] if r]
+            n = min((len(r) for r in runs), default=0)
+            if n == 0:
+                return None
+            scores = [pooled.score(pooled.pooled([r[e]["val"] for r in runs], cfg.cost, ppy)) for e in range(n)]
+            e = int(np.argmax(scores))
+            return {"epoch": e, "val_score": scores[e]} | {
+                k: stat([r[e]["test"] for r in runs])[k] for k in ("sharpe", "oracle_share", "n_trades")
+            }
 
         out = {
             "tag": job.get("tag", ""),
@@ -222,7 +237,9 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
             "ridge": ref["ridge"]["sharpe"],
             "buy_and_hold": ref["buy_and_hold"]["sharpe"],
             "seeds": {
-                str(s): stat(tests[s]) | ({"epochs": epochs(s)} if job.get("epoch_tests") else {}) for s in seeds
+                str(s): stat(tests[s])
+                | ({"epochs": epochs(s), "common_epoch": common_epoch(s)} if job.get("epoch_tests") else {})
+                for s in seeds
             },
             "best_epochs": best_epochs,
         }
@@ -264,7 +281,7 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
 def watch_epochs(trainer) -> dict:
     """Make `trainer` also score each epoch's weights on a fold's test window. run_fold scores
     every epoch on `fold.chooser` and nothing else on it, so each such call is one epoch; its
-    test periods are appended to `watch["into"]` while `watch["fold"]` is that fold (the caller
+    chooser and test periods are appended to `watch["into"]` while `watch["fold"]` is that fold (the caller
     sets both before each run_fold). A diagnostic: run_fold's choices are unchanged."""
     evaluate, watch = trainer.evaluate, {"fold": None, "into": None}
 
@@ -272,7 +289,7 @@ def watch_epochs(trainer) -> dict:
         result = evaluate(window)
         fold = watch["fold"]
         if fold is not None and tuple(window) == tuple(fold.chooser):
-            watch["into"].append(evaluate(fold.test).periods.as_dict())
+            watch["into"].append({"val": result.periods.as_dict(), "test": evaluate(fold.test).periods.as_dict()})
         return result
 
     trainer.evaluate = scored
@@ -310,6 +327,11 @@ def line(r: dict) -> str:
             f"e{e} {np.mean(x):.2f} ({np.mean(t):.0f})" if x else f"e{e} n/a"
             for e, (x, t) in enumerate(zip(shares, trades))
         )
+        common = [v["common_epoch"] for v in r["seeds"].values() if v.get("common_epoch")]
+        if common and all(c["oracle_share"] is not None for c in common):
+            each = " ".join(f"e{c['epoch']} {c['oracle_share']:.2f}" for c in common)
+            mean = np.mean([c["oracle_share"] for c in common])
+            hours += f" | one epoch for all folds, chosen on pooled val: {each} (mean {mean:.2f})"
     head = f"{r['tag']:<24} {r['wall_s']:5.0f}s oracle {oracle} ridge {r['ridge']:+.2f} long {r['buy_and_hold']:+.2f}"
     return f"{head} | test (share) {seeds}{ens}{hours}"
 

@@ -141,7 +141,8 @@ def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys,
 def test_the_learner_grid_scores_every_epoch_on_test_without_changing_what_it_keeps(tmp_path, monkeypatch):
     """scripts/learner_grid.py's "epoch_tests": each epoch's weights scored on the fold's test
     window, a diagnostic only: the job's kept weights and numbers are those of the same job
-    without it, and the kept epoch's row is the kept policy's test."""
+    without it, and the kept epoch's row is the kept policy's test; the epoch chosen for every
+    fold on the pooled val windows is, with one fold, the fold's own choice."""
     import json
     import runpy
 
@@ -158,6 +159,9 @@ def test_the_learner_grid_scores_every_epoch_on_test_without_changing_what_it_ke
         kept = v["epochs"][watched["best_epochs"][int(s)]]
         assert kept["sharpe"] == pytest.approx(v["sharpe"]) and kept["n_trades"] == v["n_trades"]
         assert {k: v[k] for k in ("sharpe", "n_trades")} == {k: plain["seeds"][s][k] for k in ("sharpe", "n_trades")}
+        # one fold: the epoch its pooled val chooses for "every" fold is the one the fold kept
+        common = v["common_epoch"]
+        assert common["epoch"] == watched["best_epochs"][int(s)] and common["sharpe"] == pytest.approx(v["sharpe"])
     assert "by epoch, mean share" in grid["line"](watched) and "by epoch" not in grid["line"](plain)
 
 
