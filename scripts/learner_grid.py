@@ -180,7 +180,7 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
     seeds, ensemble = tuple(job.get("seeds", [0])), bool(job.get("ensemble"))
     t0 = time.time()
     tests = {s: [] for s in seeds}
-    per_epoch = {s: [] for s in seeds}  # "epoch_tests": per fold, each epoch's test periods
+    per_epoch = {s: [] for s in seeds}  # "epoch_tests": per fold, each epoch's val and test periods
     watch = watch_epochs(trainer) if job.get("epoch_tests") else {}
     ens, refs, best_epochs = [], {}, []
     edge_hours = data.oracle[1] if data.oracle else None
@@ -206,13 +206,14 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
                 out["in_edge_hours"] = in_hours(windows, edge_hours, period_ns)
             return out
 
+        def brief(windows):  # what an epoch's row keeps of stat (computed once)
+            full = stat(windows)
+            return {k: full[k] for k in ("sharpe", "oracle_share", "n_trades")}
+
         def epochs(s):  # epoch e's weights on every fold that ran it (a fold that stopped early: fewer)
             runs = per_epoch[s]
             n = max((len(r) for r in runs), default=0)
-            return [
-                {k: stat([r[e]["test"] for r in runs if len(r) > e])[k] for k in ("sharpe", "oracle_share", "n_trades")}
-                for e in range(n)
-            ]
+            return [brief([r[e]["test"] for r in runs if len(r) > e]) for e in range(n)]
 
         def common_epoch(s):
             """One epoch for every fold, chosen on the pooled chooser windows of all folds (the
@@ -224,9 +225,7 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
                 return None
             scores = [pooled.score(pooled.pooled([r[e]["val"] for r in runs], cfg.cost, ppy)) for e in range(n)]
             e = int(np.argmax(scores))
-            return {"epoch": e, "val_score": scores[e]} | {
-                k: stat([r[e]["test"] for r in runs])[k] for k in ("sharpe", "oracle_share", "n_trades")
-            }
+            return {"epoch": e, "val_score": scores[e]} | brief([r[e]["test"] for r in runs])
 
         out = {
             "tag": job.get("tag", ""),
@@ -253,8 +252,8 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
     for f in folds:
         qs = []
         for s in seeds:
-            per_epoch[s].append([])
             if watch:
+                per_epoch[s].append([])
                 watch.update(fold=f, into=per_epoch[s][-1])
             r = trainer.run_fold(f, seed=(100 * s if ensemble else s) + f.k)
             tests[s].append(r.test_periods or NO_RESULT)
