@@ -41,9 +41,9 @@ def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
     seeds = int(float(run.data.params.get("seeds", 1) or 1))
     if not paths and seeds > 1:
         raise ExportError(
-            f"run {run_id}: a seed ensemble (seeds = {seeds}) has no single network to export; "
-            "train its config with one seed (fxray train --set seeds=1 and its other values, "
-            "--checkpoint-dir DIR) and export DIR"
+            f"run {run_id}: a seed ensemble (seeds = {seeds}) whose members wrote no checkpoints (a sweep "
+            "from before fxray kept them); train its config again (fxray train --set seeds="
+            f"{seeds} and its other values, --checkpoint-dir DIR) and export DIR/seed<S>"
         )
     if not paths:
         raise ExportError(f"{folder}: no fold checkpoints of run {run_id} (the sweep's run directory moved?)")

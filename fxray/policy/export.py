@@ -14,6 +14,11 @@ Which model (`choose`):
             normalisation (folds' train slices differ).
 - fold:K    fold K's network.
 
+A fold of a seed ensemble (dqn.seeds S > 1, fxray.rl.ensemble) has S member checkpoints,
+fold<k>.m<i>.safetensors: every choice above takes a fold's members together (last: the last
+fold's S networks, their mean Q, the policy that fold scored), and its val score is the
+ensemble's.
+
 The normalisation of a member is the checkpoint's (fxray.rl.trainer.save_checkpoint stores
 the fold's train-slice mean and 1/std); a checkpoint written before it did gets them
 recomputed from the data on the CPU, exactly as DeviceData.set_fold computed them
@@ -68,6 +73,11 @@ class Candidate:
     def k(self) -> int:
         return int(self.meta["fold"]["k"])
 
+    @property
+    def member(self) -> int | None:
+        """The seed ensemble member this is (None: a fold's one network)."""
+        return self.meta["ensemble"]["member"] if "ensemble" in self.meta else None
+
 
 def load_candidate(path, val_score: float | None = None) -> Candidate:
     """A checkpoint written by fxray.rl.trainer.save_checkpoint (its .json beside it)."""
@@ -87,18 +97,23 @@ def load_candidate(path, val_score: float | None = None) -> Candidate:
     missing = [k for k in ("config", "fold", "n_inputs") if k not in meta]
     if missing:
         raise ExportError(f"{path.with_suffix('.json')}: lacks {', '.join(missing)}; not an fxray checkpoint")
-    if val_score is None and meta.get("val_score") is not None:
-        val_score = float(meta["val_score"])
+    stored = meta["ensemble"].get("val_score") if "ensemble" in meta else meta.get("val_score")
+    if val_score is None and stored is not None:  # a seed ensemble's member: the ensemble's score
+        val_score = float(stored)
     return Candidate(path, tensors, meta, val_score)
 
 
 def choose(candidates: list[Candidate], model: str) -> list[Candidate]:
-    """The members of `model` (see the module doc), in fold order."""
+    """The members of `model` (see the module doc), in fold order (a fold's seed members together)."""
     if not candidates:
         raise ExportError("no fold checkpoints to export")
-    ordered = sorted(candidates, key=lambda c: c.k)
+    ordered = sorted(candidates, key=lambda c: (c.k, -1 if c.member is None else c.member))
+
+    def fold(k: int) -> list[Candidate]:
+        return [c for c in ordered if c.k == k]
+
     if model == "last":
-        return ordered[-1:]
+        return fold(ordered[-1].k)
     if model == "ensemble":
         return ordered
     if model == "best":
@@ -108,9 +123,9 @@ def choose(candidates: list[Candidate], model: str) -> list[Candidate]:
                 f"--model best: {', '.join(unknown)} has no val score (a checkpoint from before fxray stored it); "
                 "use --model last, ensemble or fold:K, or export from the MLflow run"
             )
-        return [max(ordered, key=lambda c: c.val_score)]
+        return fold(max(ordered, key=lambda c: c.val_score).k)
     if model.startswith("fold:") and model[5:].isdigit():
-        chosen = [c for c in ordered if c.k == int(model[5:])]
+        chosen = fold(int(model[5:]))
         if not chosen:
             raise ExportError(f"--model {model}: no checkpoint of that fold; have folds {[c.k for c in ordered]}")
         return chosen
@@ -168,7 +183,10 @@ def export_bundle(
         (tmp / "members").mkdir()
         norm, entries, worst = {}, [], 0.0
         for i, c in enumerate(members):
-            name = f"fold{c.k}" if sum(m.k == c.k for m in members) == 1 else f"fold{c.k}_{i}"
+            if c.member is not None:  # a seed ensemble's member
+                name = f"fold{c.k}_m{c.member}"
+            else:
+                name = f"fold{c.k}" if sum(m.k == c.k for m in members) == 1 else f"fold{c.k}_{i}"
             mean, inv_std, origin = _statistics(c, data)
             norm[f"{name}.mean"], norm[f"{name}.inv_std"] = mean, inv_std
             weights, graph = f"members/{name}.safetensors", f"members/{name}.onnx"

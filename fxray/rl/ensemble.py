@@ -13,7 +13,11 @@ so a config is never judged on one lucky seed; `seed_spread` keeps each member's
 Sharpe beside it. The val window chose each member's epoch and now scores their mean: as for
 one seed, the val score is in-sample for that choice, and the test window is the verdict.
 
-An ensemble fold writes no checkpoint (its policy is S networks; fxray export takes one).
+With a checkpoint directory, an ensemble fold writes one checkpoint per member that finished
+"ok" (the members its policy averages): <dir>/fold<k>.m<i>.safetensors, member i's kept
+weights, its own metrics in the sidecar and the ensemble's beside them (`"ensemble"`: seeds,
+member, val_score, val, test). fxray export takes a fold's members together: its bundle's
+policy is the mean of their Q, the policy this fold scored (docs/policy.md).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from fxray.eval.backtest import backtest
 from fxray.rl.config import TrainConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.population_trainer import PopulationTrainer
-from fxray.rl.trainer import FoldResult, Trainer
+from fxray.rl.trainer import FoldResult, Trainer, write_checkpoint
 
 SEED_STRIDE = 7919  # member i > 0 trains with seed + i x SEED_STRIDE (a prime: no overlap with fold seeds k)
 
@@ -55,11 +59,31 @@ class EnsembleTrainer:
         self.population.configure([cfg.replace(seeds=1)] * cfg.seeds)
 
     def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None, stop=None) -> FoldResult:
-        """Trainer.run_fold's contract; `checkpoint_dir` is ignored (no checkpoint of an ensemble)."""
+        """Trainer.run_fold's contract; with `checkpoint_dir`, a checkpoint per member (module doc)."""
         t0 = time.perf_counter()
         seeds = member_seeds(seed, self.cfg.seeds)
         members = self.population.run_fold(fold, seeds, log=log, stop=(lambda k: stop()) if stop else None)
-        return combine(self.population, self.cfg, fold, seeds, members, t0)
+        result = combine(self.population, self.cfg, fold, seeds, members, t0)
+        if checkpoint_dir is not None:
+            paths = save_members(checkpoint_dir, self.population, self.cfg, fold, seeds, members, result)
+            result.checkpoint = str(paths[0]) if paths else None
+        return result
+
+
+def save_members(directory, population: PopulationTrainer, cfg: TrainConfig, fold: Fold, seeds, members, result):
+    """A checkpoint of each "ok" member's kept weights (fold<k>.m<i>); the ensemble's scores in each."""
+    ensemble = {"seeds": cfg.seeds, "val_score": result.val_score, "val": result.val, "test": result.test}
+    paths = []
+    for i, m in enumerate(members):
+        if m.status != "ok":
+            continue
+        extra = {"ensemble": {**ensemble, "member": i, "member_seed": seeds[i]}}
+        state = population.algo.state_dict(i)
+        one = cfg.replace(seeds=1)
+        paths.append(
+            write_checkpoint(directory, one, population.data, state, fold, m, name=f"fold{fold.k}.m{i}", extra=extra)
+        )
+    return paths
 
 
 @torch.no_grad()

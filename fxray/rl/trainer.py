@@ -305,14 +305,23 @@ def save_checkpoint(directory, trainer: Trainer, fold: Fold, result: FoldResult)
 
 
 def write_checkpoint(
-    directory, cfg: TrainConfig, data: DeviceData, state: dict, fold: Fold, result: FoldResult
+    directory,
+    cfg: TrainConfig,
+    data: DeviceData,
+    state: dict,
+    fold: Fold,
+    result: FoldResult,
+    *,
+    name: str | None = None,
+    extra: dict | None = None,
 ) -> Path:
-    """save_checkpoint of the weights `state` that `cfg` trained on `data`'s fold (a population member's too)."""
+    """save_checkpoint of the weights `state` that `cfg` trained on `data`'s fold (a population
+    member's too), as <directory>/<name or fold<k>>.safetensors; `extra` joins the sidecar."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    stem = directory / f"fold{fold.k}"
+    stem = directory / (name or f"fold{fold.k}")
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     meta = {
         "config": cfg.as_dict(),
@@ -324,6 +333,7 @@ def write_checkpoint(
         "val_score": result.val_score,
         # float32 values as JSON floats: exact round trip (fxray.policy.export reads them)
         "normalisation": {"mean": data.mean.tolist(), "inv_std": data.inv_std.tolist()},
+        **(extra or {}),
     }
     for suffix, write in (
         (".safetensors", lambda p: save_file(tensors, p)),
@@ -337,7 +347,7 @@ def write_checkpoint(
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    return stem.with_suffix(".safetensors")
+    return Path(str(stem) + ".safetensors")  # not with_suffix: a member's stem fold<k>.m<i> has a dot
 
 
 def load_checkpoint(path) -> tuple[dict, dict]:

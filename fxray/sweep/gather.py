@@ -171,7 +171,8 @@ class Gatherer:
         n, first = len(batch), batch[0]
         if first.cfg.seeds > 1:  # a seed ensemble: a population of its own (fxray.rl.ensemble)
             trainer = self._trainer((first.key[0], "ensemble"), EnsembleTrainer, first.cfg)
-            results = [trainer.run_fold(Fold.from_dict(first.fold), first.seed, stop=first.stop)]
+            fold = Fold.from_dict(first.fold)
+            results = [trainer.run_fold(fold, first.seed, checkpoint_dir=first.checkpoint_dir, stop=first.stop)]
         else:
             slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
             cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)  # spare slots: masked below

@@ -21,7 +21,8 @@ Members may differ in gamma, n_step and reward scale, so raw Q-values are not co
 policy takes the action with the most votes (ties: the lower action index, as argmax
 breaks them). "advantage": member k's advantage A_k = Q_k - its mean over actions, divided
 by its standard deviation over the fold's val window; the policy acts on their mean.
-Needs the run directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors).
+Needs the run directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors; a seed
+ensemble's trial, its members' fold<k>.m<i>.safetensors, whose mean Q is its policy).
 """
 
 from __future__ import annotations
@@ -38,10 +39,16 @@ def full_trials(results: dict) -> list[dict]:
     return sorted(full, key=lambda t: t["val"]["sharpe"], reverse=True)
 
 
+def fold_checkpoints(folder: Path, k: int) -> list[Path]:
+    """A trial's checkpoints of fold k: its one network, or a seed ensemble's members (fxray.rl.ensemble)."""
+    one = folder / f"fold{k}.safetensors"
+    return [one] if one.exists() else sorted(folder.glob(f"fold{k}.m*.safetensors"))
+
+
 def missing_checkpoints(results: dict, trials: list[dict]) -> list[Path]:
     ckpts = Path(results["storage"]) / "checkpoints"
-    paths = [ckpts / t["trial_id"] / f"fold{f['k']}.safetensors" for t in trials for f in results["folds"]]
-    return [p for p in paths if not p.exists()]
+    folders = [(ckpts / t["trial_id"], f["k"]) for t in trials for f in results["folds"]]
+    return [d / f"fold{k}.safetensors" for d, k in folders if not fold_checkpoints(d, k)]
 
 
 def votes(q):
@@ -74,14 +81,17 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
     def member(trial: dict, fold: Fold) -> dict:
         """{window: (T, 3, 3) votes (one-hot greedy actions) or val-scaled advantages}."""
         cfg = configs[trial["trial_id"]]
-        tensors, _ = load_checkpoint(ckpts / trial["trial_id"] / f"fold{fold.k}.safetensors")
-        net = QNetwork(data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
-        net.load_state_dict(tensors)
-        net = net.to(data.device).eval()
+        nets = []
+        for path in fold_checkpoints(ckpts / trial["trial_id"], fold.k):  # a seed ensemble: its mean Q
+            tensors, _ = load_checkpoint(path)
+            net = QNetwork(data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
+            net.load_state_dict(tensors)
+            nets.append(net.to(data.device).eval())
         out = {}
         for w in ("val", "test"):
             with torch.no_grad():  # as Trainer.q_all
-                q = torch.cat([net.q_all(data.states(t)) for t in window_bars(data, getattr(fold, w))])
+                chunks = window_bars(data, getattr(fold, w))
+                q = torch.stack([torch.cat([net.q_all(data.states(t)) for t in chunks]) for net in nets]).mean(0)
             out[w] = q - q.mean(-1, keepdim=True)
         if combine == "vote":
             return {w: votes(a) for w, a in out.items()}

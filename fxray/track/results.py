@@ -106,6 +106,15 @@ def fold_windows(trial: dict) -> dict:
     return out
 
 
+def checkpoint_files(checkpoint) -> list[Path]:
+    """The files of a fold's checkpoint: fold<k>.safetensors and its .json, or a seed ensemble's
+    members, every fold<k>.m<i>.safetensors and .json beside it (fxray.rl.ensemble)."""
+    path = Path(checkpoint)
+    stem, *member = path.name.split(".")[:-1]
+    weights = sorted(path.parent.glob(f"{stem}.m*.safetensors")) if member else [path]
+    return [f for w in weights for f in (w, w.with_suffix(".json"))]
+
+
 def write_results(
     storage,
     sweep: dict,
@@ -220,7 +229,7 @@ def write_results(
     ckpt = ckpt.checkpoint if ckpt is not None else ""
     artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
     if ckpt:
-        artifacts += [("best_checkpoint", ckpt), ("best_checkpoint", Path(ckpt).with_suffix(".json"))]
+        artifacts += [("best_checkpoint", f) for f in checkpoint_files(ckpt)]
     test = b["test"]
     summary = {
         "best_score": best["score"],
