@@ -184,3 +184,14 @@ def test_shipped_experiments_state_a_realistic_cost_with_its_source(name):
     for profile in ("gpu", "cpu"):
         assert E.load(ROOT / "experiments" / f"{name}.yaml", profile).warnings() == []
     assert "cost:" in text and "bp" in text  # the value, and a comment with its source
+
+
+@pytest.mark.parametrize("profile", ["gpu", "cpu"])
+def test_the_planted_markets_and_their_control_train_one_learner(profile):
+    """default, session and the shuffled twin differ in their market only: a control that
+    trained another learner (seeds, epochs, inputs, search) would control nothing."""
+    exps = [E.load(ROOT / "experiments" / f"{n}.yaml", profile) for n in ("default", "session", "shuffled")]
+    assert exps[0].config == exps[1].config == exps[2].config
+    assert exps[0].space() == exps[1].space() == exps[2].space()
+    assert exps[0].sweep == exps[1].sweep == exps[2].sweep and exps[0].folds == exps[1].folds == exps[2].folds
+    assert {e.synth.n_bars for e in exps} == {exps[0].synth.n_bars}
