@@ -36,11 +36,19 @@ def main(argv=None) -> int:
     from fxray.rl.trainer import Trainer, load_checkpoint
 
     res = json.loads(args.results.read_text())
+    best = next(t for t in res["trials"] if t["trial_id"] == res["best"]["trial_id"])
+    seeds = int(best["config"].get("seeds", 1))
+    if seeds > 1:  # its members' mean Q is its policy, and results.json already pools it honestly
+        print(
+            f"rescore: error: {args.results}: the best trial is a seed ensemble (seeds = {seeds}); "
+            "rescore reads one network a fold: its pooled val and test are results.json's best.val and best.test",
+            file=sys.stderr,
+        )
+        return 2
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     market = cache.open(args.data or res["data"]["path"])
     data = DeviceData(market, device)
     ppy = data.calendar.periods_per_year
-    best = next(t for t in res["trials"] if t["trial_id"] == res["best"]["trial_id"])
     known = set(make_config({}).as_dict())
     cfg = make_config({k: v for k, v in best["config"].items() if k in known})
     trainer = Trainer(data, cfg)

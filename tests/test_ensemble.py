@@ -191,3 +191,17 @@ def test_a_checkpointed_ensemble_writes_its_members_and_the_vote_reads_them_as_i
     vote = combine_trials(results, data, sizes=[1], combine="vote")[1]["test"]
     want = pooled.pooled([result.test_periods], CFG.cost, ppy)
     assert vote["n_trades"] == want["n_trades"] > 0 and vote["sharpe"] == pytest.approx(want["sharpe"], rel=1e-6)
+
+
+def test_rescore_of_a_seed_ensemble_says_why_in_one_line(tmp_path, capsys):
+    """scripts/rescore.py reads one network a fold: a seed ensemble's best trial is refused in
+    one line naming the file, before any data is opened."""
+    import runpy
+
+    res = tmp_path / "results.json"
+    trial = {"trial_id": "0007", "config": {"seeds": 3}}
+    res.write_text(json.dumps({"best": {"trial_id": "0007"}, "trials": [trial], "data": {"path": "nowhere"}}))
+    rescore = runpy.run_path("scripts/rescore.py")
+    assert rescore["main"]([str(res)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"rescore: error: {res}: the best trial is a seed ensemble (seeds = 3)")
