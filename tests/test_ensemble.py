@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,7 +120,11 @@ def test_train_cli_with_seeds_reports_the_ensemble_and_its_seeds(tmp_path, synth
     p = subprocess.run(run, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert [m["name"] for m in manifest["members"]] == [f"fold{k}_m0", f"fold{k}_m1"]
+    assert [m["name"] for m in manifest["members"]] == [f"fold{k}_0", f"fold{k}_1"]
+    assert [Path(m["checkpoint"]).name for m in manifest["members"]] == [
+        f"fold{k}.m0.safetensors",
+        f"fold{k}.m1.safetensors",
+    ]
     run = [sys.executable, "-m", "fxray.backtest", "--policy", str(bundle), "--data", str(synth_cache)]
     run += ["--window", "test", "--engine", "torch", "--device", "cpu", "--json", str(bt)]
     p = subprocess.run(run, capture_output=True, text=True, timeout=300)
@@ -164,8 +169,7 @@ def test_a_checkpointed_ensemble_writes_its_members_and_the_vote_reads_them_as_i
     """With a checkpoint directory, each member's kept weights (fold<k>.m<i>), the fold's result
     unchanged; the sweep's vote of that one trial is the ensemble's own policy (its mean Q)."""
     from fxray.eval import pooled
-    from fxray.sweep.vote import combine_trials, missing_checkpoints
-    from fxray.track.results import checkpoint_files
+    from fxray.sweep.vote import combine_trials, fold_checkpoints, missing_checkpoints
 
     data, fold = market_data
     folder = tmp_path / "checkpoints" / "a"
@@ -181,9 +185,9 @@ def test_a_checkpointed_ensemble_writes_its_members_and_the_vote_reads_them_as_i
             "seeds": 3, "val_score": result.val_score, "val": result.val, "test": result.test,
             "member": i, "member_seed": 4 + i * 7919,
         }  # fmt: skip
-    # the sweep's best_checkpoint artifact: every member of the fold, with its sidecar
-    got = [p.name for p in checkpoint_files(result.checkpoint)]
-    assert got == [f"fold{fold.k}.m{i}.{ext}" for i in range(3) for ext in ("safetensors", "json")]
+    # what the vote and the sweep's best_checkpoint artifact read: every member of the fold
+    got = [p.name for p in fold_checkpoints(Path(result.checkpoint).parent, fold.k)]
+    assert got == [f"fold{fold.k}.m{i}.safetensors" for i in range(3)]
     ppy = data.calendar.periods_per_year
     trial = {"trial_id": "a", "status": "ok", "folds_done": 1, "config": CFG.as_dict(), "val": {"sharpe": 1.0}}
     results = {"folds": [fold.as_dict()], "storage": str(tmp_path), "periods_per_year": ppy, "trials": [trial]}

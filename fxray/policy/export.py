@@ -73,11 +73,6 @@ class Candidate:
     def k(self) -> int:
         return int(self.meta["fold"]["k"])
 
-    @property
-    def member(self) -> int | None:
-        """The seed ensemble member this is (None: a fold's one network)."""
-        return self.meta["ensemble"]["member"] if "ensemble" in self.meta else None
-
 
 def load_candidate(path, val_score: float | None = None) -> Candidate:
     """A checkpoint written by fxray.rl.trainer.save_checkpoint (its .json beside it)."""
@@ -107,7 +102,7 @@ def choose(candidates: list[Candidate], model: str) -> list[Candidate]:
     """The members of `model` (see the module doc), in fold order (a fold's seed members together)."""
     if not candidates:
         raise ExportError("no fold checkpoints to export")
-    ordered = sorted(candidates, key=lambda c: (c.k, -1 if c.member is None else c.member))
+    ordered = sorted(candidates, key=lambda c: c.k)  # stable: a fold's members stay in path order
 
     def fold(k: int) -> list[Candidate]:
         return [c for c in ordered if c.k == k]
@@ -183,10 +178,7 @@ def export_bundle(
         (tmp / "members").mkdir()
         norm, entries, worst = {}, [], 0.0
         for i, c in enumerate(members):
-            if c.member is not None:  # a seed ensemble's member
-                name = f"fold{c.k}_m{c.member}"
-            else:
-                name = f"fold{c.k}" if sum(m.k == c.k for m in members) == 1 else f"fold{c.k}_{i}"
+            name = f"fold{c.k}" if sum(m.k == c.k for m in members) == 1 else f"fold{c.k}_{i}"
             mean, inv_std, origin = _statistics(c, data)
             norm[f"{name}.mean"], norm[f"{name}.inv_std"] = mean, inv_std
             weights, graph = f"members/{name}.safetensors", f"members/{name}.onnx"

@@ -73,13 +73,12 @@ class EnsembleTrainer:
 def save_members(directory, population: PopulationTrainer, cfg: TrainConfig, fold: Fold, seeds, members, result):
     """A checkpoint of each "ok" member's kept weights (fold<k>.m<i>); the ensemble's scores in each."""
     ensemble = {"seeds": cfg.seeds, "val_score": result.val_score, "val": result.val, "test": result.test}
-    paths = []
+    one, paths = cfg.replace(seeds=1), []
     for i, m in enumerate(members):
         if m.status != "ok":
             continue
         extra = {"ensemble": {**ensemble, "member": i, "member_seed": seeds[i]}}
         state = population.algo.state_dict(i)
-        one = cfg.replace(seeds=1)
         paths.append(
             write_checkpoint(directory, one, population.data, state, fold, m, name=f"fold{fold.k}.m{i}", extra=extra)
         )

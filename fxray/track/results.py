@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from fxray.eval import pooled, selection
+from fxray.sweep.vote import fold_checkpoints
 from fxray.track.records import CSV_COLUMNS, FoldRecord
 from fxray.track.report import equity_png, print_last_screen, seed_spread
 from fxray.track.verdict import json_ready, snooping_verdict
@@ -104,15 +105,6 @@ def fold_windows(trial: dict) -> dict:
         if f.ok:
             out[f.fold] = {"val": f.val_periods, "test": f.test_periods}
     return out
-
-
-def checkpoint_files(checkpoint) -> list[Path]:
-    """The files of a fold's checkpoint: fold<k>.safetensors and its .json, or a seed ensemble's
-    members, every fold<k>.m<i>.safetensors and .json beside it (fxray.rl.ensemble)."""
-    path = Path(checkpoint)
-    stem, *member = path.name.split(".")[:-1]
-    weights = sorted(path.parent.glob(f"{stem}.m*.safetensors")) if member else [path]
-    return [f for w in weights for f in (w, w.with_suffix(".json"))]
 
 
 def write_results(
@@ -226,10 +218,10 @@ def write_results(
     print_last_screen(results, names, n_folds, top)
     print(verdict_text(verdict))
     ckpt = max((f for f in best_folds if f.ok), key=lambda f: f.val_score, default=None)
-    ckpt = ckpt.checkpoint if ckpt is not None else ""
     artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
-    if ckpt:
-        artifacts += [("best_checkpoint", f) for f in checkpoint_files(ckpt)]
+    if ckpt is not None and ckpt.checkpoint:  # a seed ensemble's fold: every member's
+        weights = fold_checkpoints(Path(ckpt.checkpoint).parent, ckpt.fold) or [Path(ckpt.checkpoint)]
+        artifacts += [("best_checkpoint", f) for w in weights for f in (w, w.with_suffix(".json"))]
     test = b["test"]
     summary = {
         "best_score": best["score"],
