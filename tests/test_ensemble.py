@@ -169,7 +169,8 @@ def test_a_checkpointed_ensemble_writes_its_members_and_the_vote_reads_them_as_i
     """With a checkpoint directory, each member's kept weights (fold<k>.m<i>), the fold's result
     unchanged; the sweep's vote of that one trial is the ensemble's own policy (its mean Q)."""
     from fxray.eval import pooled
-    from fxray.sweep.vote import combine_trials, fold_checkpoints, missing_checkpoints
+    from fxray.sweep.vote import combine_trials, missing_checkpoints
+    from fxray.track.records import fold_checkpoints
 
     data, fold = market_data
     folder = tmp_path / "checkpoints" / "a"

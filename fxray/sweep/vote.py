@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fxray.track.records import fold_checkpoints
+
 MIN_MEMBERS = 3  # fewer full trials: no vote (a vote of two is the first one's action at each tie)
 
 
@@ -37,12 +39,6 @@ def full_trials(results: dict) -> list[dict]:
     n_folds = len(results["folds"])
     full = [t for t in results["trials"] if t["status"] == "ok" and t["folds_done"] >= n_folds]
     return sorted(full, key=lambda t: t["val"]["sharpe"], reverse=True)
-
-
-def fold_checkpoints(folder: Path, k: int) -> list[Path]:
-    """A trial's checkpoints of fold k: its one network, or a seed ensemble's members (fxray.rl.ensemble)."""
-    one = folder / f"fold{k}.safetensors"
-    return [one] if one.exists() else sorted(folder.glob(f"fold{k}.m*.safetensors"))
 
 
 def missing_checkpoints(results: dict, trials: list[dict]) -> list[Path]:

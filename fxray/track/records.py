@@ -18,6 +18,7 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fxray.eval.metrics import Metrics
 
@@ -31,6 +32,13 @@ MLFLOW_NAMES = {"max_drawdown": "max_drawdown_log", "total_return": "total_retur
 # day, Calmar without a drawdown. A computed ratio is exactly 0.0 only when the mean return
 # is exactly 0.0, which in practice is the flat window, undefined already.
 UNDEFINED_AT_ZERO = ("sharpe", "sortino", "calmar")
+
+
+def fold_checkpoints(folder: Path, k: int) -> list[Path]:
+    """A trial's checkpoints of fold k in `folder`: its one network (fold<k>.safetensors), or a
+    seed ensemble's members (fold<k>.m<i>.safetensors, fxray.rl.ensemble); [] if none."""
+    one = folder / f"fold{k}.safetensors"
+    return [one] if one.exists() else sorted(folder.glob(f"fold{k}.m*.safetensors"))
 
 
 def _f(default=None, *, metric=False, csv=True, factory=None):

@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 from fxray.eval import pooled, selection
-from fxray.sweep.vote import fold_checkpoints
-from fxray.track.records import CSV_COLUMNS, FoldRecord
+from fxray.track.records import CSV_COLUMNS, FoldRecord, fold_checkpoints
 from fxray.track.report import equity_png, print_last_screen, seed_spread
 from fxray.track.verdict import json_ready, snooping_verdict
 from fxray.track.verdict import metrics as verdict_metrics
