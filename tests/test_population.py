@@ -85,7 +85,9 @@ def test_each_member_trains_bit_for_bit_what_its_config_trains_alone(market_data
     # graph is kept) and with a new structure (which members draw input noise)
     for order in ([2, 1, 0], [1, 1, 0]):
         population.configure([MEMBERS[i] for i in order])
-        assert population.algo.structure == ((5, (True, False, True)) if order[0] == 2 else (5, (False, False, True)))
+        assert population.algo.structure == (
+            (5, (True, False, True), False) if order[0] == 2 else (5, (False, False, True), False)
+        )
         again = population.run_fold(fold, [SEEDS[i] for i in order])
         for i, b in zip(order, again):
             assert without_timings(results[i].curve) == without_timings(b.curve) and results[i].test == b.test

@@ -55,12 +55,7 @@ class Rule:
 
 def hysteresis(signal: torch.Tensor, enter: float, exit: float) -> torch.Tensor:
     """(T,) int8: long from signal > enter until signal <= exit, short mirrored, else flat; from flat."""
-    up, down = signal > enter, signal < -enter
-    hold_long, hold_short = signal > exit, signal < -exit
-    flat_to = torch.where(up, 2, torch.where(down, 0, 1))  # new position index from each previous one
-    long_to = torch.where(down, 0, torch.where(hold_long, 2, 1))
-    short_to = torch.where(up, 2, torch.where(hold_short, 0, 1))
-    target = torch.stack((short_to, flat_to, long_to), dim=1)  # (T, 3): previous index -> new index
+    target = hysteresis_moves(signal, enter, exit)
     q = torch.zeros(*target.shape, 3, dtype=torch.float32, device=signal.device)
     q.scatter_(2, target.unsqueeze(2), 1.0)
     return greedy_positions(q)
@@ -85,6 +80,17 @@ def ridge_gram(X: torch.Tensor) -> torch.Tensor:
     """(k, k) X'X + RIDGE n I for float64 rows X (n, k): the ridge regression's normal matrix."""
     n, k = X.shape
     return X.T @ X + RIDGE * max(n, 1) * torch.eye(k, dtype=torch.float64, device=X.device)
+
+
+def hysteresis_moves(signal: torch.Tensor, enter: float, exit: float) -> torch.Tensor:
+    """(T, 3) int64: the rule's new position index (0 short, 1 flat, 2 long) at each bar from
+    each previous one: enter beyond +-enter, hold while beyond +-exit, else flat."""
+    up, down = signal > enter, signal < -enter
+    hold_long, hold_short = signal > exit, signal < -exit
+    flat_to = torch.where(up, 2, torch.where(down, 0, 1))
+    long_to = torch.where(down, 0, torch.where(hold_long, 2, 1))
+    short_to = torch.where(up, 2, torch.where(hold_short, 0, 1))
+    return torch.stack((short_to, flat_to, long_to), dim=1)
 
 
 def fit_rule(

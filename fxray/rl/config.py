@@ -183,6 +183,13 @@ class DQNConfig(TrainConfig):
     """raw: the Q-network reads the 50 normalised inputs; ridge: it reads the ridge regression's
     predictions of the next 5, 20 and 60 bars' return from the market inputs, fitted on each
     fold's train slice, and the clock (fxray.rl.frontend; read clean, input noise on the clock only)"""
+    demo: float = 0.0
+    """weight of the demonstration loss (fxray.rl.demo): the ridge rule's moves, fitted on the
+    fold's train slice, as DQfD's large-margin term beside the TD loss (Hester et al. 2018);
+    0 = off"""
+    demo_margin: float = 0.8
+    """how much more than every other action the rule's action must be worth before the
+    demonstration loss lets go, in Q's units (reward_scale 1e4: basis points)"""
     update: str = "sampled"
     """sampled: the n-step update of the action the agent took; all_actions: the 1-step
     update of all three actions of each sampled state (their rewards are known); hold: the
@@ -199,7 +206,9 @@ class DQNConfig(TrainConfig):
             self._fail("input_noise", "must be a number in [0, 10]")
         if not isinstance(self.noise_calendar, bool):
             self._fail("noise_calendar", "must be true or false")
-        for key in ("grad_clip", "huber_delta", "reward_scale"):
+        if not _is_number(self.demo) or not 0 <= self.demo <= 100:
+            self._fail("demo", "must be a number in [0, 100] (0: no demonstrations)")
+        for key in ("grad_clip", "huber_delta", "reward_scale", "demo_margin"):
             v = getattr(self, key)
             if not _is_number(v) or v <= 0:
                 self._fail(key, "must be a number > 0")

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fxray.rl import frontend
+from fxray.rl import demo, frontend
 from fxray.rl.config import DQNConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.env import TradingEnv
@@ -138,6 +138,7 @@ class Learner:
         self.loss_sum = torch.zeros((), device=device)
         self.q_abs_max = torch.zeros((), device=device)
         self.fresh = self.carry = None  # the env's return arrays, for all_actions, hold, rollout (set by DQN)
+        self.demo_table = None  # with demo > 0: (n_bars, 3) the ridge rule's moves (set by DQN.begin)
         # the online network's forward over [s, s_next] in one pass where a step is bound by
         # launches (CUDA); in two where it is bound by flops (CPU): there the joint pass's
         # backward multiplies the next states' zero gradients too, 2/7 of a step's matmul flops
@@ -173,7 +174,16 @@ class Learner:
             next_q = self.target_network(market[B:], next_position).gather(1, next_action).squeeze(1)
             td_target = return_n * cfg.reward_scale + discount * next_q
         q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
-        return F.huber_loss(q_sa, td_target, delta=cfg.huber_delta), q.detach().abs().max()
+        loss = F.huber_loss(q_sa, td_target, delta=cfg.huber_delta)
+        return loss + self.demo_loss(q, t, position), q.detach().abs().max()
+
+    def demo_loss(self, q: torch.Tensor, t: torch.Tensor, position: torch.Tensor):
+        """cfg.demo x the large-margin loss toward the ridge rule's move at the batch's states
+        (fxray.rl.demo); 0 (a Python number: nothing computed) with demo 0."""
+        if self.cfg.demo == 0:
+            return 0.0
+        expert = self.demo_table[t, position.long() + 1].long()
+        return self.cfg.demo * demo.margin_loss(q, expert, self.cfg.demo_margin)
 
     def all_actions_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
         """The 1-step Double-DQN loss of all three actions of each sampled state at once.
@@ -218,7 +228,8 @@ class Learner:
         with torch.no_grad():
             targets = self.rollout_targets if rollout else self.hold_targets
             td_target = targets(data, t, position, hold, q.dtype)
-        return F.huber_loss(q, td_target, delta=self.cfg.huber_delta), q.detach().abs().max()
+        loss = F.huber_loss(q, td_target, delta=self.cfg.huber_delta)
+        return loss + self.demo_loss(q, t, position), q.detach().abs().max()
 
     def move_reward(self, t: torch.Tensor, previous: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         """The environment's reward of moving from `previous` to `new` at bars t (fxray.rl.env),
@@ -343,6 +354,8 @@ class DQN:
         self.global_step = torch.zeros((), dtype=torch.int64, device=data.device)
         self.total_steps = cfg.epochs * cfg.steps_per_epoch
         self.warmup = cfg.n_step + 1  # collect steps before the first update
+        if cfg.demo > 0:  # filled in place by begin: a captured CUDA graph keeps reading this tensor
+            self.learner.demo_table = torch.ones(data.n_bars, 3, dtype=torch.int8, device=data.device)
 
     def epsilon(self) -> torch.Tensor:
         return epsilon(self.cfg, self.global_step, self.total_steps)
@@ -353,6 +366,8 @@ class DQN:
         self.learner.reset(seed)
         if self.cfg.inputs == "ridge":
             self.learner.set_front(*frontend.fit(self.data, self.data.fold, self.cfg.fill))
+        if self.cfg.demo > 0:  # the fold's demonstrations: the ridge rule fitted on its train slice
+            self.learner.demo_table.copy_(demo.fit(self.data, self.data.fold, self.cfg.cost, self.cfg.fill))
         self.replay.reset()
         self.env.reset()
         self.global_step.zero_()

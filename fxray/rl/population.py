@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from fxray.rl import frontend
+from fxray.rl import demo, frontend
 from fxray.rl.config import ConfigError, DQNConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.dqn import N_ACTIONS, initial_network
@@ -122,7 +122,7 @@ class Population:
         self.target_params = self.target_network.params
         self.optimizer = StackedAdam(self.params, [c.lr for c in cfgs], [c.weight_decay for c in cfgs], self.active)
         self._names = list(initial_network(cfg, data.n_inputs, 0).state_dict())
-        self.structure = None
+        self.structure = self.demo_table = None
         self.configure(cfgs)
 
     def configure(self, cfgs: list[DQNConfig]) -> bool:
@@ -162,8 +162,10 @@ class Population:
             "grad_clip": _col([c.grad_clip for c in cfgs], f32, dev, 0),
             "tau": _col([c.tau for c in cfgs], f32, dev, 0),
             "target_every": _col([c.target_every for c in cfgs], i64, dev, 0),
+            "demo_weight": _col([c.demo for c in cfgs], f32, dev, 0),  # (K,)
+            "demo_margin": _col([c.demo_margin for c in cfgs], f32, dev, 2),  # (K, 1, 1)
         }
-        structure = (n_max, tuple(c.input_noise > 0 for c in cfgs))
+        structure = (n_max, tuple(c.input_noise > 0 for c in cfgs), any(c.demo > 0 for c in cfgs))
         changed = structure != self.structure
         for name, value in settings.items():
             if changed:
@@ -171,6 +173,10 @@ class Population:
             else:
                 getattr(self, name).copy_(value)
         self.structure, self.n_max = structure, n_max
+        if not structure[2]:
+            self.demo_table = None
+        elif changed or self.demo_table is None:  # (K, n_bars, 3) int8, filled per fold by begin
+            self.demo_table = torch.ones(self.K, self.data.n_bars, 3, dtype=torch.int8, device=dev)
         self.input_noise = [c.input_noise for c in cfgs]
         self.warmup = [c.n_step + 1 for c in cfgs]  # collect steps before a member's first update
         self.optimizer.configure([c.lr for c in cfgs], [c.weight_decay for c in cfgs])
@@ -296,6 +302,10 @@ class Population:
         # F.huber_loss's formula with a per-member delta (same forward and gradient, element by element)
         z, delta = (q_sa - td_target).abs(), self.huber_delta
         loss = torch.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)).mean(1)
+        if self.demo_table is not None:  # Learner.demo_loss per member (weight 0: adds exactly 0)
+            member = torch.arange(self.K, device=t.device).unsqueeze(1)
+            expert = self.demo_table[member, t, position + 1].long()  # (K, B)
+            loss = loss + self.demo_weight * demo.margin_loss(q, expert, self.demo_margin)
         return loss, q.detach().abs().amax((1, 2))
 
     def learn(self) -> None:
@@ -339,6 +349,13 @@ class Population:
             frontend.load(
                 (self.q_network, self.target_network), *frontend.fit(self.data, self.data.fold, self.cfg.fill)
             )
+        if self.demo_table is not None:  # each member's demonstrations (the rule depends on its cost)
+            tables = {}
+            for k, c in enumerate(self.cfgs):
+                if c.demo > 0 and c.cost not in tables:
+                    tables[c.cost] = demo.fit(self.data, self.data.fold, c.cost, self.cfg.fill)
+                if c.demo > 0:
+                    self.demo_table[k].copy_(tables[c.cost])
         self.active.fill_(True)
         self.optimizer.reset()
         for x in (self.updates, self.replay_steps, self.global_step, self.ep_step):

@@ -1,0 +1,46 @@
+"""Demonstrations (`dqn.demo` > 0): the supervised baseline's moves as a large-margin loss.
+
+Deep Q-learning from Demonstrations (Hester et al. 2018, AAAI, eq. 2) adds to the TD loss
+
+    J_E(Q) = max_a [Q(s, a) + l(a_E, a)] - Q(s, a_E),    l(a_E, a) = margin if a != a_E, else 0
+
+which is zero once the demonstrator's action a_E is worth `margin` more than every other,
+and pulls Q toward it otherwise. Here the demonstrator is the ridge rule, the supervised
+baseline beside every result (fxray.eval.baselines.fit_rule: ridge regression of the next
+h bars' return on the normalised inputs, hysteresis thresholds tuned for net Sharpe), fitted
+on the fold's train slice only, as the baseline itself is. At each train bar and previous
+position the rule says where to move; the TD loss keeps working beside it, so the learner
+starts from the baseline's policy and leaves it where the returns it samples pay more than
+the margin (in Q's units: reward_scale 1e4 makes 1 a basis point). Every state the replay
+holds is a train bar, so the table outside the train slice is never read (it holds flat).
+
+Measured: docs/benchmarks.md "Demonstrations".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fxray.data.folds import Fold
+from fxray.eval import baselines
+
+
+def fit(data, fold: Fold, cost: float, fill: str) -> torch.Tensor:
+    """(n_bars, 3) int8 on the data's device: at each train bar (with a next bar) and previous
+    position index (0 short, 1 flat, 2 long), the index the ridge rule moves to; 1 elsewhere.
+    `data.set_fold(fold)` must have run (the inputs' normalisation is the train slice's)."""
+    a, b = fold.train[0], fold.train[1] - 1
+    train = data.window(fold.train, fill)
+    x = data.states(torch.arange(a, b, device=data.device))
+    rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry)
+    table = torch.ones(data.n_bars, 3, dtype=torch.int8, device=data.device)
+    table[a:b] = baselines.hysteresis_moves(rule.signal(x), rule.enter, rule.exit).to(torch.int8)
+    return table
+
+
+def margin_loss(q: torch.Tensor, expert: torch.Tensor, margin) -> torch.Tensor:
+    """J_E averaged over the batch: q (..., B, 3), expert (..., B) action indices, margin a
+    number or a tensor broadcasting against q (per member: (K, 1, 1)) -> (...)."""
+    e = expert.unsqueeze(-1)
+    loss_of_action = (torch.ones_like(q) * margin).scatter(-1, e, 0.0)
+    return ((q + loss_of_action).amax(-1) - q.gather(-1, e).squeeze(-1)).mean(-1)

@@ -1,0 +1,148 @@
+"""Demonstrations (dqn.demo, fxray.rl.demo): the ridge rule's moves as DQfD's margin loss.
+
+The table is the rule's own path (fxray.eval.baselines, fitted on the train slice only), the
+loss is the TD loss plus the margin term computed here by hand, a population member with
+demonstrations trains what it trains alone, and a bad value is a one-line ConfigError.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_population import BASE, assert_same_fold, without_timings
+from test_trainer import FOLDS
+
+from fxray.data import cache
+from fxray.data.folds import make_folds
+from fxray.eval import backtest, baselines
+from fxray.rl import demo
+from fxray.rl.config import ConfigError, DQNConfig
+from fxray.rl.device import DeviceData
+from fxray.rl.population_trainer import PopulationTrainer
+from fxray.rl.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def market_data(synth_cache):
+    market = cache.open(synth_cache)
+    return DeviceData(market), make_folds(market.ts, FOLDS)[0]
+
+
+def test_the_margin_loss_is_dqfds_by_hand():
+    g = torch.Generator().manual_seed(0)
+    q, expert = torch.randn(2, 30, 3, generator=g), torch.randint(0, 3, (2, 30), generator=g)
+    margins = torch.tensor([0.8, 0.3]).view(2, 1, 1)
+    got = demo.margin_loss(q, expert, margins)
+    for k, margin in enumerate((0.8, 0.3)):
+        rows = []
+        for i in range(30):
+            e = int(expert[k, i])
+            rows.append(max(float(q[k, i, a]) + (0.0 if a == e else margin) for a in range(3)) - float(q[k, i, e]))
+        assert got[k].item() == pytest.approx(sum(rows) / 30, rel=1e-6)
+        assert demo.margin_loss(q[k], expert[k], margin).item() == pytest.approx(got[k].item(), rel=1e-6)
+    # zero once the expert's action leads every other by the margin
+    clear = torch.zeros(30, 3).scatter_(1, expert[0].unsqueeze(1), 1.0)
+    assert demo.margin_loss(clear, expert[0], 0.8).item() == 0.0
+    assert demo.margin_loss(clear, expert[0], 1.5).item() == pytest.approx(0.5)
+
+
+def test_the_table_is_the_ridge_rules_path_on_the_train_slice_only(market_data):
+    data, fold = market_data
+    data.set_fold(fold)
+    cfg = BASE
+    table = demo.fit(data, fold, cfg.cost, cfg.fill)
+    a, b = fold.train[0], fold.train[1] - 1
+    x = data.states(torch.arange(a, b))
+    train = data.window(fold.train, cfg.fill)
+    rule = baselines.fit_rule(x, train.fresh, cfg.cost, carry=train.carry)
+    one_hot = torch.zeros(b - a, 3, 3).scatter_(2, table[a:b].long().unsqueeze(2), 1.0)
+    path = backtest.greedy_positions(one_hot)
+    assert torch.equal(path, rule.positions(x)) and path.abs().sum() > 0 and (path == 0).any()
+    assert (table[:a] == 1).all() and (table[b:] == 1).all()  # flat outside the train bars
+    # no look-ahead: the returns after the train slice do not change it
+    market = data.returns.clone()
+    data.returns[b:] = torch.randn(data.returns.shape[0] - b, generator=torch.Generator().manual_seed(1)) * 1e-3
+    try:
+        assert torch.equal(demo.fit(data, fold, cfg.cost, cfg.fill), table)
+    finally:
+        data.returns.copy_(market)
+
+
+def test_the_loss_is_the_td_loss_plus_the_weighted_margin_term(market_data):
+    data, fold = market_data
+    cfg = BASE.replace(demo=2.0, demo_margin=0.5, epochs=1, steps_per_epoch=5)
+    trainer = Trainer(data, cfg)
+    trainer.run_fold(fold, seed=0)
+    learner, replay = trainer.algo.learner, trainer.algo.replay
+    assert torch.equal(learner.demo_table, demo.fit(data, fold, cfg.cost, cfg.fill))
+    step, env = replay.sample_indices(64)
+    noise = torch.randn(128, data.n_inputs, generator=torch.Generator().manual_seed(2))
+    got, q_got = learner.td_loss(data, replay, step, env, noise)
+    demo_weight, learner.cfg = cfg.demo, cfg.replace(demo=0.0)  # the same learner, TD alone
+    td, q_td = learner.td_loss(data, replay, step, env, noise)
+    learner.cfg = cfg
+    t, position = replay.t[step % replay.S, env], replay.position[step % replay.S, env]
+    q = learner.q_network(data.states(t) + noise[:64], position).detach()
+    by_hand = []
+    for i in range(64):
+        e = int(learner.demo_table[t[i], int(position[i]) + 1])
+        by_hand.append(max(float(q[i, a]) + (0.0 if a == e else 0.5) for a in range(3)) - float(q[i, e]))
+    assert got.item() == pytest.approx(td.item() + demo_weight * sum(by_hand) / 64, rel=1e-5)
+    assert torch.equal(q_got, q_td) and sum(by_hand) > 0
+    # update all_actions adds the same term on its sampled states
+    actions = cfg.replace(update="all_actions")
+    learner.cfg = actions
+    with_demo = learner.td_loss(data, replay, step, env, noise)[0]
+    learner.cfg = actions.replace(demo=0.0)
+    alone = learner.td_loss(data, replay, step, env, noise)[0]
+    assert with_demo.item() == pytest.approx(alone.item() + demo_weight * sum(by_hand) / 64, rel=1e-5)
+
+
+def test_demonstrations_change_what_is_learned(market_data):
+    data, fold = market_data
+    plain = Trainer(data, BASE).run_fold(fold, seed=0)
+    shown = Trainer(data, BASE.replace(demo=1.0)).run_fold(fold, seed=0)
+    assert without_timings(plain.curve) != without_timings(shown.curve)
+
+
+def test_members_with_demonstrations_train_what_they_train_alone(market_data):
+    """Each member its own weight, margin and cost (the rule depends on the cost); a member
+    without demonstrations beside them trains bit for bit what it trains alone."""
+    data, fold = market_data
+    members = [
+        BASE.replace(demo=1.0),
+        BASE.replace(demo=0.5, demo_margin=0.3, cost=1e-5, lr=1e-3),
+        BASE.replace(n_step=3),
+    ]
+    seeds = [3, 5, 3]
+    population = PopulationTrainer(data, members)
+    results = population.run_fold(fold, seeds)
+    for k, (cfg, seed) in enumerate(zip(members, seeds)):
+        alone = Trainer(data, cfg)
+        result = alone.run_fold(fold, seed)
+        ours, theirs = population.algo.state_dict(k), alone.algo.state_dict()
+        if cfg.demo == 0:
+            assert_same_fold(result, results[k])
+            assert all(torch.equal(ours[n], theirs[n]) for n in theirs), k
+        else:  # the margin term's mean over (K, B) rows rounds apart from alone's over (B,)
+            assert torch.equal(population.algo.demo_table[k], alone.algo.learner.demo_table)
+            assert all(torch.allclose(ours[n], theirs[n], rtol=1e-4, atol=1e-5) for n in theirs), k
+            assert results[k].best_epoch == result.best_epoch
+    assert not torch.equal(population.algo.demo_table[0], population.algo.demo_table[1])  # two costs, two rules
+    # reconfigured without demonstrations: the table goes, the structure changes
+    population.configure([BASE, BASE, BASE])
+    assert population.algo.demo_table is None and population.algo.structure[2] is False
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("demo", -1.0, "dqn.demo: -1.0 must be a number in [0, 100]"),
+        ("demo", float("nan"), "dqn.demo: nan must be a number in [0, 100]"),
+        ("demo_margin", 0.0, "dqn.demo_margin: 0.0 must be a number > 0"),
+    ],
+)
+def test_a_bad_demo_setting_is_a_one_line_error(key, value, words):
+    with pytest.raises(ConfigError) as err:
+        DQNConfig(**{key: value})
+    assert str(err.value).startswith(words) and "\n" not in str(err.value)
