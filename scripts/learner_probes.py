@@ -40,16 +40,6 @@ and every action's target").
                  last step: SGD on targets this noisy leaves noise in the last iterate that an
                  average removes (Polyak & Juditsky 1992); training itself is unchanged
 
-    demo         the sampled n-step loss plus DEMO_WEIGHT x a large-margin loss toward the supervised
-                 baseline's action at each sampled state (Hester et al. 2018, "Deep Q-learning from
-                 Demonstrations": max_a [Q(s, a) + l(a_E, a)] - Q(s, a_E), l = DEMO_MARGIN where a != a_E):
-                 a_E is what the ridge rule (fxray.eval.baselines.fit_rule, fitted on the fold's train
-                 slice only, as the ridge baseline is) moves to from the state's position, so the
-                 Q-learning starts from the baseline's policy and departs from it where its TD targets
-                 pay more than the margin
-    demo_decay   demo with its weight falling linearly to 0 at DEMO_DECAY of the fold's updates: the
-                 baseline as a start, the Q-learning alone after it
-
 Each swaps a class attribute of fxray.rl.dqn for the run of this process only; the grid's
 jobs run as learner_grid runs them. These are diagnostics, not features: a variant that earns
 its place is built into fxray.rl with its export and population paths.
@@ -289,60 +279,6 @@ def averaged_q_all(self, market):
     return self.avg_network.q_all(market)
 
 
-DEMO_WEIGHT = 1.0  # lambda of the demonstration loss (DQfD's lambda_2)
-DEMO_MARGIN = 0.8  # in Q's units (reward_scale 1e4: 1 = 1 bp a bar); DQfD's margin
-DEMO_DECAY = 0.5  # demo_decay: the weight reaches 0 at this share of the fold's updates
-
-
-def demo_begin(begin):
-    """DQN.begin, then the fold's demonstrations: learner.demo (n_bars, 3) int64, the ridge
-    rule's new position index from each previous one at the train slice's bars (flat elsewhere)."""
-    from fxray.eval import baselines
-
-    def wrapped(self, seed):
-        begin(self, seed)
-        data, fold = self.data, self.data.fold
-        a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
-        train = data.window(fold.train, self.cfg.fill)
-        x = data.states(torch.arange(a, b, device=data.device))
-        rule = baselines.fit_rule(x, train.fresh, self.cfg.cost, carry=train.carry)
-        s = rule.signal(x)
-        up, down = s > rule.enter, s < -rule.enter
-        hold_long, hold_short = s > rule.exit, s < -rule.exit
-        flat_to = torch.where(up, 2, torch.where(down, 0, 1))
-        long_to = torch.where(down, 0, torch.where(hold_long, 2, 1))
-        short_to = torch.where(up, 2, torch.where(hold_short, 0, 1))
-        table = torch.ones(data.n_bars, 3, dtype=torch.int64, device=data.device)
-        table[a:b] = torch.stack((short_to, flat_to, long_to), 1)
-        if getattr(self.learner, "demo", None) is None:
-            self.learner.demo = table
-        else:  # in place: a captured CUDA graph keeps reading the tensor it was captured with
-            self.learner.demo.copy_(table)
-        self.learner.demo_updates = max(DEMO_DECAY * self.total_steps * self.cfg.updates_per_step, 1.0)
-
-    return wrapped
-
-
-def demo_loss_of(decay: bool):
-    def demo_loss(self, data, replay, step, env, noise=None):
-        """Learner.td_loss of update 'sampled' plus the large-margin loss toward the rule's action."""
-        td, q_max = SAMPLED_LOSS(self, data, replay, step, env, noise)
-        t, position = replay.t[step % replay.S, env], replay.position[step % replay.S, env]
-        market = data.states(t)
-        if noise is not None:
-            market = market + noise[: t.shape[0]]
-        q = self.q_network(market, position)  # the batch's first states, as td_loss reads them
-        expert = self.demo[t, position.long() + 1].unsqueeze(1)  # (B, 1)
-        margin = torch.full_like(q, DEMO_MARGIN).scatter_(1, expert, 0.0)
-        j_e = ((q + margin).max(1).values - q.gather(1, expert).squeeze(1)).mean()
-        weight = DEMO_WEIGHT
-        if decay:
-            weight = DEMO_WEIGHT * (1.0 - self.updates.to(q.dtype) / self.demo_updates).clamp(0.0, 1.0)
-        return td + weight * j_e, q_max
-
-    return demo_loss
-
-
 SAMPLED_LOSS = dqn.Learner.td_loss
 PLAIN_TARGETS = dqn.Learner.hold_targets
 VARIANTS = (
@@ -355,8 +291,6 @@ VARIANTS = (
     "rollout_lagged",
     "vol_reward",
     "avg_weights",
-    "demo",
-    "demo_decay",
     "warm",
 )
 
@@ -385,9 +319,6 @@ def use(variant: str) -> None:
         from fxray.rl.trainer import Trainer
 
         Trainer.run_fold, Trainer._begin = warm_runs(Trainer.run_fold), warm_begin(Trainer._begin)
-    elif variant in ("demo", "demo_decay"):  # update 'sampled' (what the config says is ignored)
-        dqn.DQN.begin = demo_begin(dqn.DQN.begin)
-        dqn.Learner.td_loss = demo_loss_of(variant == "demo_decay")
     else:
         raise SystemExit(f"learner_probes: {variant!r} is no variant; known: {', '.join(VARIANTS)}")
 

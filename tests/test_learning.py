@@ -170,8 +170,7 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
     and projects nothing when it is shut; the LayerNorm network against F.layer_norm by hand;
     both_losses is the sum of the two losses on one batch; rollout_lagged's table gives the
     online network's greedy moves; cost_known is the plain Q less
-    the move's cost; cost_split's positions differ by p G(x) only; demo's table is the ridge
-    rule's path and its loss DQfD's margin term by hand; warm starts a fold from
+    the move's cost; cost_split's positions differ by p G(x) only; warm starts a fold from
     the last fold's kept weights; a tiny grid runs with each."""
     import json
     import runpy
@@ -280,34 +279,6 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
     med = rv[a:b].median()
     assert torch.allclose(weight, med / rv.clamp_min(0.25 * med)) and weight.std() > 0
     assert not torch.allclose(probes["vol_reward_loss"](learner, data, replay, step, env, noise)[0], plain_sampled[0])
-    # demo: the table is the ridge rule's own path (fxray.eval.baselines), and the loss is the
-    # sampled loss plus DQfD's margin term, computed here row by row
-    from fxray.eval import backtest, baselines
-
-    algo = trainer.algo
-    probes["demo_begin"](lambda self, seed: None)(algo, 0)  # the fold's table, the run's weights kept
-    a, b = fold.train[0], fold.train[1] - 1
-    x = data.states(torch.arange(a, b))
-    train = data.window(fold.train, cfg.fill)
-    rule = baselines.fit_rule(x, train.fresh, cfg.cost, carry=train.carry)
-    table = learner.demo[a:b]  # (bars, 3): previous position index -> the rule's new one
-    one_hot = torch.zeros(b - a, 3, 3).scatter_(2, table.unsqueeze(2), 1.0)
-    assert torch.equal(backtest.greedy_positions(one_hot), rule.positions(x)) and rule.positions(x).abs().sum() > 0
-    assert (learner.demo[:a] == 1).all() and (learner.demo[b:] == 1).all()  # flat outside the train bars
-    t, position = replay.t[step % replay.S, env], replay.position[step % replay.S, env]
-    got, q_got = probes["demo_loss_of"](False)(learner, data, replay, step, env, noise)
-    td, q_td = dqn.Learner.td_loss(learner, data, replay, step, env, noise)
-    q = learner.q_network(data.states(t) + noise[: t.shape[0]], position).detach()
-    margin = probes["DEMO_MARGIN"]
-    by_hand = []
-    for i in range(t.shape[0]):
-        e = int(learner.demo[t[i], int(position[i]) + 1])
-        by_hand.append(max(float(q[i, k]) + (0.0 if k == e else margin) for k in range(3)) - float(q[i, e]))
-    assert got.item() == pytest.approx(td.item() + probes["DEMO_WEIGHT"] * sum(by_hand) / len(by_hand), rel=1e-5)
-    assert torch.equal(q_got, q_td) and sum(by_hand) > 0
-    learner.updates.fill_(10**9)  # demo_decay: past its decay the loss is the sampled loss
-    assert torch.equal(probes["demo_loss_of"](True)(learner, data, replay, step, env, noise)[0], td)
-    learner.updates.zero_()
     # each variant through the grid (every swap undone after the test)
     monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
     plain_network, plain_loss, plain_targets = dqn.QNetwork, dqn.Learner.td_loss, dqn.Learner.hold_targets
