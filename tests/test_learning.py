@@ -1,7 +1,7 @@
 """The learner finds an edge that is there (issue 17), on the CPU: the default experiment's
 CPU-profile config, as `fxray tune` / `fxray train` run it on a 2-core box, trained on every
 fold of a small planted market, reaches a floor share of the oracle's pooled test Sharpe on
-the same test windows (0.45, the mean of four seeds). (What it reaches of the oracle on the
+the same test windows (0.6, the mean of four seeds). (What it reaches of the oracle on the
 default markets, and against the ridge rule, is in docs/benchmarks.md.)
 
 The market: 60k bars of the default generator with a stronger signal than the default one's
@@ -9,13 +9,12 @@ The market: 60k bars of the default generator with a stronger signal than the de
 few days (its pooled test Sharpe is ~20 +- 5 here). One seed is not a floor, and neither is
 one machine: the same code and the same pinned packages train other weights on another CPU
 (float rounding of its kernels), and the shares move by a seed's spread. The profile reads
-`inputs: ridge` (fxray.rl.frontend) since 2026-12-03: on this market seeds 0-5 reach
-0.12 / 0.50 / 0.66 / 0.72 / 0.83 / 0.26 (mean 0.51) on the 2-core box of 2026-12-03, where the
-raw inputs reached 0.53 / 0.67 / 0.41 / 0.67 / 0.58 / 0.24 (0.52) on 2026-12-02: the front end
-changes little on 15-day train slices (its gain is on the profile's 60-day ones) but spreads
-the seeds more, so the floor is on the mean of seeds 0-3 (>= 0.45: 0.50 here), and every seed
-must learn something (> 0.1). The issue's 0.5 is not a floor this config holds on every CPU
-(docs/benchmarks.md, "The learning floor on another CPU", "A supervised front end").
+`inputs: ridge` (fxray.rl.frontend) and learns from the ridge rule's demonstrations (`demo:
+1.0`, fxray.rl.demo) since 2026-12-03: on this market seeds 0-5 reach 0.67 / 0.82 / 0.88 /
+0.79 / 0.68 / 0.67 (mean 0.75) on the 2-core box of 2026-12-03, where without demonstrations
+they reached 0.12 / 0.50 / 0.66 / 0.72 / 0.83 / 0.26 (0.51): the floor is the issue's 0.5 and
+more, on the mean of seeds 0-3 (>= 0.6: 0.79 here), and every seed must reach 0.4
+(docs/benchmarks.md, "The learning floor on another CPU", "Demonstrations").
 """
 
 import numpy as np
@@ -31,7 +30,8 @@ from fxray.rl import experiment as expmod
 from fxray.rl.device import DeviceData
 from fxray.rl.trainer import Trainer
 
-FLOOR = 0.45  # on the mean share of seeds 0-3
+FLOOR = 0.6  # on the mean share of seeds 0-3
+SEED_FLOOR = 0.4  # every seed's
 SEEDS = (0, 1, 2, 3)
 MARKET = SynthSpec(n_bars=60_000, seed=0, beta=0.09)  # the floor's market (scripts/floor_seeds.py uses it too)
 
@@ -64,7 +64,7 @@ def pooled_test(market, cfg, seed: int) -> dict:
 def test_the_cpu_profile_reaches_a_floor_share_of_the_oracle_on_a_small_planted_market(planted, one_torch_thread):
     exp = expmod.load(expmod.default_experiment(), "cpu")
     cfg = exp.config  # the CPU profile: 128 envs, batch 512, 4 epochs x 200 steps, cost 0.4 bp, the learner's defaults
-    assert (cfg.num_envs, cfg.batch_size, cfg.cost, cfg.inputs) == (128, 512, 4e-5, "ridge")
+    assert (cfg.num_envs, cfg.batch_size, cfg.cost, cfg.inputs, cfg.demo) == (128, 512, 4e-5, "ridge", 1.0)
     shares = []  # one torch thread (the fixture), as the sweep's CPU workers train
     for seed in SEEDS:
         stats = pooled_test(planted, cfg, seed)
@@ -73,7 +73,7 @@ def test_the_cpu_profile_reaches_a_floor_share_of_the_oracle_on_a_small_planted_
         shares.append(pooled.oracle_share(stats["dqn"], oracle))
     assert None not in shares, shares
     print(f"shares of the oracle, seeds {SEEDS}: {shares}")
-    assert sum(shares) / len(shares) >= FLOOR and min(shares) > 0.1, shares
+    assert sum(shares) / len(shares) >= FLOOR and min(shares) >= SEED_FLOOR, shares
 
 
 def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys, monkeypatch):

@@ -314,14 +314,16 @@ def test_default_config_learns_a_strong_planted_signal_in_every_fold(strong_cach
         assert result.test["sharpe"] >= 0.5 * oracle, (fold.k, result.test["sharpe"], oracle)
 
 
-def test_shuffled_returns_control_does_not_look_profitable(strong_cache, one_torch_thread):
-    """Same features, returns permuted: the signal is gone, so must be the profit."""
+@pytest.mark.parametrize("demo", [0.0, 1.0])
+def test_shuffled_returns_control_does_not_look_profitable(strong_cache, one_torch_thread, demo):
+    """Same features, returns permuted: the signal is gone, so must be the profit; with the
+    ridge rule's demonstrations too (dqn.demo: the rule is fitted on the permuted returns)."""
     market = cache.open(strong_cache)
     rng = np.random.default_rng(0)
     r = np.diff(np.log(market.close))
     close = market.close[0] * np.exp(np.concatenate([[0.0], np.cumsum(rng.permutation(r))]))
     arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "open": close, "close": close}
-    cfg = DQNConfig(cost=1e-5, fill="close")
+    cfg = DQNConfig(cost=1e-5, fill="close", demo=demo)
     fold = make_folds(market.ts, FoldSpec(train="20d", val="5d", test="20d", max_folds=1))[0]
     control = train_fold(DeviceData(arrays), fold, cfg, seed=0)
     real = train_fold(DeviceData(market), fold, cfg, seed=0)
