@@ -83,6 +83,7 @@ def report(s: dict) -> str:
             f"     vote of the {vote['n_members']} trials that ran every fold (the sweep's record): "
             f"{vote['test_sharpe']:+.2f} ± {fmt(vote.get('test_sharpe_se'), '.2f')}"
             + (f"; share of the oracle {share:.2f}" if share is not None else "")
+            + (f"; DSR {vote['dsr']:.3f}" if vote.get("dsr") is not None else "")
         )
     lines.append("   " + verdict(b))
     lines.append(verdict_text(s["verdict"]))

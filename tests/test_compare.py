@@ -403,6 +403,13 @@ def test_the_sweep_reports_the_vote_of_its_full_trials(store, sweep_t):
     )
     oracle = best["baselines"]["oracle"]["sharpe"]
     assert vote["test"]["oracle_share"] == pytest.approx(vote["test"]["sharpe"] / oracle)
+    # deflated by the same trials and N as the best trial (whose DSR is recomputed here too)
+    from fxray.eval import selection
+
+    tests, n = [t["test"] for t in sweep_t["trials"]], best["n_trials_counted"]
+    assert best["dsr"] == pytest.approx(selection.deflated(best["test"], tests, n)["dsr"])
+    assert vote["dsr"] == pytest.approx(selection.deflated(vote["test"], tests, n)["dsr"]) and 0 < vote["dsr"] < 1
+    assert vote["n_trials_counted"] == n and vote["dsr"] < vote["test"]["psr"]
     script = Path(__file__).resolve().parents[1] / "scripts" / "top_ensemble.py"
     cmd = [sys.executable, script, d / "runs/t/results.json", "--n", "all", "--combine", "vote", "--json", d / "v.json"]
     out = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True, timeout=300)
@@ -420,11 +427,13 @@ def test_the_sweep_reports_the_vote_of_its_full_trials(store, sweep_t):
     (parent,) = client.search_runs([exp.experiment_id], "metrics.best_test_sharpe > -1e9")  # the sweep's run
     assert parent.data.metrics["ensemble_test_sharpe"] == pytest.approx(vote["test"]["sharpe"])
     assert parent.data.metrics["ensemble_members"] == 3
+    assert parent.data.metrics["ensemble_test_dsr"] == pytest.approx(vote["dsr"])
     out = run_cli("fxray.compare", ["t", "--tracking-uri", uri, "--no-log", "--json", d / "cv.json"], env, d)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"vote of the 3 trials that ran every fold (the sweep's record): {vote['test']['sharpe']:+.2f}" in out.stdout
     (got,) = json.loads((d / "cv.json").read_text())["experiments"]
     assert got["ensemble"]["test_sharpe"] == pytest.approx(vote["test"]["sharpe"])
+    assert got["ensemble"]["dsr"] == pytest.approx(vote["dsr"]) and f"; DSR {vote['dsr']:.3f}" in out.stdout
 
 
 def test_a_vote_is_the_majority_of_the_members_greedy_actions():
@@ -494,3 +503,7 @@ def test_a_thin_vote_shows_no_psr():
     thin = vote_line({"n_members": 13, "test": stats("thin", 5)})
     assert "(thin: 5 active hours)" in thin and "0.976" not in thin and thin.endswith("too few active hours for a PSR")
     assert vote_line({"n_members": 13, "test": stats("ok", 40)}).endswith("8 trades; PSR 0.976")
+    # deflated as the best trial is (fxray.track.results.vote_deflated), when the sweep says so
+    deflated = {"n_members": 13, "test": stats("ok", 40), "dsr": 0.039, "n_trials_counted": 64}
+    assert vote_line(deflated).endswith("PSR 0.976, DSR 0.039 (deflated for the 64 trials its members came from)")
+    assert "DSR" not in vote_line({**deflated, "test": stats("thin", 5)})

@@ -232,6 +232,7 @@ def summarize(exp: dict) -> dict:
                 "test_sharpe": metrics["ensemble_test_sharpe"],
                 "test_sharpe_se": metrics.get("ensemble_test_sharpe_se"),
                 "oracle_share": metrics.get("ensemble_test_oracle_share"),
+                "dsr": metrics.get("ensemble_test_dsr"),
             }
             if "ensemble_test_sharpe" in metrics
             else None

@@ -125,6 +125,8 @@ def vote_line(vote: dict) -> str:
     test = vote["test"]
     # a Sharpe of a few active hours says nothing; neither does its PSR (it is not shown)
     psr = f"PSR {fmt(test['psr'], '.3f')}" if test["evidence"] == "ok" else "too few active hours for a PSR"
+    if test["evidence"] == "ok" and vote.get("dsr") is not None:  # fxray.track.results.vote_deflated
+        psr += f", DSR {vote['dsr']:.3f} (deflated for the {vote['n_trials_counted']} trials its members came from)"
     return f"{head}: {sharpe_line(test)}, {test['n_trades']} trades" + share_text(test) + f"; {psr}"
 
 

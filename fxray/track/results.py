@@ -209,6 +209,8 @@ def write_results(
     results["best"]["seed_spread"] = seed_spread(results, best["trial_id"])  # None unless seeds > 1
     if ensemble is not None:
         results["ensemble"] = run_ensemble(ensemble, results)
+        if "test" in results["ensemble"]:  # its members came from the same trials as the best one
+            results["ensemble"].update(vote_deflated(results["ensemble"]["test"], stats, n_started))
     text = json.dumps(results, indent=1)
     (storage / "results.json").write_text(text)
     if json_path:
@@ -245,10 +247,21 @@ def write_results(
             ensemble_test_sharpe=vote["test"]["sharpe"],
             ensemble_test_sharpe_se=vote["test"]["sharpe_se"],
             ensemble_test_oracle_share=vote["test"]["oracle_share"],
+            ensemble_test_dsr=vote.get("dsr"),
             ensemble_members=vote["n_members"],
         )
     summary.update(verdict_metrics(verdict))
     return {"mlflow_summary": {k: v for k, v in summary.items() if v is not None}, "artifacts": artifacts}
+
+
+def vote_deflated(test: dict, stats: dict, n_started: int) -> dict:
+    """The vote's test Sharpe deflated as the best trial's is (fxray.eval.selection.deflated:
+    the same trials' Sharpe variance and N): the vote is one policy, but its members are the
+    trials that ASHA kept on their val scores among the N started, so its PSR alone overstates
+    the evidence as the best trial's would (on the CPU twin of 2026-12-03 a vote reached PSR
+    0.986 where the best trial's DSR was 0.04: docs/benchmarks.md "Demonstrations")."""
+    d = selection.deflated(test, [s["test"] for s in stats.values()], n_started)
+    return {"dsr": d["dsr"], "sr0": d["sr0"], "n_trials_counted": d["n_trials_counted"]}
 
 
 def run_ensemble(ensemble, results: dict) -> dict:
