@@ -109,13 +109,15 @@ def test_graphed_learn_equals_eager_on_the_same_batches(synth_cache):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
 
 
-def test_graphed_fold_equals_eager_fold(synth_cache):
-    """The whole fold, graphs on vs off, same seed: same losses and metrics (RNG is graph-safe)."""
+@pytest.mark.parametrize("demo", [0.0, 1.0])
+def test_graphed_fold_equals_eager_fold(synth_cache, demo):
+    """The whole fold, graphs on vs off, same seed: same losses and metrics (RNG is graph-safe);
+    with demonstrations too (dqn.demo: the fold's table is written in place before capture)."""
     market = cache.open(synth_cache)
     data = DeviceData(market, "cuda")
     fold = make_folds(market.ts, FoldSpec())[0]
-    on = Trainer(data, CFG.replace(graphs=True)).run_fold(fold, seed=5)
-    off = Trainer(data, CFG.replace(graphs=False)).run_fold(fold, seed=5)
+    on = Trainer(data, CFG.replace(graphs=True, demo=demo)).run_fold(fold, seed=5)
+    off = Trainer(data, CFG.replace(graphs=False, demo=demo)).run_fold(fold, seed=5)
     assert on.epochs_run == off.epochs_run
     np.testing.assert_allclose([c["loss"] for c in on.curve], [c["loss"] for c in off.curve], rtol=2e-3)
     np.testing.assert_allclose(
