@@ -62,10 +62,14 @@ def test_the_table_is_the_ridge_rules_path_on_the_train_slice_only(market_data):
     # no look-ahead: the returns after the train slice do not change it
     market = data.returns.clone()
     data.returns[b:] = torch.randn(data.returns.shape[0] - b, generator=torch.Generator().manual_seed(1)) * 1e-3
+    key = (repr(fold.as_dict()), cfg.cost, cfg.fill)
+    assert torch.equal(data.demo_moves[key], table[a:b])  # fitted once per (fold, cost, fill)
+    data.demo_moves.clear()  # fitted again, on the changed returns
     try:
         assert torch.equal(demo.fit(data, fold, cfg.cost, cfg.fill), table)
     finally:
         data.returns.copy_(market)
+        data.demo_moves.clear()  # what was fitted on the changed returns goes with them
 
 
 def test_the_loss_is_the_td_loss_plus_the_weighted_margin_term(market_data):

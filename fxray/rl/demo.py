@@ -28,13 +28,18 @@ from fxray.eval import baselines
 def fit(data, fold: Fold, cost: float, fill: str) -> torch.Tensor:
     """(n_bars, 3) int8 on the data's device: at each train bar (with a next bar) and previous
     position index (0 short, 1 flat, 2 long), the index the ridge rule moves to; 1 elsewhere.
-    `data.set_fold(fold)` must have run (the inputs' normalisation is the train slice's)."""
+    `data.set_fold(fold)` must have run (the inputs' normalisation is the train slice's). The
+    rule's moves depend on the fold, the cost and the fill only: fitted once per data
+    (`data.demo_moves`), as the reference rules are, not once per trial and fold."""
     a, b = fold.train[0], fold.train[1] - 1
-    train = data.window(fold.train, fill)
-    x = data.states(torch.arange(a, b, device=data.device))
-    rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry)
+    key = (repr(fold.as_dict()), cost, fill)
+    if key not in data.demo_moves:
+        train = data.window(fold.train, fill)
+        x = data.states(torch.arange(a, b, device=data.device))
+        rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry)
+        data.demo_moves[key] = baselines.hysteresis_moves(rule.signal(x), rule.enter, rule.exit).to(torch.int8)
     table = torch.ones(data.n_bars, 3, dtype=torch.int8, device=data.device)
-    table[a:b] = baselines.hysteresis_moves(rule.signal(x), rule.enter, rule.exit).to(torch.int8)
+    table[a:b] = data.demo_moves[key]
     return table
 
 

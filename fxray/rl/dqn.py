@@ -182,7 +182,7 @@ class Learner:
         (fxray.rl.demo); 0 (a Python number: nothing computed) with demo 0."""
         if self.cfg.demo == 0:
             return 0.0
-        expert = self.demo_table[t, position.long() + 1].long()
+        expert = self.demo_table[t, position + 1].long()
         return self.cfg.demo * demo.margin_loss(q, expert, self.cfg.demo_margin)
 
     def all_actions_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):

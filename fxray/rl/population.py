@@ -350,12 +350,9 @@ class Population:
                 (self.q_network, self.target_network), *frontend.fit(self.data, self.data.fold, self.cfg.fill)
             )
         if self.demo_table is not None:  # each member's demonstrations (the rule depends on its cost)
-            tables = {}
             for k, c in enumerate(self.cfgs):
-                if c.demo > 0 and c.cost not in tables:
-                    tables[c.cost] = demo.fit(self.data, self.data.fold, c.cost, self.cfg.fill)
                 if c.demo > 0:
-                    self.demo_table[k].copy_(tables[c.cost])
+                    self.demo_table[k].copy_(demo.fit(self.data, self.data.fold, c.cost, self.cfg.fill))
         self.active.fill_(True)
         self.optimizer.reset()
         for x in (self.updates, self.replay_steps, self.global_step, self.ep_step):
