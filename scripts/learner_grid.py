@@ -30,6 +30,14 @@ choose anything: each seed gets `epochs`, per epoch the pooled test Sharpe, shar
 the policy that stopped there (give the job "cfg": {"patience": epochs} so every fold runs them
 all), a diagnostic of where in training the out-of-sample edge is; and `common_epoch`, the one
 epoch for every fold that the pooled val windows of all folds choose, with its test.
+"snapshots": true (a seed ensemble's config too) keeps every epoch's Q-values of every member on
+the fold's val and test windows, and scores policies made of them on test, from the same
+training: "last" (the members' mean Q at the last epoch: `select: last`), "e<j>" (at epoch j),
+"snap_all" (the mean Q over every epoch and member: a snapshot ensemble), "snap_late" (over
+every epoch but the first); each seed gets `snapshots`, per policy the pooled test Sharpe, share
+and trades, beside the fold's own policy (the config's `select`). A diagnostic, never used to
+choose anything: does a mean over epochs hedge between a market whose edge peaks early and one
+whose edge peaks late?
 Fold k of seed s trains with seed s + k (100 s + k in an ensemble), as `fxray train` does.
 """
 
@@ -182,6 +190,8 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
     tests = {s: [] for s in seeds}
     per_epoch = {s: [] for s in seeds}  # "epoch_tests": per fold, each epoch's val and test periods
     watch = watch_epochs(trainer) if job.get("epoch_tests") else {}
+    snaps = watch_snapshots(trainer) if job.get("snapshots") else {}
+    snap_tests = {s: {} for s in seeds}  # "snapshots": per seed, per policy, each fold's test periods
     ens, refs, best_epochs = [], {}, []
     edge_hours = data.oracle[1] if data.oracle else None
     period_ns = data.calendar.period_ns
@@ -238,6 +248,7 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
             "seeds": {
                 str(s): stat(tests[s])
                 | ({"epochs": epochs(s), "common_epoch": common_epoch(s)} if job.get("epoch_tests") else {})
+                | ({"snapshots": {n: brief(w) for n, w in snap_tests[s].items()}} if snaps else {})
                 for s in seeds
             },
             "best_epochs": best_epochs,
@@ -255,7 +266,13 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
             if watch:
                 per_epoch[s].append([])
                 watch.update(fold=f, into=per_epoch[s][-1])
+            if snaps:
+                snaps.update(fold=f, into=[])
             r = trainer.run_fold(f, seed=(100 * s if ensemble else s) + f.k)
+            if snaps:
+                for name, q in snapshot_policies(snaps["into"]).items():
+                    periods = backtest(q, data.window(f.test, cfg.fill), cfg.cost).periods.as_dict()
+                    snap_tests[s].setdefault(name, []).append(periods)
             tests[s].append(r.test_periods or NO_RESULT)
             best_epochs.append(r.best_epoch)
             net_bp = 1e4 * float(np.sum(tests[s][-1]["net"]))
@@ -295,6 +312,64 @@ def watch_epochs(trainer) -> dict:
     return watch
 
 
+def watch_snapshots(trainer) -> dict:
+    """Make `trainer` (a Trainer or an EnsembleTrainer) keep, at every epoch's scoring on a
+    fold's chooser window, the scored members' Q-values on that window and on the fold's test
+    window: `watch["into"]` gets one {"members", "val", "test"} per epoch ((M, T, 3, 3) each),
+    while `watch["fold"]` is that fold (the caller sets both before each run_fold). The weights
+    then are that epoch's (scoring comes before any copy to the kept weights). A diagnostic:
+    run_fold's choices are unchanged."""
+    watch = {"fold": None, "into": None}
+    population = getattr(trainer, "population", None)
+    if population is None:  # one seed: Trainer.evaluate(window)
+        evaluate = trainer.evaluate
+
+        def scored(window):
+            keep(window, [0], lambda w: trainer.q_all(w).unsqueeze(0))
+            return evaluate(window)
+
+        trainer.evaluate = scored
+    else:  # a seed ensemble: PopulationTrainer.evaluate(window, members)
+        evaluate = population.evaluate
+
+        def scored_many(window, members):
+            keep(window, list(members), lambda w: population.q_all(w, list(members)))
+            return evaluate(window, members)
+
+        population.evaluate = scored_many
+
+    def keep(window, members, q_of):
+        fold = watch["fold"]
+        if fold is not None and tuple(window) == tuple(fold.chooser):
+            with torch.no_grad():
+                watch["into"].append({"members": members, "val": q_of(fold.chooser), "test": q_of(fold.test)})
+
+    return watch
+
+
+def snapshot_policies(epochs: list[dict]) -> dict[str, torch.Tensor]:
+    """The test window's (T, 3, 3) Q of each snapshot policy (learner_grid's doc, "snapshots"),
+    from `epochs` as watch_snapshots keeps them. Only the members that every epoch scored count
+    (a diverged or stopped member drops out of all of them); none: no policies."""
+    if not epochs:
+        return {}
+    common = set(epochs[0]["members"]).intersection(*(e["members"] for e in epochs))
+    if not common:
+        return {}
+
+    def mean_q(e):  # the members' mean Q at epoch e
+        rows = [e["members"].index(k) for k in sorted(common)]
+        return e["test"][rows].mean(0)
+
+    per_epoch = [mean_q(e) for e in epochs]
+    out = {f"e{j}": q for j, q in enumerate(per_epoch)}
+    out["last"] = per_epoch[-1]
+    out["snap_all"] = torch.stack(per_epoch).mean(0)
+    if len(per_epoch) > 1:
+        out["snap_late"] = torch.stack(per_epoch[1:]).mean(0)
+    return out
+
+
 def line(r: dict) -> str:
     def share(x):
         return "n/a" if x is None else f"{x:.2f}"
@@ -331,6 +406,15 @@ def line(r: dict) -> str:
             each = " ".join(f"e{c['epoch']} {c['oracle_share']:.2f}" for c in common)
             mean = np.mean([c["oracle_share"] for c in common])
             hours += f" | one epoch for all folds, chosen on pooled val: {each} (mean {mean:.2f})"
+    snaps = [v["snapshots"] for v in r["seeds"].values() if "snapshots" in v]
+    if snaps:  # "snapshots": the seeds' mean share (and trades) of each policy made of the epochs
+        names = sorted({n for sn in snaps for n in sn}, key=lambda n: (n[0] != "e", n))
+        cells = []
+        for n in names:
+            x = [sn[n]["oracle_share"] for sn in snaps if n in sn and sn[n]["oracle_share"] is not None]
+            t = [sn[n]["n_trades"] for sn in snaps if n in sn]
+            cells.append(f"{n} {np.mean(x):.2f} ({np.mean(t):.0f})" if x else f"{n} n/a")
+        hours += " | snapshots, mean share (trades): " + " ".join(cells)
     head = f"{r['tag']:<24} {r['wall_s']:5.0f}s oracle {oracle} ridge {r['ridge']:+.2f} long {r['buy_and_hold']:+.2f}"
     return f"{head} | test (share) {seeds}{ens}{hours}"
 

@@ -165,6 +165,53 @@ def test_the_learner_grid_scores_every_epoch_on_test_without_changing_what_it_ke
     assert "by epoch, mean share" in grid["line"](watched) and "by epoch" not in grid["line"](plain)
 
 
+def test_the_learner_grid_scores_snapshot_ensembles_of_the_epochs_without_changing_what_it_keeps(tmp_path, monkeypatch):
+    """scripts/learner_grid.py's "snapshots": every epoch's Q of every member kept, and policies
+    made of them scored on test, a diagnostic only: the job's own numbers are those of the same
+    job without it; its epoch rows are the fold's own policy where that policy is one epoch's
+    (one seed: the kept epoch; a seed ensemble with `select: last`: the last); and the means
+    over epochs and members are the plain means (snapshot_policies on hand-made Q)."""
+    import json
+    import runpy
+
+    monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
+    grid = runpy.run_path("scripts/learner_grid.py")
+    job = json.loads(open("scripts/grids/cpu_tiny.json").read())[0]
+    job["cfg"] = {**job["cfg"], "epochs": 3, "patience": 3}
+    for cfg, seeds in (({}, [0, 1]), ({"seeds": 3, "select": "last"}, [0])):
+        one = {**job, "cfg": {**job["cfg"], **cfg}, "seeds": seeds}
+        plain = grid["run_job"](one, "cpu")
+        watched = grid["run_job"]({**one, "snapshots": True}, "cpu")
+        assert watched["best_epochs"] == plain["best_epochs"]
+        for s, v in watched["seeds"].items():
+            assert {k: v[k] for k in ("sharpe", "n_trades")} == {
+                k: plain["seeds"][s][k] for k in ("sharpe", "n_trades")
+            }
+            snaps = v["snapshots"]
+            assert set(snaps) == {"e0", "e1", "e2", "last", "snap_all", "snap_late"}
+            own = "last" if cfg else f"e{watched['best_epochs'][int(s)]}"
+            assert snaps[own]["sharpe"] == pytest.approx(v["sharpe"]) and snaps[own]["n_trades"] == v["n_trades"]
+            assert snaps["last"] == snaps["e2"]
+        assert "snapshots, mean share" in grid["line"](watched) and "snapshots" not in grid["line"](plain)
+
+    # the means, by hand: member 1 diverged at epoch 1, so only members 0 and 2 count anywhere
+    g = torch.Generator().manual_seed(0)
+    q = [torch.randn(3, 4, 3, 3, generator=g) for _ in range(3)]  # per epoch: (members 0-2, T 4, 3, 3)
+    epochs = [
+        {"members": [0, 1, 2], "val": None, "test": q[0]},
+        {"members": [0, 2], "val": None, "test": q[1][[0, 2]]},
+        {"members": [0, 2], "val": None, "test": q[2][[0, 2]]},
+    ]
+    out = grid["snapshot_policies"](epochs)
+    by_epoch = [(q[e][0] + q[e][2]) / 2 for e in range(3)]
+    for e in range(3):
+        torch.testing.assert_close(out[f"e{e}"], by_epoch[e])
+    torch.testing.assert_close(out["last"], by_epoch[2])
+    torch.testing.assert_close(out["snap_all"], (by_epoch[0] + by_epoch[1] + by_epoch[2]) / 3)
+    torch.testing.assert_close(out["snap_late"], (by_epoch[1] + by_epoch[2]) / 2)
+    assert grid["snapshot_policies"]([]) == {}
+
+
 def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeypatch):
     """scripts/learner_probes.py: the gated network is the plain one while its gate is at 0
     and projects nothing when it is shut; the LayerNorm network against F.layer_norm by hand;
