@@ -270,7 +270,13 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
                 snaps.update(fold=f, into=[])
             r = trainer.run_fold(f, seed=(100 * s if ensemble else s) + f.k)
             if snaps:
-                for name, q in snapshot_policies(snaps["into"]).items():
+                chooser = data.window(f.chooser, cfg.fill)
+
+                def val_score(q, chooser=chooser):  # the trainer's selection score of one member's Q
+                    periods = backtest(q, chooser, cfg.cost).periods.as_dict()
+                    return pooled.score(pooled.pooled([periods], cfg.cost, ppy))
+
+                for name, q in snapshot_policies(snaps["into"], val_score).items():
                     periods = backtest(q, data.window(f.test, cfg.fill), cfg.cost).periods.as_dict()
                     snap_tests[s].setdefault(name, []).append(periods)
             tests[s].append(r.test_periods or NO_RESULT)
@@ -347,10 +353,15 @@ def watch_snapshots(trainer) -> dict:
     return watch
 
 
-def snapshot_policies(epochs: list[dict]) -> dict[str, torch.Tensor]:
+def snapshot_policies(epochs: list[dict], val_score=None) -> dict[str, torch.Tensor]:
     """The test window's (T, 3, 3) Q of each snapshot policy (learner_grid's doc, "snapshots"),
     from `epochs` as watch_snapshots keeps them. Only the members that every epoch scored count
-    (a diverged or stopped member drops out of all of them); none: no policies."""
+    (a diverged or stopped member drops out of all of them); none: no policies. With
+    `val_score(q)` (a member's Q on the chooser window -> its selection score) also "val_all",
+    each member's epoch chosen on that score as the trainer chooses it (the first best), their
+    mean Q (the fold's own policy under `select: val_score`), and "val_late", the same choice
+    among the epochs after the first (epoch 0 ends while epsilon is still falling; its greedy
+    policy is mostly flat, and flat scores 0, above any unlucky epoch's val)."""
     if not epochs:
         return {}
     common = set(epochs[0]["members"]).intersection(*(e["members"] for e in epochs))
@@ -367,6 +378,16 @@ def snapshot_policies(epochs: list[dict]) -> dict[str, torch.Tensor]:
     out["snap_all"] = torch.stack(per_epoch).mean(0)
     if len(per_epoch) > 1:
         out["snap_late"] = torch.stack(per_epoch[1:]).mean(0)
+    if val_score is not None:
+        for name, first in (("val_all", 0), ("val_late", 1)):
+            if len(epochs) <= first:
+                continue
+            picks = []
+            for k in sorted(common):
+                scores = [val_score(e["val"][e["members"].index(k)]) for e in epochs[first:]]
+                e = epochs[first + int(np.argmax(scores))]  # the first best, as the trainer keeps it
+                picks.append(e["test"][e["members"].index(k)])
+            out[name] = torch.stack(picks).mean(0)
     return out
 
 

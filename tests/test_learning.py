@@ -178,7 +178,7 @@ def test_the_learner_grid_scores_snapshot_ensembles_of_the_epochs_without_changi
     grid = runpy.run_path("scripts/learner_grid.py")
     job = json.loads(open("scripts/grids/cpu_tiny.json").read())[0]
     job["cfg"] = {**job["cfg"], "epochs": 3, "patience": 3}
-    for cfg, seeds in (({}, [0, 1]), ({"seeds": 3, "select": "last"}, [0])):
+    for cfg, seeds in (({}, [0, 1]), ({"seeds": 3, "select": "last"}, [0]), ({"seeds": 3}, [0])):
         one = {**job, "cfg": {**job["cfg"], **cfg}, "seeds": seeds}
         plain = grid["run_job"](one, "cpu")
         watched = grid["run_job"]({**one, "snapshots": True}, "cpu")
@@ -188,9 +188,14 @@ def test_the_learner_grid_scores_snapshot_ensembles_of_the_epochs_without_changi
                 k: plain["seeds"][s][k] for k in ("sharpe", "n_trades")
             }
             snaps = v["snapshots"]
-            assert set(snaps) == {"e0", "e1", "e2", "last", "snap_all", "snap_late"}
-            own = "last" if cfg else f"e{watched['best_epochs'][int(s)]}"
-            assert snaps[own]["sharpe"] == pytest.approx(v["sharpe"]) and snaps[own]["n_trades"] == v["n_trades"]
+            assert set(snaps) == {"e0", "e1", "e2", "last", "snap_all", "snap_late", "val_all", "val_late"}
+            if cfg.get("select") == "last":
+                own = ["last"]
+            else:  # the members' own val choices, re-made; one seed's is one epoch
+                own = ["val_all"] + ([] if cfg else [f"e{watched['best_epochs'][int(s)]}"])
+            for name in own:
+                assert snaps[name]["sharpe"] == pytest.approx(v["sharpe"]), name
+                assert snaps[name]["n_trades"] == v["n_trades"], name
             assert snaps["last"] == snaps["e2"]
         assert "snapshots, mean share" in grid["line"](watched) and "snapshots" not in grid["line"](plain)
 
