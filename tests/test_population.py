@@ -38,6 +38,7 @@ MEMBERS = [
         reward_scale=5e3,
         tau=0.05,
         patience=1,
+        select_from=1,
         episode_len=10,
         grad_clip=1.0,
         weight_decay=1e-3,

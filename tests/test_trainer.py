@@ -248,6 +248,27 @@ def test_a_select_window_chooses_the_epoch_and_val_only_scores_it(synth_cache):
     assert result.val_periods == val.periods.as_dict()
 
 
+def test_select_from_trains_and_scores_the_early_epochs_and_never_keeps_them(synth_cache):
+    """select_from = k: epochs before k are trained and in the curve but never kept, and
+    patience counts from k. With k = epochs - 1 the kept epoch is the last one, as select:
+    last keeps it (same training, same test); with patience 1 the fold still runs to k."""
+    market = cache.open(synth_cache)
+    data = DeviceData(market)
+    fold = make_folds(market.ts, FOLDS)[1]
+    strip = lambda curve: [{k: v for k, v in c.items() if not k.endswith("_s")} for c in curve]  # noqa: E731
+    last = Trainer(data, TINY.replace(epochs=3, select="last")).run_fold(fold, seed=4)
+    late = Trainer(data, TINY.replace(epochs=3, select_from=2, patience=1)).run_fold(fold, seed=4)
+    assert strip(late.curve) == strip(last.curve) and len(late.curve) == 3  # patience 1 did not stop it
+    assert (late.best_epoch, late.test, late.val) == (2, last.test, last.val)
+    # the default choice on the same training can keep an earlier epoch; select_from 1 never keeps 0
+    for seed in range(4):
+        plain = Trainer(data, TINY.replace(epochs=3)).run_fold(fold, seed=seed)
+        one = Trainer(data, TINY.replace(epochs=3, select_from=1)).run_fold(fold, seed=seed)
+        assert strip(one.curve) == strip(plain.curve)[: len(one.curve)] and one.best_epoch >= 1
+        scores = [c["val_score"] for c in one.curve]
+        assert one.best_epoch == 1 + int(np.argmax(scores[1:]))  # the first best of the eligible epochs
+
+
 def test_divergence_is_a_status_not_an_exception(synth_cache):
     data = DeviceData(cache.open(synth_cache))
     fold = make_folds(cache.open(synth_cache).ts, FOLDS)[0]
@@ -280,6 +301,10 @@ def test_config_errors_name_the_key():
         DQNConfig(dtype="float16")
     with pytest.raises(ConfigError, match=r"^dqn\.noise_calendar: 'no' must be true or false$"):
         DQNConfig(noise_calendar="no")
+    with pytest.raises(ConfigError, match=r"^dqn\.select_from: 3 must be an integer in \[0, epochs\) = \[0, 3\)$"):
+        DQNConfig(epochs=3, select_from=3)
+    with pytest.raises(ConfigError, match=r"^dqn\.select_from: -1 must be"):
+        DQNConfig(select_from=-1)
     docs = field_docs()
     assert set(docs) == set(DQNConfig().as_dict()) and all(docs.values())
 

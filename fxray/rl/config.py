@@ -59,6 +59,11 @@ class TrainConfig:
     select: str = "val_score"
     """which epoch's weights a fold keeps: val_score (the best score on the val window,
     fxray.eval.pooled.score) or last (the last epoch; patience unused)"""
+    select_from: int = 0
+    """the first epoch (0-based) whose weights a fold may keep: earlier epochs are trained and
+    scored (their curve rows stay) but never kept, and patience counts from this one. 1 keeps
+    epoch 0, whose greedy policy after the first epoch's exploration is mostly flat (and flat
+    scores 0 on val, above an unlucky trained epoch), out of the choice"""
     seeds: int = 1
     """seeds trained per fold, as one population (fxray.rl.ensemble); > 1: the fold's policy
     is their mean Q, its val score and test are the ensemble's, each seed's Sharpe beside it"""
@@ -112,6 +117,9 @@ class TrainConfig:
             self._fail("cost", "must be in [0, 0.1) (return units)")
         if self.select not in ("val_score", "last"):
             self._fail("select", "must be 'val_score' or 'last'")
+        sf = self.select_from
+        if not isinstance(sf, int) or isinstance(sf, bool) or not 0 <= sf < self.epochs:
+            self._fail("select_from", f"must be an integer in [0, epochs) = [0, {self.epochs})")
         if self.fill not in ("next_open", "close"):
             self._fail("fill", "must be 'next_open' or 'close'")
         if self.dtype not in ("float32", "bfloat16"):

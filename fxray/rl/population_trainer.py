@@ -200,6 +200,8 @@ class PopulationTrainer:
                         f"member {k} fold {fold.k} epoch {epoch}: loss {loss:.4f}  val score {score:+.2f}  "
                         f"eps {eps:.2f}"
                     )
+                if epoch < cfgs[k].select_from:  # scored, never kept (TrainConfig.select_from)
+                    continue
                 if cfgs[k].select == "last" or score > best_score[k]:
                     best_score[k], best_epoch[k], best_val[k], bad_epochs[k] = score, epoch, val, 0
                     for b, p in zip(self.best_params, self.algo.params):

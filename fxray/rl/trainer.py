@@ -181,6 +181,8 @@ class Trainer:
                     f"fold {fold.k} epoch {epoch}: loss {loss:.4f}  val score {score:+.2f}  eps {eps:.2f}  "
                     f"{t2 - t0:.2f}s"
                 )
+            if epoch < cfg.select_from:  # scored, never kept; patience counts from select_from
+                continue
             if cfg.select == "last" or score > best_score:
                 best_score, best_epoch, best_val, bad_epochs = score, epoch, val, 0
                 for b, p in zip(self.best_params, self.algo.params):
