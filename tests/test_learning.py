@@ -178,7 +178,9 @@ def test_the_learner_grid_scores_snapshot_ensembles_of_the_epochs_without_changi
     grid = runpy.run_path("scripts/learner_grid.py")
     job = json.loads(open("scripts/grids/cpu_tiny.json").read())[0]
     job["cfg"] = {**job["cfg"], "epochs": 3, "patience": 3}
-    for cfg, seeds in (({}, [0, 1]), ({"seeds": 3, "select": "last"}, [0]), ({"seeds": 3}, [0])):
+    ensembles = ({"seeds": 3, "select": "last"}, {"seeds": 3}, {"seeds": 3, "select_from": 1})
+    cases = [({}, [0, 1])] + [(cfg, [0]) for cfg in ensembles]
+    for cfg, seeds in cases:
         one = {**job, "cfg": {**job["cfg"], **cfg}, "seeds": seeds}
         plain = grid["run_job"](one, "cpu")
         watched = grid["run_job"]({**one, "snapshots": True}, "cpu")
@@ -191,6 +193,8 @@ def test_the_learner_grid_scores_snapshot_ensembles_of_the_epochs_without_changi
             assert set(snaps) == {"e0", "e1", "e2", "last", "snap_all", "snap_late", "val_all", "val_late"}
             if cfg.get("select") == "last":
                 own = ["last"]
+            elif cfg.get("select_from"):  # the trainer's select_from 1 is the probe's val_late
+                own = ["val_late"]
             else:  # the members' own val choices, re-made; one seed's is one epoch
                 own = ["val_all"] + ([] if cfg else [f"e{watched['best_epochs'][int(s)]}"])
             for name in own:
