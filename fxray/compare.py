@@ -29,7 +29,7 @@ import numpy as np
 
 from fxray.cli import command_parser
 from fxray.track.compare import CompareError, load_experiment, open_store, summarize, sweep_experiments
-from fxray.track.report import bp, fmt, share_text, sharpe_line, verdict
+from fxray.track.report import bp, flat_text, fmt, share_text, sharpe_line, verdict
 from fxray.track.verdict import json_ready, verdict_png
 from fxray.track.verdict import text as verdict_text
 
@@ -64,7 +64,7 @@ def report(s: dict) -> str:
         f"     (DSR: N = {b['n_trials_counted']} trials started; the best of N by luck would reach "
         f"{fmt(b['sr0'], '+.2f')} here)",
         f"     at 2x cost {test['sharpe_2x']:+.2f}, at 3x {test['sharpe_3x']:+.2f}; break-even cost "
-        f"{bp(test['break_even_cost'])}; {test['n_trades']} trades",
+        f"{bp(test['break_even_cost'])}; {test['n_trades']} trades" + flat_text(test),
         "     beside it: "
         + ", ".join(f"{n} {sharpe_line(r)}" for n, r in refs.items())
         + ", flat 0"

@@ -34,7 +34,7 @@ from fxray.rl.device import DeviceData
 from fxray.rl.ensemble import make_trainer
 from fxray.rl.overrides import parse_sets
 from fxray.track.records import FoldRecord
-from fxray.track.report import bp, fmt, share_text, sharpe_line
+from fxray.track.report import bp, flat_text, fmt, share_text, sharpe_line
 from fxray.track.results import pooled_stats
 
 
@@ -112,7 +112,8 @@ def pooled_report(pooled: dict, cost: float, fill: str) -> str:
         f"pooled over {test['n_days']} test days ({test['n_periods']} hours) at {bp(cost)}, fill {fill}:",
         f"  val  Sharpe {sharpe_line(val)}",
         f"  test Sharpe {sharpe_line(test)}  PSR {fmt(test['psr'], '.3f')}; at 2x cost {test['sharpe_2x']:+.2f}, "
-        f"3x {test['sharpe_3x']:+.2f}; break-even cost {bp(test['break_even_cost'])}; {test['n_trades']} trades",
+        f"3x {test['sharpe_3x']:+.2f}; break-even cost {bp(test['break_even_cost'])}; {test['n_trades']} trades"
+        + flat_text(test),
         "  beside it: " + ", ".join(f"{n} {sharpe_line(s)}" for n, s in refs.items()) + ", flat 0" + share_text(test),
     ]
     return "\n".join(lines)

@@ -49,6 +49,7 @@ def test_pooled_matches_an_independent_computation():
     assert s["sharpe_se"] == pytest.approx(se * math.sqrt(PPY), rel=1e-10)
     assert s["psr"] == pytest.approx(stats.norm.cdf(sr / se), abs=1e-12)
     assert (s["n_periods"], s["n_active"], s["evidence"]) == (480, 480, "ok")
+    assert (s["n_windows"], s["flat_windows"]) == (4, 0)
     assert s["n_trades"] == int((u > 0).sum()) and s["turnover"] == pytest.approx(u.sum() / (60 * 480))
     assert s["hit_rate"] == pytest.approx(np.mean(r > 0)) and s["total_return"] == pytest.approx(r.sum())
     gross = r + COST * u
@@ -286,3 +287,23 @@ def test_calendar_of_a_24x5_market_and_a_24x7_one():
     cal7 = Calendar.of(crypto)
     assert cal7.session_offset_ns == 0 and cal7.periods_per_year == pytest.approx(365.25 * 24, rel=0.01)
     assert (cal7.session_day(crypto) == crypto // DAY_NS).all()
+
+
+def test_flat_windows_counts_the_windows_without_a_position():
+    """A window whose every hour returns 0 is flat (the policy held nothing); one hour with a
+    return (even a loss, even a cost alone) is not; the report says so in one clause."""
+    from fxray.track.report import flat_text
+
+    ws = random_windows(1, n=5)
+    ws[1] = window(np.zeros(120))
+    ws[3] = window(np.zeros(120))
+    tiny = np.zeros(120)
+    tiny[7] = -COST  # one hour that paid a cost: it traded
+    ws[4] = window(tiny, units=(np.arange(120) == 7).astype(float))
+    s = pooled.pooled(ws, COST, PPY)
+    reference = sum(1 for w in ws if all(x == 0 for x in w["net"]))
+    assert (s["n_windows"], s["flat_windows"]) == (5, reference) == (5, 2)
+    assert flat_text(s) == "; no position in 2 of 5 test windows"
+    assert flat_text(pooled.pooled(ws[:1], COST, PPY)) == "" and flat_text({"sharpe": 1.0}) == ""
+    none = pooled.pooled([window(np.zeros(24))], COST, PPY)
+    assert none["evidence"] == "none" and (none["n_windows"], none["flat_windows"]) == (1, 1)

@@ -21,6 +21,9 @@ Every statistic here (formulas and references in docs/metrics.md):
 - oracle_share, oracle_share_se  a policy's pooled Sharpe as a share of the oracle's on
               the same windows, and the delta-method standard error of that ratio from the
               two Sharpes' joint distribution (Ledoit & Wolf 2008)
+- n_windows, flat_windows  the windows pooled, and those in which the policy never held a
+              position (no period with a return): a policy that sits out most windows
+              (a val choice that kept a flat epoch) shows it here, not only in its Sharpe
 - evidence    "none" (no trade, or no period with a return), "thin" (fewer than
               MIN_ACTIVE periods with a return: the Sharpe of a handful of
               observations says little, and `score` shrinks it), "ok"
@@ -91,6 +94,8 @@ def pooled(windows: list[dict], cost: float, periods_per_year: float) -> dict:
         "total_return": float(net.sum()),
         "break_even_cost": None,
         "n_active": active,
+        "n_windows": len(windows),
+        "flat_windows": sum(1 for w in windows if not np.any(np.asarray(w["net"], dtype=np.float64))),
         "evidence": evidence,
         "cost": cost,
         "periods_per_year": periods_per_year,

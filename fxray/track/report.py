@@ -93,6 +93,7 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
     print(
         f"  at 2x cost {test['sharpe_2x']:+.2f}, 3x cost {test['sharpe_3x']:+.2f}; break-even cost "
         f"{bp(test['break_even_cost'])}; {test['n_trades']} trades, turnover {test['turnover']:.4f} per bar"
+        + flat_text(test)
     )
     beside = [f"{name} {sharpe_line(s)}" for name, s in refs.items()]
     print("  beside it: " + ", ".join(beside) + ", flat 0" + share_text(test))
@@ -115,6 +116,13 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
     print("  " + verdict(b))
     uri = results.get("tracking_uri")
     print(f"  judge it further: fxray compare {results['experiment']}" + (f" --tracking-uri {uri}" if uri else ""))
+
+
+def flat_text(test: dict) -> str:
+    """'; no position in k of n test windows' where the policy sat some windows out (pooled's
+    flat_windows; absent from results written before it was counted)."""
+    k, n = test.get("flat_windows"), test.get("n_windows")
+    return f"; no position in {k} of {n} test windows" if k else ""
 
 
 def vote_line(vote: dict) -> str:

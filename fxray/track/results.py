@@ -233,6 +233,7 @@ def write_results(
         "best_test_oracle_share": test["oracle_share"],
         "best_test_oracle_share_se": test.get("oracle_share_se"),
         "best_test_break_even_cost": test["break_even_cost"],
+        "best_test_flat_windows": test.get("flat_windows"),
         "n_trials": len(trials),
         "n_trials_counted": n_started,
         "walk_forward_test_sharpe": walk["sharpe"] if walk else None,
