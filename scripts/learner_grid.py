@@ -25,11 +25,12 @@ and 60 bars' return fitted on its train slice (RidgeInputData; the ridge referen
 fits on them too); with it, "only_columns": [i, ...] makes every other input read 0 (a
 diagnostic: the oracle and ridge references then read those 0s too and are not the market's);
 "ridge_columns": [i, ...] or "oracle" fits those predictions on those inputs only (told them);
-"epoch_tests": true also scores every epoch's weights on the fold's test window, never used to
-choose anything: each seed gets `epochs`, per epoch the pooled test Sharpe, share and trades of
-the policy that stopped there (give the job "cfg": {"patience": epochs} so every fold runs them
-all), a diagnostic of where in training the out-of-sample edge is; and `common_epoch`, the one
-epoch for every fold that the pooled val windows of all folds choose, with its test.
+"epoch_tests": true also scores every epoch's weights (a seed ensemble's: their mean Q) on the
+fold's test window, never used to choose anything: each seed gets `epochs`, per epoch the
+pooled test Sharpe, share and trades of the policy that stopped there (give the job "cfg":
+{"patience": epochs} so every fold runs them all), a diagnostic of where in training the
+out-of-sample edge is; and `common_epoch`, the one epoch for every fold that the pooled val
+windows of all folds choose, with its test.
 "snapshots": true (a seed ensemble's config too) keeps every epoch's Q-values of every member on
 the fold's val and test windows, and scores policies made of them on test, from the same
 training: "last" (the members' mean Q at the last epoch: `select: last`), "e<j>" (at epoch j),
@@ -189,9 +190,8 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
     t0 = time.time()
     tests = {s: [] for s in seeds}
     per_epoch = {s: [] for s in seeds}  # "epoch_tests": per fold, each epoch's val and test periods
-    watch = watch_epochs(trainer) if job.get("epoch_tests") else {}
-    snaps = watch_snapshots(trainer) if job.get("snapshots") else {}
     snap_tests = {s: {} for s in seeds}  # "snapshots": per seed, per policy, each fold's test periods
+    watch = watch_epochs(trainer) if job.get("epoch_tests") or job.get("snapshots") else {}
     ens, refs, best_epochs = [], {}, []
     edge_hours = data.oracle[1] if data.oracle else None
     period_ns = data.calendar.period_ns
@@ -248,7 +248,7 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
             "seeds": {
                 str(s): stat(tests[s])
                 | ({"epochs": epochs(s), "common_epoch": common_epoch(s)} if job.get("epoch_tests") else {})
-                | ({"snapshots": {n: brief(w) for n, w in snap_tests[s].items()}} if snaps else {})
+                | ({"snapshots": {n: brief(w) for n, w in snap_tests[s].items()}} if job.get("snapshots") else {})
                 for s in seeds
             },
             "best_epochs": best_epochs,
@@ -264,21 +264,28 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
         qs = []
         for s in seeds:
             if watch:
-                per_epoch[s].append([])
-                watch.update(fold=f, into=per_epoch[s][-1])
-            if snaps:
-                snaps.update(fold=f, into=[])
+                watch.update(fold=f, into=[])
             r = trainer.run_fold(f, seed=(100 * s if ensemble else s) + f.k)
-            if snaps:
-                chooser = data.window(f.chooser, cfg.fill)
+            if watch:
+                chooser, test = data.window(f.chooser, cfg.fill), data.window(f.test, cfg.fill)
 
-                def val_score(q, chooser=chooser):  # the trainer's selection score of one member's Q
-                    periods = backtest(q, chooser, cfg.cost).periods.as_dict()
-                    return pooled.score(pooled.pooled([periods], cfg.cost, ppy))
+                def periods(q, window):
+                    return backtest(q, window, cfg.cost).periods.as_dict()
 
-                for name, q in snapshot_policies(snaps["into"], val_score).items():
-                    periods = backtest(q, data.window(f.test, cfg.fill), cfg.cost).periods.as_dict()
-                    snap_tests[s].setdefault(name, []).append(periods)
+                if job.get("epoch_tests"):  # each epoch's policy: the mean Q of the members it scored
+                    per_epoch[s].append(
+                        [
+                            {"val": periods(e["val"].mean(0), chooser), "test": periods(e["test"].mean(0), test)}
+                            for e in watch["into"]
+                        ]
+                    )
+                if job.get("snapshots"):
+
+                    def val_score(q, chooser=chooser):  # the trainer's selection score of one member's Q
+                        return pooled.score(pooled.pooled([periods(q, chooser)], cfg.cost, ppy))
+
+                    for name, q in snapshot_policies(watch["into"], val_score).items():
+                        snap_tests[s].setdefault(name, []).append(periods(q, test))
             tests[s].append(r.test_periods or NO_RESULT)
             best_epochs.append(r.best_epoch)
             net_bp = 1e4 * float(np.sum(tests[s][-1]["net"]))
@@ -301,30 +308,13 @@ def run_job(job: dict, device: str, on_fold=None) -> dict:
 
 
 def watch_epochs(trainer) -> dict:
-    """Make `trainer` also score each epoch's weights on a fold's test window. run_fold scores
-    every epoch on `fold.chooser` and nothing else on it, so each such call is one epoch; its
-    chooser and test periods are appended to `watch["into"]` while `watch["fold"]` is that fold (the caller
-    sets both before each run_fold). A diagnostic: run_fold's choices are unchanged."""
-    evaluate, watch = trainer.evaluate, {"fold": None, "into": None}
-
-    def scored(window):
-        result = evaluate(window)
-        fold = watch["fold"]
-        if fold is not None and tuple(window) == tuple(fold.chooser):
-            watch["into"].append({"val": result.periods.as_dict(), "test": evaluate(fold.test).periods.as_dict()})
-        return result
-
-    trainer.evaluate = scored
-    return watch
-
-
-def watch_snapshots(trainer) -> dict:
-    """Make `trainer` (a Trainer or an EnsembleTrainer) keep, at every epoch's scoring on a
-    fold's chooser window, the scored members' Q-values on that window and on the fold's test
-    window: `watch["into"]` gets one {"members", "val", "test"} per epoch ((M, T, 3, 3) each),
-    while `watch["fold"]` is that fold (the caller sets both before each run_fold). The weights
-    then are that epoch's (scoring comes before any copy to the kept weights). A diagnostic:
-    run_fold's choices are unchanged."""
+    """Make `trainer` (a Trainer or an EnsembleTrainer) keep every epoch's Q-values: run_fold
+    scores each epoch on `fold.chooser` and nothing else on it, so at each such call the scored
+    members' Q on that window and on the fold's test window go to `watch["into"]`, one
+    {"members", "val", "test"} per epoch ((M, T, 3, 3) each), while `watch["fold"]` is that
+    fold (the caller sets both before each run_fold). The weights then are that epoch's
+    (scoring comes before any copy to the kept weights). What "epoch_tests" and "snapshots"
+    score. A diagnostic: run_fold's choices are unchanged."""
     watch = {"fold": None, "into": None}
     population = getattr(trainer, "population", None)
     if population is None:  # one seed: Trainer.evaluate(window)
@@ -379,13 +369,13 @@ def snapshot_policies(epochs: list[dict], val_score=None) -> dict[str, torch.Ten
     if len(per_epoch) > 1:
         out["snap_late"] = torch.stack(per_epoch[1:]).mean(0)
     if val_score is not None:
+        scores = {k: [val_score(e["val"][e["members"].index(k)]) for e in epochs] for k in sorted(common)}
         for name, first in (("val_all", 0), ("val_late", 1)):
             if len(epochs) <= first:
                 continue
             picks = []
-            for k in sorted(common):
-                scores = [val_score(e["val"][e["members"].index(k)]) for e in epochs[first:]]
-                e = epochs[first + int(np.argmax(scores))]  # the first best, as the trainer keeps it
+            for k, member in scores.items():
+                e = epochs[first + int(np.argmax(member[first:]))]  # the first best, as the trainer keeps it
                 picks.append(e["test"][e["members"].index(k)])
             out[name] = torch.stack(picks).mean(0)
     return out
