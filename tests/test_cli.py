@@ -188,6 +188,7 @@ def test_train_cli_writes_per_fold_json(tmp_path, synth_cache, short_folds_exper
         (["--folds", "7"], ["--folds", "7"]),
         (["--set", "widht=3"], ["widht"]),
         (["--set", "gamma=2"], ["gamma"]),
+        (["--epochs", "1"], ["dqn.select_from", "select_from=0"]),  # the experiment keeps epochs from 1 on
         (["--device", "tpu"], ["--device"]),
         (["--data", "/nonexistent.fxcache"], ["/nonexistent.fxcache"]),
     ],

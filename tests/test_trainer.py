@@ -301,8 +301,10 @@ def test_config_errors_name_the_key():
         DQNConfig(dtype="float16")
     with pytest.raises(ConfigError, match=r"^dqn\.noise_calendar: 'no' must be true or false$"):
         DQNConfig(noise_calendar="no")
-    with pytest.raises(ConfigError, match=r"^dqn\.select_from: 3 must be an integer in \[0, epochs\) = \[0, 3\)$"):
+    with pytest.raises(ConfigError, match=r"^dqn\.select_from: 3 must .* 3\): lower it \(--set select_from=0\)"):
         DQNConfig(epochs=3, select_from=3)
+    with pytest.raises(ConfigError, match=r"^dqn\.select_from: -1 must be an integer in \[0, epochs\) = \[0, 3\)$"):
+        DQNConfig(epochs=3, select_from=-1)
     with pytest.raises(ConfigError, match=r"^dqn\.select_from: -1 must be"):
         DQNConfig(select_from=-1)
     docs = field_docs()
