@@ -100,6 +100,36 @@ def test_rc_spa_stepm_equal_arch_called_directly_on_the_same_matrix(against):
     assert got["spa_pvalue"] < 0.05 and "a" in got["stepm_kept"] and "b" not in got["stepm_kept"]
 
 
+@pytest.mark.parametrize("edge_b, seed", [(0.07, 0), (0.10, 1), (0.25, 0), (0.0, 0)])
+def test_stepm_keeps_every_trial_when_its_steps_reject_them_all(edge_b, seed):
+    """Trial a beats flat by far, b barely: in the first two cases StepM's first step rejects
+    a only and its second rejects b (arch 8.0's StepM.compute then runs SPA on no model and
+    raises); in the third one step rejects both, in the fourth b is never rejected. The
+    steps by hand (SPA on the models left, until a step rejects none) are the reference."""
+    r = np.random.default_rng(seed).normal(0.0, 1.0, (400, 2))
+    r[:, 0] += 1.0
+    r[:, 1] += edge_b
+    got = snooping.superior_ability(r, None, ["a", "b"])
+    b = got["block_size"]
+    omega = np.sqrt(plain_long_run_var(r, b))
+    spa = SPA(np.zeros(400), -r / omega, block_size=b, reps=1000, seed=0)
+    left, kept = np.ones(2, dtype=bool), []
+    while left.any():
+        spa.subset(left)
+        spa.compute()
+        step = [int(i) for i in spa.better_models(0.05)]
+        if not step:
+            break
+        kept += step
+        left[step] = False
+    assert got["stepm_kept"] == sorted("ab"[i] for i in kept)
+    assert got["stepm_kept"] == (["a"] if edge_b == 0.0 else ["a", "b"])
+    if edge_b in (0.07, 0.10):  # the case arch's own loop cannot finish
+        stepm = StepM(np.zeros(400), -r / omega, block_size=b, reps=1000, seed=0)
+        with pytest.raises(ValueError, match="zero-size array"):
+            stepm.compute()
+
+
 def test_spa_without_an_edge_and_without_a_trade():
     rng = np.random.default_rng(3)
     noise = rng.standard_normal((500, 6)) * 1e-4

@@ -172,7 +172,7 @@ def superior_ability(
     rc = RealityCheck(zeros, -d, block_size=b, reps=reps, bootstrap="stationary", studentize=False, seed=seed)
     rc.compute()
     stepm = StepM(zeros, -studentized, size=size, block_size=b, reps=reps, bootstrap="stationary", seed=seed)
-    stepm.compute()
+    superior = stepm_superior(stepm)
     p = {k: float(v) for k, v in spa.pvalues.items()}
     if d.mean(axis=0).max() <= 0:
         # Hansen's statistic is max(max_k t_k, 0): 0 when no trial's mean beats the benchmark,
@@ -185,12 +185,33 @@ def superior_ability(
         spa_pvalue_lower=p["lower"],
         spa_pvalue_upper=p["upper"],
         reality_check_pvalue=float(rc.pvalues["upper"]),
-        stepm_kept=sorted(kept_ids[i] for i in stepm.superior_models),
+        stepm_kept=sorted(kept_ids[i] for i in superior),
         block_size=b,
         best_t=float(math.sqrt(d.shape[0]) * d[:, best].mean() / omega[best]),
         best_trial_id=kept_ids[best],
     )
     return out
+
+
+def stepm_superior(stepm) -> list[int]:
+    """The models an arch StepM finds superior: its own compute()'s steps (SPA on the models
+    not yet rejected, until a step rejects none), stopped also when none is left. arch 8.0's
+    loop tests only the last step's rejections against the number of models, so when steps
+    reject them all between them (the CPU quick start's full trials, each beating flat) it
+    runs SPA on no model and raises; up to that point both are the same computation."""
+    spa, k = stepm.spa, stepm.k
+    spa.compute()
+    better = [int(i) for i in spa.better_models(stepm.size)]
+    found = better[:]
+    while better and len(found) < k:
+        rest = np.ones(k, dtype=bool)
+        rest[found] = False
+        spa.subset(rest)
+        spa.compute()
+        better = [int(i) for i in spa.better_models(stepm.size)]
+        found.extend(better)
+    spa.subset(np.ones(k, dtype=bool))
+    return sorted(found)
 
 
 # --- the placebo sweeps ----------------------------------------------------------------------
