@@ -136,7 +136,7 @@ def superior_ability(
     exceed it and has no variance to studentize: it is left out (`n_identical`). StepM
     keeps the trials it finds better than the benchmark, family-wise error `size`.
     None p-values when no trial differs from the benchmark."""
-    from arch.bootstrap import SPA, RealityCheck, StepM
+    from arch.bootstrap import SPA, RealityCheck
 
     bench = np.zeros(returns.shape[0]) if benchmark is None else np.asarray(benchmark, np.float64)
     excess = returns - bench[:, None]  # (T, n) the trials' hourly returns over the benchmark's
@@ -171,8 +171,10 @@ def superior_ability(
     spa.compute()
     rc = RealityCheck(zeros, -d, block_size=b, reps=reps, bootstrap="stationary", studentize=False, seed=seed)
     rc.compute()
-    stepm = StepM(zeros, -studentized, size=size, block_size=b, reps=reps, bootstrap="stationary", seed=seed)
-    superior = stepm_superior(stepm)
+    # StepM's steps on an SPA of their own (arch's StepM builds the same one)
+    superior = stepm_superior(
+        SPA(zeros, -studentized, block_size=b, reps=reps, bootstrap="stationary", seed=seed), size
+    )
     p = {k: float(v) for k, v in spa.pvalues.items()}
     if d.mean(axis=0).max() <= 0:
         # Hansen's statistic is max(max_k t_k, 0): 0 when no trial's mean beats the benchmark,
@@ -193,24 +195,21 @@ def superior_ability(
     return out
 
 
-def stepm_superior(stepm) -> list[int]:
-    """The models an arch StepM finds superior: its own compute()'s steps (SPA on the models
-    not yet rejected, until a step rejects none), stopped also when none is left. arch 8.0's
-    loop tests only the last step's rejections against the number of models, so when steps
+def stepm_superior(spa, size: float) -> list[int]:
+    """Romano & Wolf's StepM as arch's StepM.compute runs it (SPA on the models not yet
+    rejected, until a step rejects none), stopped also when none is left: arch 8.0's loop
+    tests only the last step's rejections against the number of models, so when its steps
     reject them all between them (the CPU quick start's full trials, each beating flat) it
-    runs SPA on no model and raises; up to that point both are the same computation."""
-    spa, k = stepm.spa, stepm.k
-    spa.compute()
-    better = [int(i) for i in spa.better_models(stepm.size)]
-    found = better[:]
-    while better and len(found) < k:
-        rest = np.ones(k, dtype=bool)
-        rest[found] = False
+    runs SPA on no model and raises. Up to that point both are the same computation."""
+    rest, found = np.ones(spa.k, dtype=bool), []
+    while rest.any():
         spa.subset(rest)
         spa.compute()
-        better = [int(i) for i in spa.better_models(stepm.size)]
-        found.extend(better)
-    spa.subset(np.ones(k, dtype=bool))
+        step = [int(i) for i in spa.better_models(size)]
+        if not step:
+            break
+        found += step
+        rest[step] = False
     return sorted(found)
 
 

@@ -118,10 +118,14 @@ class TrainConfig:
         if self.select not in ("val_score", "last"):
             self._fail("select", "must be 'val_score' or 'last'")
         sf = self.select_from
-        if not isinstance(sf, int) or isinstance(sf, bool) or not 0 <= sf < self.epochs:
-            late = isinstance(sf, int) and not isinstance(sf, bool) and sf >= self.epochs
-            fix = ": lower it (--set select_from=0) or train more epochs" if late else ""
-            self._fail("select_from", f"must be an integer in [0, epochs) = [0, {self.epochs}){fix}")
+        if not isinstance(sf, int) or isinstance(sf, bool) or sf < 0:
+            self._fail("select_from", f"must be an integer in [0, epochs) = [0, {self.epochs})")
+        if sf >= self.epochs:
+            self._fail(
+                "select_from",
+                f"must be an integer in [0, epochs) = [0, {self.epochs}): "
+                "lower it (--set select_from=0) or train more epochs",
+            )
         if self.fill not in ("next_open", "close"):
             self._fail("fill", "must be 'next_open' or 'close'")
         if self.dtype not in ("float32", "bfloat16"):
