@@ -17,6 +17,8 @@ more, on the mean of seeds 0-3 (>= 0.6: 0.79 here), and every seed must reach 0.
 (docs/benchmarks.md, "The learning floor on another CPU", "Demonstrations").
 """
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -79,7 +81,6 @@ def test_the_cpu_profile_reaches_a_floor_share_of_the_oracle_on_a_small_planted_
 def test_the_learner_grid_counts_the_trading_in_the_edge_hours(tmp_path, capsys, monkeypatch):
     """scripts/learner_grid.py: a tiny session-market job on the CPU, and its in_edge_hours
     against a count by hand."""
-    import json
     import runpy
 
     monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))  # the grid's market, not the user's cache
@@ -143,7 +144,6 @@ def test_the_learner_grid_scores_every_epoch_on_test_without_changing_what_it_ke
     window, a diagnostic only: the job's kept weights and numbers are those of the same job
     without it, and the kept epoch's row is the kept policy's test; the epoch chosen for every
     fold on the pooled val windows is, with one fold, the fold's own choice."""
-    import json
     import runpy
 
     monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
@@ -171,7 +171,6 @@ def test_the_learner_grid_scores_snapshot_ensembles_of_the_epochs_without_changi
     job without it; its epoch rows are the fold's own policy where that policy is one epoch's
     (one seed: the kept epoch; a seed ensemble with `select: last`: the last); and the means
     over epochs and members are the plain means (snapshot_policies on hand-made Q)."""
-    import json
     import runpy
 
     monkeypatch.setenv("FXRAY_CACHE_DIR", str(tmp_path / "cache"))
@@ -228,7 +227,6 @@ def test_the_learner_probes_compute_what_they_say(synth_cache, tmp_path, monkeyp
     online network's greedy moves; cost_known is the plain Q less
     the move's cost; cost_split's positions differ by p G(x) only; warm starts a fold from
     the last fold's kept weights; a tiny grid runs with each."""
-    import json
     import runpy
 
     import torch.nn.functional as F
@@ -444,3 +442,65 @@ def test_floor_seeds_refuses_bad_input_in_one_line(capsys):
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("floor_seeds.py: error: "), lines
     assert script["main"]([]) == 2 and "floor_seeds.py" in capsys.readouterr().err
+
+
+def test_across_draws_averages_each_config_over_its_market_draws_and_pairs_them(tmp_path, capsys):
+    """scripts/across_draws.py: jobs grouped by config and market (not by the market's seed),
+    the share of a draw the mean over its seeds, the group's the mean over draws with the
+    draws' standard error, the differences paired by draw (and by seed with the first config
+    of the market); results from two calls add up; a bad call is one line and exit 2."""
+    import runpy
+    import statistics
+
+    script = runpy.run_path("scripts/across_draws.py")
+    cfg_a, cfg_b, mk = {"epochs": 3}, {"epochs": 3, "demo": 1.0}, {"n_bars": 1000}
+
+    def job(tag, cfg, draw, seeds):
+        return {"tag": tag, "cfg": cfg, "market": {**mk, "seed": draw}, "seeds": seeds}
+
+    def result(tag, oracle, ridge, shares):
+        return {
+            "tag": tag,
+            "oracle": oracle,
+            "ridge": ridge,
+            "seeds": {str(s): {"oracle_share": v} for s, v in shares.items()},
+        }
+
+    grid1 = [job("a, draw 1", cfg_a, 1, [0, 1]), job("b, draw 1", cfg_b, 1, [0, 1]), job("twin", cfg_a, 9, [0])]
+    res1 = [
+        result("a, draw 1", 4.0, 2.0, {0: 0.2, 1: 0.6}),
+        result("b, draw 1", 4.0, 2.0, {0: 0.5, 1: 0.7}),
+        result("twin", None, 1.0, {0: None}),  # no oracle: left out
+    ]
+    grid2 = [job("a, draw 2", cfg_a, 2, [0]), job("b, draw 2", cfg_b, 2, [0, 1])]
+    res2 = [result("a, draw 2", 5.0, 4.0, {0: 1.0}), result("b, draw 2", 5.0, 4.0, {0: 0.8, 1: 0.0})]
+    files = []
+    for i, obj in enumerate((grid1, res1, grid2, res2)):
+        files.append(tmp_path / f"{i}.json")
+        files[-1].write_text(json.dumps(obj))
+    out = tmp_path / "table.json"
+    assert script["main"]([str(f) for f in files] + ["--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["label"] for r in rows] == ["a", "b"]
+    a, b = rows
+    # a: draw 1 mean(0.2, 0.6) = 0.4, draw 2 1.0; ridge shares 0.5 and 0.8
+    assert a["share_mean"] == pytest.approx(0.7) and a["share_se"] == pytest.approx(
+        statistics.stdev([0.4, 1.0]) / 2**0.5
+    )
+    assert a["ridge_share_mean"] == pytest.approx(0.65)
+    assert a["vs_ridge"]["mean"] == pytest.approx(((0.4 - 0.5) + (1.0 - 0.8)) / 2)
+    assert "vs_first" not in a
+    # b against a, paired by draw over the seeds both ran:
+    # draw 1 ((0.5-0.2)+(0.7-0.6))/2 = 0.2; draw 2 seed 0 only: -0.2
+    assert b["share_mean"] == pytest.approx((0.6 + 0.4) / 2)
+    assert b["vs_first"]["mean"] == pytest.approx(0.0) and b["vs_first"]["draws"] == 2
+    assert b["vs_first"]["se"] == pytest.approx(statistics.stdev([0.2, -0.2]) / 2**0.5)
+    assert "over draws: policy +0.70 ± 0.30" in capsys.readouterr().out
+    for args, needle in (
+        ([str(files[0])], "pairs"),
+        ([str(files[1]), str(files[0])], "no job"),
+        ([str(tmp_path / "x"), str(files[1])], "No such file"),
+    ):
+        assert script["main"](args) == 2, args
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("across_draws.py: error: "), lines
