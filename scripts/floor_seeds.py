@@ -1,8 +1,11 @@
 """The learning floor's measurement for any seeds and any change to the CPU profile's config:
-tests/test_learning.py's market (60k bars, beta 0.09, 3 folds of 15d/3d/3d) and its
+tests/test_learning.py's markets (60k bars, beta 0.09, 3 folds of 15d/3d/3d) and its
 pooled_test, one torch thread, one line of JSON a seed.
 
     OMP_NUM_THREADS=1 python scripts/floor_seeds.py '{"steps_per_epoch": 200}' 0,1,2,3,4,5
+    OMP_NUM_THREADS=1 python scripts/floor_seeds.py '{}' 0,1,2,3 --draws    # seed d on draw d, as the test
+
+Without --draws every seed trains on draw 0 (synth seed 0); with it, seed d trains on draw d.
 
 The first argument is a JSON object of DQNConfig fields ('{}' for the profile as it is).
 """
@@ -29,7 +32,10 @@ from fxray.rl import experiment as expmod  # noqa: E402
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    draws = "--draws" in args
+    if draws:
+        args.remove("--draws")
     if len(args) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
@@ -42,17 +48,19 @@ def main(argv=None) -> int:
         print(f"floor_seeds.py: error: {e}; e.g. '{{\"steps_per_epoch\": 200}}' 0,1,2", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
+    markets = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "floor.fxcache"
-        to_cache(MARKET, path)
-        market = cache.open(path)
         for seed in seeds:
+            draw = seed if draws else 0
+            if draw not in markets:
+                path = Path(tmp) / f"floor{draw}.fxcache"
+                to_cache(dataclasses.replace(MARKET, seed=draw), path)
+                markets[draw] = cache.open(path)
             t0 = time.perf_counter()
-            stats = pooled_test(market, cfg, seed)
+            stats = pooled_test(markets[draw], cfg, seed)
             share = pooled.oracle_share(stats["dqn"], stats["oracle"])
-            print(
-                json.dumps({"changes": changes, "seed": seed, "share": share, "s": round(time.perf_counter() - t0, 1)})
-            )
+            s = round(time.perf_counter() - t0, 1)
+            print(json.dumps({"changes": changes, "draw": draw, "seed": seed, "share": share, "s": s}))
     return 0
 
 
