@@ -14,9 +14,16 @@ and scores them on the same test windows, pooled, beside the oracle:
     all, true hours  every input, the true hours
     all, arc         every input; the arc chosen on train as above
     ridge            every input, no gate (fxray's supervised baseline)
+    t>2.5, t>3       the market inputs whose next-bar t-statistic on train passes 2.5 or 3
+                     (fxray.eval.baselines.screen_columns), no gate: a screen before the ridge
 
     python scripts/discoverable.py                       # the session market, GPU and CPU profiles
     python scripts/discoverable.py --json discoverable.json
+    python scripts/discoverable.py --only "default, GPU" --draws 0-7  # each market at synth seeds 0..7
+
+With --draws each market runs at each of those seeds (fresh draws of its generator), and a
+summary per market gives each rule's pooled test Sharpe less the ridge rule's, as a mean over
+draws with its standard error (Sharpe, not share: on some draws the oracle's Sharpe is near 0).
 
 A rule that is told less and still reaches most of the oracle says the edge can be found from
 the data of one train slice; one that falls far below it says a learner that must find the
@@ -44,9 +51,11 @@ from fxray.data.folds import FoldSpec, make_folds  # noqa: E402
 from fxray.eval import baselines, pooled  # noqa: E402
 from fxray.eval.backtest import evaluate  # noqa: E402
 from fxray.rl.device import DeviceData  # noqa: E402
+from fxray.rl.frontend import clock_mask  # noqa: E402
 
 COST = 4e-5
 SCREEN_K = (2, 4, 8)  # columns the train-slice screen keeps
+SCREEN_T = (2.5, 3.0)  # the t-statistic screens' thresholds
 MARKETS = (
     (
         "session, GPU profile",
@@ -162,6 +171,9 @@ def fold_rules(data: DeviceData, fold) -> dict:
     for k, c in screened.items():
         specs[f"top{k}, true hours"] = (c, true_hours)
         specs[f"top{k}, no gate"] = (c, None)
+    market_cols = torch.nonzero(clock_mask(data.n_inputs, x.device) == 0).flatten()
+    for t_min in SCREEN_T:
+        specs[f"t>{t_min}"] = (baselines.screen_columns(x, train.fresh, t_min, market_cols), None)
     hits = {k: len(set(c.tolist()) & set(cols.tolist())) for k, c in screened.items()}
     out = {}
     for name, (c, hours) in specs.items():
@@ -169,11 +181,15 @@ def fold_rules(data: DeviceData, fold) -> dict:
         if gate is not None and not bool(gate.any()):
             out[name] = None  # no hour chosen: flat on test
             continue
-        rule = baselines.fit_rule(x, train.fresh, COST, carry=train.carry, columns=c, gate=gate)
         s, e = fold.test[0], fold.test[1] - 1
+        test = data.window(fold.test, "next_open")
+        if c is not None and len(c) == 0:  # the screen kept no input: flat on this fold's test
+            out[name] = evaluate(torch.zeros(e - s, dtype=torch.int8), test, COST).periods.as_dict()
+            continue
+        rule = baselines.fit_rule(x, train.fresh, COST, carry=train.carry, columns=c, gate=gate)
         xt = data.states(torch.arange(s, e))
         gt = None if hours is None else in_set(data.bar_hours(s, e), hours)
-        out[name] = evaluate(rule.positions(xt, gt), data.window(fold.test, "next_open"), COST).periods.as_dict()
+        out[name] = evaluate(rule.positions(xt, gt), test, COST).periods.as_dict()
     out["_chosen"] = {k: {"arc": list(v["arc"]), "t>2": sorted(v["t>2"])} for k, v in chosen.items()}
     out["_chosen"]["screen_hits"] = hits
     return out
@@ -212,32 +228,74 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the numbers here")
     p.add_argument("--only", nargs="*", metavar="TAG", help="run the markets whose tag contains one of these")
+    p.add_argument("--draws", type=draw_range, metavar="A-B", help="run each market at synth seeds A..B")
     args = p.parse_args(argv)
     os.environ.setdefault("FXRAY_CACHE_DIR", str(Path.home() / ".cache" / "fxray"))
     results = []
     for tag, spec, folds_kw in MARKETS:
         if args.only and not any(o in tag for o in args.only):
             continue
-        r = run(tag, spec, folds_kw)
-        results.append(r)
-        print(f"\n{tag} ({len(r['chosen'])} folds)")
-        for name, v in r["rules"].items():
-            if v["sharpe"] is None:
-                print(f"  {name:<18} flat on every fold (no hour chosen)")
-                continue
-            share = "n/a" if v["oracle_share"] is None else f"{v['oracle_share']:.2f}"
-            if v["oracle_share_se"]:
-                share += f" ± {v['oracle_share_se']:.2f}"
-            se = "" if v["sharpe_se"] is None else f" ± {v['sharpe_se']:.2f}"
-            print(f"  {name:<18} {v['sharpe']:+6.2f}{se}  share {share:>12}  trades {v['n_trades']}")
-        hits = " ".join(str(c["screen_hits"]) for c in r["chosen"])
-        print(f"  planted columns among the screen's top k, per fold: {hits}")
-        for which in ("cols", "all"):
-            arcs = " ".join("{}-{}".format(*c[which]["arc"]) for c in r["chosen"])
-            print(f"  arcs chosen on train ({which}): {arcs}")
+        for d in args.draws or [None]:
+            if d is not None:
+                tag_d, spec_d = f"{tag}, draw {d}", {**spec, "seed": d}
+            else:
+                tag_d, spec_d = tag, spec
+            results.append(run(tag_d, spec_d, folds_kw))
+            report(results[-1])
+        if args.draws:
+            print(over_draws(tag, results[-len(args.draws) :]))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
+
+
+def draw_range(text: str) -> list[int]:
+    a, _, b = text.partition("-")
+    try:
+        lo, hi = int(a), int(b or a)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range of seeds like 0-7") from None
+    if hi < lo:
+        raise argparse.ArgumentTypeError(f"{text!r}: the range ends before it starts")
+    return list(range(lo, hi + 1))
+
+
+def over_draws(tag: str, runs: list[dict]) -> str:
+    """Each rule's pooled test Sharpe less the ridge rule's, mean ± se over the draws."""
+    lines = [f"\n{tag}, over {len(runs)} draws: each rule's pooled test Sharpe less the ridge rule's"]
+    for name in runs[0]["rules"]:
+        diffs = [
+            r["rules"][name]["sharpe"] - r["rules"]["ridge"]["sharpe"]
+            for r in runs
+            if r["rules"][name]["sharpe"] is not None
+        ]
+        if len(diffs) < 2 or name == "ridge":
+            continue
+        m = float(np.mean(diffs))
+        se = float(np.std(diffs, ddof=1) / np.sqrt(len(diffs)))
+        better = sum(d > 0 for d in diffs)
+        lines.append(f"  {name:<18} {m:+6.2f} ± {se:.2f}  (above the ridge rule on {better} of {len(diffs)} draws)")
+    return "\n".join(lines)
+
+
+def report(r: dict) -> None:
+    """One market's rules, as printed per market (and per draw with --draws)."""
+    tag = r["tag"]
+    print(f"\n{tag} ({len(r['chosen'])} folds)")
+    for name, v in r["rules"].items():
+        if v["sharpe"] is None:
+            print(f"  {name:<18} flat on every fold (no hour chosen)")
+            continue
+        share = "n/a" if v["oracle_share"] is None else f"{v['oracle_share']:.2f}"
+        if v["oracle_share_se"]:
+            share += f" ± {v['oracle_share_se']:.2f}"
+        se = "" if v["sharpe_se"] is None else f" ± {v['sharpe_se']:.2f}"
+        print(f"  {name:<18} {v['sharpe']:+6.2f}{se}  share {share:>12}  trades {v['n_trades']}")
+    hits = " ".join(str(c["screen_hits"]) for c in r["chosen"])
+    print(f"  planted columns among the screen's top k, per fold: {hits}")
+    for which in ("cols", "all"):
+        arcs = " ".join("{}-{}".format(*c[which]["arc"]) for c in r["chosen"])
+        print(f"  arcs chosen on train ({which}): {arcs}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,16 @@ import pytest
 import torch
 
 from fxray.eval import baselines
-from fxray.eval.baselines import ENTER_QUANTILES, EXIT_SHARES, HORIZONS, RIDGE, fit_rule, hysteresis, net_returns
+from fxray.eval.baselines import (
+    ENTER_QUANTILES,
+    EXIT_SHARES,
+    HORIZONS,
+    RIDGE,
+    fit_rule,
+    hysteresis,
+    net_returns,
+    screen_columns,
+)
 
 
 def np_hysteresis(s: np.ndarray, enter: float, exit: float) -> np.ndarray:
@@ -103,3 +112,29 @@ def test_no_signal_on_train_is_a_flat_rule():
     rule = fit_rule(torch.from_numpy(x), torch.from_numpy(fresh), cost=5e-3)  # a cost nothing can pay
     assert rule.enter == math.inf and not rule.positions(torch.from_numpy(x)).any()
     assert baselines.Rule is type(rule)
+
+
+def test_the_screen_keeps_the_columns_whose_ols_t_statistic_passes():
+    """screen_columns against the textbook OLS t-statistic of each column alone (numpy's
+    lstsq with an intercept, the slope's standard error from the residual variance): the
+    planted column passes, pure-noise columns mostly do not, and candidates restrict it."""
+    x, fresh = small_market(seed=4)
+    rng = np.random.default_rng(5)
+    x[:, 3] = np.cumsum(rng.standard_normal(len(x))) / 30  # a slow, trending input
+
+    def t_ref(col):
+        A = np.column_stack((np.ones(len(col)), col))
+        coef, res, *_ = np.linalg.lstsq(A, fresh, rcond=None)
+        sigma2 = res[0] / (len(col) - 2)
+        cov = sigma2 * np.linalg.inv(A.T @ A)
+        return coef[1] / np.sqrt(cov[1, 1])
+
+    t = np.array([t_ref(x[:, j]) for j in range(x.shape[1])])
+    for t_min in (1.0, 2.0, 3.0):
+        got = screen_columns(torch.from_numpy(x), torch.from_numpy(fresh), t_min).tolist()
+        assert got == [j for j in range(x.shape[1]) if abs(t[j]) > t_min], (t_min, t)
+    assert abs(t[0]) > 3 and screen_columns(torch.from_numpy(x), torch.from_numpy(fresh), 3.0).tolist()[:1] == [0]
+    some = screen_columns(torch.from_numpy(x), torch.from_numpy(fresh), 0.0, candidates=[1, 2, 3]).tolist()
+    assert some == [1, 2, 3]  # every candidate with a nonzero t, and none outside them
+    x[:, 2] = 0.0  # a constant input has no t: never kept
+    assert 2 not in screen_columns(torch.from_numpy(x), torch.from_numpy(fresh), 0.0).tolist()

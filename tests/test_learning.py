@@ -511,3 +511,30 @@ def test_across_draws_averages_each_config_over_its_market_draws_and_pairs_them(
         assert script["main"](args) == 2, args
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("across_draws.py: error: "), lines
+
+
+def test_discoverable_summarises_rules_over_draws_against_the_ridge_rule(capsys):
+    """scripts/discoverable.py --draws: each rule's pooled test Sharpe less the ridge rule's,
+    mean and standard error over the draws, and on how many draws it is above; a rule flat on
+    every fold of a draw (Sharpe None) leaves that draw out; a bad range is refused."""
+    import runpy
+    import statistics
+
+    script = runpy.run_path("scripts/discoverable.py")
+
+    def run(ridge, screen, arc):
+        return {"rules": {"ridge": {"sharpe": ridge}, "t>3.0": {"sharpe": screen}, "all, arc": {"sharpe": arc}}}
+
+    runs = [run(1.0, 3.0, None), run(2.0, 1.5, 0.5), run(-1.0, 2.0, 1.0)]
+    text = script["over_draws"]("m", runs)
+    diffs = [2.0, -0.5, 3.0]
+    se = statistics.stdev(diffs) / 3**0.5
+    assert (
+        f"t>3.0              {statistics.mean(diffs):+6.2f} ± {se:.2f}  (above the ridge rule on 2 of 3 draws)" in text
+    )
+    assert "all, arc" in text and "on 1 of 2 draws" in text  # the draw where it was flat is left out
+    assert "  ridge " not in text
+    assert script["draw_range"]("3-5") == [3, 4, 5] and script["draw_range"]("2") == [2]
+    with pytest.raises(SystemExit):
+        script["main"](["--draws", "5-3"])
+    assert "the range ends before it starts" in capsys.readouterr().err

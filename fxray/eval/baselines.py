@@ -82,6 +82,31 @@ def ridge_gram(X: torch.Tensor) -> torch.Tensor:
     return X.T @ X + RIDGE * max(n, 1) * torch.eye(k, dtype=torch.float64, device=X.device)
 
 
+def screen_columns(x: torch.Tensor, fresh: torch.Tensor, t_min: float, candidates=None) -> torch.Tensor:
+    """(k,) int64: the columns of x (n, n_inputs), among `candidates` (None = all), whose
+    univariate least-squares slope on the next bar's fresh return (n,) has |t| > t_min, with
+    t = slope / its ordinary standard error, on these rows only (a train slice).
+
+    A screen of the inputs before the ridge: the next bar's return, not the next h bars', so
+    that the rows' errors do not overlap and a slow input (a trend or volatility level, which
+    a 60-day slice's drift correlates with) gets no more t than its evidence. Measured against
+    the ridge on every input in docs/benchmarks.md ("Fresh draws")."""
+    cols = (
+        torch.arange(x.shape[1], device=x.device)
+        if candidates is None
+        else torch.as_tensor(candidates, device=x.device)
+    )
+    X = x[:, cols].double()
+    y = fresh.double()
+    Xc, yc = X - X.mean(0), y - y.mean()
+    sxx = (Xc**2).sum(0)
+    slope = (Xc.T @ yc) / sxx.clamp_min(1e-300)
+    resid = ((yc**2).sum() - slope**2 * sxx).clamp_min(0.0)  # per column: the residual sum of squares
+    se = torch.sqrt(resid / max(len(y) - 2, 1) / sxx.clamp_min(1e-300))
+    t = torch.where((sxx > 0) & (se > 0), slope / se, torch.zeros_like(slope))
+    return cols[t.abs() > t_min]
+
+
 def hysteresis_moves(signal: torch.Tensor, enter: float, exit: float) -> torch.Tensor:
     """(T, 3) int64: the rule's new position index (0 short, 1 flat, 2 long) at each bar from
     each previous one: enter beyond +-enter, hold while beyond +-exit, else flat."""
