@@ -62,8 +62,8 @@ def test_the_table_is_the_ridge_rules_path_on_the_train_slice_only(market_data):
     # no look-ahead: the returns after the train slice do not change it
     market = data.returns.clone()
     data.returns[b:] = torch.randn(data.returns.shape[0] - b, generator=torch.Generator().manual_seed(1)) * 1e-3
-    key = (repr(fold.as_dict()), cfg.cost, cfg.fill)
-    assert torch.equal(data.demo_moves[key], table[a:b])  # fitted once per (fold, cost, fill)
+    key = (repr(fold.as_dict()), cfg.cost, cfg.fill, 0.0)  # screen_t 0: no screen
+    assert torch.equal(data.demo_moves[key], table[a:b])  # fitted once per (fold, cost, fill, screen)
     data.demo_moves.clear()  # fitted again, on the changed returns
     try:
         assert torch.equal(demo.fit(data, fold, cfg.cost, cfg.fill), table)
@@ -150,3 +150,27 @@ def test_a_bad_demo_setting_is_a_one_line_error(key, value, words):
     with pytest.raises(ConfigError) as err:
         DQNConfig(**{key: value})
     assert str(err.value).startswith(words) and "\n" not in str(err.value)
+
+
+def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data):
+    """screen_t > 0: the demonstrator is the ridge rule on the market inputs that pass the
+    screen (cached apart from the unscreened one); a screen nothing passes demonstrates flat."""
+    from fxray.rl import frontend
+
+    data, fold = market_data
+    data.set_fold(fold)
+    cfg = BASE
+    a, b = fold.train[0], fold.train[1] - 1
+    x = data.states(torch.arange(a, b))
+    train = data.window(fold.train, cfg.fill)
+    market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
+    kept = baselines.screen_columns(x, train.fresh, 2.0, market)
+    assert 0 < len(kept) < len(market), kept
+    rule = baselines.fit_rule(x, train.fresh, cfg.cost, carry=train.carry, columns=kept)
+    table = demo.fit(data, fold, cfg.cost, cfg.fill, screen_t=2.0)
+    one_hot = torch.zeros(b - a, 3, 3).scatter_(2, table[a:b].long().unsqueeze(2), 1.0)
+    path = backtest.greedy_positions(one_hot)
+    assert torch.equal(path, rule.positions(x)) and path.abs().sum() > 0
+    assert not torch.equal(table, demo.fit(data, fold, cfg.cost, cfg.fill))  # not the unscreened table
+    flat = demo.fit(data, fold, cfg.cost, cfg.fill, screen_t=100.0)
+    assert bool((flat == 1).all())

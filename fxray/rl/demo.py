@@ -23,21 +23,31 @@ import torch
 
 from fxray.data.folds import Fold
 from fxray.eval import baselines
+from fxray.rl import frontend
 
 
-def fit(data, fold: Fold, cost: float, fill: str) -> torch.Tensor:
+def fit(data, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> torch.Tensor:
     """(n_bars, 3) int8 on the data's device: at each train bar (with a next bar) and previous
     position index (0 short, 1 flat, 2 long), the index the ridge rule moves to; 1 elsewhere.
     `data.set_fold(fold)` must have run (the inputs' normalisation is the train slice's). The
     rule's moves depend on the fold, the cost and the fill only: fitted once per data
-    (`data.demo_moves`), as the reference rules are, not once per trial and fold."""
+    (`data.demo_moves`), as the reference rules are, not once per trial and fold. `screen_t` > 0:
+    the rule on the market inputs that pass the screen only (fxray.eval.baselines.screen_columns;
+    none passing: a flat rule)."""
     a, b = fold.train[0], fold.train[1] - 1
-    key = (repr(fold.as_dict()), cost, fill)
+    key = (repr(fold.as_dict()), cost, fill, screen_t)
     if key not in data.demo_moves:
         train = data.window(fold.train, fill)
         x = data.states(torch.arange(a, b, device=data.device))
-        rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry)
-        data.demo_moves[key] = baselines.hysteresis_moves(rule.signal(x), rule.enter, rule.exit).to(torch.int8)
+        columns = None
+        if screen_t > 0:
+            market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
+            columns = baselines.screen_columns(x, train.fresh, screen_t, market)
+        if columns is not None and len(columns) == 0:  # the screen kept no input: a flat rule
+            data.demo_moves[key] = torch.ones(b - a, 3, dtype=torch.int8, device=data.device)
+        else:
+            rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry, columns=columns)
+            data.demo_moves[key] = baselines.hysteresis_moves(rule.signal(x), rule.enter, rule.exit).to(torch.int8)
     table = torch.ones(data.n_bars, 3, dtype=torch.int8, device=data.device)
     table[a:b] = data.demo_moves[key]
     return table

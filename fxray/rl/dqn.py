@@ -365,9 +365,10 @@ class DQN:
         slice), replay and agents; then fill n replay rows (no learning)."""
         self.learner.reset(seed)
         if self.cfg.inputs == "ridge":
-            self.learner.set_front(*frontend.fit(self.data, self.data.fold, self.cfg.fill))
+            self.learner.set_front(*frontend.fit(self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t))
         if self.cfg.demo > 0:  # the fold's demonstrations: the ridge rule fitted on its train slice
-            self.learner.demo_table.copy_(demo.fit(self.data, self.data.fold, self.cfg.cost, self.cfg.fill))
+            table = demo.fit(self.data, self.data.fold, self.cfg.cost, self.cfg.fill, screen_t=self.cfg.screen_t)
+            self.learner.demo_table.copy_(table)
         self.replay.reset()
         self.env.reset()
         self.global_step.zero_()

@@ -27,21 +27,32 @@ HORIZONS = (5, 20, 60)  # bars ahead the front end's ridge predictions look
 N_FRONT = len(HORIZONS) + len(CALENDAR_INDICES)  # the Q-network's inputs with inputs: ridge
 
 
-def fit(data, fold: Fold, fill: str, regressors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def fit(
+    data, fold: Fold, fill: str, regressors: torch.Tensor | None = None, screen_t: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(A (N_FRONT, n_inputs), c (N_FRONT,)) float32 on the data's device for `fold`'s train
     slice: rows 0-2 the ridge predictions (fxray.eval.baselines.ridge_gram, the supervised
     baseline's penalty) of the next-h-bar fresh return from the non-clock inputs, scaled to
     mean 0 and std 1 over the train slice; rows 3-6 pick the clock inputs. `data.set_fold(fold)`
     must have run (the inputs' normalisation is the train slice's). `regressors` (n_inputs,)
     bool: the inputs the ridge may use instead of the non-clock ones (scripts/learner_grid.py's
-    diagnostics)."""
+    diagnostics). `screen_t` > 0: only those of them whose next-bar t-statistic on the train
+    slice passes it (fxray.eval.baselines.screen_columns); with none passing, the prediction
+    rows read 0."""
     a, b = fold.train
     window = data.window(fold.train, fill)  # the train bars that have a next bar, and their fresh returns
     z = data.states(torch.arange(a, b - 1, device=data.device)).double()
     market = clock_mask(data.n_inputs, data.device) == 0 if regressors is None else regressors
+    if screen_t > 0:
+        kept = baselines.screen_columns(z, window.fresh, screen_t, torch.nonzero(market).flatten())
+        market = torch.zeros_like(market)
+        market[kept] = True
     X = z[:, market]
     Y = torch.stack([baselines.forward_sum(window.fresh, h) for h in HORIZONS], 1)  # (n, 3)
-    W = torch.linalg.solve(baselines.ridge_gram(X), X.T @ Y)  # (k, 3): one solve for every horizon
+    if X.shape[1]:
+        W = torch.linalg.solve(baselines.ridge_gram(X), X.T @ Y)  # (k, 3): one solve for every horizon
+    else:  # the screen kept no input
+        W = X.new_zeros(0, len(HORIZONS))
     pred = X @ W
     sd = pred.std(0)
     scale = torch.where(sd > 1e-12, 1.0 / sd, torch.zeros_like(sd))  # no signal to scale: the row reads 0

@@ -55,6 +55,7 @@ SHAPE_FIELDS = (
     "update",
     "seeds",
     "inputs",
+    "screen_t",
 )
 
 
@@ -346,13 +347,12 @@ class Population:
                     p[k].copy_(f)
                     tp[k].copy_(f)
         if self.q_network.front:
-            frontend.load(
-                (self.q_network, self.target_network), *frontend.fit(self.data, self.data.fold, self.cfg.fill)
-            )
+            front = frontend.fit(self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t)
+            frontend.load((self.q_network, self.target_network), *front)
         if self.demo_table is not None:  # each member's demonstrations (the rule depends on its cost)
             for k, c in enumerate(self.cfgs):
                 if c.demo > 0:
-                    self.demo_table[k].copy_(demo.fit(self.data, self.data.fold, c.cost, self.cfg.fill))
+                    self.demo_table[k].copy_(demo.fit(self.data, self.data.fold, c.cost, self.cfg.fill, c.screen_t))
         self.active.fill_(True)
         self.optimizer.reset()
         for x in (self.updates, self.replay_steps, self.global_step, self.ep_step):
