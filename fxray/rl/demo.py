@@ -43,11 +43,8 @@ def fit(data, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> torc
         if screen_t > 0:
             market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
             columns = baselines.screen_columns(x, train.fresh, screen_t, market)
-        if columns is not None and len(columns) == 0:  # the screen kept no input: a flat rule
-            data.demo_moves[key] = torch.ones(b - a, 3, dtype=torch.int8, device=data.device)
-        else:
-            rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry, columns=columns)
-            data.demo_moves[key] = baselines.hysteresis_moves(rule.signal(x), rule.enter, rule.exit).to(torch.int8)
+        rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry, columns=columns)  # none kept: flat
+        data.demo_moves[key] = baselines.hysteresis_moves(rule.signal(x), rule.enter, rule.exit).to(torch.int8)
     table = torch.ones(data.n_bars, 3, dtype=torch.int8, device=data.device)
     table[a:b] = data.demo_moves[key]
     return table

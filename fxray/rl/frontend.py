@@ -49,10 +49,7 @@ def fit(
         market[kept] = True
     X = z[:, market]
     Y = torch.stack([baselines.forward_sum(window.fresh, h) for h in HORIZONS], 1)  # (n, 3)
-    if X.shape[1]:
-        W = torch.linalg.solve(baselines.ridge_gram(X), X.T @ Y)  # (k, 3): one solve for every horizon
-    else:  # the screen kept no input
-        W = X.new_zeros(0, len(HORIZONS))
+    W = torch.linalg.solve(baselines.ridge_gram(X), X.T @ Y)  # (k, 3): one solve for every horizon (k = 0: (0, 3))
     pred = X @ W
     sd = pred.std(0)
     scale = torch.where(sd > 1e-12, 1.0 / sd, torch.zeros_like(sd))  # no signal to scale: the row reads 0
