@@ -16,6 +16,7 @@ and scores them on the same test windows, pooled, beside the oracle:
     ridge            every input, no gate (fxray's supervised baseline)
     t>2.5, t>3       the market inputs whose next-bar t-statistic on train passes 2.5 or 3
                      (fxray.eval.baselines.screen_columns), no gate: a screen before the ridge
+    ... robust       the same with White's heteroskedasticity-consistent standard error
 
     python scripts/discoverable.py                       # the session market, GPU and CPU profiles
     python scripts/discoverable.py --json discoverable.json
@@ -174,6 +175,7 @@ def fold_rules(data: DeviceData, fold) -> dict:
     market_cols = torch.nonzero(clock_mask(data.n_inputs, x.device) == 0).flatten()
     for t_min in SCREEN_T:
         specs[f"t>{t_min}"] = (baselines.screen_columns(x, train.fresh, t_min, market_cols), None)
+        specs[f"t>{t_min} robust"] = (baselines.screen_columns(x, train.fresh, t_min, market_cols, robust=True), None)
     hits = {k: len(set(c.tolist()) & set(cols.tolist())) for k, c in screened.items()}
     out = {}
     for name, (c, hours) in specs.items():

@@ -138,3 +138,38 @@ def test_the_screen_keeps_the_columns_whose_ols_t_statistic_passes():
     assert some == [1, 2, 3]  # every candidate with a nonzero t, and none outside them
     x[:, 2] = 0.0  # a constant input has no t: never kept
     assert 2 not in screen_columns(torch.from_numpy(x), torch.from_numpy(fresh), 0.0).tolist()
+
+
+def test_the_robust_screen_uses_whites_standard_error():
+    """screen_columns(robust=True) against White's HC0 sandwich written as matrices (numpy:
+    (A'A)^-1 A' diag(e^2) A (A'A)^-1 with an intercept column), on returns whose variance
+    moves with one input's size: there the ordinary t overstates that input, the robust one
+    does not, and the two screens keep different columns."""
+    x, fresh = small_market(seed=6)
+    rng = np.random.default_rng(7)
+    loud = np.abs(x[:, 4]) ** 2  # the return's variance rises with input 4's size
+    fresh = fresh + 1e-4 * loud * rng.standard_normal(len(fresh)) + 2e-6 * x[:, 4] * loud
+
+    def t_hc0(col):
+        A = np.column_stack((np.ones(len(col)), col))
+        bread = np.linalg.inv(A.T @ A)
+        coef = bread @ A.T @ fresh
+        e = fresh - A @ coef
+        cov = bread @ (A.T * e**2) @ A @ bread
+        return coef[1] / np.sqrt(cov[1, 1])
+
+    def t_ols(col):
+        A = np.column_stack((np.ones(len(col)), col))
+        coef, res, *_ = np.linalg.lstsq(A, fresh, rcond=None)
+        return coef[1] / np.sqrt(res[0] / (len(col) - 2) * np.linalg.inv(A.T @ A)[1, 1])
+
+    t = np.array([t_hc0(x[:, j]) for j in range(x.shape[1])])
+    for t_min in (0.5, 1.0, 2.0, 3.0):
+        got = screen_columns(torch.from_numpy(x), torch.from_numpy(fresh), t_min, robust=True).tolist()
+        assert got == [j for j in range(x.shape[1]) if abs(t[j]) > t_min], (t_min, t)
+    t4 = t_ols(x[:, 4])
+    assert abs(t4) > 1.5 * abs(t[4])  # the ordinary error is too small where the variance moves with x
+    cut = (abs(t[4]) + abs(t4)) / 2
+    plain = screen_columns(torch.from_numpy(x), torch.from_numpy(fresh), cut).tolist()
+    robust = screen_columns(torch.from_numpy(x), torch.from_numpy(fresh), cut, robust=True).tolist()
+    assert 4 in plain and 4 not in robust

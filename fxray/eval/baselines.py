@@ -82,15 +82,20 @@ def ridge_gram(X: torch.Tensor) -> torch.Tensor:
     return X.T @ X + RIDGE * max(n, 1) * torch.eye(k, dtype=torch.float64, device=X.device)
 
 
-def screen_columns(x: torch.Tensor, fresh: torch.Tensor, t_min: float, candidates=None) -> torch.Tensor:
+def screen_columns(
+    x: torch.Tensor, fresh: torch.Tensor, t_min: float, candidates=None, robust: bool = False
+) -> torch.Tensor:
     """(k,) int64: the columns of x (n, n_inputs), among `candidates` (None = all), whose
     univariate least-squares slope on the next bar's fresh return (n,) has |t| > t_min, with
-    t = slope / its ordinary standard error, on these rows only (a train slice).
+    t = slope / its standard error, on these rows only (a train slice).
 
     A screen of the inputs before the ridge: the next bar's return, not the next h bars', so
     that the rows' errors do not overlap and a slow input (a trend or volatility level, which
-    a 60-day slice's drift correlates with) gets no more t than its evidence. Measured against
-    the ridge on every input in docs/benchmarks.md ("Fresh draws")."""
+    a 60-day slice's drift correlates with) gets no more t than its evidence. The standard
+    error is the ordinary one (homoskedastic errors), or with `robust` White's (1980)
+    heteroskedasticity-consistent HC0: sum((x - mean x)^2 e^2) / sxx^2, for returns whose
+    variance moves with the volatility regime and the hour, as a market's do. Measured against
+    the ridge on every input in docs/benchmarks.md ("Fresh draws", "A robust screen")."""
     cols = (
         torch.arange(x.shape[1], device=x.device)
         if candidates is None
@@ -101,8 +106,12 @@ def screen_columns(x: torch.Tensor, fresh: torch.Tensor, t_min: float, candidate
     Xc, yc = X - X.mean(0), y - y.mean()
     sxx = (Xc**2).sum(0)
     slope = (Xc.T @ yc) / sxx.clamp_min(1e-300)
-    resid = ((yc**2).sum() - slope**2 * sxx).clamp_min(0.0)  # per column: the residual sum of squares
-    se = torch.sqrt(resid / max(len(y) - 2, 1) / sxx.clamp_min(1e-300))
+    if robust:  # each column's own residuals e = yc - slope x_c, weighted by x_c^2
+        meat = ((Xc**2) * (yc[:, None] - Xc * slope) ** 2).sum(0)
+        se = torch.sqrt(meat) / sxx.clamp_min(1e-300)
+    else:
+        resid = ((yc**2).sum() - slope**2 * sxx).clamp_min(0.0)  # per column: the residual sum of squares
+        se = torch.sqrt(resid / max(len(y) - 2, 1) / sxx.clamp_min(1e-300))
     t = torch.where((sxx > 0) & (se > 0), slope / se, torch.zeros_like(slope))
     return cols[t.abs() > t_min]
 
