@@ -164,7 +164,8 @@ def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data):
     x = data.states(torch.arange(a, b))
     train = data.window(fold.train, cfg.fill)
     market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
-    kept = baselines.screen_columns(x, train.fresh, 2.0, market)
+    kept = baselines.screen_columns(x, train.fresh, 2.0, market, robust=True)
+    assert not torch.equal(kept, baselines.screen_columns(x, train.fresh, 2.0, market))  # robust: not the ordinary t
     assert 0 < len(kept) < len(market), kept
     rule = baselines.fit_rule(x, train.fresh, cfg.cost, carry=train.carry, columns=kept)
     table = demo.fit(data, fold, cfg.cost, cfg.fill, screen_t=2.0)

@@ -137,7 +137,8 @@ def test_the_screened_front_end_is_the_front_end_on_the_screened_inputs(fold_dat
     z = data.states(torch.arange(a, b - 1)).double()
     fresh = data.window(fold.train, "next_open").fresh
     market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
-    kept = baselines.screen_columns(z, fresh, 2.0, market)
+    kept = baselines.screen_columns(z, fresh, 2.0, market, robust=True)
+    assert not torch.equal(kept, baselines.screen_columns(z, fresh, 2.0, market))  # robust: not the ordinary t
     assert 0 < len(kept) < len(market), kept  # a screen that keeps some inputs, not all
     mask = torch.zeros(data.n_inputs, dtype=torch.bool)
     mask[kept] = True

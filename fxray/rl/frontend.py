@@ -37,14 +37,14 @@ def fit(
     must have run (the inputs' normalisation is the train slice's). `regressors` (n_inputs,)
     bool: the inputs the ridge may use instead of the non-clock ones (scripts/learner_grid.py's
     diagnostics). `screen_t` > 0: only those of them whose next-bar t-statistic on the train
-    slice passes it (fxray.eval.baselines.screen_columns); with none passing, the prediction
-    rows read 0."""
+    slice, with White's robust standard error, passes it (fxray.eval.baselines.screen_columns);
+    with none passing, the prediction rows read 0."""
     a, b = fold.train
     window = data.window(fold.train, fill)  # the train bars that have a next bar, and their fresh returns
     z = data.states(torch.arange(a, b - 1, device=data.device)).double()
     market = clock_mask(data.n_inputs, data.device) == 0 if regressors is None else regressors
     if screen_t > 0:
-        kept = baselines.screen_columns(z, window.fresh, screen_t, torch.nonzero(market).flatten())
+        kept = baselines.screen_columns(z, window.fresh, screen_t, torch.nonzero(market).flatten(), robust=True)
         market = torch.zeros_like(market)
         market[kept] = True
     X = z[:, market]
