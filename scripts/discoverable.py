@@ -183,15 +183,11 @@ def fold_rules(data: DeviceData, fold) -> dict:
         if gate is not None and not bool(gate.any()):
             out[name] = None  # no hour chosen: flat on test
             continue
+        rule = baselines.fit_rule(x, train.fresh, COST, carry=train.carry, columns=c, gate=gate)  # no column: flat
         s, e = fold.test[0], fold.test[1] - 1
-        test = data.window(fold.test, "next_open")
-        if c is not None and len(c) == 0:  # the screen kept no input: flat on this fold's test
-            out[name] = evaluate(torch.zeros(e - s, dtype=torch.int8), test, COST).periods.as_dict()
-            continue
-        rule = baselines.fit_rule(x, train.fresh, COST, carry=train.carry, columns=c, gate=gate)
         xt = data.states(torch.arange(s, e))
         gt = None if hours is None else in_set(data.bar_hours(s, e), hours)
-        out[name] = evaluate(rule.positions(xt, gt), test, COST).periods.as_dict()
+        out[name] = evaluate(rule.positions(xt, gt), data.window(fold.test, "next_open"), COST).periods.as_dict()
     out["_chosen"] = {k: {"arc": list(v["arc"]), "t>2": sorted(v["t>2"])} for k, v in chosen.items()}
     out["_chosen"]["screen_hits"] = hits
     return out
