@@ -140,6 +140,29 @@ def test_the_screen_keeps_the_columns_whose_ols_t_statistic_passes():
     assert 2 not in screen_columns(torch.from_numpy(x), torch.from_numpy(fresh), 0.0).tolist()
 
 
+def test_the_checked_screen_keeps_only_what_earns_on_the_slices_tail():
+    """checked_screen: the robust screen of the whole slice where the screened rule, fitted on
+    the first two thirds, earns on the last third; nothing where it loses there (the relation
+    flips in the tail, though the whole slice's screen still keeps the column), and nothing
+    where the head's screen keeps nothing."""
+    x, fresh = small_market(n=6000, seed=3, beta=0.4)
+    X, F = torch.from_numpy(x), torch.from_numpy(fresh)
+    cost = 2e-6
+    kept = baselines.checked_screen(X, F, cost, 3.0)
+    assert kept.tolist() == screen_columns(X, F, 3.0, robust=True).tolist() and 0 in kept.tolist()
+    cut = int(len(fresh) * (1 - baselines.HOLDOUT))
+    head_rule = baselines.fit_rule(X[:cut], F[:cut], cost, columns=screen_columns(X[:cut], F[:cut], 3.0, robust=True))
+    assert float(baselines.net_returns(head_rule.positions(X[cut:]), F[cut:], cost).sum()) > 0
+    flipped = F.clone()
+    noise = np.random.default_rng(4).standard_normal(len(fresh) - cut)
+    flipped[cut:] = torch.from_numpy(1e-4 * (-0.4 * x[cut:, 0] + noise))
+    assert 0 in screen_columns(X, flipped, 3.0, robust=True).tolist()  # the whole slice still says column 0
+    assert baselines.checked_screen(X, flipped, cost, 3.0).numel() == 0
+    assert baselines.checked_screen(X, F, cost, 100.0).numel() == 0  # no column passes on the head
+    carry = torch.zeros_like(F)  # a carry of zeros is no carry
+    assert torch.equal(baselines.checked_screen(X, F, cost, 3.0, carry=carry), kept)
+
+
 def test_the_robust_screen_uses_whites_standard_error():
     """screen_columns(robust=True) against White's HC0 sandwich written as matrices (numpy:
     (A'A)^-1 A' diag(e^2) A (A'A)^-1 with an intercept column), on returns whose variance

@@ -152,9 +152,10 @@ def test_a_bad_demo_setting_is_a_one_line_error(key, value, words):
     assert str(err.value).startswith(words) and "\n" not in str(err.value)
 
 
-def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data):
+def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data, monkeypatch):
     """screen_t > 0: the demonstrator is the ridge rule on the market inputs that pass the
-    screen (cached apart from the unscreened one); a screen nothing passes demonstrates flat."""
+    checked screen (cached apart from the unscreened one); a screen nothing passes, or one
+    whose check fails, demonstrates flat."""
     from fxray.rl import frontend
 
     data, fold = market_data
@@ -164,7 +165,8 @@ def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data):
     x = data.states(torch.arange(a, b))
     train = data.window(fold.train, cfg.fill)
     market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
-    kept = baselines.screen_columns(x, train.fresh, 2.0, market, robust=True)
+    kept = baselines.checked_screen(x, train.fresh, cfg.cost, 2.0, market, carry=train.carry)
+    assert torch.equal(kept, baselines.screen_columns(x, train.fresh, 2.0, market, robust=True))  # the check passed
     assert not torch.equal(kept, baselines.screen_columns(x, train.fresh, 2.0, market))  # robust: not the ordinary t
     assert 0 < len(kept) < len(market), kept
     rule = baselines.fit_rule(x, train.fresh, cfg.cost, carry=train.carry, columns=kept)
@@ -175,3 +177,13 @@ def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data):
     assert not torch.equal(table, demo.fit(data, fold, cfg.cost, cfg.fill))  # not the unscreened table
     flat = demo.fit(data, fold, cfg.cost, cfg.fill, screen_t=100.0)
     assert bool((flat == 1).all())
+    # the check decides: a failing one (its tail made to lose) empties the screen, and the table is flat
+    calls = []
+
+    def failing_check(*args, **kwargs):
+        calls.append((args[2], args[3]))
+        return torch.zeros(0, dtype=torch.int64)
+
+    monkeypatch.setattr(baselines, "checked_screen", failing_check)
+    assert bool((demo.fit(data, fold, cfg.cost, cfg.fill, screen_t=2.5) == 1).all())
+    assert calls == [(cfg.cost, 2.5)]

@@ -127,29 +127,36 @@ def test_the_shipped_experiment_trains_its_front_end_in_a_population(override):
 
 
 def test_the_screened_front_end_is_the_front_end_on_the_screened_inputs(fold_data):
-    """screen_t > 0: the front end fitted on the market inputs that pass the screen, which is
-    the front end with those inputs as its regressors; a screen nothing passes leaves the
-    prediction rows at 0 and the clock rows as they are."""
+    """screen_t > 0: the front end fitted on the market inputs that pass the checked screen,
+    which is the front end with those inputs as its regressors; a screen nothing passes, or
+    whose rule does not earn on the slice's tail at the cost, leaves the prediction rows at 0
+    and the clock rows as they are."""
     from fxray.eval import baselines
 
     m, data, fold = fold_data
     a, b = fold.train
     z = data.states(torch.arange(a, b - 1)).double()
-    fresh = data.window(fold.train, "next_open").fresh
+    window = data.window(fold.train, "next_open")
+    fresh = window.fresh
     market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
-    kept = baselines.screen_columns(z, fresh, 2.0, market, robust=True)
+    kept = baselines.checked_screen(z, fresh, 4e-5, 2.0, market, carry=window.carry)
+    assert torch.equal(kept, baselines.screen_columns(z, fresh, 2.0, market, robust=True))  # the check passed
     assert not torch.equal(kept, baselines.screen_columns(z, fresh, 2.0, market))  # robust: not the ordinary t
     assert 0 < len(kept) < len(market), kept  # a screen that keeps some inputs, not all
     mask = torch.zeros(data.n_inputs, dtype=torch.bool)
     mask[kept] = True
-    A, c = frontend.fit(data, fold, "next_open", screen_t=2.0)
+    A, c = frontend.fit(data, fold, "next_open", screen_t=2.0, cost=4e-5)
     A_ref, c_ref = frontend.fit(data, fold, "next_open", regressors=mask)
     assert torch.equal(A, A_ref) and torch.equal(c, c_ref)
     assert bool((A[:3, ~mask] == 0).all()) and bool((A[:3, mask] != 0).any())
-    A0, c0 = frontend.fit(data, fold, "next_open", screen_t=100.0)
     plain_A, plain_c = frontend.fit(data, fold, "next_open")
-    assert bool((A0[:3] == 0).all()) and bool((c0[:3] == 0).all())
-    assert torch.equal(A0[3:], plain_A[3:]) and torch.equal(c0[3:], plain_c[3:])
+    # nothing passes; the same inputs pass, but at a cost no rule on them earns
+    for A0, c0 in (
+        frontend.fit(data, fold, "next_open", screen_t=100.0),
+        frontend.fit(data, fold, "next_open", screen_t=2.0, cost=1.0),
+    ):
+        assert bool((A0[:3] == 0).all()) and bool((c0[:3] == 0).all())
+        assert torch.equal(A0[3:], plain_A[3:]) and torch.equal(c0[3:], plain_c[3:])
 
 
 def test_screen_t_refusals_are_one_line():

@@ -116,6 +116,33 @@ def screen_columns(
     return cols[t.abs() > t_min]
 
 
+HOLDOUT = 1 / 3  # the share of a train slice that checks the screened rule (checked_screen)
+
+
+def checked_screen(
+    x: torch.Tensor, fresh: torch.Tensor, cost: float, t_min: float, candidates=None, *, carry=None, holdout=HOLDOUT
+) -> torch.Tensor:
+    """(k,) int64: `screen_columns` (robust t) on these rows (a train slice), kept only if the
+    screened rule earns out of its own sample inside them: screened and fitted (fit_rule) on
+    the first 1 - `holdout` of the rows, its positions on the rest must make a positive net
+    return at `cost`; else no column (a flat rule, a front end with no prediction).
+
+    A screen of day-long slopes keeps inputs whose edge a rule cannot earn (on a market whose
+    edge is on a few hours a day, the views of it outside those hours cost more than they
+    make): the held-out tail of the slice is where that shows, before any val or test bar is
+    read. Measured: docs/benchmarks.md "A screen that must earn on the train slice's tail"."""
+    cut = int(x.shape[0] * (1 - holdout))
+    inner = screen_columns(x[:cut], fresh[:cut], t_min, candidates, robust=True)
+    if inner.numel() == 0:
+        return inner
+    head_carry, tail_carry = (None, None) if carry is None else (carry[:cut], carry[cut:])
+    rule = fit_rule(x[:cut], fresh[:cut], cost, carry=head_carry, columns=inner)
+    earned = net_returns(rule.positions(x[cut:]), fresh[cut:], cost, tail_carry).sum()
+    if not float(earned) > 0:
+        return inner[:0]
+    return screen_columns(x, fresh, t_min, candidates, robust=True)
+
+
 def hysteresis_moves(signal: torch.Tensor, enter: float, exit: float) -> torch.Tensor:
     """(T, 3) int64: the rule's new position index (0 short, 1 flat, 2 long) at each bar from
     each previous one: enter beyond +-enter, hold while beyond +-exit, else flat."""

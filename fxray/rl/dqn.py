@@ -365,7 +365,9 @@ class DQN:
         slice), replay and agents; then fill n replay rows (no learning)."""
         self.learner.reset(seed)
         if self.cfg.inputs == "ridge":
-            self.learner.set_front(*frontend.fit(self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t))
+            self.learner.set_front(
+                *frontend.fit(self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t, cost=self.cfg.cost)
+            )
         if self.cfg.demo > 0:  # the fold's demonstrations: the ridge rule fitted on its train slice
             table = demo.fit(self.data, self.data.fold, self.cfg.cost, self.cfg.fill, screen_t=self.cfg.screen_t)
             self.learner.demo_table.copy_(table)

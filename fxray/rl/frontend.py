@@ -28,7 +28,7 @@ N_FRONT = len(HORIZONS) + len(CALENDAR_INDICES)  # the Q-network's inputs with i
 
 
 def fit(
-    data, fold: Fold, fill: str, regressors: torch.Tensor | None = None, screen_t: float = 0.0
+    data, fold: Fold, fill: str, regressors: torch.Tensor | None = None, screen_t: float = 0.0, cost: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(A (N_FRONT, n_inputs), c (N_FRONT,)) float32 on the data's device for `fold`'s train
     slice: rows 0-2 the ridge predictions (fxray.eval.baselines.ridge_gram, the supervised
@@ -37,14 +37,16 @@ def fit(
     must have run (the inputs' normalisation is the train slice's). `regressors` (n_inputs,)
     bool: the inputs the ridge may use instead of the non-clock ones (scripts/learner_grid.py's
     diagnostics). `screen_t` > 0: only those of them whose next-bar t-statistic on the train
-    slice, with White's robust standard error, passes it (fxray.eval.baselines.screen_columns);
-    with none passing, the prediction rows read 0."""
+    slice, with White's robust standard error, passes it, if the rule on them earns at `cost` on
+    the slice's held-out tail (fxray.eval.baselines.checked_screen); with none kept, the
+    prediction rows read 0."""
     a, b = fold.train
     window = data.window(fold.train, fill)  # the train bars that have a next bar, and their fresh returns
     z = data.states(torch.arange(a, b - 1, device=data.device)).double()
     market = clock_mask(data.n_inputs, data.device) == 0 if regressors is None else regressors
     if screen_t > 0:
-        kept = baselines.screen_columns(z, window.fresh, screen_t, torch.nonzero(market).flatten(), robust=True)
+        candidates = torch.nonzero(market).flatten()
+        kept = baselines.checked_screen(z, window.fresh, cost, screen_t, candidates, carry=window.carry)
         market = torch.zeros_like(market)
         market[kept] = True
     X = z[:, market]

@@ -347,7 +347,9 @@ class Population:
                     p[k].copy_(f)
                     tp[k].copy_(f)
         if self.q_network.front:
-            front = frontend.fit(self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t)
+            front = frontend.fit(
+                self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t, cost=self.cfg.cost
+            )
             frontend.load((self.q_network, self.target_network), *front)
         if self.demo_table is not None:  # each member's demonstrations (the rule depends on its cost)
             for k, c in enumerate(self.cfgs):
