@@ -17,6 +17,10 @@ and scores them on the same test windows, pooled, beside the oracle:
     t>2.5, t>3       the market inputs whose next-bar t-statistic on train passes 2.5 or 3
                      (fxray.eval.baselines.screen_columns), no gate: a screen before the ridge
     ... robust       the same with White's heteroskedasticity-consistent standard error
+    ... checked      the robust screen kept only if its rule, fitted on the slice's first two
+                     thirds, earns on the last third (fxray.eval.baselines.checked_screen:
+                     dqn.screen_t's screen)
+    t>2.5 robust, arc  the robust screen's inputs, in the arc of the day chosen on train
 
     python scripts/discoverable.py                       # the session market, GPU and CPU profiles
     python scripts/discoverable.py --json discoverable.json
@@ -82,6 +86,16 @@ MARKETS = (
     (
         "session beta 0.06, GPU",
         {"n_bars": 300000, "structure": "session", "beta": 0.06},
+        {"train": "60d", "max_folds": 12},
+    ),
+    (
+        "session 7-16 beta 0.03, GPU",
+        {"n_bars": 300000, "structure": "session", "beta": 0.03, "session_hours": (7, 16)},
+        {"train": "60d", "max_folds": 12},
+    ),
+    (
+        "session 7-16 beta 0.04, GPU",
+        {"n_bars": 300000, "structure": "session", "beta": 0.04, "session_hours": (7, 16)},
         {"train": "60d", "max_folds": 12},
     ),
 )
@@ -155,13 +169,16 @@ def fold_rules(data: DeviceData, fold) -> dict:
     x = data.states(torch.arange(a, b))
     hour, day = data.bar_hours(a, b), day_of(data, a, b)
     chosen = {}
+    market_cols = torch.nonzero(clock_mask(data.n_inputs, x.device) == 0).flatten()
     screened = {k: screen(x, train.fresh, k) for k in SCREEN_K}
-    for which, c in (("cols", cols), ("all", None)):
+    robust = baselines.screen_columns(x, train.fresh, 2.5, market_cols, robust=True)
+    for which, c in (("cols", cols), ("all", None), ("robust", robust)):
         s = direction(x, train.fresh, c)
         per_hour = hour_pnl(s, train.fresh, hour, day)
         chosen[which] = {"arc": best_arc(per_hour), "t>2": {int(h) for h in torch.nonzero(t_stat(per_hour) > 2)}}
     specs = {
         "oracle": (cols, true_hours),
+        "t>2.5 robust, arc": (robust, chosen["robust"]["arc"]),
         "cols, arc": (cols, chosen["cols"]["arc"]),
         "cols, hours t>2": (cols, chosen["cols"]["t>2"]),
         "cols, all day": (cols, None),
@@ -172,10 +189,11 @@ def fold_rules(data: DeviceData, fold) -> dict:
     for k, c in screened.items():
         specs[f"top{k}, true hours"] = (c, true_hours)
         specs[f"top{k}, no gate"] = (c, None)
-    market_cols = torch.nonzero(clock_mask(data.n_inputs, x.device) == 0).flatten()
     for t_min in SCREEN_T:
         specs[f"t>{t_min}"] = (baselines.screen_columns(x, train.fresh, t_min, market_cols), None)
         specs[f"t>{t_min} robust"] = (baselines.screen_columns(x, train.fresh, t_min, market_cols, robust=True), None)
+        checked = baselines.checked_screen(x, train.fresh, COST, t_min, market_cols, carry=train.carry)
+        specs[f"t>{t_min} checked"] = (checked, None)
     hits = {k: len(set(c.tolist()) & set(cols.tolist())) for k, c in screened.items()}
     out = {}
     for name, (c, hours) in specs.items():
@@ -291,7 +309,7 @@ def report(r: dict) -> None:
         print(f"  {name:<18} {v['sharpe']:+6.2f}{se}  share {share:>12}  trades {v['n_trades']}")
     hits = " ".join(str(c["screen_hits"]) for c in r["chosen"])
     print(f"  planted columns among the screen's top k, per fold: {hits}")
-    for which in ("cols", "all"):
+    for which in ("cols", "all", "robust"):
         arcs = " ".join("{}-{}".format(*c[which]["arc"]) for c in r["chosen"])
         print(f"  arcs chosen on train ({which}): {arcs}")
 
