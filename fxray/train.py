@@ -85,10 +85,10 @@ def load_setup(args):
 
 def fold_table(results: list[dict]) -> str:
     """Per-fold values (a window's own daily Sharpe: for the table, not for judging)."""
-    refs = [n for n in ("oracle", "ridge") if results and n in results[0]["baselines"]]
+    refs = [n for n in ("oracle", "ridge", "screened") if results and n in results[0]["baselines"]]
     head = (
         f"{'fold':>4} {'status':>8} {'best':>4} {'val SR':>8} {'test SR':>8} {'B&H SR':>8} "
-        + "".join(f"{n + ' SR':>10}" for n in refs)
+        + "".join(f" {n + ' SR':>11}" for n in refs)
         + f" {'test DD log':>11} {'trades':>7} {'ADX':>6} {'time s':>7}"
     )
     rows = [head, "-" * len(head)]
@@ -98,7 +98,7 @@ def fold_table(results: list[dict]) -> str:
         rows.append(
             f"{r['fold']['k']:>4} {r['status']:>8} {r['best_epoch']:>4} {val.get('sharpe', nan):>8.2f} "
             f"{test.get('sharpe', nan):>8.2f} {base['buy_and_hold']['sharpe']:>8.2f} "
-            + "".join(f"{base[n]['sharpe']:>10.2f}" for n in refs)
+            + "".join(f" {base[n]['sharpe']:>11.2f}" for n in refs)
             + f" {test.get('max_drawdown', nan):>11.4f} {test.get('n_trades', 0):>7} {r['adx']:>6.1f} "
             f"{r['timings']['total_s']:>7.1f}"
         )

@@ -187,3 +187,38 @@ def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data, monk
     monkeypatch.setattr(baselines, "checked_screen", failing_check)
     assert bool((demo.fit(data, fold, cfg.cost, cfg.fill, screen_t=2.5) == 1).all())
     assert calls == [(cfg.cost, 2.5)]
+
+
+def test_the_screened_reference_is_the_demonstrators_rule(market_data):
+    """With screen_t > 0 the references beside the policy (fxray.rl.trainer.references) carry
+    "screened": the ridge rule on the checked screen's inputs, fitted on the train slice, the
+    rule the demonstrator's table moves as, scored on val and test as the other rules are;
+    without a screen there is none."""
+    from fxray.eval.backtest import evaluate
+    from fxray.rl import frontend
+    from fxray.rl.trainer import fold_baselines, references
+
+    data, fold = market_data
+    data.set_fold(fold)
+    cfg = BASE
+    a, b = fold.train[0], fold.train[1] - 1
+    x = data.states(torch.arange(a, b))
+    train = data.window(fold.train, cfg.fill)
+    market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
+    kept = baselines.checked_screen(x, train.fresh, cfg.cost, 2.0, market, carry=train.carry)
+    assert 0 < len(kept) < len(market)
+    rule = baselines.fit_rule(x, train.fresh, cfg.cost, carry=train.carry, columns=kept)
+    table, periods = references(data, fold, cfg.cost, cfg.fill, screen_t=2.0)
+    for w in ("val", "test"):
+        s, e = getattr(fold, w)[0], getattr(fold, w)[1] - 1
+        want = evaluate(
+            rule.positions(data.states(torch.arange(s, e))), data.window(getattr(fold, w), cfg.fill), cfg.cost
+        )
+        assert periods["screened"][w] == want.periods.as_dict()
+    assert table["screened"]["n_trades"] > 0 and periods["screened"] != periods["ridge"]
+    moves = demo.fit(data, fold, cfg.cost, cfg.fill, screen_t=2.0)[a:b]
+    one_hot = torch.zeros(b - a, 3, 3).scatter_(2, moves.long().unsqueeze(2), 1.0)
+    assert torch.equal(backtest.greedy_positions(one_hot), rule.positions(x))  # the demonstrator's path
+    assert "screened" not in references(data, fold, cfg.cost, cfg.fill)[0]
+    assert "screened" in fold_baselines(data, fold, cfg.cost, cfg.fill, 2.0)[0]
+    assert "screened" not in fold_baselines(data, fold, cfg.cost, cfg.fill)[0]  # cached apart

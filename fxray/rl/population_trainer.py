@@ -248,7 +248,9 @@ class PopulationTrainer:
                 curve=curves[k],
                 adx=adx,
             )
-            result.baselines, result.baseline_periods = fold_baselines(self.data, fold, cfg.cost, cfg.fill)
+            result.baselines, result.baseline_periods = fold_baselines(
+                self.data, fold, cfg.cost, cfg.fill, cfg.screen_t
+            )
             results.append(result)
         kept = [k for k in range(self.K) if best_val[k] is not None and status[k] == "ok"]
         with torch.no_grad():

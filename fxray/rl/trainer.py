@@ -29,7 +29,7 @@ from fxray.data.folds import Fold
 from fxray.eval import baselines, pooled
 from fxray.eval.backtest import BacktestResult, backtest, buy_and_hold, evaluate
 from fxray.eval.metrics import summarize
-from fxray.rl import algorithm
+from fxray.rl import algorithm, frontend
 from fxray.rl.algorithm import Algorithm
 from fxray.rl.config import TrainConfig
 from fxray.rl.device import DeviceData
@@ -227,7 +227,9 @@ class Trainer:
         return result
 
     def _baselines(self, fold: Fold, result: FoldResult) -> None:
-        result.baselines, result.baseline_periods = fold_baselines(self.data, fold, self.cfg.cost, self.cfg.fill)
+        result.baselines, result.baseline_periods = fold_baselines(
+            self.data, fold, self.cfg.cost, self.cfg.fill, getattr(self.cfg, "screen_t", 0.0)
+        )
 
     def _references(self, fold: Fold) -> tuple[dict, dict]:
         return references(self.data, fold, self.cfg.cost, self.cfg.fill)
@@ -240,25 +242,31 @@ def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHU
     return [torch.arange(s, min(s + chunk, end), device=data.device) for s in range(start, end, chunk)]
 
 
-def fold_baselines(data: DeviceData, fold: Fold, cost: float, fill: str) -> tuple[dict, dict]:
+def fold_baselines(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> tuple[dict, dict]:
     """The reference policies of the fold's windows: per-window metrics (test) for tables,
     and their hourly returns on val and test for the pooled statistics beside the policy's.
-    They depend on the fold, the cost and the fill only: computed once per worker."""
-    key = (fold.as_dict().__repr__(), cost, fill)
+    They depend on the fold, the cost, the fill and the screen only: computed once per worker."""
+    key = (fold.as_dict().__repr__(), cost, fill, screen_t)
     if key not in data.references:
-        data.references[key] = references(data, fold, cost, fill)
+        data.references[key] = references(data, fold, cost, fill, screen_t)
     return data.references[key]
 
 
-def references(data: DeviceData, fold: Fold, cost: float, fill: str) -> tuple[dict, dict]:
-    """buy_and_hold and flat; the supervised rule ("ridge": all the inputs) and, on a planted
-    market, the oracle (the same rule on the columns that carry the signal, in the hours it
-    is on; fxray.eval.baselines), both fitted on the train slice only."""
+def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> tuple[dict, dict]:
+    """buy_and_hold and flat; the supervised rule ("ridge": all the inputs), with `screen_t` > 0
+    the same rule on the inputs of the learner's checked screen ("screened": its demonstrator's
+    rule, fxray.rl.demo), and, on a planted market, the oracle (the same rule on the columns that
+    carry the signal, in the hours it is on; fxray.eval.baselines), all fitted on the train
+    slice only."""
     windows = {w: data.window(getattr(fold, w), fill) for w in ("val", "test")}
     runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cost) for w in windows}}
     a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
     train = data.window(fold.train, fill)
     rules = {"ridge": (None, None)}
+    if screen_t > 0:
+        x = data.states(torch.arange(a, b, device=data.device))
+        market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
+        rules["screened"] = (baselines.checked_screen(x, train.fresh, cost, screen_t, market, carry=train.carry), None)
     if data.oracle is not None:
         rules["oracle"] = data.oracle
     for name, (columns, hours) in rules.items():

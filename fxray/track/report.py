@@ -185,6 +185,7 @@ def plot_equity(ax, folds: list, title: str) -> None:
         "policy": ("tab:blue", 2.0),
         "oracle": ("tab:green", 1.2),
         "ridge": ("tab:orange", 1.2),
+        "screened": ("tab:purple", 1.2),
         "buy_and_hold": ("0.4", 1.0),
     }
     series: dict = {name: ([], []) for name in lines}

@@ -24,7 +24,7 @@ from fxray.track.verdict import json_ready, snooping_verdict
 from fxray.track.verdict import metrics as verdict_metrics
 from fxray.track.verdict import text as verdict_text
 
-REFERENCES = ("oracle", "ridge", "buy_and_hold")  # the rules beside every policy (fxray.eval.baselines)
+REFERENCES = ("oracle", "ridge", "screened", "buy_and_hold")  # the rules beside every policy (fxray.eval.baselines)
 
 
 def trial_label(trial_id: str) -> str:
