@@ -5,6 +5,7 @@ Each CLI run starts its own Ray (about 10 s on a 2-core box) and runs a tiny con
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -359,7 +360,9 @@ def interrupt_after_a_fold(args, env, cwd) -> str:
 
 @pytest.mark.slow
 def test_interrupt_then_resume(tmp_path):
-    exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
+    exp, env = setup(tmp_path, trials=4, steps=60, bars=24000)  # folds of ~1 s: Ctrl+C lands mid-sweep
+    with exp.open("a") as f:  # the CPU profile's market is not the GPU profile's
+        f.write("cpu:\n  data: {synth: {n_bars: 20000, seed: 0}}\n")
     err = interrupt_after_a_fold(["--experiment", exp, "--num-cpus", 2], env, tmp_path)
     assert "--resume" in err
     folds = tmp_path / "runs/t/folds.jsonl"
@@ -368,8 +371,10 @@ def test_interrupt_then_resume(tmp_path):
     again = cli(["--experiment", exp], env, tmp_path)  # not resumed: refused, nothing touched
     assert again.returncode == 2 and "pass --resume" in again.stderr
     assert (tmp_path / "runs/t/sweep.json").read_text() == json.dumps(sweep, indent=1)
+    shutil.rmtree(tmp_path / "cache")  # resumed on a fresh machine: the embedded market is made again
     out = cli(["--experiment", exp, "--num-cpus", 2, "--resume"], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "generating the default synthetic market (20,000 bars" in out.stdout  # the profile's that ran
     check_complete_sweep(tmp_path, 4)
     # a resumed trial continues after its last reported fold: no fold is trained twice
     assert folds.read_text().count("\n") == 4 * 2

@@ -124,10 +124,12 @@ def validate(args, import_s: float = 0.0) -> Plan:
         )
     if not args.data and (sweep or same) and exp.data_path is None and data_path and not Path(data_path).exists():
         # the embedded market of a sweep that ran on another machine (a fresh GPU host): generated
-        # again here from the experiment's spec; its content hash is checked against the sweep's below
+        # again here from the spec of the profile it ran (the cpu section may name another market);
+        # its content hash is checked against the sweep's below
         from fxray.data import synth
 
-        data_path = str(synth.ensure_default(exp.synth, log=print))
+        ran = expmod.load(file, (sweep or same)["profile"], overrides)
+        data_path = str(synth.ensure_default(ran.synth, log=print))
     if data_path and not Path(data_path).exists():
         where = "--data" if args.data else f"{file}: data.path"
         raise UsageError(f"{where}: {data_path} does not exist (build it with `python -m fxray.data build`)")
