@@ -152,24 +152,32 @@ def test_a_bad_demo_setting_is_a_one_line_error(key, value, words):
     assert str(err.value).startswith(words) and "\n" not in str(err.value)
 
 
-def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data, monkeypatch):
-    """screen_t > 0: the demonstrator is the ridge rule on the market inputs that pass the
-    checked screen (cached apart from the unscreened one); a screen nothing passes, or one
-    whose check fails, demonstrates flat."""
+def screened_rule(market_data, t_min=2.0):
+    """(data, fold, x, train, market, kept, rule) of the fold's train slice: its inputs and
+    returns, the market columns, the checked screen at t_min and the ridge rule on what it
+    keeps (some inputs, not all), at BASE's cost and fill."""
     from fxray.rl import frontend
 
     data, fold = market_data
     data.set_fold(fold)
+    x = data.states(torch.arange(fold.train[0], fold.train[1] - 1))
+    train = data.window(fold.train, BASE.fill)
+    market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
+    kept = baselines.checked_screen(x, train.fresh, BASE.cost, t_min, market, carry=train.carry)
+    assert 0 < len(kept) < len(market), kept
+    rule = baselines.fit_rule(x, train.fresh, BASE.cost, carry=train.carry, columns=kept)
+    return data, fold, x, train, market, kept, rule
+
+
+def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data, monkeypatch):
+    """screen_t > 0: the demonstrator is the ridge rule on the market inputs that pass the
+    checked screen (cached apart from the unscreened one); a screen nothing passes, or one
+    whose check fails, demonstrates flat."""
+    data, fold, x, train, market, kept, rule = screened_rule(market_data)
     cfg = BASE
     a, b = fold.train[0], fold.train[1] - 1
-    x = data.states(torch.arange(a, b))
-    train = data.window(fold.train, cfg.fill)
-    market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
-    kept = baselines.checked_screen(x, train.fresh, cfg.cost, 2.0, market, carry=train.carry)
     assert torch.equal(kept, baselines.screen_columns(x, train.fresh, 2.0, market, robust=True))  # the check passed
     assert not torch.equal(kept, baselines.screen_columns(x, train.fresh, 2.0, market))  # robust: not the ordinary t
-    assert 0 < len(kept) < len(market), kept
-    rule = baselines.fit_rule(x, train.fresh, cfg.cost, carry=train.carry, columns=kept)
     table = demo.fit(data, fold, cfg.cost, cfg.fill, screen_t=2.0)
     one_hot = torch.zeros(b - a, 3, 3).scatter_(2, table[a:b].long().unsqueeze(2), 1.0)
     path = backtest.greedy_positions(one_hot)
@@ -195,19 +203,11 @@ def test_the_screened_reference_is_the_demonstrators_rule(market_data):
     rule the demonstrator's table moves as, scored on val and test as the other rules are;
     without a screen there is none."""
     from fxray.eval.backtest import evaluate
-    from fxray.rl import frontend
     from fxray.rl.trainer import fold_baselines, references
 
-    data, fold = market_data
-    data.set_fold(fold)
+    data, fold, x, train, market, kept, rule = screened_rule(market_data)
     cfg = BASE
     a, b = fold.train[0], fold.train[1] - 1
-    x = data.states(torch.arange(a, b))
-    train = data.window(fold.train, cfg.fill)
-    market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
-    kept = baselines.checked_screen(x, train.fresh, cfg.cost, 2.0, market, carry=train.carry)
-    assert 0 < len(kept) < len(market)
-    rule = baselines.fit_rule(x, train.fresh, cfg.cost, carry=train.carry, columns=kept)
     table, periods = references(data, fold, cfg.cost, cfg.fill, screen_t=2.0)
     for w in ("val", "test"):
         s, e = getattr(fold, w)[0], getattr(fold, w)[1] - 1
