@@ -147,6 +147,8 @@ def test_the_screened_front_end_is_the_front_end_on_the_screened_inputs(fold_dat
     mask[kept] = True
     A, c = frontend.fit(data, fold, "next_open", screen_t=2.0, cost=4e-5)
     A_ref, c_ref = frontend.fit(data, fold, "next_open", regressors=mask)
+    with pytest.raises(ValueError, match="regressors or screen_t > 0, not both"):
+        frontend.fit(data, fold, "next_open", regressors=mask, screen_t=2.0, cost=4e-5)
     assert torch.equal(A, A_ref) and torch.equal(c, c_ref)
     assert bool((A[:3, ~mask] == 0).all()) and bool((A[:3, mask] != 0).any())
     plain_A, plain_c = frontend.fit(data, fold, "next_open")

@@ -32,18 +32,14 @@ def fit(data, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> torc
     `data.set_fold(fold)` must have run (the inputs' normalisation is the train slice's). The
     rule's moves depend on the fold, the cost and the fill only: fitted once per data
     (`data.demo_moves`), as the reference rules are, not once per trial and fold. `screen_t` > 0:
-    the rule on the market inputs that pass the screen only (fxray.eval.baselines.checked_screen:
-    White's robust t, and the screened rule must earn on the train slice's held-out tail; none
-    kept: a flat rule)."""
+    the rule on the market inputs the checked screen keeps only (fxray.rl.frontend.screened_inputs;
+    none kept: a flat rule)."""
     a, b = fold.train[0], fold.train[1] - 1
     key = (repr(fold.as_dict()), cost, fill, screen_t)
     if key not in data.demo_moves:
         train = data.window(fold.train, fill)
         x = data.states(torch.arange(a, b, device=data.device))
-        columns = None
-        if screen_t > 0:
-            market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
-            columns = baselines.checked_screen(x, train.fresh, cost, screen_t, market, carry=train.carry)
+        columns = frontend.screened_inputs(data, fold, cost, fill, screen_t) if screen_t > 0 else None
         rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry, columns=columns)  # none kept: flat
         data.demo_moves[key] = baselines.hysteresis_moves(rule.signal(x), rule.enter, rule.exit).to(torch.int8)
     table = torch.ones(data.n_bars, 3, dtype=torch.int8, device=data.device)

@@ -105,6 +105,7 @@ class DeviceData:
         self.oracle = (torch.from_numpy(cols).to(self.device), tuple(hours.tolist()) or None) if len(cols) else None
         self.references: dict = {}  # (fold, cost, fill) -> the reference rules' results (Trainer)
         self.demo_moves: dict = {}  # (fold, cost, fill) -> the ridge rule's moves on train (fxray.rl.demo)
+        self.screens: dict = {}  # (fold, cost, fill, screen_t) -> the checked screen's inputs (fxray.rl.frontend)
         # host copies for counting a window's days and hours without a device sync
         self.day_host, self.period_host = self.calendar.session_day(ts), self.calendar.period(ts)
         self.day = torch.from_numpy(self.day_host).to(self.device)

@@ -36,19 +36,17 @@ def fit(
     mean 0 and std 1 over the train slice; rows 3-6 pick the clock inputs. `data.set_fold(fold)`
     must have run (the inputs' normalisation is the train slice's). `regressors` (n_inputs,)
     bool: the inputs the ridge may use instead of the non-clock ones (scripts/learner_grid.py's
-    diagnostics). `screen_t` > 0: only those of them whose next-bar t-statistic on the train
-    slice, with White's robust standard error, passes it, if the rule on them earns at `cost` on
-    the slice's held-out tail (fxray.eval.baselines.checked_screen); with none kept, the
-    prediction rows read 0."""
+    diagnostics; not with a screen). `screen_t` > 0: only the market inputs the checked screen
+    keeps at `cost` (`screened_inputs`); with none kept, the prediction rows read 0."""
+    if screen_t > 0 and regressors is not None:
+        raise ValueError("frontend.fit: regressors or screen_t > 0, not both (the screen chooses the regressors)")
     a, b = fold.train
     window = data.window(fold.train, fill)  # the train bars that have a next bar, and their fresh returns
     z = data.states(torch.arange(a, b - 1, device=data.device)).double()
     market = clock_mask(data.n_inputs, data.device) == 0 if regressors is None else regressors
     if screen_t > 0:
-        candidates = torch.nonzero(market).flatten()
-        kept = baselines.checked_screen(z, window.fresh, cost, screen_t, candidates, carry=window.carry)
         market = torch.zeros_like(market)
-        market[kept] = True
+        market[screened_inputs(data, fold, cost, fill, screen_t)] = True
     X = z[:, market]
     Y = torch.stack([baselines.forward_sum(window.fresh, h) for h in HORIZONS], 1)  # (n, 3)
     W = torch.linalg.solve(baselines.ridge_gram(X), X.T @ Y)  # (k, 3): one solve for every horizon (k = 0: (0, 3))
@@ -60,6 +58,23 @@ def fit(
     c = torch.cat((-pred.mean(0) * scale, torch.zeros(len(CALENDAR_INDICES), dtype=torch.float64, device=data.device)))
     A[torch.arange(len(HORIZONS), N_FRONT), list(CALENDAR_INDICES)] = 1.0
     return A.float(), c.float()
+
+
+def screened_inputs(data, fold: Fold, cost: float, fill: str, screen_t: float) -> torch.Tensor:
+    """(k,) int64: the market inputs (every input but the clock) that the checked screen at
+    `screen_t` keeps on `fold`'s train slice (fxray.eval.baselines.checked_screen: White's robust
+    next-bar t, and the screened rule must earn at `cost` on the slice's held-out tail). The
+    front end, the demonstrator (fxray.rl.demo) and the "screened" reference rule all read it.
+    It depends on the fold, the cost, the fill and screen_t only: computed once per data
+    (`data.screens`), as the reference rules are. `data.set_fold(fold)` must have run."""
+    key = (repr(fold.as_dict()), cost, fill, screen_t)
+    if key not in data.screens:
+        a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
+        window = data.window(fold.train, fill)
+        x = data.states(torch.arange(a, b, device=data.device))
+        market = torch.nonzero(clock_mask(data.n_inputs, data.device) == 0).flatten()
+        data.screens[key] = baselines.checked_screen(x, window.fresh, cost, screen_t, market, carry=window.carry)
+    return data.screens[key]
 
 
 def clock_mask(n_inputs: int, device) -> torch.Tensor:

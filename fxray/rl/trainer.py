@@ -264,9 +264,7 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
     train = data.window(fold.train, fill)
     rules = {"ridge": (None, None)}
     if screen_t > 0:
-        x = data.states(torch.arange(a, b, device=data.device))
-        market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
-        rules["screened"] = (baselines.checked_screen(x, train.fresh, cost, screen_t, market, carry=train.carry), None)
+        rules["screened"] = (frontend.screened_inputs(data, fold, cost, fill, screen_t), None)
     if data.oracle is not None:
         rules["oracle"] = data.oracle
     for name, (columns, hours) in rules.items():
