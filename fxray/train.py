@@ -84,7 +84,8 @@ def load_setup(args):
 
 
 def fold_table(results: list[dict]) -> str:
-    """Per-fold values (a window's own daily Sharpe: for the table, not for judging)."""
+    """Per-fold values (a window's own daily Sharpe: for the table, not for judging); status
+    "flat": a fold the learner abstained on (TrainConfig.abstain), not trained."""
     refs = [n for n in ("oracle", "ridge", "screened") if results and n in results[0]["baselines"]]
     head = (
         f"{'fold':>4} {'status':>8} {'best':>4} {'val SR':>8} {'test SR':>8} {'B&H SR':>8} "
@@ -96,7 +97,7 @@ def fold_table(results: list[dict]) -> str:
     for r in results:
         val, test, base = r["val"], r["test"], r["baselines"]
         rows.append(
-            f"{r['fold']['k']:>4} {r['status']:>8} {r['best_epoch']:>4} {val.get('sharpe', nan):>8.2f} "
+            f"{r['fold']['k']:>4} {'flat' if r.get('abstained') else r['status']:>8} {r['best_epoch']:>4} {val.get('sharpe', nan):>8.2f} "
             f"{test.get('sharpe', nan):>8.2f} {base['buy_and_hold']['sharpe']:>8.2f} "
             + "".join(f" {base[n]['sharpe']:>11.2f}" for n in refs)
             + f" {test.get('max_drawdown', nan):>11.4f} {test.get('n_trades', 0):>7} {r['adx']:>6.1f} "

@@ -212,6 +212,12 @@ class DQNConfig(TrainConfig):
     experiments sets 3 with demo 1.0: over eight draws of the default market 0.89 of the oracle
     against 0.50 without, flat on 6 of 8 draws of the session market (docs/benchmarks.md "A
     screen that must earn on the train slice's tail")"""
+    abstain: bool = False
+    """with screen_t > 0: a fold whose checked screen keeps no input is not trained, and its
+    policy is flat (no position) on its val and test windows, scored as such: where the train
+    slice shows no edge that survives its own held-out tail, the learner does not trade. Only
+    the train slice decides it. The folds it skips cost nothing, so a sweep whose early folds
+    keep nothing (every trial flat there, ASHA stopping none at its rungs) is not slowed by them"""
     demo_margin: float = 0.8
     """how much more than every other action the rule's action must be worth before the
     demonstration loss lets go, in Q's units (reward_scale 1e4: basis points)"""
@@ -233,6 +239,10 @@ class DQNConfig(TrainConfig):
             self._fail("noise_calendar", "must be true or false")
         if not _is_number(self.screen_t) or not 0 <= self.screen_t <= 100:
             self._fail("screen_t", "must be a number in [0, 100] (0: no screen)")
+        if not isinstance(self.abstain, bool):
+            self._fail("abstain", "must be true or false")
+        if self.abstain and not self.screen_t > 0:
+            self._fail("abstain", "needs screen_t > 0 (the checked screen decides where to abstain)")
         if not _is_number(self.demo) or not 0 <= self.demo <= 100:
             self._fail("demo", "must be a number in [0, 100] (0: no demonstrations)")
         for key in ("grad_clip", "huber_delta", "reward_scale", "demo_margin"):

@@ -32,7 +32,7 @@ from fxray.eval.backtest import backtest
 from fxray.rl.config import TrainConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.population_trainer import PopulationTrainer
-from fxray.rl.trainer import FoldResult, Trainer, write_checkpoint
+from fxray.rl.trainer import FoldResult, Trainer, abstains, flat_fold, write_checkpoint
 
 SEED_STRIDE = 7919  # member i > 0 trains with seed + i x SEED_STRIDE (a prime: no overlap with fold seeds k)
 
@@ -61,6 +61,8 @@ class EnsembleTrainer:
     def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None, stop=None) -> FoldResult:
         """Trainer.run_fold's contract; with `checkpoint_dir`, a checkpoint per member (module doc)."""
         t0 = time.perf_counter()
+        if abstains(self.data, fold, self.cfg):  # no member trains: the fold's policy is flat
+            return flat_fold(self.data, fold, self.cfg, t0)
         seeds = member_seeds(seed, self.cfg.seeds)
         members = self.population.run_fold(fold, seeds, log=log, stop=(lambda k: stop()) if stop else None)
         result = combine(self.population, self.cfg, fold, seeds, members, t0)

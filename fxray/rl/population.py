@@ -56,6 +56,7 @@ SHAPE_FIELDS = (
     "seeds",
     "inputs",
     "screen_t",
+    "abstain",
 )
 
 

@@ -59,6 +59,7 @@ class FoldResult:
     baseline_periods: dict = field(default_factory=dict)  # {"buy_and_hold": {"val": ..., "test": ...}, ...}
     # seeds > 1 (fxray.rl.ensemble): the members' seeds, statuses and val / test Sharpe
     seed_spread: dict = field(default_factory=dict)
+    abstained: bool = False  # not trained: the checked screen kept nothing (TrainConfig abstain)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -126,6 +127,8 @@ class Trainer:
         # matmul precision is process-wide in torch: set it for whichever trainer runs now
         torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
         t_start = time.perf_counter()
+        if abstains(self.data, fold, cfg):
+            return flat_fold(self.data, fold, cfg, t_start)
         self._begin(fold, seed)
         sync()
         t_switch = time.perf_counter() - t_start
@@ -281,6 +284,44 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
     table["flat"] = asdict(summarize(np.zeros(runs["buy_and_hold"]["test"].metrics.n_days)))
     periods = {name: {w: r.periods.as_dict() for w, r in run.items()} for name, run in runs.items()}
     return table, periods
+
+
+def abstains(data: DeviceData, fold: Fold, cfg: TrainConfig) -> bool:
+    """`cfg.abstain` and the checked screen keeps no input on `fold`'s train slice: the fold is
+    not trained, its policy is flat (flat_fold). Sets `fold` active on `data`."""
+    if not getattr(cfg, "abstain", False):
+        return False
+    data.set_fold(fold)
+    return frontend.screened_inputs(data, fold, cfg.cost, cfg.fill, cfg.screen_t).numel() == 0
+
+
+def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float) -> FoldResult:
+    """The FoldResult of a fold the learner abstains on: no epoch (best_epoch -1, epochs_run 0,
+    no checkpoint), the flat policy scored on val and test as any policy is (its hourly returns,
+    all 0, enter the pooled statistics), and the fold's references beside it."""
+    result = FoldResult(
+        fold=fold.as_dict(),
+        status="ok",
+        best_epoch=-1,
+        epochs_run=0,
+        val={},
+        test={},
+        baselines={},
+        adx=data.adx_mean(fold.train),
+        abstained=True,
+    )
+    result.baselines, result.baseline_periods = fold_baselines(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
+    runs = {}
+    for w in ("val", "test"):
+        window = getattr(fold, w)
+        flat = torch.zeros(window[1] - 1 - window[0], dtype=torch.int8, device=data.device)
+        runs[w] = evaluate(flat, data.window(window, cfg.fill), cfg.cost)
+    result.val, result.test = asdict(runs["val"].metrics), asdict(runs["test"].metrics)
+    result.val_periods, result.test_periods = runs["val"].periods.as_dict(), runs["test"].periods.as_dict()
+    result.val_score = pooled.score(pooled.pooled([result.val_periods], cfg.cost, data.calendar.periods_per_year))
+    result.test_daily_returns = runs["test"].daily_returns.tolist()
+    result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
+    return result
 
 
 def epoch_record(epoch: int, loss: float, q_max: float, val, score: float, eps: float, times) -> dict:

@@ -30,6 +30,7 @@ from fxray.rl.config import make_config
 from fxray.rl.ensemble import EnsembleTrainer
 from fxray.rl.population import SHAPE_FIELDS
 from fxray.rl.population_trainer import CaptureError, PopulationTrainer
+from fxray.rl.trainer import abstains, flat_fold
 
 WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7 s)
 TRAINER_CACHE = 2  # PopulationTrainers (stacked networks + graph) kept per shape, by size
@@ -173,17 +174,30 @@ class Gatherer:
             trainer = self._trainer((first.key[0], "ensemble"), EnsembleTrainer, first.cfg)
             fold = Fold.from_dict(first.fold)
             results = [trainer.run_fold(fold, first.seed, checkpoint_dir=first.checkpoint_dir, stop=first.stop)]
-        else:
-            slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
-            cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)  # spare slots: masked below
-            trainer = self._trainer((first.key[0], slots), PopulationTrainer, cfgs)
-            results = trainer.run_fold(
-                Fold.from_dict(first.fold),
-                [r.seed for r in batch] + [first.seed] * (slots - n),
-                checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
-                stop=lambda k: k >= n or (batch[k].stop is not None and batch[k].stop()),
-            )[:n]
+        else:  # the requests that abstain on this fold (TrainConfig.abstain) are flat, untrained
+            fold, t0 = Fold.from_dict(first.fold), time.perf_counter()
+            flat = {
+                i: flat_fold(self.data, fold, r.cfg, t0)
+                for i, r in enumerate(batch)
+                if abstains(self.data, fold, r.cfg)
+            }
+            train = [r for i, r in enumerate(batch) if i not in flat]
+            trained = iter(self._population(fold, train) if train else [])
+            results = [flat[i] if i in flat else next(trained) for i in range(n)]
         return results
+
+    def _population(self, fold: Fold, batch: list[Request]) -> list:
+        """The FoldResults of `batch` (configs of one shape, on one fold) trained as one population."""
+        n, first = len(batch), batch[0]
+        slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
+        cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)  # spare slots: masked below
+        trainer = self._trainer((first.key[0], slots), PopulationTrainer, cfgs)
+        return trainer.run_fold(
+            fold,
+            [r.seed for r in batch] + [first.seed] * (slots - n),
+            checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
+            stop=lambda k: k >= n or (batch[k].stop is not None and batch[k].stop()),
+        )[:n]
 
     def _trainer(self, key: tuple, cls, cfgs):
         """The cached trainer of `key` given `cfgs` in place (configure), or a new `cls(data, cfgs)`;

@@ -218,7 +218,7 @@ def write_results(
         Path(json_path).write_text(text)
     print_last_screen(results, names, n_folds, top)
     print(verdict_text(verdict))
-    ckpt = max((f for f in best_folds if f.ok), key=lambda f: f.val_score, default=None)
+    ckpt = max((f for f in best_folds if f.ok and f.checkpoint), key=lambda f: f.val_score, default=None)
     artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
     if ckpt is not None and ckpt.checkpoint:  # a seed ensemble's fold: every member's
         weights = fold_checkpoints(Path(ckpt.checkpoint).parent, ckpt.fold) or [Path(ckpt.checkpoint)]
