@@ -257,6 +257,38 @@ def test_asha_stops_waste_no_fold(tmp_path):
     assert sorted(p.data.tags.get("fxray.same_trials", "") for p in parents) == ["", str(tmp_path / "out.json")]
 
 
+def test_a_sweep_that_abstains_on_every_fold_trains_nothing_and_reports_a_flat_policy(tmp_path):
+    """dqn.abstain with a screen nothing passes: no fold is trained, each trial's policy is flat
+    (its zero returns pooled and scored), and the vote of the full trials counts them as flat
+    members, where their missing checkpoints would otherwise skip it."""
+    exp, env = setup(tmp_path, trials=3)
+    args = [
+        "--experiment",
+        exp,
+        "--num-cpus",
+        2,
+        "--set",
+        "screen_t=100",
+        "--set",
+        "abstain=true",
+        "--json",
+        "out.json",
+    ]
+    out = cli(args, env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())
+    folds = [f for t in results["trials"] for f in t["folds"]]
+    assert len(folds) == 3 * 2 and all(f["status"] == "ok" and f["epochs"] == 0 and not f["checkpoint"] for f in folds)
+    assert not list((tmp_path / "runs/t/checkpoints").rglob("*.safetensors"))
+    best = results["best"]
+    assert best["test"]["n_trades"] == 0 and best["test"]["sharpe"] == 0.0 and best["test"]["n_periods"] > 0
+    assert "screened" in best["baselines"]  # the references beside it, as for any policy
+    vote = results["ensemble"]
+    assert "skipped" not in vote and vote["n_members"] == 3 and vote["test"]["n_trades"] == 0
+    parents, children, _ = store(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(children) == 3
+
+
 @pytest.mark.slow
 def test_a_lone_trial_spreads_its_folds_over_the_idle_workers(tmp_path):
     """One trial, 3 folds, no ASHA rung before the last: the trial leases one worker,

@@ -22,7 +22,10 @@ policy takes the action with the most votes (ties: the lower action index, as ar
 breaks them). "advantage": member k's advantage A_k = Q_k - its mean over actions, divided
 by its standard deviation over the fold's val window; the policy acts on their mean.
 Needs the run directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors; a seed
-ensemble's trial, its members' fold<k>.m<i>.safetensors, whose mean Q is its policy).
+ensemble's trial, its members' fold<k>.m<i>.safetensors, whose mean Q is its policy). A trial
+that abstained on a fold (dqn.abstain: its checked screen kept nothing; not trained, no
+weights) is flat there: its vote is "no position" at every bar (in "advantage", a unit
+advantage toward it).
 """
 
 from __future__ import annotations
@@ -41,10 +44,35 @@ def full_trials(results: dict) -> list[dict]:
     return sorted(full, key=lambda t: t["val"]["sharpe"], reverse=True)
 
 
-def missing_checkpoints(results: dict, trials: list[dict]) -> list[Path]:
+def missing_checkpoints(results: dict, trials: list[dict], data=None) -> list[Path]:
+    """The fold checkpoints of `trials` that are not there, but for the folds a trial abstained
+    on (dqn.abstain: not trained, no weights; its vote there is flat), which need `data`."""
+    from fxray.data.folds import Fold
+
     ckpts = Path(results["storage"]) / "checkpoints"
-    folders = [(ckpts / t["trial_id"], f["k"]) for t in trials for f in results["folds"]]
-    return [d / f"fold{k}.safetensors" for d, k in folders if not fold_checkpoints(d, k)]
+    missing = []
+    for t in trials:
+        for fd in results["folds"]:
+            if not fold_checkpoints(ckpts / t["trial_id"], fd["k"]) and not abstained(t, Fold.from_dict(fd), data):
+                missing.append(ckpts / t["trial_id"] / f"fold{fd['k']}.safetensors")
+    return missing
+
+
+def abstained(trial: dict, fold, data) -> bool:
+    """Whether `trial`'s config abstains on `fold` (fxray.rl.trainer.abstains); False without `data`."""
+    if data is None or not trial["config"].get("abstain"):
+        return False
+    from fxray.rl.trainer import abstains
+
+    return abstains(data, fold, trial_config(trial))
+
+
+def trial_config(trial: dict):
+    """The TrainConfig of a trial's recorded config (its keys that the config knows)."""
+    from fxray.rl.config import make_config
+
+    known = set(make_config({}).as_dict())
+    return make_config({k: v for k, v in trial["config"].items() if k in known})
 
 
 def votes(q):
@@ -63,22 +91,27 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
     from fxray.data.folds import Fold
     from fxray.eval import pooled
     from fxray.eval.backtest import backtest
-    from fxray.rl.config import make_config
     from fxray.rl.dqn import QNetwork
     from fxray.rl.trainer import load_checkpoint, window_bars
 
     full = full_trials(results)
     sizes = sorted({min(n, len(full)) for n in sizes})
-    known = set(make_config({}).as_dict())
-    configs = {t["trial_id"]: make_config({k: v for k, v in t["config"].items() if k in known}) for t in full}
+    configs = {t["trial_id"]: trial_config(t) for t in full}
     ckpts, first = Path(results["storage"]) / "checkpoints", configs[full[0]["trial_id"]]
     cost, fill, ppy = first.cost, first.fill, results["periods_per_year"]
 
     def member(trial: dict, fold: Fold) -> dict:
         """{window: (T, 3, 3) votes (one-hot greedy actions) or val-scaled advantages}."""
         cfg = configs[trial["trial_id"]]
+        paths = fold_checkpoints(ckpts / trial["trial_id"], fold.k)
+        if not paths and abstained(trial, fold, data):  # untrained, flat: it votes flat at every bar
+            data.set_fold(fold)
+            flat = torch.zeros(3, device=data.device)
+            flat[1] = 1.0  # action 1: no position (fxray.eval.backtest.greedy_positions)
+            n = {w: getattr(fold, w)[1] - 1 - getattr(fold, w)[0] for w in ("val", "test")}
+            return {w: flat.expand(n[w], 3, 3) for w in n}
         nets = []
-        for path in fold_checkpoints(ckpts / trial["trial_id"], fold.k):  # a seed ensemble: its mean Q
+        for path in paths:  # a seed ensemble: its mean Q
             tensors, _ = load_checkpoint(path)
             net = QNetwork(data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
             net.load_state_dict(tensors)
@@ -156,12 +189,12 @@ def vote_of_full_trials(results: dict, data_path=None, data=None) -> dict:
     out = {"combine": "vote", "members": [t["trial_id"] for t in full], "n_members": len(full)}
     if len(full) < MIN_MEMBERS:
         return {**out, "skipped": f"{len(full)} trial(s) ran every fold; a vote needs {MIN_MEMBERS}"}
-    missing = missing_checkpoints(results, full)
+    data = data if data is not None else sweep_data(results, data_path)
+    missing = missing_checkpoints(results, full, data)
     if missing:
         return {**out, "skipped": f"{len(missing)} checkpoint(s) missing, e.g. {missing[0]}"}
     from fxray.eval import pooled
 
-    data = data if data is not None else sweep_data(results, data_path)
     stats = combine_trials(results, data, [len(full)], "vote")[len(full)]
     refs = results["best"].get("baselines") or {}
     stats["test"]["oracle_share"] = pooled.oracle_share(stats["test"], refs.get("oracle"))
