@@ -194,6 +194,12 @@ def test_pbo_of_a_real_edge_and_of_pure_noise():
     assert 0.3 < overfit["pbo"] < 0.7
     assert overfit["degradation"]["oos_sharpe_mean"] < 0.5 * overfit["degradation"]["is_sharpe_mean"]
     assert cscv.pbo(noise[:, :1]) is None and cscv.pbo(noise[:3]) is None
+    # trials that are all the same (a sweep whose every trial stayed flat): no search, no PBO
+    # (ties averaged, it would read 1.0); one trial that differs anywhere makes it defined
+    same = np.repeat(noise[:, :1], 5, axis=1)
+    assert cscv.pbo(np.zeros_like(noise)) is None and cscv.pbo(same) is None
+    same[7, 2] += 1e-4
+    assert cscv.pbo(same) is not None
     assert cscv.blocks_for(9) == 4 and cscv.blocks_for(1000) == 16
 
 

@@ -66,11 +66,13 @@ def average_rank(values: np.ndarray, chosen: np.ndarray) -> np.ndarray:
 
 def pbo(returns: np.ndarray, n_blocks: int = N_BLOCKS, periods_per_year: float = 1.0) -> dict | None:
     """PBO of the N trials (columns) of `returns` (T, N) by CSCV with S = blocks_for(T,
-    n_blocks) blocks; None with fewer than 2 trials or 4 hours."""
+    n_blocks) blocks; None with fewer than 2 trials or 4 hours, or when every trial's returns
+    are the same (no search to overfit: ties averaged, each split's pick would sit at the
+    median, logit 0, and PBO would read 1; seen when every trial of a sweep stayed flat)."""
     returns = np.asarray(returns, dtype=np.float64)
     t, n = returns.shape
     s = blocks_for(t, n_blocks)
-    if n < 2 or s is None:
+    if n < 2 or s is None or bool((returns == returns[:, :1]).all()):
         return None
     size = t // s
     x = returns[t - size * s :].reshape(s, size, n)  # (S, size, N): drop the first T mod S hours

@@ -149,7 +149,7 @@ def text(v: dict, indent: str = "   ") -> str:
             f"loses OOS in {c['prob_oos_loss']:.0%} of splits"
         )
     else:
-        lines.append(f"{indent}  PBO        n/a  needs two trials with the same val hours")
+        lines.append(f"{indent}  PBO        n/a  needs two trials with the same val hours whose returns differ")
     if len(v.get("rungs") or []) > 1:  # ASHA stopped trials: the same tests on the trials of each rung
         lines.append(
             f"{indent}  per rung   (trials that ran k folds: SPA p, PBO) "
@@ -206,7 +206,8 @@ def verdict_png(path, rows: list[tuple[str, dict]]):
             ax_c.set_title(f"{name}: CSCV logits of the in-sample best, PBO = {v['pbo']:.2f}", fontsize=9)
             ax_c.legend(fontsize=8)
         else:
-            ax_c.text(0.5, 0.5, "PBO n/a: needs two trials\nwith the same val hours", ha="center", va="center")
+            why = "PBO n/a: needs two trials with the\nsame val hours whose returns differ"
+            ax_c.text(0.5, 0.5, why, ha="center", va="center")
         ax_c.set_xlabel("logit of the pick's out-of-sample relative rank")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
