@@ -96,8 +96,9 @@ def fold_table(results: list[dict]) -> str:
     nan = float("nan")
     for r in results:
         val, test, base = r["val"], r["test"], r["baselines"]
+        status = "flat" if r.get("abstained") else r["status"]
         rows.append(
-            f"{r['fold']['k']:>4} {'flat' if r.get('abstained') else r['status']:>8} {r['best_epoch']:>4} {val.get('sharpe', nan):>8.2f} "
+            f"{r['fold']['k']:>4} {status:>8} {r['best_epoch']:>4} {val.get('sharpe', nan):>8.2f} "
             f"{test.get('sharpe', nan):>8.2f} {base['buy_and_hold']['sharpe']:>8.2f} "
             + "".join(f" {base[n]['sharpe']:>11.2f}" for n in refs)
             + f" {test.get('max_drawdown', nan):>11.4f} {test.get('n_trades', 0):>7} {r['adx']:>6.1f} "

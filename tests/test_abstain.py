@@ -53,6 +53,10 @@ def test_a_fold_whose_screen_keeps_nothing_is_flat_and_untrained(market_data, tm
     assert list(tmp_path.iterdir()) == []  # no weights to keep
     record = FoldRecord.from_result(result.as_dict())
     assert record.ok and record.epochs == 0 and record.checkpoint == ""  # pooled as any fold with a result
+    from fxray.train import fold_table
+
+    row = fold_table([result.as_dict()]).splitlines()[2].split()
+    assert row[:3] == [str(fold.k), "flat", "-1"]  # `fxray train`'s fold table says so
     # without abstain the same config trains the fold (its policy may still end flat: a learning question)
     trained = Trainer(data, NOTHING.replace(abstain=False)).run_fold(fold, seed=0)
     assert trained.epochs_run == 2 and not trained.abstained
