@@ -217,7 +217,10 @@ class DQNConfig(TrainConfig):
     policy is flat (no position) on its val and test windows, scored as such: where the train
     slice shows no edge that survives its own held-out tail, the learner does not trade. Only
     the train slice decides it. The folds it skips cost nothing, so a sweep whose early folds
-    keep nothing (every trial flat there, ASHA stopping none at its rungs) is not slowed by them"""
+    keep nothing (every trial flat there, ASHA stopping none at its rungs) is not slowed by them.
+    The GPU profile of the shipped experiments sets it: where it acts, the learner left to train
+    ended flat on every fold sampled (docs/benchmarks.md "Abstaining where the screen keeps
+    nothing")"""
     demo_margin: float = 0.8
     """how much more than every other action the rule's action must be worth before the
     demonstration loss lets go, in Q's units (reward_scale 1e4: basis points)"""
