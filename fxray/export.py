@@ -22,10 +22,12 @@ from pathlib import Path
 
 from fxray.data import cache
 from fxray.policy.export import MODELS, ExportError, choose, export_bundle, load_candidate
+from fxray.rl.trainer import ABSTAINED
 
 
 def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
-    """(candidates, source) of an MLflow trial run: its fold checkpoints with their val scores."""
+    """(candidates, source, abstained folds) of an MLflow trial run: its fold checkpoints with
+    their val scores, and the folds it abstained on."""
     from fxray.track.runs import trial_run
 
     try:
@@ -38,14 +40,15 @@ def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
     scores = {m.step: m.value for m in client.get_metric_history(run_id, "val_score")}
     folder = Path(tags["fxray.storage"]) / "checkpoints" / tags["fxray.trial_id"]
     paths = sorted(folder.glob("fold*.safetensors"))
+    abstained = abstained_folds(folder)
     seeds = int(float(run.data.params.get("seeds", 1) or 1))
-    if not paths and seeds > 1:
+    if not paths and seeds > 1 and not abstained:
         raise ExportError(
             f"run {run_id}: a seed ensemble (seeds = {seeds}) whose members wrote no checkpoints (a sweep "
             "from before fxray kept them); train its config again (fxray train --set seeds="
             f"{seeds} and its other values, --checkpoint-dir DIR) and export DIR/seed<S>"
         )
-    if not paths:
+    if not paths and not abstained:
         raise ExportError(f"{folder}: no fold checkpoints of run {run_id} (the sweep's run directory moved?)")
     candidates = []
     for p in paths:
@@ -60,7 +63,12 @@ def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
         "dataset_hash": tags["fxray.dataset_hash"],
         "data_path": tags.get("fxray.data_path"),
     }
-    return candidates, source
+    return candidates, source, abstained
+
+
+def abstained_folds(folder: Path) -> tuple[int, ...]:
+    """The folds of a checkpoint directory the learner abstained on (their fold<k>.abstained.json)."""
+    return tuple(sorted(int(p.name[4 : -len(ABSTAINED)]) for p in folder.glob(f"fold*{ABSTAINED}")))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +108,8 @@ def export(args) -> dict:
     source_path = Path(args.source)
     if source_path.exists():
         paths = sorted(source_path.glob("fold*.safetensors")) if source_path.is_dir() else [source_path]
-        if not paths:
+        abstained = abstained_folds(source_path) if source_path.is_dir() else ()
+        if not paths and not abstained:
             raise ExportError(f"{source_path}: no fold<k>.safetensors checkpoints in this directory")
         candidates = [load_candidate(q) for q in paths]
         source = {"kind": "checkpoint", "path": str(source_path)}
@@ -110,7 +119,7 @@ def export(args) -> dict:
                 f"{source_path}: a checkpoint does not name its data; pass --data with the fxcache it was trained on"
             )
     elif re.fullmatch(r"[0-9a-f]{32}", args.source):
-        candidates, source = run_candidates(args.source, args.tracking_uri)
+        candidates, source, abstained = run_candidates(args.source, args.tracking_uri)
         expected_hash = source["dataset_hash"]
         if args.data is None and not (source["data_path"] and Path(source["data_path"]).is_file()):
             raise ExportError(
@@ -128,7 +137,7 @@ def export(args) -> dict:
             f"{data_path}: content hash {market.content_hash} differs from the data run {args.source} trained on "
             f"({expected_hash}); pass --data with that file"
         )
-    members = choose(candidates, args.model)
+    members = choose(candidates, args.model, abstained)
     manifest = export_bundle(members, market, args.out, model=args.model, source=source, force=args.force)
     names = ", ".join(f"{m['name']} (val score {_fmt(m['val_score'])})" for m in manifest["members"])
     net, graph = manifest["network"], manifest["onnx"]

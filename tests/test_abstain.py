@@ -7,6 +7,8 @@ nothing; a bad value is a one-line ConfigError.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from test_demo import market_data  # noqa: F401 (a fixture)
@@ -50,7 +52,8 @@ def test_a_fold_whose_screen_keeps_nothing_is_flat_and_untrained(market_data, tm
     result = trainer.run_fold(fold, seed=0, checkpoint_dir=tmp_path)
     assert_flat(result, fold)
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.algo.params))  # no step ran
-    assert list(tmp_path.iterdir()) == []  # no weights to keep
+    (marker,) = tmp_path.iterdir()  # no weights to keep: a marker that the fold said "flat"
+    assert marker.name == f"fold{fold.k}.abstained.json" and json.loads(marker.read_text())["abstained"]
     record = FoldRecord.from_result(result.as_dict())
     assert record.ok and record.epochs == 0 and record.checkpoint == ""  # pooled as any fold with a result
     from fxray.train import fold_table
@@ -131,3 +134,26 @@ def test_the_sweeps_vote_reads_an_abstained_fold_as_a_flat_member(market_data, t
     # with a flat vote, and a tie takes the lower action index: short where "a" is short, else flat
     assert combined[3]["test"]["n_trades"] == 0 and combined[3]["test"]["sharpe"] == 0.0
     assert combined[2]["test"]["n_trades"] > 0
+
+
+def test_export_refuses_last_when_the_last_fold_abstained(market_data, synth_cache, tmp_path, capsys):  # noqa: F811
+    """An abstained fold has no network: `fxray export --model last` of a directory whose last
+    fold abstained says so in one line (exit 2, no bundle), and names the fold:K that trained;
+    that one exports; a directory where every fold abstained has nothing to export."""
+    from fxray import export
+
+    data, fold = market_data
+    ckpts = tmp_path / "ckpts"
+    Trainer(data, SOME.replace(abstain=False)).run_fold(fold, seed=0, checkpoint_dir=ckpts)
+    later = type(fold)(fold.k + 1, fold.train, fold.val, fold.test)  # another fold (its k), same bars
+    assert Trainer(data, NOTHING).run_fold(later, checkpoint_dir=ckpts).abstained
+    args = [str(ckpts), "--data", str(synth_cache)]
+    assert export.main([*args, "--out", str(tmp_path / "last")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: --model last: fold {later.k}, the last, abstained") and f"fold:{fold.k}" in line
+    assert not (tmp_path / "last").exists()
+    assert export.main([*args, "--out", str(tmp_path / "older"), "--model", f"fold:{fold.k}"]) == 0
+    only_flat = tmp_path / "flat"
+    Trainer(data, NOTHING).run_fold(fold, checkpoint_dir=only_flat)
+    assert export.main([str(only_flat), "--data", str(synth_cache), "--out", str(tmp_path / "none")]) == 2
+    assert "abstained on every fold" in capsys.readouterr().err

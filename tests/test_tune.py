@@ -279,7 +279,8 @@ def test_a_sweep_that_abstains_on_every_fold_trains_nothing_and_reports_a_flat_p
     results = json.loads((tmp_path / "out.json").read_text())
     folds = [f for t in results["trials"] for f in t["folds"]]
     assert len(folds) == 3 * 2 and all(f["status"] == "ok" and f["epochs"] == 0 and not f["checkpoint"] for f in folds)
-    assert not list((tmp_path / "runs/t/checkpoints").rglob("*.safetensors"))
+    assert not list((tmp_path / "runs/t/checkpoints").rglob("*.safetensors"))  # no weights: a marker a fold
+    assert len(list((tmp_path / "runs/t/checkpoints").rglob("fold*.abstained.json"))) == 3 * 2
     best = results["best"]
     assert best["test"]["n_trades"] == 0 and best["test"]["sharpe"] == 0.0 and best["test"]["n_periods"] > 0
     assert "screened" in best["baselines"]  # the references beside it, as for any policy

@@ -14,6 +14,11 @@ Which model (`choose`):
             normalisation (folds' train slices differ).
 - fold:K    fold K's network.
 
+A fold the learner abstained on (dqn.abstain: its checked screen kept no input, so it was not
+trained and its policy is flat) has no network, only a marker fold<k>.abstained.json; `last`
+refuses a run whose last fold abstained (the newest train slice said stay flat) and names the
+fold:K of the last fold that trained.
+
 A fold of a seed ensemble (dqn.seeds S > 1, fxray.rl.ensemble) has S member checkpoints,
 fold<k>.m<i>.safetensors: every choice above takes a fold's members together (last: the last
 fold's S networks, their mean Q, the policy that fold scored), and its val score is the
@@ -98,11 +103,24 @@ def load_candidate(path, val_score: float | None = None) -> Candidate:
     return Candidate(path, tensors, meta, val_score)
 
 
-def choose(candidates: list[Candidate], model: str) -> list[Candidate]:
-    """The members of `model` (see the module doc), in fold order (a fold's seed members together)."""
+def choose(candidates: list[Candidate], model: str, abstained: tuple[int, ...] = ()) -> list[Candidate]:
+    """The members of `model` (see the module doc), in fold order (a fold's seed members together).
+    `abstained`: the folds the learner abstained on (dqn.abstain: no network, flat); `last` is
+    refused when the last fold is one of them, since the newest train slice said stay flat."""
     if not candidates:
+        if abstained:
+            raise ExportError(
+                f"no fold checkpoints to export: the learner abstained on every fold ({len(abstained)}; "
+                "its checked screen kept no input), so its policy is flat"
+            )
         raise ExportError("no fold checkpoints to export")
     ordered = sorted(candidates, key=lambda c: c.k)  # stable: a fold's members stay in path order
+    if model == "last" and abstained and max(abstained) > ordered[-1].k:
+        raise ExportError(
+            f"--model last: fold {max(abstained)}, the last, abstained (its checked screen kept no input) and "
+            f"has no network: the newest train slice says stay flat; --model fold:{ordered[-1].k} exports "
+            "the last fold that trained"
+        )
 
     def fold(k: int) -> list[Candidate]:
         return [c for c in ordered if c.k == k]

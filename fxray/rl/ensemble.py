@@ -62,7 +62,7 @@ class EnsembleTrainer:
         """Trainer.run_fold's contract; with `checkpoint_dir`, a checkpoint per member (module doc)."""
         t0 = time.perf_counter()
         if abstains(self.data, fold, self.cfg):  # no member trains: the fold's policy is flat
-            return flat_fold(self.data, fold, self.cfg, t0)
+            return flat_fold(self.data, fold, self.cfg, t0, checkpoint_dir)
         seeds = member_seeds(seed, self.cfg.seeds)
         members = self.population.run_fold(fold, seeds, log=log, stop=(lambda k: stop()) if stop else None)
         result = combine(self.population, self.cfg, fold, seeds, members, t0)

@@ -128,7 +128,7 @@ class Trainer:
         torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
         t_start = time.perf_counter()
         if abstains(self.data, fold, cfg):
-            return flat_fold(self.data, fold, cfg, t_start)
+            return flat_fold(self.data, fold, cfg, t_start, checkpoint_dir)
         self._begin(fold, seed)
         sync()
         t_switch = time.perf_counter() - t_start
@@ -295,10 +295,12 @@ def abstains(data: DeviceData, fold: Fold, cfg: TrainConfig) -> bool:
     return frontend.screened_inputs(data, fold, cfg.cost, cfg.fill, cfg.screen_t).numel() == 0
 
 
-def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float) -> FoldResult:
+def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, checkpoint_dir=None) -> FoldResult:
     """The FoldResult of a fold the learner abstains on: no epoch (best_epoch -1, epochs_run 0,
     no checkpoint), the flat policy scored on val and test as any policy is (its hourly returns,
-    all 0, enter the pooled statistics), and the fold's references beside it."""
+    all 0, enter the pooled statistics), and the fold's references beside it. With
+    `checkpoint_dir`, no weights but a marker, <dir>/fold<k>.abstained.json (the config, the
+    fold, its val and test), so that an export of the directory knows the fold said "flat"."""
     result = FoldResult(
         fold=fold.as_dict(),
         status="ok",
@@ -321,7 +323,31 @@ def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float) ->
     result.val_score = pooled.score(pooled.pooled([result.val_periods], cfg.cost, data.calendar.periods_per_year))
     result.test_daily_returns = runs["test"].daily_returns.tolist()
     result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
+    if checkpoint_dir is not None:
+        meta = {
+            "abstained": True,
+            "config": cfg.as_dict(),
+            "fold": fold.as_dict(),
+            "val": result.val,
+            "test": result.test,
+        }
+        write_atomically(Path(checkpoint_dir) / f"fold{fold.k}{ABSTAINED}", json.dumps(meta, indent=1))
     return result
+
+
+ABSTAINED = ".abstained.json"  # the marker of a fold the learner abstained on (flat_fold)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}")
+    os.close(fd)
+    try:
+        Path(tmp).write_text(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def epoch_record(epoch: int, loss: float, q_max: float, val, score: float, eps: float, times) -> dict:

@@ -177,7 +177,7 @@ class Gatherer:
         else:  # the requests that abstain on this fold (TrainConfig.abstain) are flat, untrained
             fold, t0 = Fold.from_dict(first.fold), time.perf_counter()
             flat = {
-                i: flat_fold(self.data, fold, r.cfg, t0)
+                i: flat_fold(self.data, fold, r.cfg, t0, r.checkpoint_dir)
                 for i, r in enumerate(batch)
                 if abstains(self.data, fold, r.cfg)
             }
