@@ -124,9 +124,11 @@ def test_the_sweeps_vote_reads_an_abstained_fold_as_a_flat_member(market_data, t
         for name, cfg, v in (("a", trains, 2.0), ("b", NOTHING, 1.0), ("c", NOTHING, 0.0))
     ]
     results = {"folds": [fold.as_dict()], "storage": str(tmp_path), "periods_per_year": ppy, "trials": trials}
-    assert [p.parent.name for p in missing_checkpoints(results, trials)] == ["b", "c"]  # without the data: unknown
-    assert missing_checkpoints(results, trials, data) == []
+    assert missing_checkpoints(results, trials) == []  # their markers say they abstained
     combined = combine_trials(results, data, sizes=[1, 2, 3], combine="vote")
+    marker = tmp_path / "checkpoints" / "c" / f"fold{fold.k}.abstained.json"
+    marker.rename(marker.with_suffix(".kept"))
+    assert [p.parent.name for p in missing_checkpoints(results, trials)] == ["c"]  # no marker, no weights: missing
     alone = pooled.pooled([trained.test_periods], trains.cost, ppy)
     assert combined[1]["test"]["n_trades"] == alone["n_trades"]
     assert combined[1]["test"]["sharpe"] == pytest.approx(alone["sharpe"], rel=1e-6)

@@ -33,6 +33,7 @@ from fxray.rl import algorithm, frontend
 from fxray.rl.algorithm import Algorithm
 from fxray.rl.config import TrainConfig
 from fxray.rl.device import DeviceData
+from fxray.track.records import ABSTAINED
 
 Q_LIMIT = 1e6  # |Q| beyond this (scaled reward units) counts as divergence
 EVAL_CHUNK = 262_144  # bars per Q-network forward in evaluation (bounds activation memory)
@@ -333,9 +334,6 @@ def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, ch
         }
         write_atomically(Path(checkpoint_dir) / f"fold{fold.k}{ABSTAINED}", json.dumps(meta, indent=1))
     return result
-
-
-ABSTAINED = ".abstained.json"  # the marker of a fold the learner abstained on (flat_fold)
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fxray.track.records import fold_checkpoints
+from fxray.track.records import abstained, fold_checkpoints
 
 MIN_MEMBERS = 3  # fewer full trials: no vote (a vote of two is the first one's action at each tie)
 
@@ -44,27 +44,12 @@ def full_trials(results: dict) -> list[dict]:
     return sorted(full, key=lambda t: t["val"]["sharpe"], reverse=True)
 
 
-def missing_checkpoints(results: dict, trials: list[dict], data=None) -> list[Path]:
+def missing_checkpoints(results: dict, trials: list[dict]) -> list[Path]:
     """The fold checkpoints of `trials` that are not there, but for the folds a trial abstained
-    on (dqn.abstain: not trained, no weights; its vote there is flat), which need `data`."""
-    from fxray.data.folds import Fold
-
+    on (dqn.abstain: not trained, no weights but a marker; its vote there is flat)."""
     ckpts = Path(results["storage"]) / "checkpoints"
-    missing = []
-    for t in trials:
-        for fd in results["folds"]:
-            if not fold_checkpoints(ckpts / t["trial_id"], fd["k"]) and not abstained(t, Fold.from_dict(fd), data):
-                missing.append(ckpts / t["trial_id"] / f"fold{fd['k']}.safetensors")
-    return missing
-
-
-def abstained(trial: dict, fold, data) -> bool:
-    """Whether `trial`'s config abstains on `fold` (fxray.rl.trainer.abstains); False without `data`."""
-    if data is None or not trial["config"].get("abstain"):
-        return False
-    from fxray.rl.trainer import abstains
-
-    return abstains(data, fold, trial_config(trial))
+    folders = [(ckpts / t["trial_id"], f["k"]) for t in trials for f in results["folds"]]
+    return [d / f"fold{k}.safetensors" for d, k in folders if not fold_checkpoints(d, k) and not abstained(d, k)]
 
 
 def trial_config(trial: dict):
@@ -104,8 +89,7 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
         """{window: (T, 3, 3) votes (one-hot greedy actions) or val-scaled advantages}."""
         cfg = configs[trial["trial_id"]]
         paths = fold_checkpoints(ckpts / trial["trial_id"], fold.k)
-        if not paths and abstained(trial, fold, data):  # untrained, flat: it votes flat at every bar
-            data.set_fold(fold)
+        if not paths and abstained(ckpts / trial["trial_id"], fold.k):  # untrained, flat: it votes flat
             flat = torch.zeros(3, device=data.device)
             flat[1] = 1.0  # action 1: no position (fxray.eval.backtest.greedy_positions)
             n = {w: getattr(fold, w)[1] - 1 - getattr(fold, w)[0] for w in ("val", "test")}
@@ -189,12 +173,12 @@ def vote_of_full_trials(results: dict, data_path=None, data=None) -> dict:
     out = {"combine": "vote", "members": [t["trial_id"] for t in full], "n_members": len(full)}
     if len(full) < MIN_MEMBERS:
         return {**out, "skipped": f"{len(full)} trial(s) ran every fold; a vote needs {MIN_MEMBERS}"}
-    data = data if data is not None else sweep_data(results, data_path)
-    missing = missing_checkpoints(results, full, data)
+    missing = missing_checkpoints(results, full)
     if missing:
         return {**out, "skipped": f"{len(missing)} checkpoint(s) missing, e.g. {missing[0]}"}
     from fxray.eval import pooled
 
+    data = data if data is not None else sweep_data(results, data_path)
     stats = combine_trials(results, data, [len(full)], "vote")[len(full)]
     refs = results["best"].get("baselines") or {}
     stats["test"]["oracle_share"] = pooled.oracle_share(stats["test"], refs.get("oracle"))
