@@ -332,16 +332,18 @@ def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, ch
             "val": result.val,
             "test": result.test,
         }
-        write_atomically(Path(checkpoint_dir) / f"fold{fold.k}{ABSTAINED}", json.dumps(meta, indent=1))
+        text = json.dumps(meta, indent=1)
+        write_atomically(Path(checkpoint_dir) / f"fold{fold.k}{ABSTAINED}", lambda p: Path(p).write_text(text))
     return result
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, write) -> None:
+    """`write(tmp)` to a temporary file beside `path`, then renamed to it: never half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}")
     os.close(fd)
     try:
-        Path(tmp).write_text(text)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -412,14 +414,7 @@ def write_checkpoint(
         (".safetensors", lambda p: save_file(tensors, p)),
         (".json", lambda p: Path(p).write_text(json.dumps(meta, indent=1))),
     ):
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem.name}", suffix=suffix)
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, str(stem) + suffix)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_atomically(Path(str(stem) + suffix), write)
     return Path(str(stem) + ".safetensors")  # not with_suffix: a member's stem fold<k>.m<i> has a dot
 
 
