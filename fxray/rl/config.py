@@ -245,7 +245,7 @@ class DQNConfig(TrainConfig):
         if not isinstance(self.abstain, bool):
             self._fail("abstain", "must be true or false")
         if self.abstain and not self.screen_t > 0:
-            self._fail("abstain", "needs screen_t > 0 (the checked screen decides where to abstain)")
+            self._fail("abstain", "needs screen_t > 0 (the screen decides where); with no screen set abstain false")
         if not _is_number(self.demo) or not 0 <= self.demo <= 100:
             self._fail("demo", "must be a number in [0, 100] (0: no demonstrations)")
         for key in ("grad_clip", "huber_delta", "reward_scale", "demo_margin"):
