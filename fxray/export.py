@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fxray.data import cache
 from fxray.policy.export import MODELS, ExportError, choose, export_bundle, load_candidate
-from fxray.track.records import ABSTAINED
+from fxray.rl.markers import abstained_folds
 
 
 def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
@@ -64,11 +64,6 @@ def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
         "data_path": tags.get("fxray.data_path"),
     }
     return candidates, source, abstained
-
-
-def abstained_folds(folder: Path) -> tuple[int, ...]:
-    """The folds of a checkpoint directory the learner abstained on (their fold<k>.abstained.json)."""
-    return tuple(sorted(int(p.name[4 : -len(ABSTAINED)]) for p in folder.glob(f"fold*{ABSTAINED}")))
 
 
 def build_parser() -> argparse.ArgumentParser:

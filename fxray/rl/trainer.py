@@ -33,7 +33,7 @@ from fxray.rl import algorithm, frontend
 from fxray.rl.algorithm import Algorithm
 from fxray.rl.config import TrainConfig
 from fxray.rl.device import DeviceData
-from fxray.track.records import ABSTAINED
+from fxray.rl.markers import marker
 
 Q_LIMIT = 1e6  # |Q| beyond this (scaled reward units) counts as divergence
 EVAL_CHUNK = 262_144  # bars per Q-network forward in evaluation (bounds activation memory)
@@ -333,7 +333,7 @@ def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, ch
             "test": result.test,
         }
         text = json.dumps(meta, indent=1)
-        write_atomically(Path(checkpoint_dir) / f"fold{fold.k}{ABSTAINED}", lambda p: Path(p).write_text(text))
+        write_atomically(marker(checkpoint_dir, fold.k), lambda p: Path(p).write_text(text))
     return result
 
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fxray.track.records import abstained, fold_checkpoints
+from fxray.rl.markers import abstained
+from fxray.track.records import fold_checkpoints
 
 MIN_MEMBERS = 3  # fewer full trials: no vote (a vote of two is the first one's action at each tie)
 

@@ -34,15 +34,6 @@ MLFLOW_NAMES = {"max_drawdown": "max_drawdown_log", "total_return": "total_retur
 UNDEFINED_AT_ZERO = ("sharpe", "sortino", "calmar")
 
 
-ABSTAINED = ".abstained.json"  # fold<k>.abstained.json: a fold the learner abstained on (no weights)
-
-
-def abstained(folder: Path, k: int) -> bool:
-    """Whether fold k of a checkpoint folder is a fold the learner abstained on (dqn.abstain:
-    not trained, flat; fxray.rl.trainer.flat_fold leaves this marker in place of weights)."""
-    return (Path(folder) / f"fold{k}{ABSTAINED}").exists()
-
-
 def fold_checkpoints(folder: Path, k: int) -> list[Path]:
     """A trial's checkpoints of fold k in `folder`: its one network (fold<k>.safetensors), or a
     seed ensemble's members (fold<k>.m<i>.safetensors, fxray.rl.ensemble); [] if none."""
