@@ -4,7 +4,8 @@ test windows, pooled hourly, beside the oracle and the ridge rule on the same wi
     python scripts/rescore.py runs/default/results.json [--data X.fxcache] [--json out.json]
 
 Works on any fxray results.json that names its best trial and kept its checkpoints (the
-run directory's checkpoints/<trial>/fold<k>.safetensors), including those of versions
+run directory's checkpoints/<trial>/fold<k>.safetensors; a fold it abstained on, dqn.abstain,
+counts flat), including those of versions
 that selected by the mean of per-fold daily Sharpe ratios: it is how the "before" of
 docs/benchmarks.md was scored. It prints what that sweep selected on (the best trial's
 mean per-fold val Sharpe) against what its weights earn out of sample, pooled.
@@ -33,7 +34,8 @@ def main(argv=None) -> int:
     from fxray.eval import pooled
     from fxray.rl.config import make_config
     from fxray.rl.device import DeviceData
-    from fxray.rl.trainer import Trainer, load_checkpoint
+    from fxray.rl.markers import abstained
+    from fxray.rl.trainer import Trainer, flat_fold, load_checkpoint
 
     res = json.loads(args.results.read_text())
     best = next(t for t in res["trials"] if t["trial_id"] == res["best"]["trial_id"])
@@ -58,14 +60,20 @@ def main(argv=None) -> int:
     for f in best["folds"]:
         fold = Fold.from_dict(next(x for x in res["folds"] if x["k"] == f["fold"]))
         path = ckpts / f"fold{fold.k}.safetensors"
-        if not path.exists():
-            continue
-        tensors, _ = load_checkpoint(path)
-        trainer.algo.learner.q_network.load_state_dict({k: v.to(device) for k, v in tensors.items()})
         data.set_fold(fold)  # the fold's train-slice normalisation, as in training
-        for w in windows:
-            windows[w].append(trainer.evaluate(getattr(fold, w)).periods.as_dict())
-        table, periods = trainer._references(fold)
+        if path.exists():
+            tensors, _ = load_checkpoint(path)
+            trainer.algo.learner.q_network.load_state_dict({k: v.to(device) for k, v in tensors.items()})
+            for w in windows:
+                windows[w].append(trainer.evaluate(getattr(fold, w)).periods.as_dict())
+            periods = trainer._references(fold)[1]
+        elif abstained(ckpts, fold.k):  # not trained, flat (dqn.abstain): its zero returns count too
+            flat = flat_fold(data, fold, cfg, 0.0)
+            windows["val"].append(flat.val_periods)
+            windows["test"].append(flat.test_periods)
+            periods = flat.baseline_periods
+        else:
+            continue
         for name, d in periods.items():
             refs.setdefault(name, []).append(d["test"])
     stats = {w: pooled.pooled(ws, cfg.cost, ppy) for w, ws in windows.items()}

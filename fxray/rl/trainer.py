@@ -236,7 +236,7 @@ class Trainer:
         )
 
     def _references(self, fold: Fold) -> tuple[dict, dict]:
-        return references(self.data, fold, self.cfg.cost, self.cfg.fill)
+        return references(self.data, fold, self.cfg.cost, self.cfg.fill, getattr(self.cfg, "screen_t", 0.0))
 
 
 def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHUNK) -> list[torch.Tensor]:
