@@ -289,10 +289,12 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
 
 def abstains(data: DeviceData, fold: Fold, cfg: TrainConfig) -> bool:
     """`cfg.abstain` and the checked screen keeps no input on `fold`'s train slice: the fold is
-    not trained, its policy is flat (flat_fold). Sets `fold` active on `data`."""
+    not trained, its policy is flat (flat_fold). Leaves `fold` active on `data` (set only if
+    another was: a worker's population asks once per request of the same fold)."""
     if not getattr(cfg, "abstain", False):
         return False
-    data.set_fold(fold)
+    if data.fold != fold:
+        data.set_fold(fold)
     return frontend.screened_inputs(data, fold, cfg.cost, cfg.fill, cfg.screen_t).numel() == 0
 
 

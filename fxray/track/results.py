@@ -220,7 +220,7 @@ def write_results(
     print(verdict_text(verdict))
     ckpt = max((f for f in best_folds if f.ok and f.checkpoint), key=lambda f: f.val_score, default=None)
     artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
-    if ckpt is not None and ckpt.checkpoint:  # a seed ensemble's fold: every member's
+    if ckpt is not None:  # a seed ensemble's fold: every member's
         weights = fold_checkpoints(Path(ckpt.checkpoint).parent, ckpt.fold) or [Path(ckpt.checkpoint)]
         artifacts += [("best_checkpoint", f) for w in weights for f in (w, w.with_suffix(".json"))]
     test = b["test"]
