@@ -37,7 +37,7 @@ def error(path, profile="gpu") -> str:
     return msg
 
 
-@pytest.mark.parametrize("name", ["default", "smoke", "eurusd_2017q1"])
+@pytest.mark.parametrize("name", ["default", "smoke", "eurusd_2017q1", "session", "shuffled"])
 @pytest.mark.parametrize("profile", ["gpu", "cpu"])
 def test_shipped_experiments_load(name, profile):
     exp = E.load(ROOT / "experiments" / f"{name}.yaml", profile)
@@ -179,11 +179,58 @@ def test_a_cost_below_a_tenth_of_a_basis_point_is_a_warning_naming_the_key(tmp_p
 
 
 @pytest.mark.parametrize("name", ["default", "smoke", "eurusd_2017q1", "session", "shuffled"])
-def test_shipped_experiments_state_a_realistic_cost_with_its_source(name):
-    text = (ROOT / "experiments" / f"{name}.yaml").read_text()
-    for profile in ("gpu", "cpu"):
-        assert E.load(ROOT / "experiments" / f"{name}.yaml", profile).warnings() == []
-    assert "cost:" in text and "bp" in text  # the value, and a comment with its source
+@pytest.mark.parametrize("profile", ["gpu", "cpu"])
+def test_shipped_experiments_state_a_realistic_cost(name, profile):
+    exp = E.load(ROOT / "experiments" / f"{name}.yaml", profile)
+    assert exp.warnings() == [] and exp.config.cost >= E.MIN_REALISTIC_COST
+
+
+# --- base: a file deep-merged under another --------------------------------------------
+
+
+def test_base_is_merged_under_the_file_key_by_key(tmp_path):
+    write(tmp_path, GOOD, "base.yaml")
+    child = write(
+        tmp_path,
+        "base: base.yaml\ndata: {synth: {seed: 2}}\ndqn: {hidden: 64}\ncpu: {dqn: {epochs: 3}}\n",
+        "child.yaml",
+    )
+    gpu, cpu = E.load(child, "gpu"), E.load(child, "cpu")
+    assert gpu.name == "child"  # a file names its own runs: the base's name is not inherited
+    assert (gpu.synth.n_bars, gpu.synth.seed) == (20000, 2)  # a mapping merges key by key
+    assert gpu.config == DQNConfig().replace(epochs=2, hidden=64)
+    assert cpu.config == DQNConfig().replace(epochs=3, hidden=64) and cpu.folds.max_folds == 1  # cpu: merges too
+    assert gpu.search == E.load(tmp_path / "base.yaml", "gpu").search
+    assert E.read_yaml(child)["sweep"] == {"trials": 3, "grace_folds": 2}
+
+
+def test_base_chain_is_relative_to_each_file(tmp_path):
+    write(tmp_path, GOOD, "root.yaml")
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub", "base: ../root.yaml\nname: mid\nsweep: {trials: 5}\n", "mid.yaml")
+    leaf = write(tmp_path, "base: sub/mid.yaml\nfolds: {max_folds: 1}\n", "leaf.yaml")
+    exp = E.load(leaf, "gpu")
+    assert (exp.name, exp.sweep.trials, exp.sweep.grace_folds, exp.folds.max_folds) == ("leaf", 5, 2, 1)
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("base: nowhere.yaml\n", "base: nowhere.yaml: no such experiment file (paths are relative to"),
+        ("base: x.yaml\n", "base: x.yaml is a cycle (x.yaml -> x.yaml)"),
+        ("base: [a.yaml]\n", "base: ['a.yaml'] must be the path of another experiment file"),
+    ],
+)
+def test_bad_base_is_one_line(tmp_path, text, needle):
+    assert needle in error(write(tmp_path, text))
+
+
+def test_a_cycle_through_two_files_names_them(tmp_path):
+    write(tmp_path, "base: b.yaml\n", "a.yaml")
+    write(tmp_path, "base: a.yaml\n", "b.yaml")
+    with pytest.raises(E.ExperimentError) as info:
+        E.load(tmp_path / "a.yaml")
+    assert str(info.value) == f"{tmp_path / 'b.yaml'}: base: a.yaml is a cycle (a.yaml -> b.yaml -> a.yaml)"
 
 
 @pytest.mark.parametrize("profile", ["gpu", "cpu"])

@@ -8,6 +8,11 @@
     search: {lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}, ...}
     sweep: {trials: 64, seed: 0, grace_folds: 1, reduction_factor: 2, workers_per_gpu: 1, cpu_per_trial: 0.25}
     cpu: {...}                         # deep-merged over the rest when the cluster has no GPU
+    base: default.yaml                 # optional: a file deep-merged under this one (path relative to it)
+
+A file with `base:` holds only what differs from its base: the base's sections (its `cpu:`
+too) are deep-merged under the file's, which wins key by key; a mapping merges, anything else
+(a list, a value) replaces. The base's `name` is not inherited: a file names its own runs.
 
 Every problem is an `ExperimentError` whose message is one line:
 `experiments/x.yaml: search.lr.low: 0 must be > 0 for loguniform`. Values coming
@@ -128,7 +133,7 @@ def load(path, profile: str = "gpu", overrides: dict | None = None) -> Experimen
     from the command line and are applied last, e.g. {"sweep.trials": 4}."""
     raw = read_yaml(path)
     file = str(path)
-    _check_keys(file, raw, SECTIONS, "")
+    _check_keys(file, raw, (*SECTIONS, "base"), "")  # base: is resolved by read_yaml
     cpu = raw.get("cpu") or {}
     if not isinstance(cpu, dict):
         raise ExperimentError(f"{file}: cpu: must be a mapping of overrides, got {cpu!r}")
@@ -196,7 +201,30 @@ def yaml_value(text: str):
 
 
 def read_yaml(path) -> dict:
-    p = Path(path)
+    """The experiment file `path` as a mapping, its `base:` chain deep-merged under it."""
+    return _resolve(Path(path), str(path), ())
+
+
+def _resolve(p: Path, shown: str, chain: tuple) -> dict:
+    raw = _read_one(p, shown)
+    if "base" not in raw:
+        return raw
+    base = raw.pop("base")
+    if not isinstance(base, str) or not base.strip():
+        raise ExperimentError(f"{shown}: base: {base!r} must be the path of another experiment file")
+    chain = (*chain, p.resolve())
+    base_path = p.parent / base
+    if base_path.resolve() in chain:
+        names = " -> ".join(c.name for c in chain[chain.index(base_path.resolve()) :])
+        raise ExperimentError(f"{shown}: base: {base} is a cycle ({names} -> {base_path.name})")
+    if not base_path.is_file():
+        raise ExperimentError(f"{shown}: base: {base}: no such experiment file (paths are relative to {p.parent})")
+    under = _resolve(base_path, str(base_path), chain)
+    under.pop("name", None)  # a file names its own runs
+    return _deep_merge(under, raw)
+
+
+def _read_one(p: Path, path: str) -> dict:
     if not p.is_file():
         raise ExperimentError(f"{path}: no such experiment file (see experiments/*.yaml)")
     try:
