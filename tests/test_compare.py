@@ -13,7 +13,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -355,38 +354,10 @@ def test_config_round_trips_through_mlflow_params():
 
 
 @pytest.mark.slow
-def test_top_ensemble_of_one_is_the_best_full_trial_and_every_size_is_reported(store, sweep_t):
-    """scripts/top_ensemble.py on a real sweep: its ensemble of one (greedy on scaled advantages,
-    from the saved checkpoints) scores exactly the pooled val and test Sharpe the sweep recorded
-    for its best full trial, and so does a vote of one; the sizes asked for are all there, capped
-    at the full trials."""
-    d, uri, env = store
-    script = Path(__file__).resolve().parents[1] / "scripts" / "top_ensemble.py"
-
-    def top(*args) -> dict:
-        cmd = [sys.executable, str(script), d / "runs/t/results.json", *args, "--json", d / "top.json"]
-        out = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads((d / "top.json").read_text())
-
-    got = top("--n", "1,2,all")
-    n_folds = len(sweep_t["folds"])
-    full = [t for t in sweep_t["trials"] if t["status"] == "ok" and t["folds_done"] >= n_folds]
-    best = max(full, key=lambda t: t["val"]["sharpe"])
-    assert got["full_trials"] == len(full) >= 1
-    assert [r["n"] for r in got["rows"]] == sorted({1, min(2, len(full)), len(full)})
-    one = got["rows"][0]
-    assert one["val_sharpe"] == pytest.approx(best["val"]["sharpe"], abs=1e-9)
-    assert one["test_sharpe"] == pytest.approx(best["test"]["sharpe"], abs=1e-9)
-    vote = top("--n", "1", "--combine", "vote")  # a vote of one member is that member's greedy policy
-    assert vote["combine"] == "vote" and vote["rows"][0]["test_sharpe"] == pytest.approx(one["test_sharpe"], abs=1e-9)
-
-
-@pytest.mark.slow
 def test_the_sweep_reports_the_vote_of_its_full_trials(store, sweep_t):
     """results.json's "ensemble": all the trials that ran every fold, best val first, voting;
-    pooled over the chosen trial's test windows with the oracle's share; the same numbers as
-    scripts/top_ensemble.py's vote of all; on the last screen and in the parent run."""
+    pooled over the chosen trial's test windows with the oracle's share; on the last screen, in
+    the parent run and in fxray compare."""
     d, uri, env = store
     n_folds = len(sweep_t["folds"])
     full = sorted(
@@ -410,13 +381,6 @@ def test_the_sweep_reports_the_vote_of_its_full_trials(store, sweep_t):
     assert best["dsr"] == pytest.approx(selection.deflated(best["test"], tests, n)["dsr"])
     assert vote["dsr"] == pytest.approx(selection.deflated(vote["test"], tests, n)["dsr"]) and 0 < vote["dsr"] < 1
     assert vote["n_trials_counted"] == n and vote["dsr"] < vote["test"]["psr"]
-    script = Path(__file__).resolve().parents[1] / "scripts" / "top_ensemble.py"
-    cmd = [sys.executable, script, d / "runs/t/results.json", "--n", "all", "--combine", "vote", "--json", d / "v.json"]
-    out = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (row,) = json.loads((d / "v.json").read_text())["rows"]
-    assert row["test_sharpe"] == pytest.approx(vote["test"]["sharpe"], abs=1e-12)
-    assert row["val_sharpe"] == pytest.approx(vote["val"]["sharpe"], abs=1e-12)
     screen = (d / "runs/t/summary.md").read_text()
     assert (
         f"vote of the 3 trials that ran every fold (members chosen on val only): {vote['test']['sharpe']:+.2f}"

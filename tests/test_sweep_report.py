@@ -53,48 +53,6 @@ def test_split_of_a_hand_made_sweep(tmp_path):
     assert r["t_last_fold_end"] == pytest.approx(19.0)
 
 
-def test_size_profile_runs_its_tiny_candidate_on_cpu(tmp_path):
-    """scripts/size_profile.py on a small market: same val/test windows, shorter training."""
-    import subprocess
-    import sys
-
-    exp = tmp_path / "x.yaml"
-    exp.write_text(
-        "name: x\ndata: {synth: {n_bars: 26000, seed: 0}}\n"
-        "folds: {train: 4d, val: 2d, test: 2d}\n"
-        "search: {lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}, hidden: {type: choice, values: [16, 32]}}\n"
-    )
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(Path(__file__).parents[1] / "scripts/size_profile.py"),
-            "--experiment",
-            str(exp),
-            "--configs",
-            "2",
-            "--windows",
-            "3",
-            "--long",
-            "6",
-            "--short",
-            "3",
-            "--json",
-            str(tmp_path / "s.json"),
-        ],
-        env={**__import__("os").environ, "FXRAY_CACHE_DIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "2 configs x 3 folds each, on CPU" in out.stdout
-    res = json.loads((tmp_path / "s.json").read_text())
-    assert len(res["windows"]) == 3 and len({tuple(w["val"]) for w in res["windows"]}) == 3
-    assert all(1e-4 <= c["lr"] <= 3e-3 and c["hidden"] in (16, 32) for c in res["configs"])
-    (row,) = res["rows"]
-    assert row["train_days"] == 3 and row["fold_s"] > 0 and row["step_ms"] > 0 and row["epochs_run"] >= 1
-
-
 def test_speedup_of_two_hand_made_sweeps(tmp_path):
     def sweep(wall, trials):  # trials: (lr, [(val Sharpe, fold seconds), ...])
         return {

@@ -22,9 +22,9 @@ and scores them on the same test windows, pooled, beside the oracle:
                      dqn.screen_t's screen)
     t>2.5 robust, arc  the robust screen's inputs, in the arc of the day chosen on train
 
-    python scripts/discoverable.py                       # the session market, GPU and CPU profiles
-    python scripts/discoverable.py --json discoverable.json
-    python scripts/discoverable.py --only "default, GPU" --draws 0-7  # each market at synth seeds 0..7
+    python lab/discoverable.py                       # the session market, GPU and CPU profiles
+    python lab/discoverable.py --json discoverable.json
+    python lab/discoverable.py --only "default, GPU" --draws 0-7  # each market at synth seeds 0..7
 
 With --draws each market runs at each of those seeds (fresh draws of its generator), and a
 summary per market gives each rule's pooled test Sharpe less the ridge rule's, as a mean over

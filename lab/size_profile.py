@@ -1,6 +1,6 @@
 """How big should a GPU profile's folds be? Fold time and Sharpe of candidate sizes.
 
-    python scripts/size_profile.py [--experiment experiments/default.yaml] [--configs 6]
+    python lab/size_profile.py [--experiment experiments/default.yaml] [--configs 6]
                                    [--windows 8] [--long 60] [--short 20] [--json out.json]
 
 Trains `--configs` configs drawn at random from the experiment's search space (seed 0),

@@ -1,7 +1,7 @@
 """A sweep's chosen trial, scored the honest way: its saved weights on every fold's val and
 test windows, pooled hourly, beside the oracle and the ridge rule on the same windows.
 
-    python scripts/rescore.py runs/default/results.json [--data X.fxcache] [--json out.json]
+    python lab/rescore.py runs/default/results.json [--data X.fxcache] [--json out.json]
 
 Works on any fxray results.json that names its best trial and kept its checkpoints (the
 run directory's checkpoints/<trial>/fold<k>.safetensors; a fold it abstained on, dqn.abstain,

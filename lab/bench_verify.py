@@ -1,6 +1,6 @@
 """How long opening and proving an fxcache takes (docs/benchmarks.md, issue 18).
 
-    python scripts/bench_verify.py /tmp/big.fxcache     # make one: python -m fxray.data synth --bars 4000000 --out ...
+    python lab/bench_verify.py /tmp/big.fxcache     # make one: python -m fxray.data synth --bars 4000000 --out ...
 
 Prints, page cache warm: the open (structure + metadata: `verify="no"`), first call in
 a fresh process and warm; the O(N) checks (values; the BLAKE3 content hash; sha256, the

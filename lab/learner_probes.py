@@ -1,8 +1,8 @@
-"""Prototype learners for scripts/learner_grid.py: variants of the Q-network and the loss that
+"""Prototype learners for lab/learner_grid.py: variants of the Q-network and the loss that
 are measured before any of them is built into fxray (docs/benchmarks.md "A gate, LayerNorm,
 and every action's target").
 
-    python scripts/learner_probes.py VARIANT GRID.json [learner_grid's options]
+    python lab/learner_probes.py VARIANT GRID.json [learner_grid's options]
 
     gate         the first layer's market projection times 2 sigmoid(W [tod_sin, tod_cos] + b),
                  per hidden unit (W, b start at 0: the plain network at the first step), so a
@@ -19,7 +19,7 @@ and every action's target").
     warm         each fold starts from the previous fold's kept weights (the first from fresh ones),
                  as a model retrained on a rolling window would be: causal, since a fold's train,
                  val and test ranges all end before the next fold's val begins. One seed per
-                 process (scripts/grid_parallel.py runs it so)
+                 process (lab/grid_parallel.py runs it so)
     rollout_lagged  as fxray's `update: rollout`, with the branches' greedy moves looked up in a
                  table of the train slice's greedy actions (argmax of q_all for each bar and
                  previous position), rebuilt from the online network every LAG_STEPS learner

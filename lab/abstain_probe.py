@@ -1,7 +1,7 @@
 """Where does `dqn.abstain` act, and what would the learner have done there?
 
-    python scripts/abstain_probe.py map scripts/grids/gpu_draws_demo_cscreen.json --json map.json
-    python scripts/abstain_probe.py train scripts/grids/gpu_draws_demo_cscreen.json 0:0 12:0 --json folds.json
+    python lab/abstain_probe.py map lab/grids/gpu_draws_demo_cscreen.json --json map.json
+    python lab/abstain_probe.py train lab/grids/gpu_draws_demo_cscreen.json 0:0 12:0 --json folds.json
 
 `map`: for each job of a grid (learner_grid.py's format; its cfg's cost, fill and screen_t), the
 number of market inputs the checked screen keeps on each fold's train slice

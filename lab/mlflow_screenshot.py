@@ -1,8 +1,8 @@
 """Screenshot MLflow's own views of a sweep, as a person opening the URLs the sweep printed sees them.
 
-    python scripts/mlflow_screenshot.py                                  # ./mlflow.db, its latest fxray sweep
-    python scripts/mlflow_screenshot.py --tracking-uri sqlite:///$PWD/mlflow.db --experiment smoke
-    python scripts/mlflow_screenshot.py --sweep experiments/smoke.yaml   # sweep into a temp store first
+    python lab/mlflow_screenshot.py                                  # ./mlflow.db, its latest fxray sweep
+    python lab/mlflow_screenshot.py --tracking-uri sqlite:///$PWD/mlflow.db --experiment smoke
+    python lab/mlflow_screenshot.py --sweep experiments/smoke.yaml   # sweep into a temp store first
 
 Starts `mlflow ui` on 127.0.0.1 (a free port) over the sqlite store, drives headless
 Chromium over the DevTools protocol (aiohttp's websocket client, a dependency of Ray),

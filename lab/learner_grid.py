@@ -4,8 +4,8 @@ same test windows, and the share of the oracle. No Ray, no sweep: one config at 
 every fold, so that a change to the learner is judged on its own, on several markets and
 seeds.
 
-    python scripts/learner_grid.py scripts/grids/gpu_levers.json            # the GPU machine
-    python scripts/learner_grid.py scripts/grids/gpu_levers.json --json grid.json
+    python lab/learner_grid.py lab/grids/gpu_levers.json            # the GPU machine
+    python lab/learner_grid.py lab/grids/gpu_levers.json --json grid.json
 
 On a market whose edge is on only in some hours (the "session" structure), each seed also
 gets `in_edge_hours`: the share of its traded units (|position change|) in those hours, beside
@@ -432,7 +432,7 @@ def line(r: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("grid", type=Path, metavar="GRID.json", help="a JSON list of jobs (scripts/grids/)")
+    p.add_argument("grid", type=Path, metavar="GRID.json", help="a JSON list of jobs (lab/grids/)")
     p.add_argument(
         "--device",
         default="cuda" if torch.cuda.is_available() else "cpu",

@@ -1,6 +1,6 @@
 """Where a fresh device process spends its first fold (what a FoldWorker pays once).
 
-    python scripts/coldstart.py [--experiment experiments/default.yaml] [--json out.json]
+    python lab/coldstart.py [--experiment experiments/default.yaml] [--json out.json]
 
 Runs in a new process, in the order a FoldWorker does it: import torch, CUDA
 init, import fxray's trainer, upload the experiment's market, build a Trainer

@@ -2,7 +2,7 @@
 pooled val Sharpe, per fold one policy: the mean of their normalised advantages, greedy, on
 that fold's val and test windows, pooled hourly beside the oracle and the ridge rule.
 
-    python scripts/top_ensemble.py runs/default/results.json [--n 1,3,5,10,all] [--json out.json]
+    python lab/top_ensemble.py runs/default/results.json [--n 1,3,5,10,all] [--json out.json]
 
 Why: on the H200 a config's fold result moved by ~5 val Sharpe when only the float rounding
 of its training changed (docs/benchmarks.md, "Populations under the sweep"), as much as it

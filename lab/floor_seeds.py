@@ -2,8 +2,8 @@
 tests/test_learning.py's markets (60k bars, beta 0.09, 3 folds of 15d/3d/3d) and its
 pooled_test, one torch thread, one line of JSON a seed.
 
-    OMP_NUM_THREADS=1 python scripts/floor_seeds.py '{"steps_per_epoch": 200}' 0,1,2,3,4,5
-    OMP_NUM_THREADS=1 python scripts/floor_seeds.py '{}' 0,1,2,3 --draws    # seed d on draw d, as the test
+    OMP_NUM_THREADS=1 python lab/floor_seeds.py '{"steps_per_epoch": 200}' 0,1,2,3,4,5
+    OMP_NUM_THREADS=1 python lab/floor_seeds.py '{}' 0,1,2,3 --draws    # seed d on draw d, as the test
 
 Without --draws every seed trains on draw 0 (synth seed 0); with it, seed d trains on draw d.
 

@@ -2,7 +2,7 @@
 market's oracle and the ridge rule on the same test windows, and its share of the oracle
 with that share's standard error (fxray.eval.pooled.oracle_share_se).
 
-    python scripts/oracle_share.py runs/default/results.json runs/session/results.json ...
+    python lab/oracle_share.py runs/default/results.json runs/session/results.json ...
 
 Reads what fxray.tune wrote (results.json: best.test, best.baselines); prints one row per
 file, best first among the trials that ran every fold, then the best full trial's share

@@ -2,10 +2,10 @@
 share of the oracle over market draws (each draw a SynthSpec seed), beside the ridge rule's on
 the same draws, with standard errors over draws, and paired differences.
 
-    python scripts/across_draws.py GRID.json RESULTS.json [GRID.json RESULTS.json ...] [--json PATH]
+    python lab/across_draws.py GRID.json RESULTS.json [GRID.json RESULTS.json ...] [--json PATH]
 
-Each pair is a grid file (scripts/grids/) and what scripts/grid_parallel.py or
-scripts/learner_grid.py wrote for it (--json); several pairs merge, so draws run in different
+Each pair is a grid file (lab/grids/) and what lab/grid_parallel.py or
+lab/learner_grid.py wrote for it (--json); several pairs merge, so draws run in different
 calls add up. Jobs are matched to results by tag and grouped by everything but the market's
 seed and the learner seeds: one group is one config on one market, its draws the jobs of the
 group. Per draw, the policy's share is the mean over the seeds that ran it; the group's share is

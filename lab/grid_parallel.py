@@ -1,11 +1,11 @@
 """Run a learner grid as one process per (job, seed), N at a time, and merge the results.
 
-    python scripts/grid_parallel.py GRID.json [--probe VARIANT] [--procs 8] [--device cuda]
+    python lab/grid_parallel.py GRID.json [--probe VARIANT] [--procs 8] [--device cuda]
                                     [--deadline S] --json OUT.json
 
 On the H200 one grid process leaves the GPU mostly idle (a learner step is bound by kernel
 launches), so the grids of docs/benchmarks.md ran several side by side; this is that launch,
-written down. Each (job, seed) runs `scripts/learner_grid.py` (or `scripts/learner_probes.py
+written down. Each (job, seed) runs `lab/learner_grid.py` (or `lab/learner_probes.py
 VARIANT`, where --probe or the job's own "probe" key names one) on a grid of one job with one
 seed; its fold-by-fold progress goes to stderr with the
 job's tag; the merged JSON holds one entry per job of GRID with every seed, as learner_grid's
@@ -52,7 +52,7 @@ def merge(parts: list[dict]) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("grid", type=Path, metavar="GRID.json")
-    p.add_argument("--probe", metavar="VARIANT", help="run scripts/learner_probes.py VARIANT, not learner_grid")
+    p.add_argument("--probe", metavar="VARIANT", help="run lab/learner_probes.py VARIANT, not learner_grid")
     p.add_argument("--procs", type=int, default=8, help="processes side by side (default 8)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--deadline", type=float, default=None, metavar="S", help="stop what still runs after S seconds")

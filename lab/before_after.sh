@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The honest-scoring before/after on the GPU machine (docs/benchmarks.md "Honest scoring").
 #
-#   scripts/before_after.sh OLD_TREE [STAGES]     (run from the repository root)
+#   lab/before_after.sh OLD_TREE [STAGES]     (run from the repository root)
 #
 # OLD_TREE: a checkout of the version before (e.g. `git archive 2fdda28 | tar -x -C .before`).
 # STAGES (default "old new"): any of
@@ -12,7 +12,7 @@
 #   new        this version's default sweep, 64 trials, on the same market
 #   session    this version's sweep on the second planted structure (experiments/session.yaml)
 #   shuffled   this version's sweep on the shuffled twin (experiments/shuffled.yaml)
-# Each sweep's results.json is rescored by scripts/rescore.py (the chosen trial's saved weights,
+# Each sweep's results.json is rescored by lab/rescore.py (the chosen trial's saved weights,
 # pooled hourly, beside the oracle and the ridge rule on the same windows). Results go to
 # $OUT (or ./before_after when OUT is unset) as <stage>.json, <stage>.rescore.json, <stage>.log.
 set -u
@@ -30,7 +30,7 @@ sweep() {  # sweep NAME TREE EXPERIMENT [ARGS...]
      timeout 420 python3 -m fxray.tune --experiment "$exp" --storage "$work/$name" --json "$out/$name.json" "$@" \
      > "$out/$name.log" 2>&1)
   echo "$name: exit $? ($(grep -c ' fold ' "$out/$name.log") folds)"
-  python3 "$here/scripts/rescore.py" "$out/$name.json" --json "$out/$name.rescore.json" | sed "s/^/  $name | /"
+  python3 "$here/lab/rescore.py" "$out/$name.json" --json "$out/$name.rescore.json" | sed "s/^/  $name | /"
 }
 for stage in $stages; do
   case $stage in

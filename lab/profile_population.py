@@ -2,9 +2,9 @@
 step, and the eager and graphed step times, for K = 1, 2, 4, 16 at batch 8192 x 2048 agents
 (the default GPU profile's per-member size). CUDA only (docs/benchmarks.md, "Populations").
 
-    python scripts/profile_population.py            # K = 1 2 4 16
-    python scripts/profile_population.py 2 8        # these K
-    python scripts/profile_population.py --fp32     # FP32 matmuls (how docs/benchmarks.md's profile ran)
+    python lab/profile_population.py            # K = 1 2 4 16
+    python lab/profile_population.py 2 8        # these K
+    python lab/profile_population.py --fp32     # FP32 matmuls (how docs/benchmarks.md's profile ran)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # bench_population stays a script
 
 from bench_population import members, random_market, timed_steps  # noqa: E402
 
