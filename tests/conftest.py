@@ -8,7 +8,7 @@ from pathlib import Path
 # One thread a process for torch's and numpy's OpenMP pools, set before they load, so that the
 # CLIs the tests start (fxray.train, fxray.export, scripts/...) inherit it: `pytest -n 2` runs two
 # processes on CI's 2 cores, and two threads each oversubscribe them. On this 2-core box, loaded,
-# a test of a tiny fold's training took 30 s on two threads and 0.6 s on one (docs/benchmarks.md).
+# a test of a tiny fold's training took 30 s on two threads and 0.6 s on one (lab/benchmarks-history.md).
 # The numbers do not depend on it: `fxray.train --from-run` on two threads reproduced a sweep's
 # one-thread folds bit for bit (tests/test_compare.py) before this line was added.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
