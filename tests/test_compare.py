@@ -343,7 +343,7 @@ def test_export_a_sweeps_run_and_reproduce_its_last_folds_test_metrics(store, sw
 def test_config_round_trips_through_mlflow_params():
     """What the sweep logs (str of each value) comes back with the same values AND types."""
     cfg = DQNConfig(
-        lr=0.0006471234567891234, gamma=0.9361, reward_scale=10000, cost=0, dueling=False, matmul="fp32", hidden=24
+        lr=0.0006471234567891234, gamma=0.9361, reward_scale=10000, cost=0, graphs=False, matmul="fp32", hidden=24
     )
     params = {k: str(v) for k, v in cfg.as_dict().items()}
     back = train.config_from_params(params, "r")

@@ -112,8 +112,8 @@ def test_bad_type(tmp_path):
 
 
 def test_bad_type_bool(tmp_path):
-    msg = error(write(tmp_path, GOOD.replace("hidden: 32}", "hidden: 32, dueling: 1}")))
-    assert "dqn.dueling: 1 must be true or false" in msg
+    msg = error(write(tmp_path, GOOD.replace("hidden: 32}", "hidden: 32, abstain: 1}")))
+    assert "dqn.abstain: 1 must be true or false" in msg
 
 
 def test_bad_search_type_and_field(tmp_path):
