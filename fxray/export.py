@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fxray.data import cache
 from fxray.policy.export import MODELS, ExportError, choose, export_bundle, load_candidate
-from fxray.rl.markers import abstained_folds
+from fxray.rl.checkpoint import abstained_folds
 
 
 def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:

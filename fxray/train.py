@@ -31,8 +31,8 @@ from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
 from fxray.rl.device import DeviceData
-from fxray.rl.ensemble import make_trainer
 from fxray.rl.overrides import parse_sets
+from fxray.rl.trainer import Trainer
 from fxray.track.records import FoldRecord
 from fxray.track.report import bp, flat_text, fmt, share_text, sharpe_line
 from fxray.track.results import pooled_stats
@@ -150,13 +150,13 @@ def run(args) -> dict:
         f"{cfg.num_envs} envs (load {t_load:.2f}s)",
         flush=True,
     )
-    trainer = make_trainer(data, cfg)  # seeds > 1: the ensemble of cfg.seeds seeds (fxray.rl.ensemble)
+    trainer = Trainer(data, [cfg])  # built once, reused fold after fold
     market.verify()  # the data proven (values, content hash) before a fold is trained and reported
     results = []
     for k in chosen:
         seed = origin["seed"] if origin else args.seed + k  # a sweep trains every fold with its seed
         ckpt = args.checkpoint_dir / f"seed{seed if origin else args.seed}" if args.checkpoint_dir else None
-        r = trainer.run_fold(folds[k], seed=seed, log=lambda s: print(s, flush=True), checkpoint_dir=ckpt)
+        (r,) = trainer.run_fold(folds[k], [seed], log=lambda s: print(s, flush=True), checkpoint_dirs=[ckpt])
         results.append(r.as_dict())
     print(fold_table(results))
     records = [FoldRecord.from_result(r).flat() for r in results]

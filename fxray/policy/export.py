@@ -52,12 +52,12 @@ from fxray.data.folds import Fold
 from fxray.policy import onnx
 from fxray.policy.bundle import FORMAT, MANIFEST, NORMALISATION, VERSION, sha256
 from fxray.policy.frozen import q_network
+from fxray.rl.checkpoint import load_checkpoint
 from fxray.rl.config import make_config
 from fxray.rl.device import DeviceData
-from fxray.rl.trainer import load_checkpoint
 
 MODELS = ("last", "best", "ensemble", "fold:K")
-NETWORK_KEYS = ("hidden", "depth", "dueling", "cost", "fill", "dtype", "algo")  # members must agree on these
+NETWORK_KEYS = ("hidden", "depth", "cost", "fill", "dtype", "algo")  # members must agree on these
 STATS_RTOL = 1e-4  # stored vs recomputed normalisation: rounding, not another file
 
 
@@ -201,7 +201,7 @@ def export_bundle(
             norm[f"{name}.mean"], norm[f"{name}.inv_std"] = mean, inv_std
             weights, graph = f"members/{name}.safetensors", f"members/{name}.onnx"
             shutil.copyfile(c.path, tmp / weights)
-            net = q_network(config, n_inputs, {k: v.numpy() for k, v in c.tensors.items()})
+            net = q_network({k: v.numpy() for k, v in c.tensors.items()})
             onnx.export_q(net, tmp / graph)
             worst = max(worst, _onnx_gap(net, tmp / graph, data, c, mean, inv_std))
             entries.append(
@@ -236,11 +236,11 @@ def export_bundle(
             },
             "members": entries,
             "network": {
-                "class": "fxray.rl.dqn.QNetwork",
+                "class": "fxray.rl.network.QNetwork",
                 "n_inputs": n_inputs,
                 "hidden": cfg.hidden,
                 "depth": cfg.depth,
-                "dueling": cfg.dueling,
+                "dueling": True,  # always (fxray.rl.network); kept for readers of the format
                 "input_dtype": cfg.dtype,
             },
             "onnx": {

@@ -6,8 +6,8 @@
 
 The inputs are normalised with each member's own train-slice statistics from the bundle,
 never with statistics of the new data (no look-ahead). With engine "torch" the Q-values
-are computed exactly as fxray.rl.trainer.Trainer.q_all computes them during training
-(same normalisation code, same chunks), so on the training data and device the backtest
+are computed by the network training used (fxray.rl.network, same normalisation code, same
+chunks), so on the training data and device the backtest
 of a fold's test window gives back the sweep's test metrics bit for bit. Engine
 "onnxruntime" runs the bundle's ONNX graphs (CPU) instead.
 """
@@ -23,20 +23,16 @@ from fxray.eval import pooled
 from fxray.eval.backtest import backtest, buy_and_hold, evaluate
 from fxray.policy import onnx
 from fxray.policy.bundle import Bundle
-from fxray.rl.config import make_config
 from fxray.rl.device import DeviceData
-from fxray.rl.dqn import QNetwork
+from fxray.rl.network import QNetwork
 from fxray.rl.trainer import window_bars
 
 ENGINES = ("torch", "onnxruntime")
 
 
-def q_network(config: dict, n_inputs: int, weights: dict, device="cpu") -> QNetwork:
-    """A member's QNetwork from its training config and state dict, built as the trainer built it."""
-    cfg = make_config(config)
-    net = QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
-    net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
-    return net.to(device).eval()
+def q_network(weights: dict, device="cpu") -> QNetwork:
+    """A member's QNetwork (K = 1) from its weights by checkpoint name (numpy or torch)."""
+    return QNetwork.from_states([{k: torch.from_numpy(np.array(v)) for k, v in weights.items()}], device)
 
 
 def combine(qs: list[torch.Tensor]) -> torch.Tensor:
@@ -56,8 +52,8 @@ def q_values(bundle: Bundle, data: DeviceData, window: tuple[int, int], engine: 
         data.mean.copy_(torch.from_numpy(member.mean))
         data.inv_std.copy_(torch.from_numpy(member.inv_std))
         if engine == "torch":
-            net = q_network(bundle.manifest["config"], int(bundle.network["n_inputs"]), member.weights, data.device)
-            qs.append(torch.cat([net.q_all(data.states(t)) for t in chunks]))
+            net = q_network(member.weights, data.device)
+            qs.append(torch.cat([net.q_all(data.states(t).unsqueeze(0))[0] for t in chunks]))
         else:
             sess = onnx.session(member.onnx, threads=0)  # 0: onnxruntime's default (all cores)
             parts = [torch.from_numpy(onnx.run(sess, data.states(t).cpu().numpy())) for t in chunks]

@@ -67,16 +67,16 @@ def bfloat16_round(x: np.ndarray) -> np.ndarray:
 
 class _NumpyQ:
     """QNetwork's Q for one bar and one previous position, in numpy float32: the maths of
-    fxray.rl.dqn.QNetwork.q_all's row for that position (Linear = x @ W.T + b)."""
+    fxray.rl.network.QNetwork.q_all's row for that position (Linear = x @ W.T + b; tests/test_live.py
+    checks it equal to the network)."""
 
-    def __init__(self, weights: dict, dueling: bool):
+    def __init__(self, weights: dict):
         w = {k: np.asarray(v, np.float32) for k, v in weights.items()}
         self.w_in, self.b_in = np.ascontiguousarray(w["market_in.weight"].T), w["market_in.bias"]
         self.position_embed = w["position_embed"]  # (3, H): row p + 1
         layers = sorted({int(k.split(".")[1]) for k in w if k.startswith("body.")})
         self.body = [(np.ascontiguousarray(w[f"body.{i}.weight"].T), w[f"body.{i}.bias"]) for i in layers]
         self.w_head, self.b_head = np.ascontiguousarray(w["head.weight"].T), w["head.bias"]
-        self.dueling = dueling
 
     def __call__(self, market: np.ndarray, position: int) -> np.ndarray:
         h = market @ self.w_in + self.b_in + self.position_embed[position + 1]
@@ -85,8 +85,6 @@ class _NumpyQ:
             h = h @ w + b
             np.maximum(h, 0.0, out=h)
         out = h @ self.w_head + self.b_head
-        if not self.dueling:
-            return out
         value, adv = out[:1], out[1:]
         return value + adv - np.add.reduce(adv) / np.float32(3.0)  # adv.mean(), without its overhead
 
@@ -121,9 +119,8 @@ class Policy:
             raise BundleError(
                 f"{self.bundle.path}: warm-up {self.bundle.warmup_bars} bars, this fxray's {MAX_LOOKBACK}"
             )
-        dueling = bool(self.bundle.network["dueling"])
         self.members = [
-            (m.mean, m.inv_std, _NumpyQ(m.weights, dueling) if engine == "numpy" else _OnnxQ(m.onnx))
+            (m.mean, m.inv_std, _NumpyQ(m.weights) if engine == "numpy" else _OnnxQ(m.onnx))
             for m in self.bundle.members
         ]
         self.bfloat16 = self.bundle.network.get("input_dtype") == "bfloat16"

@@ -20,27 +20,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fxray.rl.network import Member, QNetwork
+
 OPSET = 17
 EXPORTER = "torch.onnx.export(dynamo=False), TorchScript tracer"
 INPUT, OUTPUT = "market", "q"
 ONNX_ATOL = ONNX_RTOL = 1e-5
 
 
-class _QAll(torch.nn.Module):
-    """The function the bundle exports: normalised market inputs -> Q for all 3 previous positions."""
-
-    def __init__(self, q_network: torch.nn.Module):
-        super().__init__()
-        self.q_network = q_network
-
-    def forward(self, market: torch.Tensor) -> torch.Tensor:
-        return self.q_network.q_all(market)  # (T, n_inputs) -> (T, 3, 3)
-
-
-def export_q(q_network: torch.nn.Module, path) -> None:
-    """Write q_network.q_all as an ONNX graph at `path` (CPU, float32, dynamic T)."""
-    n_inputs = q_network.market_in.in_features
-    model = _QAll(q_network.cpu().eval())
+def export_q(q_network: QNetwork, path) -> None:
+    """Write member 0's q_all, normalised market inputs (T, n_inputs) -> Q for all 3 previous
+    positions (T, 3, 3), as an ONNX graph at `path` (CPU, float32, dynamic T)."""
+    n_inputs = q_network.params[1].shape[2]
+    model = Member(q_network).eval()
     with warnings.catch_warnings():  # the TorchScript exporter announces its own deprecation
         warnings.simplefilter("ignore")
         torch.onnx.export(

@@ -55,25 +55,20 @@ class TrainConfig:
     steps_per_epoch: int = 200
     """collect steps per epoch (each followed by updates_per_step learner steps)"""
     patience: int = 4
-    """stop after this many epochs without a better val score (select: val_score)"""
-    select: str = "val_score"
-    """which epoch's weights a fold keeps: val_score (the best score on the val window,
-    fxray.eval.pooled.score) or last (the last epoch; patience unused)"""
+    """stop after this many epochs without a better val score; a fold keeps its best-scoring epoch's
+    weights (fxray.eval.pooled.score on the val window)"""
     select_from: int = 0
-    """the first epoch (0-based) whose weights a fold may keep: earlier epochs are trained and
-    scored (their curve rows stay) but never kept, and patience counts from this one. 1 keeps
-    epoch 0, whose greedy policy after the first epoch's exploration is mostly flat (and flat
-    scores 0 on val, above an unlucky trained epoch), out of the choice"""
+    """the first epoch (0-based) whose weights a fold may keep: earlier ones are trained and scored
+    but never kept (epoch 0 ends mid-exploration; its mostly flat policy scores 0 on val, above an
+    unlucky trained epoch); patience counts from this one"""
     seeds: int = 1
-    """seeds trained per fold, as one population (fxray.rl.ensemble); > 1: the fold's policy
-    is their mean Q, its val score and test are the ensemble's, each seed's Sharpe beside it"""
+    """seeds trained per fold (fxray.rl.trainer); > 1: the fold's policy is their mean Q, its val
+    score and test are the ensemble's, each seed's Sharpe beside it"""
     # --- execution -----------------------------------------------------------------
     dtype: str = "float32"
     """storage precision of features on device: float32 or bfloat16"""
     graphs: bool = True
     """capture collect+learn in a CUDA graph (CUDA only; same maths as eager)"""
-    compile: bool = False
-    """torch.compile the loss (forward + backward fused by Inductor; same maths, slower start)"""
     matmul: str = "tf32"
     """float32 matmuls on CUDA: tf32 (tensor cores, ~1e-3 relative error) or fp32 (exact)"""
 
@@ -115,8 +110,6 @@ class TrainConfig:
         self._in_unit_interval("eps_start", "eps_end", "eps_decay")
         if not _is_number(self.cost) or not 0 <= self.cost < 0.1:
             self._fail("cost", "must be in [0, 0.1) (return units)")
-        if self.select not in ("val_score", "last"):
-            self._fail("select", "must be 'val_score' or 'last'")
         sf = self.select_from
         if not isinstance(sf, int) or isinstance(sf, bool) or sf < 0:
             self._fail("select_from", f"must be an integer in [0, epochs) = [0, {self.epochs})")
@@ -155,15 +148,13 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DQNConfig(TrainConfig):
-    """Double DQN with n-step returns and a dueling MLP (fxray.rl.dqn)."""
+    """Double DQN with n-step returns and a dueling MLP (fxray.rl.dqn, fxray.rl.network)."""
 
     # --- network -------------------------------------------------------------------
     hidden: int = 256
     """width of each hidden layer of the Q-network"""
     depth: int = 2
     """number of hidden layers"""
-    dueling: bool = True
-    """dueling head: Q = V + A - mean(A)"""
     # --- learning ------------------------------------------------------------------
     lr: float = 5e-4
     """Adam learning rate"""
@@ -172,11 +163,6 @@ class DQNConfig(TrainConfig):
     input_noise: float = 1.0
     """std of Gaussian noise added to the normalised inputs of each update (Bishop 1995: like
     an L2 penalty): a bar's features identify it, and without noise its return can be memorised"""
-    noise_calendar: bool = True
-    """input_noise on the clock inputs (time of day and of week) too. False leaves them clean,
-    so that an edge confined to some hours stays visible; measured, it learned worse on both
-    planted markets: the clean clock lets a bar be told apart by the minute of its week
-    (docs/benchmarks.md "The clock left clean")"""
     gamma: float = 0.97
     """discount per bar (0.97: a horizon of ~33 bars, the planted signal's persistence)"""
     n_step: int = 5
@@ -188,9 +174,7 @@ class DQNConfig(TrainConfig):
     huber_delta: float = 1.0
     """Huber loss threshold, in scaled reward units"""
     tau: float = 0.01
-    """soft target update weight per learner step (ignored if target_every > 0)"""
-    target_every: int = 0
-    """hard target update every N learner steps; 0 = soft updates with tau"""
+    """soft target update weight per learner step"""
     reward_scale: float = 1e4
     """rewards are multiplied by this (1e4: basis points) so Q-values are O(1)"""
     inputs: str = "raw"
@@ -203,32 +187,18 @@ class DQNConfig(TrainConfig):
     0 = off"""
     screen_t: float = 0.0
     """with inputs: ridge or demo > 0: the front end's and the demonstrator's ridge fitted only
-    on the market inputs whose least-squares t-statistic against the next bar's return on the
-    fold's train slice, with White's heteroskedasticity-consistent standard error, passes
-    screen_t, and only if the rule on them, screened and fitted on the slice's first two thirds,
-    earns at the cost on its last third (fxray.eval.baselines.checked_screen); none kept: a flat
-    demonstrator and a front end with no prediction. 0 = on every market input. The ridge
-    baseline beside every result stays on every input. The GPU profile of the shipped
-    experiments sets 3 with demo 1.0: over eight draws of the default market 0.89 of the oracle
-    against 0.50 without, flat on 6 of 8 draws of the session market (docs/benchmarks.md "A
-    screen that must earn on the train slice's tail")"""
+    on the market inputs whose least-squares t-statistic (White's robust standard error) against
+    the next bar's return on the fold's train slice passes screen_t, and only if the rule on them,
+    fitted on the slice's first two thirds, earns at the cost on its last third
+    (fxray.eval.baselines.checked_screen); none kept: a flat demonstrator and a front end with no
+    prediction. 0 = every market input. The ridge reference beside every result uses every input"""
     abstain: bool = False
-    """with screen_t > 0: a fold whose checked screen keeps no input is not trained, and its
-    policy is flat (no position) on its val and test windows, scored as such: where the train
-    slice shows no edge that survives its own held-out tail, the learner does not trade. Only
-    the train slice decides it. The folds it skips cost nothing, so a sweep whose early folds
-    keep nothing (every trial flat there, ASHA stopping none at its rungs) is not slowed by them.
-    The GPU profile of the shipped experiments sets it: where it acts, the learner left to train
-    ended flat on every fold sampled (docs/benchmarks.md "Abstaining where the screen keeps
-    nothing")"""
+    """with screen_t > 0: a fold whose checked screen keeps no input is not trained, and its policy
+    is flat on its val and test windows, scored as such: where the train slice shows no edge that
+    survives its own held-out tail, the learner does not trade (and the fold costs nothing)"""
     demo_margin: float = 0.8
     """how much more than every other action the rule's action must be worth before the
     demonstration loss lets go, in Q's units (reward_scale 1e4: basis points)"""
-    update: str = "sampled"
-    """sampled: the n-step update of the action the agent took; all_actions: the 1-step
-    update of all three actions of each sampled state (their rewards are known); hold: the
-    same with the n_step-bar return of holding each new position; rollout: the same with the
-    n_step-bar return of the greedy policy after each first action (fxray.rl.dqn)"""
 
     SECTION = "dqn"
 
@@ -238,8 +208,6 @@ class DQNConfig(TrainConfig):
         self._in_unit_interval("lr", "gamma", "tau", "weight_decay")
         if not _is_number(self.input_noise) or not 0 <= self.input_noise <= 10:
             self._fail("input_noise", "must be a number in [0, 10]")
-        if not isinstance(self.noise_calendar, bool):
-            self._fail("noise_calendar", "must be true or false")
         if not _is_number(self.screen_t) or not 0 <= self.screen_t <= 100:
             self._fail("screen_t", "must be a number in [0, 100] (0: no screen)")
         if not isinstance(self.abstain, bool):
@@ -254,10 +222,6 @@ class DQNConfig(TrainConfig):
                 self._fail(key, "must be a number > 0")
         if self.inputs not in ("raw", "ridge"):
             self._fail("inputs", "must be 'raw' or 'ridge'")
-        if self.update not in ("sampled", "all_actions", "hold", "rollout"):
-            self._fail("update", "must be 'sampled', 'all_actions', 'hold' or 'rollout'")
-        if not isinstance(self.target_every, int) or self.target_every < 0:
-            self._fail("target_every", "must be an integer >= 0")
         if self.buffer_steps <= self.n_step:
             raise ConfigError(f"dqn.buffer_steps: {self.buffer_steps} must exceed n_step ({self.n_step})")
 
@@ -280,19 +244,3 @@ def config_class(algo: str) -> type[TrainConfig]:
 def make_config(values: dict, where: str | None = None) -> TrainConfig:
     """The config of a plain dict, of the class its `algo` names (default dqn)."""
     return config_class(values.get("algo", "dqn")).from_dict(values, where)
-
-
-def field_docs(cls: type[TrainConfig] = DQNConfig) -> dict[str, str]:
-    """Each field's one-line doc (the attribute docstrings above), for --help and docs."""
-    import ast
-    import inspect
-
-    docs = {}
-    for klass in reversed(cls.__mro__):
-        if not (isinstance(klass, type) and issubclass(klass, TrainConfig)):
-            continue
-        body = ast.parse(inspect.getsource(klass)).body[0].body
-        for node, nxt in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-                docs[node.target.id] = nxt.value.value
-    return docs

@@ -29,7 +29,7 @@ from fxray.data.arrays import host_arrays
 from fxray.data.cache import Market
 from fxray.data.calendar import HOUR_NS, Calendar
 from fxray.data.folds import Fold
-from fxray.data.schema import ADX_INDEX, CALENDAR_INDICES
+from fxray.data.schema import ADX_INDEX
 from fxray.eval.backtest import Window
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -111,9 +111,6 @@ class DeviceData:
         self.day = torch.from_numpy(self.day_host).to(self.device)
         self.period = torch.from_numpy(self.period_host).to(self.device)
         self.raw_adx = x[:, ADX_INDEX].clone()  # ADX(14), raw, for the fold's difficulty
-        # 1 on the inputs that training noise blurs, 0 on the clock (fxray.rl.dqn, dqn.noise_calendar)
-        self.noise_mask = torch.ones(self.n_inputs, device=self.device)
-        self.noise_mask[list(CALENDAR_INDICES)] = 0.0
         self.x = x if self.dtype == torch.float32 else x.to(self.dtype)
         del x, log_close, log_open
         # --- the active fold's persistent state (updated in place) ---------------------

@@ -1,399 +1,390 @@
-"""Double DQN: the Q-network, the two hot functions `collect` and `learn`, and `DQN`,
-the fxray.rl.algorithm.Algorithm the trainer runs.
+"""Double DQN with n-step returns: K members of one shape trained side by side in stacked tensors.
 
-Both functions only touch persistent tensors in place and never read a value back
-to the host, so the trainer can run them eagerly or capture them once in a CUDA
-graph and replay them: the maths is the same line for line (tests/test_gpu.py
-compares the two; tests/test_trainer.py checks the update against a reference).
+    dqn = DQN(data, [cfg_a, cfg_b, ...])   # K members; shapes equal (SHAPE_FIELDS)
+    dqn.begin([seed_a, seed_b, ...])       # fresh weights, replay, agents per member
+    dqn.step()                              # one collect + learn of every member (no host sync)
+    dqn.q_all(market)                       # (K, T, 3, 3): the val backtest of all members at once
+
+This is fxray's one learner: a solo trial is K = 1, a seed ensemble K = seeds, a sweep's
+population the trials in flight times their seeds. Every per-member tensor carries a leading
+member axis K: the Q-network's weights are (K, out, in) (fxray.rl.network), the target
+network, Adam's moments, the replay ring (K, S, E), the agents (K, E), the epsilon schedule
+and the epoch accumulators (K,) likewise. Members may differ in every field that leaves the
+shapes alone (lr, gamma, tau, eps schedule, huber_delta, reward_scale, cost, episode_len,
+n_step up to the largest via masks, input_noise, weight_decay, grad_clip, demo, seed;
+patience and select_from are the trainer's).
+
+Member k draws its random numbers from its own torch.Generator (`draw_seed`), so what it
+learns does not depend on the other members: on the CPU a member is bit-identical whatever
+K and whoever its neighbours (tests/test_learner.py); on CUDA the batched kernels agree to
+float rounding. The fold's solo results are those of the two-implementation tree before it,
+bit for bit on the CPU (tests/test_solo_reference.py).
+
+A member that stops (patience, divergence) is masked: `active[k]` False keeps its
+weights, target, Adam state and step count where they are; its agents and replay keep
+being computed and are ignored. The mask is a device tensor, so a captured CUDA graph
+stays valid when it changes.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from fxray.rl import demo, frontend
-from fxray.rl.config import DQNConfig
+from fxray.rl.config import ConfigError, DQNConfig
 from fxray.rl.device import DeviceData
-from fxray.rl.env import TradingEnv
-from fxray.rl.optim import Adam
-from fxray.rl.replay import Replay
+from fxray.rl.network import N_ACTIONS, QNetwork, initial_weights
+from fxray.rl.optim import Adam, clip_grad_norms_
 
-N_ACTIONS = 3  # short, flat, long; new position = action - 1
-
-
-class QNetwork(nn.Module):
-    """MLP over [normalised market inputs, one-hot position] -> Q for the 3 actions.
-
-    The position one-hot enters the first layer as three columns of its weight
-    (`position_embed`, (3, H)), so Q for all three positions of a bar costs one
-    market projection plus three cheap adds (`q_all`, used by the backtest). The
-    one-hot is applied as a (B, 3) @ (3, H) product, not an index: the backward of
-    indexing with 3 distinct rows is a serialised scatter-add on CUDA (ms at B=8192).
-    """
-
-    def __init__(self, n_inputs: int, hidden: int, depth: int, dueling: bool, front: int | None = None):
-        super().__init__()
-        # front (dqn.inputs: ridge, fxray.rl.frontend): a fixed affine map of the inputs to
-        # `front` features, set per fold, before the first layer; its buffers are not weights
-        width = n_inputs if front is None else front
-        if front is not None:
-            self.register_buffer("front_w", torch.zeros(front, n_inputs), persistent=False)
-            self.register_buffer("front_b", torch.zeros(front), persistent=False)
-        self.front = front is not None
-        self.market_in = nn.Linear(width, hidden)
-        self.position_embed = nn.Parameter(torch.randn(3, hidden) / (width + 3) ** 0.5)
-        self.register_buffer("positions", torch.tensor([-1, 0, 1]), persistent=False)
-        self.body = nn.Sequential(*[m for _ in range(depth - 1) for m in (nn.Linear(hidden, hidden), nn.ReLU())])
-        self.dueling = dueling
-        self.head = nn.Linear(hidden, N_ACTIONS + (1 if dueling else 0))
-
-    def _q(self, h: torch.Tensor) -> torch.Tensor:
-        out = self.head(self.body(torch.relu(h)))
-        if not self.dueling:
-            return out
-        value, adv = out[..., :1], out[..., 1:]
-        return value + adv - adv.mean(-1, keepdim=True)
-
-    def forward(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """market (..., n_inputs) float32, position (...) in {-1,0,1} -> Q (..., 3)."""
-        # (not F.one_hot: its bounds check reads a value back to the host on CUDA)
-        one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (..., 3)
-        return self._q(self.market_in(self._front(market)) + one_hot @ self.position_embed)
-
-    def q_all(self, market: torch.Tensor) -> torch.Tensor:
-        """Q for every previous position: market (T, n_inputs) -> (T, 3 positions, 3 actions)."""
-        h = self.market_in(self._front(market))  # (T, H)
-        return self._q(h.unsqueeze(1) + self.position_embed)  # (T, 3, H) -> (T, 3, 3)
-
-    def _front(self, market: torch.Tensor) -> torch.Tensor:
-        return market @ self.front_w.T + self.front_b if self.front else market
-
-    def plain_state(self) -> dict[str, torch.Tensor]:
-        """The state_dict of the plain QNetwork (no front) that computes the same Q: the front
-        folded into the first layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1)."""
-        state = {k: v.detach().clone() for k, v in self.state_dict().items()}
-        return frontend.fold_in(state, self.front_w, self.front_b) if self.front else state
+# fields every member of a population shares: they set a tensor shape, the loop, or the data
+SHAPE_FIELDS = (
+    "algo",
+    "num_envs",
+    "buffer_steps",
+    "updates_per_step",
+    "epochs",
+    "steps_per_epoch",
+    "fill",
+    "cost",
+    "dtype",
+    "graphs",
+    "matmul",
+    "hidden",
+    "depth",
+    "batch_size",
+    "seeds",
+    "inputs",
+    "screen_t",
+    "abstain",
+)
 
 
-def initial_network(cfg: DQNConfig, n_inputs: int, seed: int) -> QNetwork:
-    """A fresh QNetwork on the CPU, its weights drawn from `seed` (the same on every device).
-
-    The draws run under torch.manual_seed of a seed derived from `seed`, inside a fork of
-    the CPU generator only: the CPU generator is left as it was, the CUDA generators are
-    left re-seeded with the derived seed (fxray.rl.population.draw_seed accounts for it)."""
-    cpu_gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=cpu_gen)))
-        return network(cfg, n_inputs)
-
-
-def network(cfg: DQNConfig, n_inputs: int) -> QNetwork:
-    """QNetwork of `cfg` (module-level, so a probe that swaps the class is used); with inputs:
-    ridge its front end (fxray.rl.frontend), whose buffers each fold sets."""
-    if cfg.inputs == "ridge":
-        return QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling, front=frontend.N_FRONT)
-    return QNetwork(n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
+def check_members(cfgs: list[DQNConfig]) -> None:
+    """ConfigError naming the first field where a member's shape differs from member 0's."""
+    if not cfgs:
+        raise ConfigError("population: no members")
+    for k, cfg in enumerate(cfgs):
+        if not isinstance(cfg, DQNConfig):
+            raise ConfigError(f"population: member {k} is a {type(cfg).__name__}, not a DQNConfig")
+        for key in SHAPE_FIELDS:
+            if getattr(cfg, key) != getattr(cfgs[0], key):
+                raise ConfigError(
+                    f"dqn.{key}: member {k} has {getattr(cfg, key)!r}, member 0 {getattr(cfgs[0], key)!r}; "
+                    "members of one population share it (split them into populations)"
+                )
 
 
-def epsilon(cfg: DQNConfig, step: torch.Tensor, total_steps: int) -> torch.Tensor:
-    """Linear decay from eps_start to eps_end over eps_decay of all steps (device scalar)."""
-    decay_steps = max(cfg.eps_decay * total_steps, 1.0)
-    frac = (1.0 - step.to(torch.float32) / decay_steps).clamp(0.0, 1.0)
-    return cfg.eps_end + (cfg.eps_start - cfg.eps_end) * frac
+def _col(values, dtype, device, dims: int = 1) -> torch.Tensor:
+    """(K, 1, ..., 1) tensor of per-member values, broadcasting against (K, ...) with `dims` trailing dims."""
+    return torch.tensor(values, dtype=dtype, device=device).view(-1, *([1] * dims))
 
 
-@torch.no_grad()
-def collect(env: TradingEnv, q_network: QNetwork, replay: Replay, eps: torch.Tensor) -> None:
-    """One epsilon-greedy step of every env, written to the replay."""
-    t, position = env.t.clone(), env.position.clone()
-    q = q_network(env.data.states(t), position)  # (B, 3)
-    explore = torch.rand(env.num_envs, device=t.device) < eps
-    random_action = torch.randint(0, N_ACTIONS, (env.num_envs,), device=t.device)
-    action = torch.where(explore, random_action, q.argmax(1))
-    reward, done = env.step(action)
-    replay.add(t, position, action, reward, done)
-
-
-class Learner:
-    """Online and target networks, Adam, and the Double-DQN n-step update."""
-
-    def __init__(self, cfg: DQNConfig, n_inputs: int, device):
-        self.cfg, self.n_inputs = cfg, n_inputs
-        self.q_network = network(cfg, n_inputs).to(device)
-        self.target_network = network(cfg, n_inputs).to(device)
-        # inputs: ridge: input noise on the clock only (the front end's predictions read clean)
-        self.noise_keep = frontend.clock_mask(n_inputs, device) if cfg.inputs == "ridge" else None
-        self.target_network.load_state_dict(self.q_network.state_dict())
-        self.target_network.requires_grad_(False)
-        self.params = list(self.q_network.parameters())
-        self.target_params = list(self.target_network.parameters())
-        self.optimizer = Adam(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)  # fused, graph-safe on CUDA
-        # Inductor fuses the loss's forward and backward into fewer kernels (compiled once,
-        # on the first call; inside a CUDA graph capture its kernels are recorded like any other)
-        self.loss_fn = torch.compile(self.td_loss) if cfg.compile else self.td_loss
-        self.updates = torch.zeros((), dtype=torch.int64, device=device)
-        # epoch accumulators, read once at epoch end
-        self.loss_sum = torch.zeros((), device=device)
-        self.q_abs_max = torch.zeros((), device=device)
-        self.fresh = self.carry = None  # the env's return arrays, for all_actions, hold, rollout (set by DQN)
-        self.demo_table = None  # with demo > 0: (n_bars, 3) the ridge rule's moves (set by DQN.begin)
-        # the online network's forward over [s, s_next] in one pass where a step is bound by
-        # launches (CUDA); in two where it is bound by flops (CPU): there the joint pass's
-        # backward multiplies the next states' zero gradients too, 2/7 of a step's matmul flops
-        self.joint_forward = torch.device(device).type == "cuda"
-
-    def td_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
-        """Huber TD loss of the batch (step, env) and max |Q| over it: the maths of an update
-        (no randomness, no side effects: what `cfg.compile` hands to torch.compile; the input
-        noise is drawn by `learn` and added to the states of the batch here: (2B, n_inputs))."""
-        if self.cfg.update == "all_actions":
-            return self.all_actions_loss(data, replay, step, env, noise)
-        if self.cfg.update == "hold":
-            return self.hold_loss(data, replay, step, env, noise)
-        if self.cfg.update == "rollout":
-            return self.rollout_loss(data, replay, step, env, noise)
-        cfg = self.cfg
-        t, position, action, return_n, next_t, next_position, discount = replay.n_step_batch(step, env)
-        B = t.shape[0]
-        # On CUDA one online forward over [s, s_next] (2B rows): at these sizes a step is bound
-        # by kernel launches, not flops, so one pass of twice the rows is nearly free.
-        market = data.states(torch.cat([t, next_t]))  # (2B, n_inputs)
-        if noise is not None:  # the states and next states alike: a bar is never seen twice the same
-            market = market + noise
-        if self.joint_forward:
-            q_both = self.q_network(market, torch.cat([position, next_position]))  # (2B, 3)
-            q, q_next = q_both[:B], q_both[B:].detach()
-        else:  # the next states without autograd: the backward's matmuls over B rows, not 2B
-            q = self.q_network(market[:B], position)
-            with torch.no_grad():
-                q_next = self.q_network(market[B:], next_position)
-        with torch.no_grad():  # Double DQN: online picks the next action, target evaluates it
-            next_action = q_next.argmax(1, keepdim=True)
-            next_q = self.target_network(market[B:], next_position).gather(1, next_action).squeeze(1)
-            td_target = return_n * cfg.reward_scale + discount * next_q
-        q_sa = q.gather(1, action.unsqueeze(1)).squeeze(1)
-        loss = F.huber_loss(q_sa, td_target, delta=cfg.huber_delta)
-        return loss + self.demo_loss(q, t, position), q.detach().abs().max()
-
-    def demo_loss(self, q: torch.Tensor, t: torch.Tensor, position: torch.Tensor):
-        """cfg.demo x the large-margin loss toward the ridge rule's move at the batch's states
-        (fxray.rl.demo); 0 (a Python number: nothing computed) with demo 0."""
-        if self.cfg.demo == 0:
-            return 0.0
-        expert = self.demo_table[t, position + 1].long()
-        return self.cfg.demo * demo.margin_loss(q, expert, self.cfg.demo_margin)
-
-    def all_actions_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
-        """The 1-step Double-DQN loss of all three actions of each sampled state at once.
-
-        The market does not react to the agent, so the reward and the next state of every
-        action at (t, p) are known, not only of the action the agent took: p' = a - 1
-        earns p' fresh[t] + p carry[t] - cost |p' - p| and leads to (t + 1, p'). Updating
-        the three Q-values together ("action augmentation", Huang 2018, "Financial
-        trading as a game") triples the information per sample and does not depend on
-        what exploration happened to try. n_step is not used (the later actions of an
-        n-step return would depend on the first): update 'hold' is the n-step form."""
-        return self._every_action_loss(data, replay, step, env, noise, hold=1)
-
-    def hold_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
-        """all_actions with an n-step target: action a at (t, p) against the return of holding
-        p' = a - 1 for n = n_step bars (known, as the 1-step reward is: holding costs nothing
-        and earns p' r[t+k]), bootstrapped at (t + n, p'), n cut at the train range's end.
-
-        Holding is one feasible policy for the n - 1 bars after t, so the target is a lower
-        bound of Q*(t, p, a), as an uncorrected n-step return of any behaviour policy is; it
-        carries the reward n bars back in one update, which the 1-step form needs n updates
-        for. n_step 1 is all_actions, exactly."""
-        return self._every_action_loss(data, replay, step, env, noise, hold=self.cfg.n_step)
-
-    def rollout_loss(self, data: DeviceData, replay: Replay, step: torch.Tensor, env: torch.Tensor, noise=None):
-        """all_actions with an n-step target of the greedy policy: after the first action, each
-        of the three branches follows the online network's greedy action for n_step - 1 bars
-        on the bars that followed (the market does not react to the agent, so this rollout is
-        exact, not a model), then bootstraps Double-DQN. The three targets share the same
-        future returns: where the branches come together their returns cancel in the
-        contrast between actions, which is what the policy acts on. n_step 1 is all_actions,
-        exactly."""
-        return self._every_action_loss(data, replay, step, env, noise, hold=self.cfg.n_step, rollout=True)
-
-    def _every_action_loss(self, data, replay, step, env, noise, hold: int, rollout: bool = False):
-        row = step % replay.S
-        t, position = replay.t[row, env], replay.position[row, env]  # (B,), (B,)
-        market = data.states(t)
-        if noise is not None:  # the sampled states only (the rows of `noise` past B are unused)
-            market = market + noise[: t.shape[0]]
-        q = self.q_network(market, position)  # (B, 3)
-        with torch.no_grad():
-            targets = self.rollout_targets if rollout else self.hold_targets
-            td_target = targets(data, t, position, hold, q.dtype)
-        loss = F.huber_loss(q, td_target, delta=self.cfg.huber_delta)
-        return loss + self.demo_loss(q, t, position), q.detach().abs().max()
-
-    def move_reward(self, t: torch.Tensor, previous: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        """The environment's reward of moving from `previous` to `new` at bars t (fxray.rl.env),
-        broadcast: t (B,), previous (B, 1) or (B, 3), new (3,) or (B, 3) -> (B, 3)."""
-        reward = new * self.fresh[t].unsqueeze(1) - self.cfg.cost * (new - previous).abs()
-        if self.carry is not None:
-            reward = reward + previous * self.carry[t].unsqueeze(1)
-        return reward
-
-    def hold_targets(self, data: DeviceData, t: torch.Tensor, position: torch.Tensor, hold: int, dtype):
-        """(B, 3): each new position's target at (t, p) when held `hold` bars (1: the 1-step
-        target), Double DQN (the online network picks the action at the bootstrap state, the
-        target network values it). Bars t .. t+m are in the train range: m = min(hold,
-        train_end - 1 - t), and the environment's bars t have t + 1 < train_end."""
-        cfg = self.cfg
-        new_position = self.q_network.positions.to(dtype)  # (3,) = a - 1
-        reward = self.move_reward(t, position.to(dtype).unsqueeze(1), new_position)  # (B, 3)
-        if hold == 1:
-            m, discount = t.new_ones(()), cfg.gamma
-        else:  # bars t+1 .. t+m-1 held: p' (gap + bar) = p' r of each, at no cost
-            end = data.bounds[1]
-            m = (end - 1 - t).clamp(1, hold)  # (B,)
-            k = torch.arange(1, hold, device=t.device)  # (hold - 1,)
-            alive = (k.unsqueeze(0) < m.unsqueeze(1)).to(dtype)  # (B, hold - 1)
-            held = data.returns[(t.unsqueeze(1) + k).clamp_max(end - 1)]  # (B, hold - 1)
-            held = (held * alive * cfg.gamma ** k.to(dtype)).sum(1, keepdim=True)  # (B, 1)
-            reward = reward + new_position * held
-            discount = (cfg.gamma ** m.to(dtype)).unsqueeze(1)  # (B, 1)
-        market_next = data.states(t + m)  # (B, n_inputs)
-        next_action = self.q_network.q_all(market_next).argmax(-1, keepdim=True)  # (B, 3 p', 1)
-        next_q = self.target_network.q_all(market_next).gather(-1, next_action).squeeze(-1)  # (B, 3)
-        return reward * cfg.reward_scale + discount * next_q
-
-    def rollout_targets(self, data: DeviceData, t: torch.Tensor, position: torch.Tensor, n: int, dtype):
-        """(B, 3): each first action's n-step target at (t, p) when the online network's greedy
-        policy acts after it, Double-DQN at (t + m, the branch's position); m = min(n,
-        train_end - 1 - t) as in hold_targets. No host sync: n is a Python int, the cut a mask."""
-        cfg = self.cfg
-        end = data.bounds[1]
-        held = self.q_network.positions.to(dtype).expand(t.shape[0], N_ACTIONS)  # (B, 3): each branch's p'
-        ret = self.move_reward(t, position.to(dtype).unsqueeze(1), held)  # (B, 3)
-        m = (end - 1 - t).clamp(1, n)  # (B,) bars rolled, the first included
-        for k in range(1, n):  # bar t + k: each branch's greedy move from the position it holds
-            alive = (k < m).unsqueeze(1)  # (B, 1)
-            tk = (t + k).clamp_max(end - 1)
-            new = (self.greedy_moves(data, tk, held) - 1).to(dtype)
-            ret = ret + alive * cfg.gamma**k * self.move_reward(tk, held, new)
-            held = torch.where(alive, new, held)
-        market_next = data.states(t + m)  # (B, n_inputs)
-        rows = (held.long() + 1).unsqueeze(-1).expand(-1, -1, N_ACTIONS)  # (B, 3, 3): the branch's position
-        next_action = self.q_network.q_all(market_next).gather(1, rows).argmax(-1, keepdim=True)  # (B, 3, 1)
-        next_q = self.target_network.q_all(market_next).gather(1, rows).gather(-1, next_action).squeeze(-1)
-        discount = (cfg.gamma ** m.to(dtype)).unsqueeze(1)  # (B, 1)
-        return ret * cfg.reward_scale + discount * next_q
-
-    def greedy_moves(self, data: DeviceData, t: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
-        """(B, 3) action indices: the online network's greedy action at bars t (B,) from each
-        branch's position held (B, 3)."""
-        q = self.q_network.q_all(data.states(t))  # (B, 3 previous, 3 actions)
-        return q.gather(1, (held.long() + 1).unsqueeze(-1).expand(-1, -1, N_ACTIONS)).argmax(-1)
-
-    def learn(self, data: DeviceData, replay: Replay, step=None, env=None) -> None:
-        """One gradient step on a replay batch (sampled unless (step, env) are given)."""
-        cfg = self.cfg
-        if step is None:
-            step, env = replay.sample_indices(cfg.batch_size)
-        noise = None
-        if cfg.input_noise > 0:  # N(0, input_noise^2) on the normalised inputs (config: input_noise)
-            noise = cfg.input_noise * torch.randn(2 * step.shape[0], data.n_inputs, device=step.device)
-            if not cfg.noise_calendar:  # the clock left clean (dqn.noise_calendar: false)
-                noise = noise * data.noise_mask
-            if self.noise_keep is not None:  # inputs: ridge: the front end's predictions read clean
-                noise = noise * self.noise_keep
-        loss, q_max = self.loss_fn(data, replay, step, env, noise)
-        self.optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
-        self.optimizer.step()
-        self.updates.add_(1)
-        with torch.no_grad():
-            if cfg.target_every > 0:  # hard copy every N updates, as a 0/1 weight: no branch, no sync
-                weight = (self.updates % cfg.target_every == 0).to(torch.float32)
-                for tp, p in zip(self.target_params, self.params):
-                    tp.lerp_(p, weight)
-            else:
-                torch._foreach_lerp_(self.target_params, self.params, cfg.tau)
-            self.loss_sum.add_(loss.detach())
-            self.q_abs_max.copy_(torch.maximum(self.q_abs_max, q_max))
-
-    def reset(self, seed: int) -> None:
-        """Fresh weights (drawn on the CPU from `seed`: same on every device) and optimizer."""
-        fresh = initial_network(self.cfg, self.n_inputs, seed)
-        with torch.no_grad():
-            for p, f in zip(self.params, fresh.parameters()):
-                p.copy_(f)
-            for tp, f in zip(self.target_params, fresh.parameters()):
-                tp.copy_(f)
-        self.optimizer.reset()
-        self.updates.zero_()
-        self.reset_accumulators()
-
-    def reset_accumulators(self) -> None:
-        self.loss_sum.zero_()
-        self.q_abs_max.zero_()
-
-    def set_front(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
-        """The fold's front end (fxray.rl.frontend.fit) into both networks, in place."""
-        frontend.load((self.q_network, self.target_network), weight, bias)
+def draw_seed(seed: int, device: torch.device) -> int:
+    """The seed of member generator for `seed` on `device`: on the CPU `seed`, on CUDA the seed
+    network.initial_weights derives from it (the draws of the single-network learner this one
+    replaced, which seeded the global generators and then drew the weights: kept so that a fold's
+    results did not change when it was replaced)."""
+    if device.type == "cpu":
+        return seed
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(seed)))
 
 
 class DQN:
-    """Agents in the train range, the index replay and the Learner: one fold's DQN state."""
+    """K members' agents, index replay, networks and Adam, stacked (see the module doc)."""
 
-    def __init__(self, data: DeviceData, cfg: DQNConfig):
-        self.data, self.cfg = data, cfg
-        self.env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost, cfg.fill)
-        self.replay = Replay(cfg, cfg.num_envs, data.device)
-        # the same (fused, graph-safe) Adam on every CUDA run, graphed or not
-        self.learner = Learner(cfg, data.n_inputs, data.device)
-        self.learner.fresh, self.learner.carry = self.env.fresh, self.env.carry
-        self.params = self.learner.params
-        self.global_step = torch.zeros((), dtype=torch.int64, device=data.device)
-        self.total_steps = cfg.epochs * cfg.steps_per_epoch
-        self.warmup = cfg.n_step + 1  # collect steps before the first update
-        if cfg.demo > 0:  # filled in place by begin: a captured CUDA graph keeps reading this tensor
-            self.learner.demo_table = torch.ones(data.n_bars, 3, dtype=torch.int8, device=data.device)
+    def __init__(self, data: DeviceData, cfgs: list[DQNConfig]):
+        check_members(cfgs)
+        self.data, self.cfgs, self.cfg = data, list(cfgs), cfgs[0]
+        dev, K, E, S = data.device, len(cfgs), cfgs[0].num_envs, cfgs[0].buffer_steps
+        self.K, self.E, self.S, self.B = K, E, S, cfgs[0].batch_size
+        f32, i64 = torch.float32, torch.int64
+        self.total_steps = cfgs[0].epochs * cfgs[0].steps_per_epoch
+        self.fresh, self.carry = (data.returns, None) if cfgs[0].fill == "close" else (data.bar, data.gap)
+        # --- state -----------------------------------------------------------------------
+        self.generators = [torch.Generator(dev) for _ in cfgs]
+        self.active = torch.ones(K, dtype=torch.bool, device=dev)
+        self.t = torch.zeros(K, E, dtype=i64, device=dev)  # agents: bar, position, steps this episode
+        self.position = torch.zeros(K, E, dtype=i64, device=dev)
+        self.ep_step = torch.zeros(K, E, dtype=i64, device=dev)
+        self.replay_t = torch.zeros(K, S, E, dtype=i64, device=dev)  # ring row i % S: collect step i
+        self.replay_position = torch.zeros(K, S, E, dtype=i64, device=dev)
+        self.replay_action = torch.zeros(K, S, E, dtype=i64, device=dev)
+        self.replay_reward = torch.zeros(K, S, E, dtype=f32, device=dev)
+        self.replay_done = torch.zeros(K, S, E, dtype=torch.bool, device=dev)
+        self.replay_steps = torch.zeros(K, dtype=i64, device=dev)
+        self.global_step = torch.zeros(K, dtype=i64, device=dev)
+        self.loss_sum = torch.zeros(K, device=dev)
+        self.q_abs_max = torch.zeros(K, device=dev)
+        cfg = cfgs[0]
+        front = frontend.N_FRONT if cfg.inputs == "ridge" else None  # one front end for all: the fold's
+        self.q_network = QNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, dev, front)
+        self.target_network = QNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, dev, front)
+        self.params = self.q_network.requires_grad_(True).params
+        self.target_params = self.target_network.params
+        self.optimizer = Adam(self.params, [c.lr for c in cfgs], [c.weight_decay for c in cfgs], self.active)
+        self.structure = self.demo_table = None
+        self.configure(cfgs)
+
+    def configure(self, cfgs: list[DQNConfig]) -> bool:
+        """Give the K slots these members' settings, in place (a captured graph keeps reading the
+        same tensors). True if the step's structure changed with them (n_max, which members draw
+        input noise): a graph captured before must be captured again."""
+        check_members(cfgs)
+        if len(cfgs) != self.K:
+            raise ConfigError(f"population: {len(cfgs)} members for {self.K} slots")
+        for key in SHAPE_FIELDS:
+            if getattr(cfgs[0], key) != getattr(self.cfg, key):
+                raise ConfigError(f"dqn.{key}: {getattr(cfgs[0], key)!r} differs from this population's")
+        self.cfgs, dev, f32, i64 = list(cfgs), self.data.device, torch.float32, torch.int64
+        n_max, n_inputs = max(c.n_step for c in cfgs), self.data.n_inputs
+        # inputs: ridge: noise on the clock only (the front end's predictions read clean)
+        keep = frontend.clock_mask(n_inputs, dev) if self.cfg.inputs == "ridge" else torch.ones(n_inputs, device=dev)
+        # (K, 1...) tensors of the float32 (int64) values
+        settings = {
+            "eps_end": _col([c.eps_end for c in cfgs], f32, dev, 0),
+            "eps_span": _col([c.eps_start - c.eps_end for c in cfgs], f32, dev, 0),
+            "eps_decay_steps": _col([max(c.eps_decay * self.total_steps, 1.0) for c in cfgs], f32, dev, 0),
+            "cost": _col([c.cost for c in cfgs], f32, dev),  # (K, 1)
+            "episode_len": _col([c.episode_len for c in cfgs], i64, dev),
+            "n": _col([c.n_step for c in cfgs], i64, dev),
+            "discounts": torch.stack(  # (K, n_max + 1): gamma_k^j, zero past n_k
+                [
+                    torch.cat([c.gamma ** torch.arange(c.n_step + 1, dtype=f32), torch.zeros(n_max - c.n_step)])
+                    for c in cfgs
+                ]
+            ).to(dev),
+            "reward_scale": _col([c.reward_scale for c in cfgs], f32, dev),
+            "huber_delta": _col([c.huber_delta for c in cfgs], f32, dev),
+            # (K, 1, n_inputs): member k's noise std per input
+            "noise_std": torch.stack([c.input_noise * keep for c in cfgs]).unsqueeze(1),
+            "grad_clip": _col([c.grad_clip for c in cfgs], f32, dev, 0),
+            "tau": _col([c.tau for c in cfgs], f32, dev, 0),
+            "demo_weight": _col([c.demo for c in cfgs], f32, dev, 0),  # (K,)
+            "demo_margin": _col([c.demo_margin for c in cfgs], f32, dev, 2),  # (K, 1, 1)
+        }
+        structure = (n_max, tuple(c.input_noise > 0 for c in cfgs), any(c.demo > 0 for c in cfgs))
+        changed = structure != self.structure
+        for name, value in settings.items():
+            if changed:
+                setattr(self, name, value)
+            else:
+                getattr(self, name).copy_(value)
+        self.structure, self.n_max = structure, n_max
+        if not structure[2]:
+            self.demo_table = None
+        elif changed or self.demo_table is None:  # (K, n_bars, 3) int8, filled per fold by begin
+            self.demo_table = torch.ones(self.K, self.data.n_bars, 3, dtype=torch.int8, device=dev)
+        self.input_noise = [c.input_noise for c in cfgs]
+        self.warmup = [c.n_step + 1 for c in cfgs]  # collect steps before a member's first update
+        self.optimizer.configure([c.lr for c in cfgs], [c.weight_decay for c in cfgs])
+        return changed
+
+    # --- random draws: member k from its own generator ------------------------------------
+    def _draw(self, fn, members=None) -> torch.Tensor:
+        """stack of fn(generator_k) over the members (zeros of the same shape where `members[k]` is False)."""
+        out = [fn(g) if members is None or members[k] else None for k, g in enumerate(self.generators)]
+        like = next(o for o in out if o is not None)
+        return torch.stack([o if o is not None else torch.zeros_like(like) for o in out])
+
+    def _rand(self, n: int, members=None) -> torch.Tensor:
+        return self._draw(lambda g: torch.rand(n, generator=g, device=self.data.device), members)
+
+    def _randint(self, low: int, high: int, n: int, members=None) -> torch.Tensor:
+        return self._draw(lambda g: torch.randint(low, high, (n,), generator=g, device=self.data.device), members)
+
+    # --- agents and replay ---------------------------------------------------------------
+    def _random_starts(self, members=None) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.data.bounds[0], self.data.bounds[1]
+        span = (end - 1 - start).to(torch.float32)
+        u = self._rand(self.E, members)
+        t = start + (u * span).to(torch.int64).clamp_max(end - 2 - start)
+        return t, self._randint(-1, 2, self.E, members)
 
     def epsilon(self) -> torch.Tensor:
-        return epsilon(self.cfg, self.global_step, self.total_steps)
+        """(K, 1) each member's exploration rate: linear from eps_start to eps_end over eps_decay of all steps."""
+        frac = (1.0 - self.global_step.to(torch.float32) / self.eps_decay_steps).clamp(0.0, 1.0)
+        return (self.eps_end + self.eps_span * frac).unsqueeze(1)
 
-    def begin(self, seed: int) -> None:
-        """Fresh weights (and with inputs: ridge the fold's front end, fitted on its train
-        slice), replay and agents; then fill n replay rows (no learning)."""
-        self.learner.reset(seed)
-        if self.cfg.inputs == "ridge":
-            self.learner.set_front(
-                *frontend.fit(self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t, cost=self.cfg.cost)
+    @torch.no_grad()
+    def collect(self, members=None) -> None:
+        """One epsilon-greedy step of every member's agents into its replay.
+        `members` (host list of bools): only those step; the others draw nothing, change nothing."""
+        t, position = self.t.clone(), self.position.clone()
+        q = self.q_network(self.data.states(t), position)  # (K, E, 3)
+        explore = self._rand(self.E, members) < self.epsilon()
+        random_action = self._randint(0, N_ACTIONS, self.E, members)
+        action = torch.where(explore, random_action, q.argmax(2))
+        # --- the env step: the new position's return at the fill, less the cost of the change;
+        # an episode ends after episode_len bars or at the train range's end, then a random restart
+        new_position = action - 1
+        reward = new_position * self.fresh[t] - self.cost * (new_position - position).abs()
+        if self.carry is not None:
+            reward = reward + position * self.carry[t]
+        ep_step = self.ep_step + 1
+        done = (ep_step >= self.episode_len) | (t + 1 >= self.data.bounds[1] - 1)
+        t0, p0 = self._random_starts(members)
+        keep = None if members is None else torch.tensor(members, device=t.device).unsqueeze(1)  # (K, 1)
+        for state, new in (
+            (self.t, torch.where(done, t0, t + 1)),
+            (self.position, torch.where(done, p0, new_position)),
+            (self.ep_step, ep_step.masked_fill(done, 0)),
+        ):
+            state.copy_(new if keep is None else torch.where(keep, new, state))
+        # --- the replay write: row steps_k % S of member k (indices into the data, not states)
+        row = (self.replay_steps % self.S).view(-1, 1, 1).expand(-1, 1, self.E)  # (K, 1, E)
+        for buf, value in (
+            (self.replay_t, t),
+            (self.replay_position, position),
+            (self.replay_action, action),
+            (self.replay_reward, reward),
+            (self.replay_done, done),
+        ):
+            value = value.unsqueeze(1)
+            if keep is not None:
+                value = torch.where(keep.unsqueeze(2), value, buf.gather(1, row))
+            buf.scatter_(1, row, value)
+        self.replay_steps.add_(1 if keep is None else keep.squeeze(1).to(torch.int64))
+
+    def sample_indices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, B) uniform (step, env) pairs of each member's replay, among the rows whose n-step
+        return is complete (the newest n_k rows are not yet)."""
+        hi = (self.replay_steps.unsqueeze(1) - self.n).expand(-1, 1)  # (K, 1)
+        lo = (self.replay_steps.unsqueeze(1) - self.S).clamp_min(0)
+        u = self._rand(self.B)
+        step = lo + (u * (hi - lo + 1).to(torch.float32)).to(torch.int64).clamp_max(hi - lo)
+        return step, self._randint(0, self.E, self.B)
+
+    def n_step_batch(self, step: torch.Tensor, env: torch.Tensor):
+        """The n-step transitions of (step, env), per member over n_max columns, column j kept only
+        where j < n_k and no episode ended before it: (t, position, action, discounted return,
+        next t, next position, gamma^k), each (K, B)."""
+        K = self.K
+        offsets = torch.arange(self.n_max, device=step.device)
+        rows = (step.unsqueeze(2) + offsets) % self.S  # (K, B, n_max)
+        envs = env.unsqueeze(2).expand_as(rows)
+        member = torch.arange(K, device=step.device).view(K, 1, 1).expand_as(rows)
+        reward, done = self.replay_reward[member, rows, envs], self.replay_done[member, rows, envs]
+        alive = torch.ones_like(reward[..., 0])
+        keep_cols = []
+        for j in range(self.n_max):
+            keep_cols.append(alive * (j < self.n).to(torch.float32))
+            alive = alive * (~done[..., j]).to(torch.float32)
+        keep = torch.stack(keep_cols, 2)  # (K, B, n_max)
+        return_n = (reward * keep * self.discounts[:, None, : self.n_max]).sum(2)
+        k = keep.sum(2).to(torch.int64)  # (K, B) steps included, 1..n_k
+        last_row = rows.gather(2, (k - 1).unsqueeze(2)).squeeze(2)
+        m = member[..., 0]
+        t0 = self.replay_t[m, rows[..., 0], env]
+        return (
+            t0,
+            self.replay_position[m, rows[..., 0], env],
+            self.replay_action[m, rows[..., 0], env],
+            return_n,
+            t0 + k,
+            self.replay_action[m, last_row, env] - 1,
+            self.discounts.gather(1, k),
+        )
+
+    # --- learning ------------------------------------------------------------------------
+    def td_loss(self, step: torch.Tensor, env: torch.Tensor, noise):
+        """(K,) Huber TD losses and (K,) max |Q| of the batch: Double DQN (the online network picks
+        the next action, the target network values it), plus the demonstration margin loss."""
+        t, position, action, return_n, next_t, next_position, discount = self.n_step_batch(step, env)
+        B = t.shape[1]
+        market = self.data.states(torch.cat([t, next_t], 1))  # (K, 2B, n_inputs)
+        if noise is not None:
+            market = market + noise
+        q_both = self.q_network(market, torch.cat([position, next_position], 1))  # (K, 2B, 3)
+        q = q_both[:, :B]
+        with torch.no_grad():
+            next_action = q_both[:, B:].argmax(2, keepdim=True)
+            next_q = self.target_network(market[:, B:], next_position).gather(2, next_action).squeeze(2)
+            td_target = return_n * self.reward_scale + discount * next_q
+        q_sa = q.gather(2, action.unsqueeze(2)).squeeze(2)  # (K, B)
+        # F.huber_loss's formula with a per-member delta (same forward and gradient, element by element)
+        z, delta = (q_sa - td_target).abs(), self.huber_delta
+        loss = torch.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)).mean(1)
+        if self.demo_table is not None:  # DQfD's margin toward the rule's move (weight 0: adds exactly 0)
+            member = torch.arange(self.K, device=t.device).unsqueeze(1)
+            expert = self.demo_table[member, t, position + 1].long()  # (K, B)
+            loss = loss + self.demo_weight * demo.margin_loss(q, expert, self.demo_margin)
+        return loss, q.detach().abs().amax((1, 2))
+
+    def learn(self) -> None:
+        """One gradient step of every member; masked members keep their state."""
+        step, env = self.sample_indices()
+        noise = None
+        if any(s > 0 for s in self.input_noise):  # members without noise draw none (as alone) and add 0
+            members = [s > 0 for s in self.input_noise]
+            shape = (2 * self.B, self.data.n_inputs)
+            noise = self.noise_std * self._draw(lambda g: torch.randn(shape, generator=g, device=step.device), members)
+        loss, q_max = self.td_loss(step, env, noise)
+        for p in self.params:
+            p.grad = None
+        loss.sum().backward()  # members are independent: d sum / d loss_k = 1
+        clip_grad_norms_(self.params, self.grad_clip)
+        self.optimizer.step()
+        with torch.no_grad():
+            active = self.active
+            weight = self.tau * active  # soft target update; 0: target unchanged
+            for tp, p in zip(self.target_params, self.params):
+                tp.lerp_(p, weight.view(-1, *([1] * (p.ndim - 1))))
+            self.loss_sum.add_(torch.where(active, loss.detach(), 0.0))
+            self.q_abs_max.copy_(torch.where(active, torch.maximum(self.q_abs_max, q_max), self.q_abs_max))
+
+    # --- what the trainer calls ------------------------------------------------------------
+    def begin(self, seeds: list[int]) -> None:
+        """Fresh weights (each from its seed, network.initial_weights), Adam, replay and agents,
+        all members active, with inputs: ridge the fold's front end (fitted on its train slice, one
+        for all members); then each member's n_k + 1 warm-up collect steps."""
+        dev = self.data.device
+        for k, (g, seed) in enumerate(zip(self.generators, seeds)):
+            g.manual_seed(draw_seed(seed, dev))
+            fresh = initial_weights(self.q_network.width, self.cfg.hidden, self.cfg.depth, seed)
+            self.q_network.load_member(k, fresh)
+            self.target_network.load_member(k, fresh)
+        if self.q_network.front:
+            front = frontend.fit(
+                self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t, cost=self.cfg.cost
             )
-        if self.cfg.demo > 0:  # the fold's demonstrations: the ridge rule fitted on its train slice
-            table = demo.fit(self.data, self.data.fold, self.cfg.cost, self.cfg.fill, screen_t=self.cfg.screen_t)
-            self.learner.demo_table.copy_(table)
-        self.replay.reset()
-        self.env.reset()
-        self.global_step.zero_()
-        for _ in range(self.warmup):
-            collect(self.env, self.learner.q_network, self.replay, self.epsilon())
+            frontend.load((self.q_network, self.target_network), *front)
+        if self.demo_table is not None:  # each member's demonstrations (the rule depends on its cost)
+            for k, c in enumerate(self.cfgs):
+                if c.demo > 0:
+                    self.demo_table[k].copy_(demo.fit(self.data, self.data.fold, c.cost, self.cfg.fill, c.screen_t))
+        self.active.fill_(True)
+        self.optimizer.reset()
+        for x in (self.replay_steps, self.global_step, self.ep_step):
+            x.zero_()
+        self.reset_epoch_stats()
+        t, p = self._random_starts()
+        self.t.copy_(t)
+        self.position.copy_(p)
+        w_max = max(self.warmup)
+        for i in range(w_max):  # member k collects in the last warmup_k of these rounds
+            self.collect([i >= w_max - w for w in self.warmup])
 
     def step(self) -> None:
-        """One collect step of every env, then updates_per_step learner steps (no host sync)."""
-        collect(self.env, self.learner.q_network, self.replay, self.epsilon())
+        self.collect()
         for _ in range(self.cfg.updates_per_step):
-            self.learner.learn(self.data, self.replay)
-        self.global_step.add_(1)
+            self.learn()
+        self.global_step.add_(self.active.to(torch.int64))
 
-    def q_all(self, market: torch.Tensor) -> torch.Tensor:
-        return self.learner.q_network.q_all(market)
+    def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
+        """market (T, n_inputs), shared by all members (the fold's normalisation) -> (M, T, 3, 3)
+        of `members` (default all K)."""
+        m = self.K if members is None else len(members)
+        with torch.no_grad():
+            return self.q_network.q_all(market.unsqueeze(0).expand(m, -1, -1), members)
 
     def epoch_stats(self) -> torch.Tensor:
-        return torch.stack([self.learner.loss_sum, self.learner.q_abs_max, self.epsilon()])
+        """(K, 3): summed loss, max |Q|, epsilon of each member."""
+        return torch.stack([self.loss_sum, self.q_abs_max, self.epsilon().squeeze(1)], 1)
 
     def reset_epoch_stats(self) -> None:
-        self.learner.reset_accumulators()
+        self.loss_sum.zero_()
+        self.q_abs_max.zero_()
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The Q-network's weights, as a plain QNetwork's (a front end folded into its first layer)."""
-        net = self.learner.q_network
-        return net.plain_state() if net.front else net.state_dict()
+    def state_dict(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's weights as a plain network's, by checkpoint name (QNetwork.state)."""
+        return self.q_network.state(k)

@@ -89,16 +89,8 @@ def clock_mask(n_inputs: int, device) -> torch.Tensor:
 @torch.no_grad()
 def load(networks, weight: torch.Tensor, bias: torch.Tensor) -> None:
     """The fold's front end (`fit`'s A and c) into each network's front_w and front_b, in place
-    (a captured CUDA graph keeps reading the same tensors): a QNetwork or a StackedQNetwork."""
+    (a captured CUDA graph keeps reading the same tensors)."""
     for net in networks:
         net.front_w.copy_(weight)
         net.front_b.copy_(bias)
 
-
-def fold_in(state: dict, weight: torch.Tensor, bias: torch.Tensor) -> dict:
-    """`state` (a QNetwork's tensors, one member's) made the plain network's that computes the
-    same Q: the front end folded into the first layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1)."""
-    w1, b1 = state["market_in.weight"], state["market_in.bias"]
-    state["market_in.weight"] = w1 @ weight
-    state["market_in.bias"] = w1 @ bias + b1
-    return state

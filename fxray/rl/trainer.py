@@ -1,242 +1,396 @@
-"""Train one walk-forward fold: epochs of collect + learn, val each epoch, test once.
+"""Train one walk-forward fold: the one way a fold is trained, alone, as a seed ensemble, or as
+a sweep's population of trials.
 
-    trainer = Trainer(data, cfg)          # networks, replay, env; CUDA graph captured once
-    result = trainer.run_fold(fold, seed)  # reuses all of it: a fold switch is in-place
-    result = train_fold(data, fold, cfg, seed)  # the same, for one-off use
+    trainer = Trainer(data, [cfg_a, cfg_b, ...])                    # trials of one shape; built once
+    results = trainer.run_fold(fold, seeds=[seed_a, seed_b, ...])   # one FoldResult per trial
+    result = train_fold(data, fold, cfg, seed)                      # one trial, one-off
 
-Inside an epoch nothing talks to the host: `steps_per_epoch` replays of the
-captured (or eager) collect+learn step. At the epoch end one read of the loss
-accumulators and one backtest of the greedy policy on the val window (each one
-host sync). The selected epoch's weights are kept on device; the test window is
-evaluated once, with them. Divergence (non-finite loss or Q) ends the fold with
-status "diverged" instead of raising, and such a fold has no val or test result.
+A trial of `seeds: S` is S members of fxray.rl.dqn.DQN (member i trains with
+`member_seeds(seed, S)[i]`; member 0 with the trial's seed), and every trial of a Trainer is
+in one DQN: K = the trials' seeds added up, one step (one CUDA graph) for all. Each member
+keeps its own best epoch (select_from, patience). A trial of one seed is its member's result;
+a seed ensemble's policy is the mean of its "ok" members' Q-values, scored on val (the fold's
+score) and test, with each member's Sharpe in `seed_spread`.
+
+Inside an epoch nothing talks to the host: `steps_per_epoch` replays of the captured (or
+eager) collect+learn step. At the epoch end one read of the (K, 3) loss accumulators and one
+batched backtest of every running member's val window. A member that stops (patience,
+divergence, `stop`) is masked; the loop ends when none runs. The kept weights are evaluated
+on the test window once. A member whose loss or |Q| leaves the bound its rewards allow
+(`q_bound`) has diverged: status "diverged", no val or test result, never scored.
+
+Where the learner abstains (dqn.abstain and a checked screen that keeps no input on the
+fold's train slice: decided here, once per fold) nothing is trained: each trial's policy is
+flat, scored as any policy (`flat_fold`).
 """
 
 from __future__ import annotations
 
-import json
+import gc
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from fxray.data.folds import Fold
 from fxray.eval import baselines, pooled
-from fxray.eval.backtest import BacktestResult, backtest, buy_and_hold, evaluate
+from fxray.eval.backtest import BacktestResult, backtest, backtest_many, buy_and_hold, evaluate
 from fxray.eval.metrics import summarize
-from fxray.rl import algorithm, frontend
-from fxray.rl.algorithm import Algorithm
-from fxray.rl.config import TrainConfig
+from fxray.rl import checkpoint, frontend
+from fxray.rl.config import ConfigError, TrainConfig
 from fxray.rl.device import DeviceData
-from fxray.rl.markers import marker
+from fxray.rl.dqn import DQN
 
-Q_LIMIT = 1e6  # |Q| beyond this (scaled reward units) counts as divergence
-EVAL_CHUNK = 262_144  # bars per Q-network forward in evaluation (bounds activation memory)
+EVAL_CHUNK = 262_144  # member-bars per Q-network forward in evaluation (bounds activation memory)
+SEED_STRIDE = 7919  # member i > 0 trains with seed + i x SEED_STRIDE (a prime: no overlap with fold seeds k)
+Q_SLACK = 10.0  # |Q| may exceed the bound its rewards allow by this factor before it has diverged
 
 
 @dataclass
 class FoldResult:
     fold: dict  # Fold.as_dict()
     status: str  # "ok" | "diverged" | "cancelled" (stop() said so; not evaluated)
-    best_epoch: int  # 0-based; -1 if no epoch finished
+    best_epoch: int  # 0-based; -1 if no epoch was kept
     epochs_run: int
-    val: dict  # metrics of the best epoch on the val window
-    test: dict  # metrics of the best weights on the test window
-    baselines: dict  # {"buy_and_hold": {...}, "flat": {...}} on the test window
-    curve: list = field(default_factory=list)  # per epoch: loss, val_sharpe, epoch_s, eps
+    val: dict  # metrics of the kept weights on the val window
+    test: dict  # metrics of the kept weights on the test window
+    baselines: dict  # the references' metrics on the test window (`references`)
+    curve: list = field(default_factory=list)  # per epoch: loss, q_max, val_sharpe, val_score, eps, times
     timings: dict = field(default_factory=dict)  # seconds: fold_switch, train, eval, total
     adx: float = float("nan")  # mean raw ADX(14) over the train slice (the fold's "difficulty")
     test_daily_returns: list = field(default_factory=list)  # for equity curves (per session day)
     checkpoint: str | None = None
-    val_score: float = float("nan")  # the selected epoch's score on the val window
+    val_score: float = float("nan")  # the kept weights' score on the val window
     # hourly returns (fxray.eval.backtest.PeriodReturns.as_dict()), what fxray.eval.pooled pools:
-    val_periods: dict = field(default_factory=dict)  # of the kept weights on the val window
-    test_periods: dict = field(default_factory=dict)  # ... and on the test window
-    baseline_periods: dict = field(default_factory=dict)  # {"buy_and_hold": {"val": ..., "test": ...}, ...}
-    # seeds > 1 (fxray.rl.ensemble): the members' seeds, statuses and val / test Sharpe
-    seed_spread: dict = field(default_factory=dict)
-    abstained: bool = False  # not trained: the checked screen kept nothing (TrainConfig abstain)
+    val_periods: dict = field(default_factory=dict)
+    test_periods: dict = field(default_factory=dict)
+    baseline_periods: dict = field(default_factory=dict)  # {"ridge": {"val": ..., "test": ...}, ...}
+    seed_spread: dict = field(default_factory=dict)  # seeds > 1: the members' seeds, statuses, Sharpes
+    abstained: bool = False  # not trained: the checked screen kept nothing (dqn.abstain)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-class Trainer:
-    """Everything one config needs on one device, built once and reused across folds."""
+class CaptureError(RuntimeError):
+    """A CUDA graph capture failed. The trainer is not to be reused (its members' generators may
+    be left mid-capture); a fresh one may capture (fxray.sweep.gather)."""
 
-    def __init__(self, data: DeviceData, cfg: TrainConfig):
-        self.data, self.cfg = data, cfg
-        self.use_graph = cfg.graphs and data.device.type == "cuda"
-        self.algo: Algorithm = algorithm.build(data, cfg)  # agents, replay, networks, optimizer
-        self.best_params = [p.detach().clone() for p in self.algo.params]
+
+def member_seeds(seed: int, n: int) -> list[int]:
+    return [seed + i * SEED_STRIDE for i in range(n)]
+
+
+def q_bound(cfg: TrainConfig, max_abs_return: float) -> float:
+    """The largest |Q| (scaled reward units) a member may reach before it has diverged: Q_SLACK
+    times the discounted sum of the largest reward the fold's train slice allows, a move of the
+    largest bar return less two units of cost, for ever: r_max x reward_scale / (1 - gamma)."""
+    r_max = (max_abs_return + 2 * cfg.cost) * cfg.reward_scale
+    return Q_SLACK * r_max / max(1.0 - cfg.gamma, 1e-6)
+
+
+class Trainer:
+    """A DQN of the trials' members and its CUDA graph on one device, built once, reused across folds."""
+
+    def __init__(self, data: DeviceData, cfgs: list[TrainConfig]):
+        self.data = data
+        self._set(cfgs)
+        self.dqn = DQN(data, self.members)
+        self.use_graph = self.cfgs[0].graphs and data.device.type == "cuda"
+        self.best_params = [p.detach().clone() for p in self.dqn.params]
         self.graph: torch.cuda.CUDAGraph | None = None
 
-    # --- the hot step ----------------------------------------------------------------
-    def _step(self) -> None:
-        """One collect + learn step of the algorithm (no host sync)."""
-        self.algo.step()
+    def _set(self, cfgs: list[TrainConfig]) -> None:
+        self.cfgs = list(cfgs)
+        # trial j's members are slots offsets[j] .. offsets[j] + seeds_j - 1
+        self.members = [c.replace(seeds=1) for c in self.cfgs for _ in range(c.seeds)]
+        self.offsets = np.cumsum([0] + [c.seeds for c in self.cfgs]).tolist()
 
+    def configure(self, cfgs: list[TrainConfig]) -> None:
+        """Other trials of the same shape in the same slots, in place (a sweep's next configs). The
+        captured graph is kept unless the step's structure changed (DQN.configure)."""
+        if [c.seeds for c in cfgs] != [c.seeds for c in self.cfgs]:
+            raise ConfigError("dqn.seeds: a trainer's trials keep their seeds (build another trainer)")
+        self._set(cfgs)
+        if self.dqn.configure(self.members):
+            self.graph = None
+
+    # --- the hot step ------------------------------------------------------------------
     def _capture(self) -> None:
-        """Record `_step` in a CUDA graph (after warm-up iterations on a side stream)."""
+        """Record DQN.step in a CUDA graph (after warm-up iterations on a side stream)."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):  # builds optimizer state and cuBLAS workspaces
-                self._step()
+                self.dqn.step()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._step()
+        # each member draws from its own generator: the graph must advance all of them on replay
+        for g in self.dqn.generators:
+            self.graph.register_generator_state(g)
+        # In a sweep this runs in the Gatherer's device thread while the worker's other threads
+        # wait (fxray.sweep.gather). A garbage collection one of them set off during the capture
+        # could free an evicted trainer's graph and memory there (cudaFree: an implicit sync that
+        # invalidates the capture). So the collector waits until the capture ends, and the
+        # capture checks only its own thread.
+        enabled = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.dqn.step()
+        except Exception as e:  # the graph and the members' generators are unusable now
+            self.graph = None
+            raise CaptureError(f"CUDA graph capture of {len(self.members)} members failed: {e}") from e
+        finally:
+            if enabled:
+                gc.enable()
 
-    def _begin(self, fold: Fold, seed: int) -> None:
-        """`fold` active on the data, then a fresh start of the algorithm on it."""
-        torch.manual_seed(seed)
+    def _begin(self, fold: Fold, seeds: list[int]) -> None:
+        torch.manual_seed(seeds[0])  # the global generators (the members draw from their own)
         self.data.set_fold(fold)
-        self.algo.begin(seed)
+        self.dqn.begin(seeds)
 
     # --- evaluation --------------------------------------------------------------------
     @torch.no_grad()
-    def q_all(self, window: tuple[int, int]) -> torch.Tensor:
-        """(T, 3, 3) Q-values for bars [start, end-1) of a window (bars with a next bar)."""
-        return torch.cat([self.algo.q_all(self.data.states(t)) for t in window_bars(self.data, window)])
-
-    def evaluate(self, window: tuple[int, int]) -> BacktestResult:
-        return backtest(self.q_all(window), self.data.window(window, self.cfg.fill), self.cfg.cost)
-
-    def score(self, result: BacktestResult) -> float:
-        """The selection score of one window (fxray.eval.pooled.score of its hourly returns)."""
-        return pooled.score(
-            pooled.pooled([result.periods.as_dict()], self.cfg.cost, self.data.calendar.periods_per_year)
+    def q_all(self, window: tuple[int, int], members: list[int]) -> torch.Tensor:
+        """(M, T, 3, 3) Q-values of `members` for bars [start, end-1) of a window."""
+        chunk = max(1, EVAL_CHUNK // len(members))
+        return torch.cat(
+            [self.dqn.q_all(self.data.states(t), members) for t in window_bars(self.data, window, chunk)], 1
         )
 
-    # --- one fold ----------------------------------------------------------------------
-    def run_fold(self, fold: Fold, seed: int = 0, log=None, checkpoint_dir=None, stop=None) -> FoldResult:
-        """`stop()`, asked before every step, ends the fold at once with status "cancelled"
-        (a sweep uses it for a fold it started ahead of a trial that is then stopped).
+    def evaluate(self, window: tuple[int, int], members: list[int]) -> dict[int, BacktestResult]:
+        """The greedy backtest of each of `members` over `window`, in one pass."""
+        costs = [self.members[m].cost for m in members]
+        results = backtest_many(self.q_all(window, members), self.data.window(window, self.cfgs[0].fill), costs)
+        return dict(zip(members, results))
 
-        The kept weights are those of the epoch `cfg.select` picks: "val_score", the best
-        score on the fold's chooser window (hourly pooled Sharpe, shrunk for thin evidence;
-        stops after `patience` epochs without a better one), or "last", the last epoch. The
-        chooser is the val window, or the fold's holdout window where it has one: then val
-        scores the kept weights once, as test does, and `val_score` is that score."""
-        cfg, sync = self.cfg, self.data.synchronize
+    def score(self, result: BacktestResult, cost: float) -> float:
+        """The selection score of one window (fxray.eval.pooled.score of its hourly returns)."""
+        return pooled.score(pooled.pooled([result.periods.as_dict()], cost, self.data.calendar.periods_per_year))
+
+    # --- one fold ----------------------------------------------------------------------
+    def run_fold(
+        self, fold: Fold, seeds: list[int] | None = None, log=None, checkpoint_dirs=None, stop=None
+    ) -> list[FoldResult]:
+        """One FoldResult per trial (seeds[j], checkpoint_dirs[j]). `stop(j)`, asked before every
+        step for each running trial, ends trial j's fold at once with status "cancelled" (its
+        members masked: the others go on).
+
+        A member keeps the weights of its best-scoring epoch on the fold's chooser window from
+        select_from on (hourly pooled Sharpe, shrunk for thin evidence; patience epochs without
+        a better one stop it). The chooser is the val window, or the fold's holdout window where
+        it has one: then val scores the kept weights once, as test does."""
+        seeds = [0] * len(self.cfgs) if seeds is None else list(seeds)
+        if len(seeds) != len(self.cfgs):
+            raise ValueError(f"{len(self.cfgs)} trials but {len(seeds)} seeds")
+        dirs = checkpoint_dirs or [None] * len(self.cfgs)
         # matmul precision is process-wide in torch: set it for whichever trainer runs now
-        torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = self.cfgs[0].matmul == "tf32"
         t_start = time.perf_counter()
-        if abstains(self.data, fold, cfg):
-            return flat_fold(self.data, fold, cfg, t_start, checkpoint_dir)
-        self._begin(fold, seed)
+        if abstains(self.data, fold, self.cfgs[0]):  # screen_t and abstain are shared by shape
+            return [flat_fold(self.data, fold, c, t_start, d) for c, d in zip(self.cfgs, dirs)]
+        trial_of = [j for j, c in enumerate(self.cfgs) for _ in range(c.seeds)]
+        mseeds = [s for c, seed in zip(self.cfgs, seeds) for s in member_seeds(seed, c.seeds)]
+        members = self._train(fold, mseeds, log, None if stop is None else (lambda m: stop(trial_of[m])), t_start)
+        results = []
+        for j, cfg in enumerate(self.cfgs):
+            lo, hi = self.offsets[j], self.offsets[j + 1]
+            if cfg.seeds == 1:
+                result = members[lo]
+                if dirs[j] is not None and result.status == "ok" and result.best_epoch >= 0:
+                    result.checkpoint = str(self._save(dirs[j], f"fold{fold.k}", lo, cfg, fold, result))
+            else:
+                result = self._ensemble(cfg, fold, mseeds[lo:hi], members[lo:hi], lo, t_start)
+                if dirs[j] is not None:
+                    paths = self._save_members(dirs[j], cfg, fold, mseeds[lo:hi], members[lo:hi], lo, result)
+                    result.checkpoint = str(paths[0]) if paths else None
+            results.append(result)
+        return results
+
+    def _train(self, fold: Fold, seeds: list[int], log, stop, t_start: float) -> list[FoldResult]:
+        """Every member's FoldResult: epochs, selection and the kept weights on val and test."""
+        cfgs, K, sync = self.members, len(self.members), self.data.synchronize
+        self._begin(fold, seeds)
         sync()
         t_switch = time.perf_counter() - t_start
         if self.use_graph and self.graph is None:
             self._capture()
-            self._begin(fold, seed)  # the capture's warm-up iterations touched weights and replay
-        best_score, best_epoch, bad_epochs, status = -math.inf, -1, 0, "ok"
-        best_val, curve, train_s, eval_s = None, [], 0.0, 0.0
-        for epoch in range(cfg.epochs):
+            self._begin(fold, seeds)  # the capture's warm-up iterations touched weights and replay
+        r_max = float(self.data.returns[fold.train[0] : fold.train[1]].abs().max())  # host sync, once a fold
+        bounds = [q_bound(c, r_max) for c in cfgs]
+        best_score, best_epoch, bad_epochs = [-math.inf] * K, [-1] * K, [0] * K
+        status, best_val = ["ok"] * K, [None] * K
+        curves: list[list] = [[] for _ in range(K)]
+        running = set(range(K))
+        train_s, eval_s = [0.0] * K, [0.0] * K
+        spe, ups = cfgs[0].steps_per_epoch, cfgs[0].updates_per_step
+        tag = (lambda k: f"member {k} ") if K > 1 else (lambda k: "")
+        for epoch in range(cfgs[0].epochs):
+            if not running:
+                break
             t0 = time.perf_counter()
-            self.algo.reset_epoch_stats()
-            for _ in range(cfg.steps_per_epoch):
-                if stop is not None and stop():  # a host-side flag: no device sync
-                    return FoldResult(
-                        fold=fold.as_dict(),
-                        status="cancelled",
-                        best_epoch=-1,
-                        epochs_run=len(curve),
-                        val={},
-                        test={},
-                        baselines={},
-                        curve=curve,
-                        timings={"total_s": time.perf_counter() - t_start},
-                    )
-                self.graph.replay() if self.graph is not None else self._step()
-            # host sync: the epoch's loss, |Q| max and epsilon, three scalars
-            loss_sum, q_max, eps = self.algo.epoch_stats().tolist()
+            self.dqn.reset_epoch_stats()
+            for _ in range(spe):
+                gone = [k for k in running if stop(k)] if stop is not None else []  # host-side flags
+                if gone:
+                    for k in gone:
+                        running.discard(k)
+                        status[k] = "cancelled"
+                    if not running:
+                        break
+                    self._mask(running)
+                self.graph.replay() if self.graph is not None else self.dqn.step()
+            if not running:
+                break
+            stats = self.dqn.epoch_stats().tolist()  # host sync: (K, 3) loss sums, |Q| max, epsilon
             t1 = time.perf_counter()
-            loss = loss_sum / (cfg.steps_per_epoch * cfg.updates_per_step)
-            if not (math.isfinite(loss) and math.isfinite(q_max) and q_max < Q_LIMIT):
-                status = "diverged"
-                curve.append(
-                    {
-                        "epoch": epoch,
-                        "loss": loss,
-                        "q_max": q_max,
-                        "val_sharpe": float("nan"),
-                        "val_score": float("nan"),
-                        "epoch_s": t1 - t0,
-                        "eps": eps,
-                    }
+            scoring = []
+            for k in sorted(running):
+                loss_sum, q_max, eps = stats[k]
+                loss = loss_sum / (spe * ups)
+                bound = bounds[k]
+                if math.isfinite(loss) and q_max <= bound and loss <= (cfgs[k].huber_delta + cfgs[k].demo) * 2 * bound:
+                    scoring.append(k)
+                    continue
+                status[k] = "diverged"
+                running.discard(k)
+                nan = float("nan")
+                curves[k].append(
+                    {"epoch": epoch, "loss": loss, "q_max": q_max, "val_sharpe": nan, "val_score": nan}
+                    | {"epoch_s": t1 - t0, "eps": eps}
                 )
                 if log:
-                    log(f"fold {fold.k} epoch {epoch}: diverged (loss {loss:.3g}, |Q| max {q_max:.3g})")
-                break
-            val = self.evaluate(fold.chooser)
-            score = self.score(val)
+                    log(f"{tag(k)}fold {fold.k} epoch {epoch}: diverged (loss {loss:.3g}, |Q| max {q_max:.3g})")
+            vals = self.evaluate(fold.chooser, scoring) if scoring else {}
             t2 = time.perf_counter()
-            train_s, eval_s = train_s + (t1 - t0), eval_s + (t2 - t1)
-            curve.append(epoch_record(epoch, loss, q_max, val, score, eps, (t0, t1, t2)))
-            if log:
-                log(
-                    f"fold {fold.k} epoch {epoch}: loss {loss:.4f}  val score {score:+.2f}  eps {eps:.2f}  "
-                    f"{t2 - t0:.2f}s"
-                )
-            if epoch < cfg.select_from:  # scored, never kept; patience counts from select_from
-                continue
-            if cfg.select == "last" or score > best_score:
-                best_score, best_epoch, best_val, bad_epochs = score, epoch, val, 0
-                for b, p in zip(self.best_params, self.algo.params):
-                    b.copy_(p)
-            else:
-                bad_epochs += 1
-                if bad_epochs >= cfg.patience:
-                    break
-        result = FoldResult(
-            fold=fold.as_dict(),
-            status=status,
-            best_epoch=best_epoch,
-            epochs_run=len(curve),
-            val={},
-            test={},
-            baselines={},
-            curve=curve,
-            adx=self.data.adx_mean(fold.train),
+            for k in scoring:
+                loss_sum, q_max, eps = stats[k]
+                loss, val = loss_sum / (spe * ups), vals[k]
+                score = self.score(val, cfgs[k].cost)
+                train_s[k], eval_s[k] = train_s[k] + (t1 - t0), eval_s[k] + (t2 - t1)
+                curves[k].append(epoch_record(epoch, loss, q_max, val, score, eps, (t0, t1, t2)))
+                if log:
+                    log(f"{tag(k)}fold {fold.k} epoch {epoch}: loss {loss:.4f}  val score {score:+.2f}  eps {eps:.2f}")
+                if epoch < cfgs[k].select_from:  # scored, never kept; patience counts from select_from
+                    continue
+                if score > best_score[k]:
+                    best_score[k], best_epoch[k], best_val[k], bad_epochs[k] = score, epoch, val, 0
+                    for b, p in zip(self.best_params, self.dqn.params):
+                        b[k].copy_(p[k])
+                else:
+                    bad_epochs[k] += 1
+                    if bad_epochs[k] >= cfgs[k].patience:
+                        running.discard(k)
+            self._mask(running)  # stopped members are masked from here on
+        return self._finish(
+            fold, curves, status, best_epoch, best_val, best_score, (train_s, eval_s, t_switch, t_start)
         )
+
+    def _mask(self, running: set) -> None:
+        """The running members' mask (a device tensor: a captured graph stays valid)."""
+        self.dqn.active.copy_(torch.tensor([k in running for k in range(len(self.members))], device=self.data.device))
+
+    def _finish(self, fold, curves, status, best_epoch, best_val, best_score, times) -> list[FoldResult]:
+        """Every member's FoldResult: the fold's references, and its kept weights on test (one pass)."""
+        train_s, eval_s, t_switch, t_start = times
         t3 = time.perf_counter()
-        self._baselines(fold, result)
-        if best_val is not None and status == "ok":
-            for b, p in zip(self.best_params, self.algo.params):
-                p.data.copy_(b)
-            if fold.holdout is not None:  # val was not the chooser: it scores the kept weights now
-                best_val = self.evaluate(fold.val)
-                best_score = self.score(best_val)
-            test = self.evaluate(fold.test)
-            result.val, result.test = asdict(best_val.metrics), asdict(test.metrics)
-            result.val_periods, result.test_periods = best_val.periods.as_dict(), test.periods.as_dict()
-            result.val_score = best_score
+        cfg, adx = self.cfgs[0], self.data.adx_mean(fold.train)
+        refs, ref_periods = fold_baselines(self.data, fold, cfg.cost, cfg.fill, cfg.screen_t)
+        results = []
+        for k in range(len(self.members)):
+            result = FoldResult(fold.as_dict(), status[k], best_epoch[k], len(curves[k]), {}, {}, {}, curves[k])
+            if status[k] == "cancelled":
+                result.best_epoch, result.timings = -1, {"total_s": time.perf_counter() - t_start}
+            else:
+                result.adx, result.baselines, result.baseline_periods = adx, refs, ref_periods
+            results.append(result)
+        kept = [k for k in range(len(self.members)) if best_val[k] is not None and status[k] == "ok"]
+        with torch.no_grad():
+            for b, p in zip(self.best_params, self.dqn.params):
+                p[kept] = b[kept]
+        tests = self.evaluate(fold.test, kept) if kept else {}
+        if fold.holdout is not None and kept:  # val was not the chooser: it scores the kept weights now
+            vals = self.evaluate(fold.val, kept)
+            for k in kept:
+                best_val[k], best_score[k] = vals[k], self.score(vals[k], self.members[k].cost)
+        for k in kept:
+            result, test = results[k], tests[k]
+            result.val, result.test = asdict(best_val[k].metrics), asdict(test.metrics)
+            result.val_periods, result.test_periods = best_val[k].periods.as_dict(), test.periods.as_dict()
+            result.val_score = best_score[k]
             result.test_daily_returns = test.daily_returns.tolist()
-            if checkpoint_dir is not None:
-                result.checkpoint = str(save_checkpoint(checkpoint_dir, self, fold, result))
         t4 = time.perf_counter()
-        result.timings = {
-            "fold_switch_s": t_switch,
-            "train_s": train_s,
-            "eval_s": eval_s + (t4 - t3),
-            "total_s": t4 - t_start,
+        for k, result in enumerate(results):
+            if result.status != "cancelled":
+                result.timings = {
+                    "fold_switch_s": t_switch,
+                    "train_s": train_s[k],
+                    "eval_s": eval_s[k] + (t4 - t3),
+                    "total_s": t4 - t_start,
+                }
+        return results
+
+    # --- seed ensembles and checkpoints -------------------------------------------------
+    def _ensemble(self, cfg, fold: Fold, seeds: list[int], members: list[FoldResult], lo: int, t0: float):
+        """One FoldResult for the mean-Q policy of a trial's "ok" members (slots lo, lo + 1, ...)."""
+        spread = {
+            "seeds": seeds,
+            "status": [m.status for m in members],
+            "val_sharpe": [m.val.get("sharpe") for m in members],
+            "test_sharpe": [m.test.get("sharpe") for m in members],
         }
+        ok = [i for i, m in enumerate(members) if m.status == "ok"]
+        first = members[ok[0] if ok else 0]
+        result = FoldResult(**{**first.as_dict(), "seed_spread": spread, "checkpoint": None})
+        if not ok:  # every member diverged or was cancelled: the fold is what member 0's was
+            return result
+        slots = [lo + i for i in ok]
+        val, test = (
+            backtest(self.q_all(w, slots).mean(0), self.data.window(w, cfg.fill), cfg.cost)
+            for w in (fold.val, fold.test)
+        )
+        result.status = "ok"
+        result.val, result.test = asdict(val.metrics), asdict(test.metrics)
+        result.val_periods, result.test_periods = val.periods.as_dict(), test.periods.as_dict()
+        result.val_score = self.score(val, cfg.cost)
+        result.test_daily_returns = test.daily_returns.tolist()
+        result.epochs_run = max(m.epochs_run for m in members)
+        result.timings = {**first.timings, "total_s": time.perf_counter() - t0}
         return result
 
-    def _baselines(self, fold: Fold, result: FoldResult) -> None:
-        result.baselines, result.baseline_periods = fold_baselines(
-            self.data, fold, self.cfg.cost, self.cfg.fill, getattr(self.cfg, "screen_t", 0.0)
-        )
+    def _save(self, folder, name: str, slot: int, cfg, fold: Fold, result: FoldResult, extra=None):
+        meta = {
+            "config": cfg.as_dict(),
+            "fold": fold.as_dict(),
+            "best_epoch": result.best_epoch,
+            "val": result.val,
+            "test": result.test,
+            "n_inputs": self.data.n_inputs,
+            "val_score": result.val_score,
+            **(extra or {}),
+        }
+        state = self.dqn.state_dict(slot)
+        return checkpoint.write_checkpoint(folder, name, state, meta, self.data.mean, self.data.inv_std)
 
-    def _references(self, fold: Fold) -> tuple[dict, dict]:
-        return references(self.data, fold, self.cfg.cost, self.cfg.fill, getattr(self.cfg, "screen_t", 0.0))
+    def _save_members(self, folder, cfg, fold: Fold, seeds, members, lo: int, result: FoldResult) -> list:
+        """A checkpoint of each "ok" member's kept weights (fold<k>.m<i>); the ensemble's scores in each.
+        fxray export takes a fold's members together: its policy is the mean of their Q."""
+        ensemble = {"seeds": cfg.seeds, "val_score": result.val_score, "val": result.val, "test": result.test}
+        one = cfg.replace(seeds=1)
+        return [
+            self._save(folder, f"fold{fold.k}.m{i}", lo + i, one, fold, m, {"ensemble": {**ensemble, "member": i}})
+            for i, m in enumerate(members)
+            if m.status == "ok"
+        ]
+
+
+def train_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, seed: int = 0, log=None, checkpoint_dir=None):
+    """Train one trial on one fold (a fresh Trainer; reuse a Trainer across folds)."""
+    return Trainer(data, [cfg]).run_fold(fold, [seed], log=log, checkpoint_dirs=[checkpoint_dir])[0]
 
 
 def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHUNK) -> list[torch.Tensor]:
@@ -246,11 +400,28 @@ def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHU
     return [torch.arange(s, min(s + chunk, end), device=data.device) for s in range(start, end, chunk)]
 
 
+def epoch_record(epoch: int, loss: float, q_max: float, val, score: float, eps: float, times) -> dict:
+    """One epoch of a fold's curve (FoldResult.curve); `times`: (start, trained, evaluated)."""
+    t0, t1, t2 = times
+    return {
+        "epoch": epoch,
+        "loss": loss,
+        "q_max": q_max,
+        "val_sharpe": val.metrics.sharpe,
+        "val_score": score,
+        "epoch_s": t2 - t0,
+        "train_s": t1 - t0,
+        "val_s": t2 - t1,
+        "eps": eps,
+    }
+
+
+# --- the fold's references and abstention ------------------------------------------------
+
+
 def fold_baselines(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> tuple[dict, dict]:
-    """The reference policies of the fold's windows: per-window metrics (test) for tables,
-    and their hourly returns on val and test for the pooled statistics beside the policy's.
-    They depend on the fold, the cost, the fill and the screen only: computed once per worker."""
-    key = (fold.as_dict().__repr__(), cost, fill, screen_t)
+    """`references`, computed once per (fold, cost, fill, screen) on `data` and kept there."""
+    key = (repr(fold.as_dict()), cost, fill, screen_t)
     if key not in data.references:
         data.references[key] = references(data, fold, cost, fill, screen_t)
     return data.references[key]
@@ -261,7 +432,7 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
     the same rule on the inputs of the learner's checked screen ("screened": its demonstrator's
     rule, fxray.rl.demo), and, on a planted market, the oracle (the same rule on the columns that
     carry the signal, in the hours it is on; fxray.eval.baselines), all fitted on the train
-    slice only."""
+    slice only. Returns (test metrics by name, hourly returns by name and window)."""
     windows = {w: data.window(getattr(fold, w), fill) for w in ("val", "test")}
     runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cost) for w in windows}}
     a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
@@ -288,10 +459,9 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
 
 
 def abstains(data: DeviceData, fold: Fold, cfg: TrainConfig) -> bool:
-    """`cfg.abstain` and the checked screen keeps no input on `fold`'s train slice: the fold is
-    not trained, its policy is flat (flat_fold). Leaves `fold` active on `data` (set only if
-    another was: a worker's population asks once per request of the same fold)."""
-    if not getattr(cfg, "abstain", False):
+    """`cfg.abstain` and the checked screen keeps no input on `fold`'s train slice. Leaves `fold`
+    active on `data`."""
+    if not cfg.abstain:
         return False
     if data.fold != fold:
         data.set_fold(fold)
@@ -300,21 +470,10 @@ def abstains(data: DeviceData, fold: Fold, cfg: TrainConfig) -> bool:
 
 def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, checkpoint_dir=None) -> FoldResult:
     """The FoldResult of a fold the learner abstains on: no epoch (best_epoch -1, epochs_run 0,
-    no checkpoint), the flat policy scored on val and test as any policy is (its hourly returns,
-    all 0, enter the pooled statistics), and the fold's references beside it. With
-    `checkpoint_dir`, no weights but a marker, <dir>/fold<k>.abstained.json (the config, the
-    fold, its val and test), so that an export of the directory knows the fold said "flat"."""
-    result = FoldResult(
-        fold=fold.as_dict(),
-        status="ok",
-        best_epoch=-1,
-        epochs_run=0,
-        val={},
-        test={},
-        baselines={},
-        adx=data.adx_mean(fold.train),
-        abstained=True,
-    )
+    no weights), the flat policy scored on val and test as any policy is (its hourly returns,
+    all 0, enter the pooled statistics), the fold's references beside it; with `checkpoint_dir`,
+    the fold's marker there (fxray.rl.checkpoint)."""
+    result = FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {}, adx=data.adx_mean(fold.train), abstained=True)
     result.baselines, result.baseline_periods = fold_baselines(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
     runs = {}
     for w in ("val", "test"):
@@ -327,102 +486,6 @@ def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, ch
     result.test_daily_returns = runs["test"].daily_returns.tolist()
     result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
     if checkpoint_dir is not None:
-        meta = {
-            "abstained": True,
-            "config": cfg.as_dict(),
-            "fold": fold.as_dict(),
-            "val": result.val,
-            "test": result.test,
-        }
-        text = json.dumps(meta, indent=1)
-        write_atomically(marker(checkpoint_dir, fold.k), lambda p: Path(p).write_text(text))
+        meta = {"config": cfg.as_dict(), "fold": fold.as_dict(), "val": result.val, "test": result.test}
+        checkpoint.write_marker(checkpoint_dir, fold.k, meta)
     return result
-
-
-def write_atomically(path: Path, write) -> None:
-    """`write(tmp)` to a temporary file beside `path`, then renamed to it: never half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def epoch_record(epoch: int, loss: float, q_max: float, val, score: float, eps: float, times) -> dict:
-    """One epoch of a fold's curve (FoldResult.curve); `times`: (start, trained, evaluated)."""
-    t0, t1, t2 = times
-    return {
-        "epoch": epoch,
-        "loss": loss,
-        "q_max": q_max,
-        "val_sharpe": val.metrics.sharpe,
-        "val_score": score,
-        "epoch_s": t2 - t0,
-        "train_s": t1 - t0,
-        "val_s": t2 - t1,
-        "eps": eps,
-    }
-
-
-def train_fold(
-    data: DeviceData, fold: Fold, config: TrainConfig, seed: int = 0, log=None, checkpoint_dir=None
-) -> FoldResult:
-    """Train `config` on one fold of `data` (a fresh Trainer; reuse a Trainer across folds)."""
-    return Trainer(data, config).run_fold(fold, seed, log=log, checkpoint_dir=checkpoint_dir)
-
-
-def save_checkpoint(directory, trainer: Trainer, fold: Fold, result: FoldResult) -> Path:
-    """Best weights as safetensors + a JSON sidecar (config, fold, epoch, metrics, and the fold's
-    train-slice normalisation that the weights expect: a policy needs it to run), atomically."""
-    return write_checkpoint(directory, trainer.cfg, trainer.data, trainer.algo.state_dict(), fold, result)
-
-
-def write_checkpoint(
-    directory,
-    cfg: TrainConfig,
-    data: DeviceData,
-    state: dict,
-    fold: Fold,
-    result: FoldResult,
-    *,
-    name: str | None = None,
-    extra: dict | None = None,
-) -> Path:
-    """save_checkpoint of the weights `state` that `cfg` trained on `data`'s fold (a population
-    member's too), as <directory>/<name or fold<k>>.safetensors; `extra` joins the sidecar."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    stem = directory / (name or f"fold{fold.k}")
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    meta = {
-        "config": cfg.as_dict(),
-        "fold": fold.as_dict(),
-        "best_epoch": result.best_epoch,
-        "val": result.val,
-        "test": result.test,
-        "n_inputs": data.n_inputs,
-        "val_score": result.val_score,
-        # float32 values as JSON floats: exact round trip (fxray.policy.export reads them)
-        "normalisation": {"mean": data.mean.tolist(), "inv_std": data.inv_std.tolist()},
-        **(extra or {}),
-    }
-    for suffix, write in (
-        (".safetensors", lambda p: save_file(tensors, p)),
-        (".json", lambda p: Path(p).write_text(json.dumps(meta, indent=1))),
-    ):
-        write_atomically(Path(str(stem) + suffix), write)
-    return Path(str(stem) + ".safetensors")  # not with_suffix: a member's stem fold<k>.m<i> has a dot
-
-
-def load_checkpoint(path) -> tuple[dict, dict]:
-    """(state_dict tensors, metadata) of a checkpoint written by save_checkpoint."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    return load_file(str(path)), json.loads(path.with_suffix(".json").read_text())

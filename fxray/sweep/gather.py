@@ -1,20 +1,21 @@
-"""A FoldWorker's populations: the fold requests of several trials, trained K at a time.
+"""A FoldWorker's fold requests, trained K trials at a time: every fold of a sweep goes through here.
 
     gatherer = Gatherer(data, k_max=4)
     result = gatherer.train(config, fold, seed, checkpoint_dir, stop)   # from any thread; blocks
 
 With `sweep.population: K`, up to K trials hold a lease on one worker at once, and each
-queues its next folds there (fxray.sweep.leases). The worker's calls run in threads; each
-puts its request here and waits. One thread of the Gatherer's own does all the device work
-(building, capturing, training and dropping trainers), so a CUDA graph is captured, replayed
-and destroyed by one thread, with no other of this process's threads touching the device,
-as the Trainer's single-threaded worker does. It trains the next
-population: the oldest waiting request and the others of the same shape
-(fxray.rl.population.SHAPE_FIELDS) and the same fold, at most K of them, after waiting at
-most WAIT_S for the K-th. Each request gets back the FoldResult dict its config would have
-got alone (bit for bit on the CPU: tests/test_population.py), plus "population": the size
-of the population it trained in. A request whose `stop()` turns true is masked in its
-population (status "cancelled"); the others go on. No Ray here: tests drive it with threads.
+queues its next folds there (fxray.sweep.leases); K = 1 trains one trial at a time. The
+worker's calls run in threads; each puts its request here and waits. One thread of the
+Gatherer's own does all the device work (building, capturing, training and dropping
+trainers), so a CUDA graph is captured, replayed and destroyed by one thread, and the
+trainer is fxray.rl.trainer's, the one way a fold is trained. It trains the next population:
+the oldest waiting request and the others of the same shape (fxray.rl.dqn.SHAPE_FIELDS,
+their seeds included) and the same fold, at most K of them, after waiting at most WAIT_S for
+the K-th; each trial's seeds are members beside the others'. Each request gets back the
+FoldResult dict its config would have got alone (bit for bit on the CPU:
+tests/test_learner.py), plus "population": the number of trials it trained with. A request
+whose `stop()` turns true is masked in its population (status "cancelled"); the others go
+on. No Ray here: tests drive it with threads.
 """
 
 from __future__ import annotations
@@ -27,13 +28,11 @@ from dataclasses import dataclass, field
 
 from fxray.data.folds import Fold
 from fxray.rl.config import make_config
-from fxray.rl.ensemble import EnsembleTrainer
-from fxray.rl.population import SHAPE_FIELDS
-from fxray.rl.population_trainer import CaptureError, PopulationTrainer
-from fxray.rl.trainer import abstains, flat_fold
+from fxray.rl.dqn import SHAPE_FIELDS
+from fxray.rl.trainer import CaptureError, Trainer
 
 WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7 s)
-TRAINER_CACHE = 2  # PopulationTrainers (stacked networks + graph) kept per shape, by size
+TRAINER_CACHE = 2  # Trainers (stacked networks + graph) kept, by shape and size
 
 
 @dataclass
@@ -73,6 +72,7 @@ class Gatherer:
         self.runs: list[list] = []
         self.thread: threading.Thread | None = None
         self.capture_retries = 0  # populations trained again on a fresh trainer after a failed capture
+        self.built = 0  # trainers built (each one's networks, replay and graph)
 
     def _start(self) -> None:
         """The device thread, started by the first request (the lock held)."""
@@ -85,8 +85,6 @@ class Gatherer:
         shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
         key = (shape, json.dumps(fold, sort_keys=True), warmup)
         req = Request(config, fold, seed, checkpoint_dir, stop, warmup, key, cfg)
-        if cfg.seeds > 1:  # a seed ensemble is a population of its own (fxray.rl.ensemble)
-            req.key = (*key, id(req))
         with self.cond:
             self._start()
             self.queue.append(req)
@@ -168,43 +166,25 @@ class Gatherer:
         self.trainers = OrderedDict((k, t) for k, t in self.trainers.items() if k[0] != shape)
 
     def _train(self, batch: list[Request]) -> list:
-        """The FoldResults of `batch`, trained as one population on the cached trainer of its shape."""
-        n, first = len(batch), batch[0]
-        if first.cfg.seeds > 1:  # a seed ensemble: a population of its own (fxray.rl.ensemble)
-            trainer = self._trainer((first.key[0], "ensemble"), EnsembleTrainer, first.cfg)
-            fold = Fold.from_dict(first.fold)
-            results = [trainer.run_fold(fold, first.seed, checkpoint_dir=first.checkpoint_dir, stop=first.stop)]
-        else:  # the requests that abstain on this fold (TrainConfig.abstain) are flat, untrained
-            fold, t0 = Fold.from_dict(first.fold), time.perf_counter()
-            flat = {
-                i: flat_fold(self.data, fold, r.cfg, t0, r.checkpoint_dir)
-                for i, r in enumerate(batch)
-                if abstains(self.data, fold, r.cfg)
-            }
-            train = [r for i, r in enumerate(batch) if i not in flat]
-            trained = iter(self._population(fold, train) if train else [])
-            results = [flat[i] if i in flat else next(trained) for i in range(n)]
-        return results
-
-    def _population(self, fold: Fold, batch: list[Request]) -> list:
-        """The FoldResults of `batch` (configs of one shape, on one fold) trained as one population."""
+        """The FoldResults of `batch` (trials of one shape, on one fold), trained together on the
+        cached trainer of their shape and size; spare slots (`pad`) are stopped before the first step."""
         n, first = len(batch), batch[0]
         slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
-        cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)  # spare slots: masked below
-        trainer = self._trainer((first.key[0], slots), PopulationTrainer, cfgs)
-        return trainer.run_fold(
-            fold,
+        cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)
+        return self._trainer((first.key[0], slots), cfgs).run_fold(
+            Fold.from_dict(first.fold),
             [r.seed for r in batch] + [first.seed] * (slots - n),
             checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
-            stop=lambda k: k >= n or (batch[k].stop is not None and batch[k].stop()),
+            stop=lambda j: j >= n or (batch[j].stop is not None and batch[j].stop()),
         )[:n]
 
-    def _trainer(self, key: tuple, cls, cfgs):
-        """The cached trainer of `key` given `cfgs` in place (configure), or a new `cls(data, cfgs)`;
-        the least recently used beyond the cache is dropped."""
+    def _trainer(self, key: tuple, cfgs) -> Trainer:
+        """The cached trainer of `key` given `cfgs` in place (configure), or a new one; the least
+        recently used beyond the cache is dropped."""
         trainer = self.trainers.pop(key, None)
         if trainer is None:
-            trainer = cls(self.data, cfgs)
+            trainer = Trainer(self.data, cfgs)
+            self.built += 1
         else:
             trainer.configure(cfgs)
         self.trainers[key] = trainer

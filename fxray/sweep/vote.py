@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fxray.rl.markers import abstained
+from fxray.rl.checkpoint import abstained
 from fxray.track.records import fold_checkpoints
 
 MIN_MEMBERS = 3  # fewer full trials: no vote (a vote of two is the first one's action at each tie)
@@ -77,8 +77,9 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
     from fxray.data.folds import Fold
     from fxray.eval import pooled
     from fxray.eval.backtest import backtest
-    from fxray.rl.dqn import QNetwork
-    from fxray.rl.trainer import load_checkpoint, window_bars
+    from fxray.rl.checkpoint import load_checkpoint
+    from fxray.rl.network import QNetwork
+    from fxray.rl.trainer import window_bars
 
     full = full_trials(results)
     sizes = sorted({min(n, len(full)) for n in sizes})
@@ -88,24 +89,18 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
 
     def member(trial: dict, fold: Fold) -> dict:
         """{window: (T, 3, 3) votes (one-hot greedy actions) or val-scaled advantages}."""
-        cfg = configs[trial["trial_id"]]
         paths = fold_checkpoints(ckpts / trial["trial_id"], fold.k)
         if not paths and abstained(ckpts / trial["trial_id"], fold.k):  # untrained, flat: it votes flat
             flat = torch.zeros(3, device=data.device)
             flat[1] = 1.0  # action 1: no position (fxray.eval.backtest.greedy_positions)
             n = {w: getattr(fold, w)[1] - 1 - getattr(fold, w)[0] for w in ("val", "test")}
             return {w: flat.expand(n[w], 3, 3) for w in n}
-        nets = []
-        for path in paths:  # a seed ensemble: its mean Q
-            tensors, _ = load_checkpoint(path)
-            net = QNetwork(data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
-            net.load_state_dict(tensors)
-            nets.append(net.to(data.device).eval())
-        out = {}
+        net = QNetwork.from_states([load_checkpoint(p)[0] for p in paths], data.device)  # a seed ensemble: K > 1
+        k, out = len(paths), {}
         for w in ("val", "test"):
-            with torch.no_grad():  # as Trainer.q_all
+            with torch.no_grad():  # its mean Q, as the trainer scored it
                 chunks = window_bars(data, getattr(fold, w))
-                q = torch.stack([torch.cat([net.q_all(data.states(t)) for t in chunks]) for net in nets]).mean(0)
+                q = torch.cat([net.q_all(data.states(t).unsqueeze(0).expand(k, -1, -1)) for t in chunks], 1).mean(0)
             out[w] = q - q.mean(-1, keepdim=True)
         if combine == "vote":
             return {w: votes(a) for w, a in out.items()}

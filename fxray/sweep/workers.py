@@ -7,8 +7,9 @@
                  for result in workers.run_folds(w, cfg, folds, seed, ckpt_dir):  -> FoldResult dicts
 
 A FoldWorker `ray.get`s the arrays once (zero-copy, read-only) and uploads them
-into one DeviceData for its whole life; it caches a Trainer per config, so the
-folds of a trial reuse networks, replay and the captured CUDA graph. Trials reach
+into one DeviceData for its whole life; its folds are trained through its Gatherer
+(fxray.sweep.gather), which keeps a Trainer per shape, so the folds of a trial (and the
+trials after it) reuse networks, replay and the captured CUDA graph. Trials reach
 the workers through fxray.sweep.leases (the pool of leases, and the stream of a trial's
 folds on them); they never import torch nor touch CUDA (a 0-GPU Ray process can see
 every GPU). A worker that dies is restarted by Ray and reloads from the object
@@ -17,12 +18,10 @@ store; the trial that was using it retries its fold there.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import ray
@@ -30,8 +29,6 @@ import ray
 from fxray.data.arrays import host_arrays
 from fxray.sweep.cluster import check_object_store
 from fxray.sweep.leases import WorkerPool, Workers
-
-TRAINER_CACHE = 2  # Trainers (networks + replay + graph) a worker keeps, most recent first
 
 
 def put_market(market) -> ray.ObjectRef:
@@ -135,19 +132,17 @@ class DeviceWorker:
         arrays = ray.get(arrays_ref[0])  # zero-copy read-only views into the object store
         self.data = DeviceData(arrays, device=self.device, dtype=dtype)
         del arrays  # the device copy is all we need; the views pin nothing afterwards
-        self.index, self.n_loads, self.n_calls, self.n_trainers = index, 1, 0, 0
+        self.index, self.n_loads, self.n_calls = index, 1, 0
         # unix times of the start-up steps, for scripts/sweep_report.py
         self.timeline = {"init": t_init, "imported": t_imported, "loaded": time.time()}
         self.load_s = self.timeline["loaded"] - t_imported
         with warnings.catch_warnings():  # the property warns about an API it uses internally
             warnings.simplefilter("ignore")
             self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        self.trainers: OrderedDict = OrderedDict()
-        self.gatherer = None  # population > 1: the folds of up to K trials, trained together
-        if population > 1:
-            from fxray.sweep.gather import WAIT_S, Gatherer
+        from fxray.sweep.gather import WAIT_S, Gatherer
 
-            self.gatherer = Gatherer(self.data, population, WAIT_S if gather_wait_s is None else gather_wait_s)
+        # every fold this worker trains: up to `population` trials at once (1: one at a time)
+        self.gatherer = Gatherer(self.data, population, WAIT_S if gather_wait_s is None else gather_wait_s)
         self.cancelled: set = set()  # tokens whose queued folds are no longer wanted
         self.calls: list = []  # per call: [start, end (unix s), token, fold k, status]
         self.running: list | None = None  # [start, token, fold k] of the fold training now
@@ -190,9 +185,7 @@ class DeviceWorker:
             return
         small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
         self._train(small, fold, 0, None, None, warmup=True)
-        self.trainers.pop(json.dumps(small, sort_keys=True), None)  # never used again
-        if self.gatherer is not None:
-            self.gatherer.forget(small)
+        self.gatherer.forget(small)  # its trainer is never used again
         self.calls.append([t0, time.time(), None, fold["k"], "warmup"])
 
     def vote(self, results: dict) -> dict:
@@ -203,34 +196,16 @@ class DeviceWorker:
         return vote_of_full_trials(results, data=self.data)
 
     def _train(self, config, fold, seed, checkpoint_dir, stop, warmup=False) -> dict:
-        from fxray.data.folds import Fold
         from fxray.rl.config import make_config
         from fxray.rl.device import DTYPES
-        from fxray.rl.ensemble import make_trainer
 
-        if self.gatherer is not None:
-            cfg = make_config(config)
-            if DTYPES[cfg.dtype] != self.data.dtype:
-                raise ValueError(
-                    f"dqn.dtype {cfg.dtype!r} differs from the worker's data "
-                    f"({self.data.dtype}); the storage dtype is fixed per sweep"
-                )
-            return self.gatherer.train(config, fold, seed, checkpoint_dir, stop, warmup)
-        key = json.dumps(config, sort_keys=True)
-        trainer = self.trainers.pop(key, None)
-        if trainer is None:
-            cfg = make_config(config)
-            if DTYPES[cfg.dtype] != self.data.dtype:
-                raise ValueError(
-                    f"dqn.dtype {cfg.dtype!r} differs from the worker's data "
-                    f"({self.data.dtype}); the storage dtype is fixed per sweep"
-                )
-            trainer = make_trainer(self.data, cfg)  # an EnsembleTrainer with seeds > 1
-            self.n_trainers += 1
-        self.trainers[key] = trainer
-        while len(self.trainers) > TRAINER_CACHE:
-            self.trainers.popitem(last=False)
-        return trainer.run_fold(Fold.from_dict(fold), seed, checkpoint_dir=checkpoint_dir, stop=stop).as_dict()
+        cfg = make_config(config)
+        if DTYPES[cfg.dtype] != self.data.dtype:
+            raise ValueError(
+                f"dqn.dtype {cfg.dtype!r} differs from the worker's data ({self.data.dtype}); "
+                "the storage dtype is fixed per sweep"
+            )
+        return self.gatherer.train(config, fold, seed, checkpoint_dir, stop, warmup)
 
     @ray.method(concurrency_group="control")
     def cancel(self, token: str) -> None:
@@ -243,10 +218,10 @@ class DeviceWorker:
             "index": self.index,
             "n_loads": self.n_loads,
             "n_calls": self.n_calls,
-            "n_trainers": self.n_trainers,
-            "populations": list(self.gatherer.sizes) if self.gatherer is not None else [],
-            "population_runs": list(self.gatherer.runs) if self.gatherer is not None else [],
-            "capture_retries": self.gatherer.capture_retries if self.gatherer is not None else 0,
+            "n_trainers": self.gatherer.built,
+            "populations": list(self.gatherer.sizes),
+            "population_runs": list(self.gatherer.runs),
+            "capture_retries": self.gatherer.capture_retries,
             "calls": list(self.calls),
             "running": self.running,
             "restarted": self.restarted,

@@ -1,0 +1,81 @@
+"""A fold's checkpoint folder: each member's kept weights, or the marker of a fold left flat.
+
+    <dir>/fold<k>.safetensors + fold<k>.json          a solo trial's fold: weights + sidecar
+    <dir>/fold<k>.m<i>.safetensors + .json            member i of a seed ensemble's fold
+    <dir>/fold<k>.abstained.json                      a fold the learner abstained on (no weights)
+
+The sidecar holds the config, the fold, the kept epoch, its val and test metrics and the
+fold's train-slice normalisation the weights expect (a policy needs it to run). Every file is
+written to a temporary name beside it and renamed: never half a file. The marker tells the
+folder's readers (the sweep's vote, fxray export) that the fold said "flat" rather than lost
+its weights. Importing this module imports no torch (the vote's and export's refusals run
+before any data or network is opened).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+ABSTAINED = ".abstained.json"
+
+
+def marker(folder, k: int) -> Path:
+    """The marker's path for fold k of a checkpoint folder."""
+    return Path(folder) / f"fold{k}{ABSTAINED}"
+
+
+def abstained(folder, k: int) -> bool:
+    """Whether fold k of a checkpoint folder is a fold the learner abstained on."""
+    return marker(folder, k).exists()
+
+
+def abstained_folds(folder) -> tuple[int, ...]:
+    """Every fold of a checkpoint folder that the learner abstained on, in order."""
+    return tuple(sorted(int(p.name[4 : -len(ABSTAINED)]) for p in Path(folder).glob(f"fold*{ABSTAINED}")))
+
+
+def write_atomically(path: Path, write) -> None:
+    """`write(tmp)` to a temporary file beside `path`, then renamed to it: never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_marker(folder, k: int, meta: dict) -> None:
+    """The marker of fold k (its config, fold, val and test in `meta`)."""
+    text = json.dumps({"abstained": True, **meta}, indent=1)
+    write_atomically(marker(folder, k), lambda p: Path(p).write_text(text))
+
+
+def write_checkpoint(folder, name: str, state: dict, meta: dict, mean, inv_std) -> Path:
+    """<folder>/<name>.safetensors (`state`: a plain network's weights by name) and its sidecar
+    <name>.json (`meta`, and the normalisation `mean` and `inv_std`, float32 values as JSON floats:
+    an exact round trip). Returns the weights' path."""
+    from safetensors.torch import save_file
+
+    stem = Path(folder) / name
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    meta = {**meta, "normalisation": {"mean": mean.tolist(), "inv_std": inv_std.tolist()}}
+    for suffix, write in (
+        (".safetensors", lambda p: save_file(tensors, p)),
+        (".json", lambda p: Path(p).write_text(json.dumps(meta, indent=1))),
+    ):
+        write_atomically(Path(str(stem) + suffix), write)
+    return Path(str(stem) + ".safetensors")  # not with_suffix: a member's stem fold<k>.m<i> has a dot
+
+
+def load_checkpoint(path) -> tuple[dict, dict]:
+    """(state tensors, sidecar metadata) of a checkpoint written by write_checkpoint."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    return load_file(str(path)), json.loads(path.with_suffix(".json").read_text())
