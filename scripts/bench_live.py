@@ -50,8 +50,8 @@ def make_policy(workdir: Path) -> Path:
     market = cache.open(path)
     fold = make_folds(market.ts, FoldSpec(train="4d", val="2d", test="2d", max_folds=1))[0]
     cfg = DQNConfig(epochs=1, steps_per_epoch=5, num_envs=32, batch_size=128, buffer_steps=64, episode_len=64)
-    trainer = Trainer(DeviceData(market, "cpu"), cfg)
-    trainer.run_fold(fold, seed=0, checkpoint_dir=workdir / "ckpt")
+    trainer = Trainer(DeviceData(market, "cpu"), [cfg])
+    trainer.run_fold(fold, [0], checkpoint_dirs=[workdir / "ckpt"])
     out = workdir / "policy"
     members = choose([load_candidate(workdir / "ckpt" / "fold0.safetensors")], "last")
     export_bundle(members, market, out, model="last", source={"kind": "bench"})
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
             "onnx_max_abs_diff_vs_torch": manifest["onnx"]["max_abs_diff_vs_torch"],
             "bars": len(bars),
             "source": str(args.bars),
-            "network": f"{net['hidden']}x{net['depth']} dueling={net['dueling']}",
+            "network": f"{net['hidden']}x{net['depth']} dueling",
             "cpu": os.cpu_count(),
             "engines": {e: bench(policy_dir, bars, e) for e in args.engines.split(",")},
         }

@@ -10,7 +10,7 @@ captured in a CUDA graph (on CUDA), and `--steps` steps timed after a warm-up. P
 the step time, gradient samples/s (K x batch per step), env steps/s (K x agents), the speed-up
 of samples/s over K = 1, the batched val backtest of all K members, and GPU memory:
 torch.cuda.max_memory_allocated() over the run of that K, less the resident market, per member.
-A row "alone" is today's Trainer step at K = 1 (fxray.rl.trainer.Trainer) for reference.
+K = 1 is a solo trial (the same code: fxray.rl.trainer.Trainer).
 K doubles until --max-k, or until the next K would not fit (the last peak x 2 > 90 % of the
 device), or a CUDA out-of-memory error (a row says so). The market is random (throughput does
 not depend on what is learned).
@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fxray.data.folds import Fold  # noqa: E402
 from fxray.rl.config import DQNConfig  # noqa: E402
 from fxray.rl.device import DeviceData  # noqa: E402
-from fxray.rl.population_trainer import PopulationTrainer  # noqa: E402
 from fxray.rl.trainer import Trainer  # noqa: E402
 
 # (bars, val bars, sizes as (batch, agents), steps timed, max K, hidden)
@@ -109,19 +108,6 @@ def run(args) -> list[dict]:
     total = torch.cuda.get_device_properties(dev).total_memory if cuda else 0
     rows = []
     for batch, envs in args.sizes:
-        # today's single trainer, for reference
-        cfg = members(1, batch, envs, args.hidden, args.steps)[0]
-        # what run_fold sets before it trains (the precision is process-wide in torch)
-        torch.backends.cuda.matmul.allow_tf32 = cfg.matmul == "tf32"
-        trainer = Trainer(data, cfg)
-        trainer._begin(fold, 0)
-        if trainer.use_graph:
-            trainer._capture()
-        step = trainer.graph.replay if trainer.graph is not None else trainer._step
-        s = timed_steps(step, args.steps, sync)
-        rows.append(row("alone", 1, batch, envs, s, None, None))
-        say(f"batch {batch} x {envs} agents, Trainer alone: {s * 1e3:.2f} ms/step")
-        del trainer, step
         k, base = 1, None
         peak_last = 0
         while k <= args.max_k:
@@ -134,14 +120,14 @@ def run(args) -> list[dict]:
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats(dev)
                 t_build = time.perf_counter()
-                pop = PopulationTrainer(data, members(k, batch, envs, args.hidden, args.steps))
-                pop.algo.q_network.split_k &= not args.no_split_k
+                pop = Trainer(data, members(k, batch, envs, args.hidden, args.steps))
+                pop.dqn.q_network.split_k &= not args.no_split_k
                 pop._begin(fold, list(range(k)))
                 if pop.use_graph:
                     pop._capture()
                 sync()
                 setup = time.perf_counter() - t_build
-                step = pop.graph.replay if pop.graph is not None else pop.algo.step
+                step = pop.graph.replay if pop.graph is not None else pop.dqn.step
                 s = timed_steps(step, args.steps, sync)
                 t0 = time.perf_counter()
                 pop.evaluate(fold.val, list(range(k)))

@@ -71,10 +71,10 @@ def main(argv=None) -> int:
     tol = 0.0 if device == "cpu" else 1e-3
     with tempfile.TemporaryDirectory() as ckpt:
         for trial in res["trials"]:
-            trainer = Trainer(data, make_config(trial["config"]))
+            trainer = Trainer(data, [make_config(trial["config"])])
             for rec in trial["folds"]:
                 t = time.time()
-                out = trainer.run_fold(folds[rec["fold"]], seed, checkpoint_dir=f"{ckpt}/{trial['trial_id']}")
+                (out,) = trainer.run_fold(folds[rec["fold"]], [seed], checkpoint_dirs=[f"{ckpt}/{trial['trial_id']}"])
                 fold_s += time.time() - t
                 diff = abs(float(out.val.get("sharpe", 0.0)) - rec["val"]["sharpe"])
                 worst, n = max(worst, diff), n + 1

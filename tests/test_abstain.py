@@ -13,11 +13,10 @@ import pytest
 import torch
 from test_demo import market_data  # noqa: F401 (a fixture)
 from test_gather import submit_all
-from test_population import BASE, assert_same_fold
+from test_learner import BASE, alone, assert_same_fold
 
 from fxray.rl import frontend
 from fxray.rl.config import ConfigError, DQNConfig
-from fxray.rl.ensemble import EnsembleTrainer
 from fxray.rl.trainer import FoldResult, Trainer
 from fxray.sweep.gather import Gatherer
 from fxray.track.records import FoldRecord
@@ -47,11 +46,11 @@ def test_a_fold_whose_screen_keeps_nothing_is_flat_and_untrained(market_data, tm
     data, fold = market_data
     data.set_fold(fold)
     assert frontend.screened_inputs(data, fold, NOTHING.cost, NOTHING.fill, NOTHING.screen_t).numel() == 0
-    trainer = Trainer(data, NOTHING)
-    before = [p.detach().clone() for p in trainer.algo.params]
-    result = trainer.run_fold(fold, seed=0, checkpoint_dir=tmp_path)
+    trainer = Trainer(data, [NOTHING])
+    before = [p.detach().clone() for p in trainer.dqn.params]
+    (result,) = trainer.run_fold(fold, [0], checkpoint_dirs=[tmp_path])
     assert_flat(result, fold)
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.algo.params))  # no step ran
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.dqn.params))  # no step ran
     (marker,) = tmp_path.iterdir()  # no weights to keep: a marker that the fold said "flat"
     assert marker.name == f"fold{fold.k}.abstained.json" and json.loads(marker.read_text())["abstained"]
     record = FoldRecord.from_result(result.as_dict())
@@ -61,7 +60,7 @@ def test_a_fold_whose_screen_keeps_nothing_is_flat_and_untrained(market_data, tm
     row = fold_table([result.as_dict()]).splitlines()[2].split()
     assert row[:3] == [str(fold.k), "flat", "-1"]  # `fxray train`'s fold table says so
     # without abstain the same config trains the fold (its policy may still end flat: a learning question)
-    trained = Trainer(data, NOTHING.replace(abstain=False)).run_fold(fold, seed=0)
+    trained = alone(data, NOTHING.replace(abstain=False), fold, 0)
     assert trained.epochs_run == 2 and not trained.abstained
 
 
@@ -69,14 +68,14 @@ def test_where_the_screen_keeps_inputs_abstain_changes_nothing(market_data):  # 
     data, fold = market_data
     data.set_fold(fold)
     assert frontend.screened_inputs(data, fold, SOME.cost, SOME.fill, SOME.screen_t).numel() > 0
-    got = Trainer(data, SOME).run_fold(fold, seed=3)
+    got = alone(data, SOME, fold, 3)
     assert not got.abstained and got.epochs_run == 2
-    assert_same_fold(Trainer(data, SOME.replace(abstain=False)).run_fold(fold, seed=3), got)
+    assert_same_fold(alone(data, SOME.replace(abstain=False), fold, 3), got)
 
 
 def test_a_seed_ensemble_abstains_as_one_policy(market_data):  # noqa: F811
     data, fold = market_data
-    result = EnsembleTrainer(data, NOTHING.replace(seeds=2)).run_fold(fold, seed=0)
+    result = alone(data, NOTHING.replace(seeds=2), fold, 0)
     assert_flat(result, fold)
     assert result.seed_spread == {}  # no member trained
 
@@ -90,7 +89,7 @@ def test_a_sweep_workers_population_trains_only_the_requests_that_do_not_abstain
     )
     flat, trained = (FoldResult(**{k: v for k, v in r.items() if k != "population"}) for r in results)
     assert_flat(flat, fold)
-    assert_same_fold(Trainer(data, keeps).run_fold(fold, seed=1), trained)
+    assert_same_fold(alone(data, keeps, fold, 1), trained)
 
 
 @pytest.mark.parametrize(
@@ -114,10 +113,10 @@ def test_the_sweeps_vote_reads_an_abstained_fold_as_a_flat_member(market_data, t
 
     data, fold = market_data
     trains = SOME.replace(abstain=False)
-    trained = Trainer(data, trains).run_fold(fold, seed=2, checkpoint_dir=tmp_path / "checkpoints" / "a")
+    trained = alone(data, trains, fold, 2, tmp_path / "checkpoints" / "a")
     assert trained.test["n_trades"] > 0
     for name in ("b", "c"):
-        assert Trainer(data, NOTHING).run_fold(fold, checkpoint_dir=tmp_path / "checkpoints" / name).abstained
+        assert alone(data, NOTHING, fold, 0, tmp_path / "checkpoints" / name).abstained
     ppy = data.calendar.periods_per_year
     trials = [
         {"trial_id": name, "status": "ok", "folds_done": 1, "config": cfg.as_dict(), "val": {"sharpe": v}}
@@ -129,9 +128,9 @@ def test_the_sweeps_vote_reads_an_abstained_fold_as_a_flat_member(market_data, t
     marker = tmp_path / "checkpoints" / "c" / f"fold{fold.k}.abstained.json"
     marker.rename(marker.with_suffix(".kept"))
     assert [p.parent.name for p in missing_checkpoints(results, trials)] == ["c"]  # no marker, no weights: missing
-    alone = pooled.pooled([trained.test_periods], trains.cost, ppy)
-    assert combined[1]["test"]["n_trades"] == alone["n_trades"]
-    assert combined[1]["test"]["sharpe"] == pytest.approx(alone["sharpe"], rel=1e-6)
+    want = pooled.pooled([trained.test_periods], trains.cost, ppy)
+    assert combined[1]["test"]["n_trades"] == want["n_trades"]
+    assert combined[1]["test"]["sharpe"] == pytest.approx(want["sharpe"], rel=1e-6)
     # two flat votes of three: no position at any bar; with two members each of "a"'s moves ties
     # with a flat vote, and a tie takes the lower action index: short where "a" is short, else flat
     assert combined[3]["test"]["n_trades"] == 0 and combined[3]["test"]["sharpe"] == 0.0
@@ -146,9 +145,9 @@ def test_export_refuses_last_when_the_last_fold_abstained(market_data, synth_cac
 
     data, fold = market_data
     ckpts = tmp_path / "ckpts"
-    Trainer(data, SOME.replace(abstain=False)).run_fold(fold, seed=0, checkpoint_dir=ckpts)
+    alone(data, SOME.replace(abstain=False), fold, 0, ckpts)
     later = type(fold)(fold.k + 1, fold.train, fold.val, fold.test)  # another fold (its k), same bars
-    assert Trainer(data, NOTHING).run_fold(later, checkpoint_dir=ckpts).abstained
+    assert alone(data, NOTHING, later, 0, ckpts).abstained
     args = [str(ckpts), "--data", str(synth_cache)]
     assert export.main([*args, "--out", str(tmp_path / "last")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
@@ -156,6 +155,6 @@ def test_export_refuses_last_when_the_last_fold_abstained(market_data, synth_cac
     assert not (tmp_path / "last").exists()
     assert export.main([*args, "--out", str(tmp_path / "older"), "--model", f"fold:{fold.k}"]) == 0
     only_flat = tmp_path / "flat"
-    Trainer(data, NOTHING).run_fold(fold, checkpoint_dir=only_flat)
+    alone(data, NOTHING, fold, 0, only_flat)
     assert export.main([str(only_flat), "--data", str(synth_cache), "--out", str(tmp_path / "none")]) == 2
     assert "abstained on every fold" in capsys.readouterr().err

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_population import BASE, assert_same_fold, without_timings
-from test_trainer import FOLDS
+from test_learner import BASE, FOLDS, alone, assert_same_fold, without_timings
 
 from fxray.data import cache
 from fxray.data.folds import make_folds
@@ -18,7 +17,6 @@ from fxray.eval import backtest, baselines
 from fxray.rl import demo
 from fxray.rl.config import ConfigError, DQNConfig
 from fxray.rl.device import DeviceData
-from fxray.rl.population_trainer import PopulationTrainer
 from fxray.rl.trainer import Trainer
 
 
@@ -75,67 +73,52 @@ def test_the_table_is_the_ridge_rules_path_on_the_train_slice_only(market_data):
 def test_the_loss_is_the_td_loss_plus_the_weighted_margin_term(market_data):
     data, fold = market_data
     cfg = BASE.replace(demo=2.0, demo_margin=0.5, epochs=1, steps_per_epoch=5)
-    trainer = Trainer(data, cfg)
-    trainer.run_fold(fold, seed=0)
-    learner, replay = trainer.algo.learner, trainer.algo.replay
-    assert torch.equal(learner.demo_table, demo.fit(data, fold, cfg.cost, cfg.fill))
-    step, env = replay.sample_indices(64)
-    noise = torch.randn(128, data.n_inputs, generator=torch.Generator().manual_seed(2))
-    got, q_got = learner.td_loss(data, replay, step, env, noise)
-    demo_weight, learner.cfg = cfg.demo, cfg.replace(demo=0.0)  # the same learner, TD alone
-    td, q_td = learner.td_loss(data, replay, step, env, noise)
-    learner.cfg = cfg
-    t, position = replay.t[step % replay.S, env], replay.position[step % replay.S, env]
-    q = learner.q_network(data.states(t) + noise[:64], position).detach()
+    trainer = Trainer(data, [cfg])
+    trainer.run_fold(fold, [0])
+    dqn = trainer.dqn
+    assert torch.equal(dqn.demo_table[0], demo.fit(data, fold, cfg.cost, cfg.fill))
+    step, env = dqn.sample_indices()
+    noise = torch.randn(1, 128, data.n_inputs, generator=torch.Generator().manual_seed(2))
+    got, q_got = dqn.td_loss(step, env, noise)
+    dqn.demo_weight.zero_()  # the same learner, TD alone
+    td, q_td = dqn.td_loss(step, env, noise)
+    t, position = (x[0] for x in dqn.n_step_batch(step, env)[:2])
+    with torch.no_grad():
+        q = dqn.q_network((data.states(t) + noise[0, :64]).unsqueeze(0), position.unsqueeze(0))[0]
     by_hand = []
     for i in range(64):
-        e = int(learner.demo_table[t[i], int(position[i]) + 1])
+        e = int(dqn.demo_table[0, t[i], int(position[i]) + 1])
         by_hand.append(max(float(q[i, a]) + (0.0 if a == e else 0.5) for a in range(3)) - float(q[i, e]))
-    assert got.item() == pytest.approx(td.item() + demo_weight * sum(by_hand) / 64, rel=1e-5)
+    assert got.item() == pytest.approx(td.item() + cfg.demo * sum(by_hand) / 64, rel=1e-5)
     assert torch.equal(q_got, q_td) and sum(by_hand) > 0
-    # update all_actions adds the same term on its sampled states
-    actions = cfg.replace(update="all_actions")
-    learner.cfg = actions
-    with_demo = learner.td_loss(data, replay, step, env, noise)[0]
-    learner.cfg = actions.replace(demo=0.0)
-    alone = learner.td_loss(data, replay, step, env, noise)[0]
-    assert with_demo.item() == pytest.approx(alone.item() + demo_weight * sum(by_hand) / 64, rel=1e-5)
 
 
 def test_demonstrations_change_what_is_learned(market_data):
     data, fold = market_data
-    plain = Trainer(data, BASE).run_fold(fold, seed=0)
-    shown = Trainer(data, BASE.replace(demo=1.0)).run_fold(fold, seed=0)
+    plain = alone(data, BASE, fold, 0)
+    shown = alone(data, BASE.replace(demo=1.0), fold, 0)
     assert without_timings(plain.curve) != without_timings(shown.curve)
 
 
 def test_members_with_demonstrations_train_what_they_train_alone(market_data):
-    """Each member its own weight, margin and cost (the rule depends on the cost); a member
-    without demonstrations beside them trains bit for bit what it trains alone."""
+    """Each member its own weight and margin (the rule is the fold's, at the population's cost);
+    every member, with demonstrations or without, trains bit for bit what it trains alone."""
     data, fold = market_data
-    members = [
-        BASE.replace(demo=1.0),
-        BASE.replace(demo=0.5, demo_margin=0.3, cost=1e-5, lr=1e-3),
-        BASE.replace(n_step=3),
-    ]
+    members = [BASE.replace(demo=1.0), BASE.replace(demo=0.5, demo_margin=0.3, lr=1e-3), BASE.replace(n_step=3)]
     seeds = [3, 5, 3]
-    population = PopulationTrainer(data, members)
+    population = Trainer(data, members)
     results = population.run_fold(fold, seeds)
     for k, (cfg, seed) in enumerate(zip(members, seeds)):
-        alone = Trainer(data, cfg)
-        result = alone.run_fold(fold, seed)
-        ours, theirs = population.algo.state_dict(k), alone.algo.state_dict()
-        if cfg.demo == 0:
-            assert_same_fold(result, results[k])
-            assert all(torch.equal(ours[n], theirs[n]) for n in theirs), k
-        else:  # the margin term's mean over (K, B) rows rounds apart from alone's over (B,)
-            assert torch.equal(population.algo.demo_table[k], alone.algo.learner.demo_table)
-            assert all(torch.allclose(ours[n], theirs[n], rtol=1e-4, atol=1e-5) for n in theirs), k
-            assert results[k].best_epoch == result.best_epoch
-    assert not torch.equal(population.algo.demo_table[0], population.algo.demo_table[1])  # two costs, two rules
+        solo = Trainer(data, [cfg])
+        (result,) = solo.run_fold(fold, [seed])
+        assert_same_fold(result, results[k])
+        ours, theirs = population.dqn.state_dict(k), solo.dqn.state_dict(0)
+        assert all(torch.equal(ours[n], theirs[n]) for n in theirs), k
+        if cfg.demo > 0:
+            assert torch.equal(population.dqn.demo_table[k], solo.dqn.demo_table[0])
     # reconfigured without demonstrations: the table goes, the structure changes
     population.configure([BASE, BASE, BASE])
-    assert population.algo.demo_table is None and population.algo.structure[2] is False
+    assert population.dqn.demo_table is None and population.dqn.structure[2] is False
 
 
 @pytest.mark.parametrize(

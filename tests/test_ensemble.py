@@ -1,94 +1,20 @@
-"""fxray.rl.ensemble: S seeds of one config as one population, scored as their mean-Q policy.
-
-The reference is independent of the population: each seed trained alone by the Trainer, its
-kept weights' Q-values on the window averaged by hand and backtested."""
+"""Seed ensembles end to end: the train CLI's ensemble fold, its members' checkpoints, their export
+as one policy, the vote that reads them, and the summary's seed spread. The ensemble's maths
+(the mean-Q policy of its seeds, each trained alone) is checked in tests/test_learner.py."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-import torch
-from test_population import BASE, market_data  # noqa: F401 (a fixture)
+from test_learner import BASE, market_data  # noqa: F401 (a fixture)
 
-from fxray.eval.backtest import backtest
-from fxray.rl.ensemble import EnsembleTrainer, make_trainer, member_seeds
-from fxray.rl.trainer import FoldResult, Trainer
-from fxray.sweep.gather import Gatherer
-from fxray.track.records import FoldRecord
+from fxray.rl.trainer import Trainer
 
 CFG = BASE.replace(epochs=3, seeds=3)
-
-
-def alone_reference(data, fold, cfg, seed):
-    """Each member seed alone (Trainer), then the mean of their Q on val and test, backtested."""
-    q = {"val": [], "test": []}
-    singles = []
-    for s in member_seeds(seed, cfg.seeds):
-        trainer = Trainer(data, cfg.replace(seeds=1))
-        singles.append(trainer.run_fold(fold, s))
-        for w in q:  # the trainer ends a fold holding its kept weights
-            q[w].append(trainer.q_all(getattr(fold, w)))
-    data.set_fold(fold)
-    out = {
-        w: backtest(torch.stack(q[w]).mean(0), data.window(getattr(fold, w), cfg.fill), cfg.cost)
-        for w in ("val", "test")
-    }
-    return singles, out
-
-
-def test_the_ensemble_is_the_mean_q_policy_of_its_seeds_each_trained_as_alone(market_data):  # noqa: F811
-    data, fold = market_data
-    result = make_trainer(data, CFG).run_fold(fold, seed=4)
-    singles, ref = alone_reference(data, fold, CFG, 4)
-    assert result.status == "ok" and result.checkpoint is None
-    assert result.val == ref["val"].metrics.__dict__ and result.test == ref["test"].metrics.__dict__
-    assert result.val_periods == ref["val"].periods.as_dict() and result.test_periods == ref["test"].periods.as_dict()
-    spread = result.seed_spread
-    assert spread["seeds"] == [4, 4 + 7919, 4 + 2 * 7919] and spread["status"] == ["ok"] * 3
-    assert spread["val_sharpe"] == [s.val["sharpe"] for s in singles]
-    assert spread["test_sharpe"] == [s.test["sharpe"] for s in singles]
-    assert len(set(spread["test_sharpe"])) == 3  # three different seeds, not one three times
-    # the record: the ensemble's numbers, the seeds' spread beside them, logged to MLflow
-    rec = FoldRecord.from_result(result.as_dict())
-    assert rec.seeds == 3 and rec.seed_test_sharpe == spread["test_sharpe"]
-    assert abs(rec.seed_test_sharpe_std - torch.tensor(spread["test_sharpe"], dtype=torch.float64).std().item()) < 1e-9
-    assert "seed_test_sharpe_std" in rec.mlflow_metrics() and rec.test["sharpe"] == result.test["sharpe"]
-
-
-def test_one_seed_is_the_trainer_and_a_stopped_ensemble_is_cancelled(market_data):  # noqa: F811
-    data, fold = market_data
-    assert type(make_trainer(data, CFG.replace(seeds=1))) is Trainer
-    stopped = EnsembleTrainer(data, CFG).run_fold(fold, seed=0, stop=lambda: True)
-    assert stopped.status == "cancelled" and stopped.seed_spread["status"] == ["cancelled"] * 3
-
-
-def test_a_worker_trains_an_ensemble_as_a_population_of_its_own(market_data):  # noqa: F811
-    """Through the Gatherer (a population sweep's worker): the ensemble request is not mixed
-    with a plain request of the same fold, and each gets what it gets alone."""
-    data, fold = market_data
-    gatherer = Gatherer(data, k_max=4, wait_s=0.5, pad=False)
-    plain = CFG.replace(seeds=1, lr=2e-3)
-    out = {}
-
-    def call(name, cfg, seed):
-        out[name] = gatherer.train(cfg.as_dict(), fold.as_dict(), seed)
-
-    threads = [threading.Thread(target=call, args=a) for a in (("ens", CFG, 4), ("plain", plain, 1))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert sorted(gatherer.sizes) == [1, 1]
-    alone = EnsembleTrainer(data, CFG).run_fold(fold, seed=4).as_dict()
-    for key in ("status", "val", "test", "val_periods", "test_periods", "seed_spread"):
-        assert out["ens"][key] == alone[key], key
-    single = Trainer(data, plain).run_fold(fold, 1)
-    assert FoldResult(**{k: v for k, v in out["plain"].items() if k != "population"}).test == single.test
 
 
 def test_train_cli_with_seeds_reports_the_ensemble_and_its_seeds(tmp_path, synth_cache, short_folds_experiment):
@@ -174,8 +100,8 @@ def test_a_checkpointed_ensemble_writes_its_members_and_the_vote_reads_them_as_i
 
     data, fold = market_data
     folder = tmp_path / "checkpoints" / "a"
-    result = EnsembleTrainer(data, CFG).run_fold(fold, seed=4, checkpoint_dir=folder)
-    plain = EnsembleTrainer(data, CFG).run_fold(fold, seed=4)
+    (result,) = Trainer(data, [CFG]).run_fold(fold, [4], checkpoint_dirs=[folder])
+    (plain,) = Trainer(data, [CFG]).run_fold(fold, [4])
     assert result.test == plain.test and result.val_score == plain.val_score
     names = sorted(p.name for p in folder.glob("*.safetensors"))
     assert names == [f"fold{fold.k}.m{i}.safetensors" for i in range(3)] and result.checkpoint.endswith(names[0])
@@ -196,17 +122,3 @@ def test_a_checkpointed_ensemble_writes_its_members_and_the_vote_reads_them_as_i
     vote = combine_trials(results, data, sizes=[1], combine="vote")[1]["test"]
     want = pooled.pooled([result.test_periods], CFG.cost, ppy)
     assert vote["n_trades"] == want["n_trades"] > 0 and vote["sharpe"] == pytest.approx(want["sharpe"], rel=1e-6)
-
-
-def test_rescore_of_a_seed_ensemble_says_why_in_one_line(tmp_path, capsys):
-    """scripts/rescore.py reads one network a fold: a seed ensemble's best trial is refused in
-    one line naming the file, before any data is opened."""
-    import runpy
-
-    res = tmp_path / "results.json"
-    trial = {"trial_id": "0007", "config": {"seeds": 3}}
-    res.write_text(json.dumps({"best": {"trial_id": "0007"}, "trials": [trial], "data": {"path": "nowhere"}}))
-    rescore = runpy.run_path("scripts/rescore.py")
-    assert rescore["main"]([str(res)]) == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(f"rescore: error: {res}: the best trial is a seed ensemble (seeds = 3)")

@@ -12,7 +12,7 @@ from fxray.data.schema import CALENDAR_INDICES
 from fxray.rl import frontend
 from fxray.rl.config import ConfigError, DQNConfig
 from fxray.rl.device import DeviceData
-from fxray.rl.dqn import DQN, QNetwork
+from fxray.rl.network import QNetwork, initial_weights
 from fxray.rl.trainer import Trainer
 
 
@@ -78,14 +78,14 @@ def test_the_front_end_sees_nothing_after_its_train_slice(synth_cache):
 
 
 def test_the_network_with_its_front_is_the_plain_network_it_folds_into():
-    torch.manual_seed(0)
-    net = QNetwork(50, 32, 2, True, front=frontend.N_FRONT)
-    with torch.no_grad():
-        net.front_w.normal_()
-        net.front_b.normal_()
-    plain = QNetwork(50, 32, 2, True)
-    plain.load_state_dict(net.plain_state())
-    market, position = torch.randn(64, 50), torch.randint(-1, 2, (64,))
+    net = QNetwork(2, 50, 32, 2, "cpu", front=frontend.N_FRONT)
+    for k in range(2):
+        net.load_member(k, initial_weights(frontend.N_FRONT, 32, 2, k))
+    g = torch.Generator().manual_seed(0)
+    net.front_w.copy_(torch.randn(net.front_w.shape, generator=g))
+    net.front_b.copy_(torch.randn(net.front_b.shape, generator=g))
+    plain = QNetwork.from_states([net.state(0), net.state(1)])
+    market, position = torch.randn(2, 64, 50), torch.randint(-1, 2, (2, 64))
     assert torch.allclose(plain(market, position), net(market, position), atol=1e-5)
     assert torch.allclose(plain.q_all(market), net.q_all(market), atol=1e-5)
     # the front is applied: a network reading the raw inputs into the same first layer differs
@@ -97,18 +97,16 @@ def test_a_ridge_fold_trains_checkpoints_a_plain_network_and_reads_its_predictio
     cfg = DQNConfig(
         hidden=32, num_envs=16, batch_size=64, buffer_steps=32, episode_len=20, steps_per_epoch=5, epochs=1
     ).replace(inputs="ridge")
-    trainer = Trainer(data, cfg)
-    result = trainer.run_fold(fold, seed=0)
+    trainer = Trainer(data, [cfg])
+    (result,) = trainer.run_fold(fold, [0])
     assert result.status == "ok"
-    algo = trainer.algo
-    assert isinstance(algo, DQN)
+    dqn = trainer.dqn
     A, c = frontend.fit(data, fold, cfg.fill)
-    assert torch.equal(algo.learner.q_network.front_w, A) and torch.equal(algo.learner.target_network.front_b, c)
-    plain = QNetwork(data.n_inputs, cfg.hidden, cfg.depth, cfg.dueling)
-    plain.load_state_dict(algo.state_dict())
+    assert torch.equal(dqn.q_network.front_w, A) and torch.equal(dqn.target_network.front_b, c)
+    plain = QNetwork.from_states([dqn.state_dict(0)])
     x = data.states(torch.arange(*fold.test))
-    assert torch.allclose(plain.q_all(x), algo.q_all(x), atol=1e-4)
-    keep = algo.learner.noise_keep  # input noise reaches the clock only
+    assert torch.allclose(plain.q_all(x.unsqueeze(0))[0], dqn.q_all(x, [0])[0], atol=1e-4)
+    keep = dqn.noise_std[0, 0] > 0  # input noise reaches the clock only
     assert keep.sum() == len(CALENDAR_INDICES) and bool(keep[list(CALENDAR_INDICES)].all())
 
 
@@ -120,7 +118,7 @@ def test_inputs_refusals_are_one_line():
 @pytest.mark.parametrize("override", [{"sweep.population": 4}, {"dqn.seeds": 2}])
 def test_the_shipped_experiment_trains_its_front_end_in_a_population(override):
     """--population K or --set seeds=S on the shipped default experiment keep its inputs: ridge
-    (fxray.rl.population fits the fold's front end for every member: tests/test_population.py)."""
+    (the DQN fits the fold's front end for every member: tests/test_learner.py)."""
     from fxray.rl import experiment as expmod
 
     assert expmod.load(expmod.default_experiment(), "cpu", override).config.inputs == "ridge"

@@ -1,10 +1,10 @@
-"""fxray.sweep.gather: the fold requests of several callers, trained as populations (no Ray)."""
+"""fxray.sweep.gather: the fold requests of several callers, trained together (no Ray)."""
 
 from __future__ import annotations
 
 import threading
 
-from test_population import MEMBERS, SEEDS, assert_same_fold, market_data  # noqa: F401 (a fixture)
+from test_learner import MEMBERS, SEEDS, alone, assert_same_fold, market_data  # noqa: F401 (a fixture)
 
 from fxray.rl.trainer import FoldResult, Trainer
 from fxray.sweep.gather import Gatherer
@@ -34,7 +34,7 @@ def test_concurrent_requests_of_one_fold_train_as_one_population_and_get_their_o
     assert gatherer.sizes == [3] and all(r["population"] == 3 for r in results)
     for cfg, seed, got in zip(members, SEEDS, results):
         got = FoldResult(**{k: v for k, v in got.items() if k != "population"})
-        assert_same_fold(Trainer(data, cfg).run_fold(fold, seed), got)
+        assert_same_fold(alone(data, cfg, fold, seed), got)
 
 
 def test_a_padded_population_masks_its_spare_slots(market_data):  # noqa: F811
@@ -47,7 +47,7 @@ def test_a_padded_population_masks_its_spare_slots(market_data):  # noqa: F811
     for cfg, seed, got in zip(small, SEEDS, results):
         assert got["population"] == 3
         assert_same_fold(
-            Trainer(data, cfg).run_fold(fold, seed), FoldResult(**{k: v for k, v in got.items() if k != "population"})
+            alone(data, cfg, fold, seed), FoldResult(**{k: v for k, v in got.items() if k != "population"})
         )
 
 
@@ -71,12 +71,11 @@ def test_a_failed_population_gets_its_error_and_its_trainer_is_not_reused(market
     """A population that raises mid-fold (on CUDA: a graph capture) hands the error to each of its
     callers, and its trainer (whose generators may be left mid-capture) is dropped: the next
     population of that shape trains on a fresh one and gets alone's result."""
-    from fxray.rl.population_trainer import PopulationTrainer
 
     data, fold = market_data
     gatherer = Gatherer(data, k_max=2, wait_s=0.5, pad=False)
     small = MEMBERS[0].replace(epochs=1, steps_per_epoch=3)
-    real = PopulationTrainer.run_fold
+    real = Trainer.run_fold
     calls = []
 
     def fail_once(self, *args, **kwargs):
@@ -85,7 +84,7 @@ def test_a_failed_population_gets_its_error_and_its_trainer_is_not_reused(market
             raise RuntimeError("capture invalidated")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(PopulationTrainer, "run_fold", fail_once)
+    monkeypatch.setattr(Trainer, "run_fold", fail_once)
     failed = []
 
     def call():
@@ -102,19 +101,19 @@ def test_a_failed_population_gets_its_error_and_its_trainer_is_not_reused(market
     assert failed == ["capture invalidated"] * 2 and gatherer.trainers == {}
     again = gatherer.train(small.as_dict(), fold.as_dict(), 0)
     assert calls[1] != calls[0] and again["status"] == "ok"
-    alone = Trainer(data, small).run_fold(fold, 0)
-    assert_same_fold(alone, FoldResult(**{k: v for k, v in again.items() if k != "population"}))
+    solo = alone(data, small, fold, 0)
+    assert_same_fold(solo, FoldResult(**{k: v for k, v in again.items() if k != "population"}))
 
 
 def test_a_failed_capture_trains_the_population_again_on_a_fresh_trainer(market_data, monkeypatch):  # noqa: F811
     """A CaptureError (on CUDA: a graph capture invalidated) drops the trainer and trains the same
     batch once more on a fresh one: the callers get alone's results, not the error. A second
     failure in a row is handed to them."""
-    from fxray.rl.population_trainer import CaptureError, PopulationTrainer
+    from fxray.rl.trainer import CaptureError
 
     data, fold = market_data
     small = MEMBERS[0].replace(epochs=1, steps_per_epoch=3)
-    real = PopulationTrainer.run_fold
+    real = Trainer.run_fold
 
     def failing(n_failures, calls):
         def run_fold(self, *args, **kwargs):
@@ -126,17 +125,17 @@ def test_a_failed_capture_trains_the_population_again_on_a_fresh_trainer(market_
         return run_fold
 
     calls: list = []
-    monkeypatch.setattr(PopulationTrainer, "run_fold", failing(1, calls))
+    monkeypatch.setattr(Trainer, "run_fold", failing(1, calls))
     gatherer = Gatherer(data, k_max=2, wait_s=0.5, pad=False)
     results = submit_all(gatherer, [(small.as_dict(), fold.as_dict(), s, None) for s in (0, 1)])
     assert gatherer.capture_retries == 1 and len(calls) == 2 and calls[0] != calls[1]
     assert gatherer.sizes == [2] and [r["population"] for r in results] == [2, 2]
     for seed, got in zip((0, 1), results):
-        alone = Trainer(data, small).run_fold(fold, seed)
-        assert_same_fold(alone, FoldResult(**{k: v for k, v in got.items() if k != "population"}))
+        solo = alone(data, small, fold, seed)
+        assert_same_fold(solo, FoldResult(**{k: v for k, v in got.items() if k != "population"}))
 
     calls = []
-    monkeypatch.setattr(PopulationTrainer, "run_fold", failing(2, calls))
+    monkeypatch.setattr(Trainer, "run_fold", failing(2, calls))
     gatherer = Gatherer(data, k_max=1, wait_s=0.0, pad=False)
     try:
         gatherer.train(small.as_dict(), fold.as_dict(), 0)
@@ -145,3 +144,20 @@ def test_a_failed_capture_trains_the_population_again_on_a_fresh_trainer(market_
     else:
         failed = None
     assert failed == "capture invalidated" and len(calls) == 2 and gatherer.trainers == {}
+
+
+def test_seed_ensembles_of_one_shape_train_together_and_each_gets_what_it_gets_alone(market_data):  # noqa: F811
+    """A sweep's trials of seeds S join one population (their seeds are members beside each
+    other's), where a trial of another seed count trains apart."""
+    data, fold = market_data
+    gatherer = Gatherer(data, k_max=3, wait_s=5.0, pad=False)
+    ens = [MEMBERS[0].replace(epochs=2, seeds=2), MEMBERS[0].replace(epochs=2, seeds=2, lr=2e-3)]
+    one = MEMBERS[0].replace(epochs=2)
+    requests = [(c.as_dict(), fold.as_dict(), s, None) for c, s in ((ens[0], 4), (ens[1], 1), (one, 2))]
+    gatherer.wait_s = 1.0
+    results = submit_all(gatherer, requests)
+    assert sorted(gatherer.sizes) == [1, 2] and [r["population"] for r in results] == [2, 2, 1]
+    for (cfg, seed), got in zip(((ens[0], 4), (ens[1], 1), (one, 2)), results):
+        solo = alone(data, cfg, fold, seed)
+        for key in ("status", "val", "test", "val_periods", "test_periods", "seed_spread"):
+            assert got[key] == getattr(solo, key), key

@@ -5,8 +5,6 @@ Run on the GPU machine: `python -m pytest -q tests/test_gpu.py`.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -15,9 +13,8 @@ from fxray.data import cache
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.rl.config import DQNConfig
 from fxray.rl.device import DeviceData
-from fxray.rl.dqn import Learner, collect
-from fxray.rl.env import TradingEnv
-from fxray.rl.replay import Replay
+from fxray.rl.dqn import DQN
+from fxray.rl.optim import Adam
 from fxray.rl.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -33,26 +30,38 @@ CFG = DQNConfig(
     patience=3,
     matmul="fp32",
 )  # exact maths to compare
+POP = [CFG, CFG.replace(lr=1e-3, gamma=0.9, n_step=3, input_noise=0.0, tau=0.05, patience=1)]
 
 
-def filled_replay(data, cfg, steps=40, seed=0):
-    torch.manual_seed(seed)
-    env = TradingEnv(data, cfg.num_envs, cfg.episode_len, cfg.cost)
-    replay = Replay(cfg, cfg.num_envs, data.device)
-    env.reset()
-    learner = Learner(cfg, data.n_inputs, data.device)
-    learner.reset(seed)
-    for _ in range(steps):
-        collect(env, learner.q_network, replay, torch.tensor(1.0, device=data.device))
-    return replay
+def alone(data, cfg, fold, seed):
+    return Trainer(data, [cfg]).run_fold(fold, [seed])[0]
 
 
-def test_fused_adam_is_torch_adam_on_cuda():
-    from test_trainer import adam_against_torch  # tests/ is on sys.path under pytest
-
-    ours, ref = adam_against_torch("cuda", fused=True, capturable=True)
-    for a, b in zip(ours, ref):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+def test_stacked_adam_on_cuda_is_torch_adamw_per_member():
+    """The stacked formula CUDA runs (one lr and weight decay per member, one masked) against
+    torch.optim.AdamW on each member's slices, on the GPU: equal to float rounding."""
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(3, 7, 5, generator=gen), torch.randn(3, 5, generator=gen)]
+    grads = [[torch.randn(p.shape, generator=gen) for p in start] for _ in range(6)]
+    lrs, wds = [1e-3, 3e-3, 5e-4], [0.0, 1e-2, 0.0]
+    params, active = [p.clone().cuda() for p in start], torch.ones(3, dtype=torch.bool, device="cuda")
+    opt = Adam(params, lrs, wds, active)
+    assert opt.stacked
+    for i, g in enumerate(grads):
+        if i == 3:
+            active[2] = False
+        for p, gi in zip(params, g):
+            p.grad = gi.cuda()
+        opt.step()
+    for k in range(3):
+        ref = [p[k].clone().cuda().requires_grad_() for p in start]
+        ref_opt = torch.optim.AdamW(ref, lr=lrs[k], weight_decay=wds[k])
+        for g in grads[: 6 if k < 2 else 3]:
+            for p, gi in zip(ref, g):
+                p.grad = gi[k].cuda()
+            ref_opt.step()
+        for a, b in zip(params, ref):
+            torch.testing.assert_close(a[k], b.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_upload_through_pinned_staging_is_exact(synth_cache):
@@ -70,45 +79,6 @@ def test_upload_through_pinned_staging_is_exact(synth_cache):
     assert np.array_equal(data.x.cpu().numpy(), host)
 
 
-def test_graphed_learn_equals_eager_on_the_same_batches(synth_cache):
-    """Capture Learner.learn on static index tensors; replay it against the eager call."""
-    cfg = dataclasses.replace(CFG, input_noise=0.0)  # noise: eager and replay draw apart (the fold test)
-    market = cache.open(synth_cache)
-    data = DeviceData(market, "cuda")
-    data.set_fold(make_folds(market.ts, FoldSpec())[0])
-    replay = filled_replay(data, cfg)
-    eager = Learner(cfg, data.n_inputs, "cuda")
-    graphed = Learner(cfg, data.n_inputs, "cuda")
-    eager.reset(0)
-    graphed.reset(0)
-    batches = [replay.sample_indices(CFG.batch_size) for _ in range(30)]
-    static_step, static_env = (b.clone() for b in batches[0])
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up creates Adam state; then reset it in place
-        for _ in range(3):
-            graphed.learn(data, replay, static_step, static_env)
-    torch.cuda.current_stream().wait_stream(side)
-    graphed.reset(0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        graphed.learn(data, replay, static_step, static_env)
-    eager.learn(data, replay, *batches[0])  # create eager Adam state the same way
-    eager.reset(0)
-    for step, env in batches:
-        eager.reset_accumulators()
-        graphed.reset_accumulators()
-        eager.learn(data, replay, step, env)
-        static_step.copy_(step)
-        static_env.copy_(env)
-        graph.replay()
-        torch.testing.assert_close(graphed.loss_sum, eager.loss_sum, rtol=1e-5, atol=1e-6)
-    for p, q in zip(graphed.params, eager.params):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    for p, q in zip(graphed.target_params, eager.target_params):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-
-
 @pytest.mark.parametrize("demo", [0.0, 1.0])
 def test_graphed_fold_equals_eager_fold(synth_cache, demo):
     """The whole fold, graphs on vs off, same seed: same losses and metrics (RNG is graph-safe);
@@ -116,8 +86,8 @@ def test_graphed_fold_equals_eager_fold(synth_cache, demo):
     market = cache.open(synth_cache)
     data = DeviceData(market, "cuda")
     fold = make_folds(market.ts, FoldSpec())[0]
-    on = Trainer(data, CFG.replace(graphs=True, demo=demo)).run_fold(fold, seed=5)
-    off = Trainer(data, CFG.replace(graphs=False, demo=demo)).run_fold(fold, seed=5)
+    on = alone(data, CFG.replace(graphs=True, demo=demo), fold, 5)
+    off = alone(data, CFG.replace(graphs=False, demo=demo), fold, 5)
     assert on.epochs_run == off.epochs_run
     np.testing.assert_allclose([c["loss"] for c in on.curve], [c["loss"] for c in off.curve], rtol=2e-3)
     np.testing.assert_allclose(
@@ -126,43 +96,46 @@ def test_graphed_fold_equals_eager_fold(synth_cache, demo):
 
 
 def test_cpu_and_gpu_evaluate_the_same_weights_alike(synth_cache):
-    """Same weights (drawn on the CPU from the seed) -> same greedy backtest on both devices."""
+    """Same weights (drawn on the CPU from the seed) -> the same Q on both devices."""
     market = cache.open(synth_cache)
     fold = make_folds(market.ts, FoldSpec())[1]
-    results = {}
-    for dev in ("cpu", "cuda"):
-        trainer = Trainer(DeviceData(market, dev), CFG)
-        trainer._begin(fold, seed=11)
-        results[dev] = (trainer.evaluate(fold.val).metrics, trainer.q_all(fold.val).cpu())
-    torch.testing.assert_close(results["cuda"][1], results["cpu"][1], rtol=1e-4, atol=1e-4)
-    for k in ("sharpe", "total_return", "turnover"):
-        assert getattr(results["cuda"][0], k) == pytest.approx(getattr(results["cpu"][0], k), rel=1e-3, abs=1e-6)
-
-
-def test_cpu_and_gpu_learn_step_alike(synth_cache):
-    torch.backends.cuda.matmul.allow_tf32 = False  # Learner alone: no trainer sets it
-    cfg = dataclasses.replace(CFG, input_noise=0.0)  # the two devices' generators draw different noise
-    market = cache.open(synth_cache)
-    fold = make_folds(market.ts, FoldSpec())[0]
-    learners, losses = {}, {}
-    cpu_data = DeviceData(market, "cpu")
-    cpu_data.set_fold(fold)
-    replay_cpu = filled_replay(cpu_data, cfg)
-    batches = [replay_cpu.sample_indices(cfg.batch_size) for _ in range(10)]
+    q = {}
     for dev in ("cpu", "cuda"):
         data = DeviceData(market, dev)
         data.set_fold(fold)
-        replay = Replay(cfg, cfg.num_envs, dev)
-        for name in ("t", "position", "action", "reward", "done", "steps"):
-            getattr(replay, name).copy_(getattr(replay_cpu, name))
-        learner = Learner(cfg, data.n_inputs, dev)
-        learner.reset(3)
-        for step, env in batches:
-            learner.learn(data, replay, step.to(dev), env.to(dev))
-        learners[dev], losses[dev] = learner, float(learner.loss_sum)
-    assert losses["cuda"] == pytest.approx(losses["cpu"], rel=1e-3)
-    for p, q in zip(learners["cuda"].params, learners["cpu"].params):
-        torch.testing.assert_close(p.cpu(), q, rtol=1e-3, atol=1e-4)
+        dqn = DQN(data, [CFG])
+        dqn.begin([11])
+        q[dev] = dqn.q_all(data.states(torch.arange(*fold.val, device=data.device))).cpu()
+    torch.testing.assert_close(q["cuda"], q["cpu"], rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_and_gpu_td_loss_and_gradients_alike(synth_cache):
+    """The same replay rows and the same batch on both devices: the same loss, |Q| max and gradients
+    (to float rounding: bmm / split-K on CUDA, per-member mm on the CPU)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    market = cache.open(synth_cache)
+    fold = make_folds(market.ts, FoldSpec())[0]
+    dqns = {}
+    for dev in ("cpu", "cuda"):
+        data = DeviceData(market, dev)
+        data.set_fold(fold)
+        dqns[dev] = DQN(data, POP)
+        dqns[dev].begin([3, 4])
+    cpu, gpu = dqns["cpu"], dqns["cuda"]
+    for _ in range(20):
+        cpu.collect()
+    for name in ("replay_t", "replay_position", "replay_action", "replay_reward", "replay_done", "replay_steps"):
+        getattr(gpu, name).copy_(getattr(cpu, name))
+    step, env = cpu.sample_indices()
+    out = {}
+    for dev, dqn in dqns.items():
+        loss, q_max = dqn.td_loss(step.to(dev), env.to(dev), None)
+        loss.sum().backward()
+        out[dev] = (loss.detach().cpu(), q_max.cpu(), [p.grad.cpu() for p in dqn.params])
+    torch.testing.assert_close(out["cuda"][0], out["cpu"][0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out["cuda"][1], out["cpu"][1], rtol=1e-4, atol=1e-5)
+    for a, b in zip(out["cuda"][2], out["cpu"][2]):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
 def test_gpu_fold_learns_like_cpu(strong_cache):
@@ -170,15 +143,15 @@ def test_gpu_fold_learns_like_cpu(strong_cache):
     market = cache.open(strong_cache)
     fold = make_folds(market.ts, FoldSpec(max_folds=1))[0]
     cfg = DQNConfig(cost=1e-5)
-    gpu = Trainer(DeviceData(market, "cuda"), cfg).run_fold(fold, seed=0)
-    cpu = Trainer(DeviceData(market, "cpu"), cfg).run_fold(fold, seed=0)
+    gpu = alone(DeviceData(market, "cuda"), cfg, fold, 0)
+    cpu = alone(DeviceData(market, "cpu"), cfg, fold, 0)
     assert gpu.test["sharpe"] > 0.5 * cpu.test["sharpe"] > 0
 
 
 def test_no_host_sync_inside_an_epoch(synth_cache):
     market = cache.open(synth_cache)
-    trainer = Trainer(DeviceData(market, "cuda"), CFG)
-    trainer.run_fold(make_folds(market.ts, FoldSpec())[0], seed=0)  # captures the graph
+    trainer = Trainer(DeviceData(market, "cuda"), [CFG])
+    trainer.run_fold(make_folds(market.ts, FoldSpec())[0], [0])  # captures the graph
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(CFG.steps_per_epoch):
@@ -187,48 +160,39 @@ def test_no_host_sync_inside_an_epoch(synth_cache):
         torch.cuda.set_sync_debug_mode("default")
 
 
-# --- populations (fxray.rl.population) -------------------------------------------------------
+# --- populations --------------------------------------------------------------------------
 
 
-POP = [CFG, CFG.replace(lr=1e-3, gamma=0.9, n_step=3, cost=1e-5, input_noise=0.0, tau=0.05, patience=1)]
-
-
-def test_population_step_is_the_solo_step_to_float_rounding_on_cuda(synth_cache):
-    """Member k's first learner steps on CUDA against DQN alone with the same seed: the same
-    draws (each member's generator), and weights equal to float rounding (bmm vs mm, and the
-    stacked Adam formula vs torch's fused kernel)."""
-    from fxray.rl.dqn import DQN
-    from fxray.rl.population import Population
-
+def test_a_members_steps_in_a_population_are_its_steps_alone_to_float_rounding_on_cuda(synth_cache):
+    """Member k's first steps on CUDA in a population of two against the same config alone (K = 1):
+    the same draws (each member's own generator) and weights equal to float rounding (the
+    batched kernels' reduction orders differ with K)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     market = cache.open(synth_cache)
     data = DeviceData(market, "cuda")
     data.set_fold(make_folds(market.ts, FoldSpec())[0])
-    pop = Population(data, POP)
+    pop = DQN(data, POP)
     pop.begin([5, 6])
     for _ in range(3):
         pop.step()
     for k, (cfg, seed) in enumerate(zip(POP, [5, 6])):
-        torch.manual_seed(seed)
-        alone = DQN(data, cfg)
-        alone.begin(seed)
+        solo = DQN(data, [cfg])
+        solo.begin([seed])
         for _ in range(3):
-            alone.step()
-        assert torch.equal(pop.replay_t[k], alone.replay.t) and torch.equal(pop.t[k], alone.env.t)
-        for p, q in zip(pop.params, alone.params):
-            torch.testing.assert_close(p[k], q, rtol=1e-5, atol=1e-6)
+            solo.step()
+        assert torch.equal(pop.replay_t[k], solo.replay_t[0]) and torch.equal(pop.t[k], solo.t[0])
+        for p, q in zip(pop.params, solo.params):
+            torch.testing.assert_close(p[k], q[0], rtol=1e-5, atol=1e-6)
 
 
 def test_population_graphed_equals_eager_and_alone_on_cuda(synth_cache):
-    from fxray.rl.population_trainer import PopulationTrainer
-
     market = cache.open(synth_cache)
     data = DeviceData(market, "cuda")
     fold = make_folds(market.ts, FoldSpec())[0]
-    on = PopulationTrainer(data, [c.replace(graphs=True) for c in POP]).run_fold(fold, [5, 6])
-    off = PopulationTrainer(data, [c.replace(graphs=False) for c in POP]).run_fold(fold, [5, 6])
-    alone = [Trainer(data, c.replace(graphs=False)).run_fold(fold, seed=s) for c, s in zip(POP, [5, 6])]
-    for a, b in [*zip(on, off), *zip(off, alone)]:
+    on = Trainer(data, [c.replace(graphs=True) for c in POP]).run_fold(fold, [5, 6])
+    off = Trainer(data, [c.replace(graphs=False) for c in POP]).run_fold(fold, [5, 6])
+    solo = [alone(data, c.replace(graphs=False), fold, s) for c, s in zip(POP, [5, 6])]
+    for a, b in [*zip(on, off), *zip(off, solo)]:
         assert a.epochs_run == b.epochs_run
         np.testing.assert_allclose([c["loss"] for c in a.curve], [c["loss"] for c in b.curve], rtol=2e-3)
         np.testing.assert_allclose(
@@ -237,10 +201,8 @@ def test_population_graphed_equals_eager_and_alone_on_cuda(synth_cache):
 
 
 def test_population_has_no_host_sync_inside_an_epoch(synth_cache):
-    from fxray.rl.population_trainer import PopulationTrainer
-
     market = cache.open(synth_cache)
-    trainer = PopulationTrainer(DeviceData(market, "cuda"), POP)
+    trainer = Trainer(DeviceData(market, "cuda"), POP)
     trainer.run_fold(make_folds(market.ts, FoldSpec())[0], [0, 1])  # captures the graph
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -18,8 +18,8 @@ from fxray.policy import onnx
 from fxray.policy.bundle import BundleError, load
 from fxray.policy.export import ExportError, choose, export_bundle, load_candidate
 from fxray.policy.frozen import q_network, q_values
+from fxray.rl.checkpoint import load_checkpoint
 from fxray.rl.device import DeviceData
-from fxray.rl.trainer import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_onnx_equals_the_torch_q_network(bundles, eurusd_trained):
     data = DeviceData(cache.open(eurusd_trained["cache"]), "cpu")
     rng = np.random.default_rng(0)
     for m in bundle.members:
-        net = q_network(bundle.manifest["config"], 50, m.weights)
+        net = q_network(m.weights)
         data.mean.copy_(torch.from_numpy(m.mean))
         data.inv_std.copy_(torch.from_numpy(m.inv_std))
         a, b = m.fold["test"]
@@ -59,7 +59,7 @@ def test_onnx_equals_the_torch_q_network(bundles, eurusd_trained):
             torch.from_numpy(rng.normal(0, 5, (5000, 50)).astype(np.float32)),
         ):
             with torch.no_grad():
-                want = net.q_all(market).numpy()
+                want = net.q_all(market.unsqueeze(0))[0].numpy()
             got = onnx.run(onnx.session(m.onnx), market.numpy())
             assert got.shape == want.shape == (len(market), 3, 3)
             assert np.all(np.abs(got - want) <= onnx.ONNX_ATOL + onnx.ONNX_RTOL * np.abs(want))

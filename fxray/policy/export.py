@@ -296,7 +296,7 @@ def _onnx_gap(net, graph: Path, data: DeviceData, c: Candidate, mean, inv_std) -
     data.inv_std.copy_(torch.from_numpy(inv_std))
     market = data.states(torch.arange(a, min(b, a + 4096)))
     with torch.no_grad():
-        want = net.q_all(market).numpy()
+        want = net.q_all(market.unsqueeze(0))[0].numpy()
     got = onnx.run(onnx.session(graph), market.numpy())
     gap = float(np.max(np.abs(got - want)))
     if not gap <= onnx.ONNX_ATOL + onnx.ONNX_RTOL * float(np.max(np.abs(want))):

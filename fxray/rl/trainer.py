@@ -382,7 +382,15 @@ class Trainer:
         ensemble = {"seeds": cfg.seeds, "val_score": result.val_score, "val": result.val, "test": result.test}
         one = cfg.replace(seeds=1)
         return [
-            self._save(folder, f"fold{fold.k}.m{i}", lo + i, one, fold, m, {"ensemble": {**ensemble, "member": i}})
+            self._save(
+                folder,
+                f"fold{fold.k}.m{i}",
+                lo + i,
+                one,
+                fold,
+                m,
+                {"ensemble": {**ensemble, "member": i, "member_seed": seeds[i]}},
+            )
             for i, m in enumerate(members)
             if m.status == "ok"
         ]
