@@ -35,9 +35,15 @@ def test_plan_gpu_box():
     assert (plan.kind, plan.n_workers, plan.num_gpus, plan.num_cpus) == ("gpu", 4, 0.5, 1.0)
 
 
-def test_plan_refuses_what_cannot_fit():
-    with pytest.raises(ValueError, match="do not fit"):
-        plan_workers({"CPU": 1.0}, cpu_per_trial=1.0)
+@pytest.mark.parametrize("cpus, population, asked", [(2.0, 4, 8), (2.0, 16, 64), (1.0, 1, 64), (2.0, 2, 1)])
+def test_any_population_fits_any_cpu_box_and_no_more_trials_fly_than_were_asked(cpus, population, asked):
+    """Trials only wait on workers: between them they reserve at most half the CPUs (less than
+    cpu_per_trial each where needed), the workers the rest, whatever the population."""
+    plan = plan_workers({"CPU": cpus}, cpu_per_trial=1.0, population=population, max_trials=asked)
+    assert plan.n_trials <= asked and plan.n_trials >= min(asked, plan.n_workers)
+    assert plan.n_trials * plan.cpu_per_trial <= cpus / 2 + 1e-9 and plan.cpu_per_trial >= 0.01
+    assert plan.num_cpus > 0 and plan.n_workers * plan.num_cpus + plan.n_trials * plan.cpu_per_trial <= cpus + 1e-9
+    assert plan_workers({"CPU": 2.0}, population=4, max_trials=8).n_trials == 8  # what was asked, not 10
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +229,8 @@ def test_plan_counts_the_trials_in_flight():
     assert plan.num_cpus == 0.5  # 2 workers x 0.5 + 4 waiting/leasing trials x 0.25 = the 2 CPUs
     gpu = plan_workers({"CPU": 16.0, "GPU": 2.0}, trials_per_worker=3)
     assert (gpu.n_workers, gpu.n_trials, gpu.num_cpus) == (2, 6, 1.0)
-    with pytest.raises(ValueError, match="trials_per_worker"):
-        plan_workers({"CPU": 1.0}, cpu_per_trial=0.25, trials_per_worker=4)
+    squeezed = plan_workers({"CPU": 1.0}, cpu_per_trial=0.25, trials_per_worker=4)  # 4 x 0.25 would take it all
+    assert (squeezed.n_trials, squeezed.cpu_per_trial, squeezed.num_cpus) == (4, 0.12, 0.52)
 
 
 def test_warmup_runs_a_short_fold_and_logs_it(pool):

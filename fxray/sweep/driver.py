@@ -201,6 +201,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
             args.cpu_workers,
             exp.sweep.trials_per_worker,
             exp.sweep.population,
+            plan.sweep["rounds"][-1]["trials"] if args.resume else exp.sweep.trials,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

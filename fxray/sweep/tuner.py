@@ -153,7 +153,7 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, pla
         "storage": str(storage),
     }
     trainable = tune.with_resources(
-        tune.with_parameters(fold_trial, job=job, workers=workers), trial_resources(exp.sweep.cpu_per_trial)
+        tune.with_parameters(fold_trial, job=job, workers=workers), trial_resources(workers.plan.cpu_per_trial)
     )  # on the head if multi-node
     study = load_study(storage)
     if same and not study.get_trials(deepcopy=False):  # the first session of the round: enqueue once

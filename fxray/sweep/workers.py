@@ -50,6 +50,7 @@ class WorkerPlan:
     torch_threads: int  # intra-op threads of each worker
     n_trials: int  # Tune trials in flight (max_concurrent_trials)
     population: int = 1  # trials a worker trains together (fxray.sweep.gather); 1: one at a time
+    cpu_per_trial: float = 0.25  # what each Tune trial reserves (it only waits on a worker)
 
     def describe(self) -> str:
         per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""
@@ -67,6 +68,7 @@ def plan_workers(
     cpu_workers: int | None = None,
     trials_per_worker: int = 1,
     population: int = 1,
+    max_trials: int | None = None,
 ) -> WorkerPlan:
     """Split the cluster between workers and the trials that drive them.
 
@@ -75,8 +77,10 @@ def plan_workers(
     trial to the next without waiting for Tune's trial turnover (~0.1 s).
     With `population` K > 1, K trials share a worker (their folds trained as one population)
     and one more waits: at least K + 1 trials in flight per worker.
-    Trials only wait on workers, but Ray still needs room for their `cpu_per_trial`;
-    a worker gets at most 1 logical CPU, less where the trials would not fit.
+    No more trials are in flight than `max_trials` (the sweep's). Trials only wait on workers,
+    but Ray still needs room for their `cpu_per_trial`: on a CPU cluster they reserve at most
+    half of it between them (less than `cpu_per_trial` each where that would not fit), so any
+    population fits any machine; a worker gets at most its threads' CPUs, the rest of it.
     """
     cpus, gpus = float(resources.get("CPU", 0)), int(resources.get("GPU", 0))
     if gpus >= 1:
@@ -87,15 +91,12 @@ def plan_workers(
         n = cpu_workers or max(1, int(cpus))  # one single-threaded worker per core beats one wide one
         threads = max(1, int(cpus // n))
     n_trials = n * (max(trials_per_worker, population + 1) if population > 1 else trials_per_worker)
+    n_trials = max(1, min(n_trials, max_trials or n_trials))
+    if kind == "cpu":  # Ray counts hundredths of a CPU
+        cpu_per_trial = max(0.01, min(cpu_per_trial, math.floor(cpus / 2 / n_trials * 100) / 100))
     spare = (cpus - n_trials * cpu_per_trial) / n
     num_cpus = math.floor(min(float(threads if kind == "cpu" else 1), spare) * 100) / 100
-    if num_cpus <= 0 and kind == "cpu":
-        raise ValueError(
-            f"{n} CPU workers and their {n_trials} trials ({cpu_per_trial:g} CPU each) do not "
-            f"fit in {cpus:g} CPUs: lower sweep.cpu_per_trial, sweep.trials_per_worker or "
-            "--cpu-workers"
-        )
-    return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads, n_trials, population)
+    return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads, n_trials, population, cpu_per_trial)
 
 
 # --- the actor -----------------------------------------------------------------------
