@@ -19,12 +19,12 @@ trained and its policy is flat) has no network, only a marker fold<k>.abstained.
 refuses a run whose last fold abstained (the newest train slice said stay flat) and names the
 fold:K of the last fold that trained.
 
-A fold of a seed ensemble (dqn.seeds S > 1, fxray.rl.ensemble) has S member checkpoints,
+A fold of a seed ensemble (dqn.seeds S > 1, fxray.rl.trainer) has S member checkpoints,
 fold<k>.m<i>.safetensors: every choice above takes a fold's members together (last: the last
 fold's S networks, their mean Q, the policy that fold scored), and its val score is the
 ensemble's.
 
-The normalisation of a member is the checkpoint's (fxray.rl.trainer.save_checkpoint stores
+The normalisation of a member is the checkpoint's (fxray.rl.checkpoint.write_checkpoint stores
 the fold's train-slice mean and 1/std); a checkpoint written before it did gets them
 recomputed from the data on the CPU, exactly as DeviceData.set_fold computed them
 (bit-equal to a CPU training's; a GPU's reduction order may differ in the last bits). A
@@ -80,7 +80,7 @@ class Candidate:
 
 
 def load_candidate(path, val_score: float | None = None) -> Candidate:
-    """A checkpoint written by fxray.rl.trainer.save_checkpoint (its .json beside it)."""
+    """A checkpoint written by fxray.rl.checkpoint.write_checkpoint (its .json beside it)."""
     path = Path(path)
     if not path.is_file():
         raise ExportError(

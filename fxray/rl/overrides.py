@@ -13,7 +13,7 @@ from fxray.rl.experiment import CONFIG_SECTIONS, SECTIONS, ExperimentError, read
 
 
 def parse_sets(pairs: list[str], flag: str = "--set") -> dict:
-    """['lr=1e-3', 'dueling=false'] -> {'lr': 0.001, 'dueling': False} (values are YAML scalars)."""
+    """['lr=1e-3', 'abstain=false'] -> {'lr': 0.001, 'abstain': False} (values are YAML scalars)."""
     out = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")

@@ -36,7 +36,7 @@ UNDEFINED_AT_ZERO = ("sharpe", "sortino", "calmar")
 
 def fold_checkpoints(folder: Path, k: int) -> list[Path]:
     """A trial's checkpoints of fold k in `folder`: its one network (fold<k>.safetensors), or a
-    seed ensemble's members (fold<k>.m<i>.safetensors, fxray.rl.ensemble); [] if none."""
+    seed ensemble's members (fold<k>.m<i>.safetensors, fxray.rl.trainer); [] if none."""
     one = folder / f"fold{k}.safetensors"
     return [one] if one.exists() else sorted(folder.glob(f"fold{k}.m*.safetensors"))
 
@@ -50,7 +50,7 @@ def _f(default=None, *, metric=False, csv=True, factory=None):
 
 
 def seed_fields(spread: dict) -> dict:
-    """FoldRecord's seed fields from a FoldResult's seed_spread (fxray.rl.ensemble)."""
+    """FoldRecord's seed fields from a FoldResult's seed_spread (fxray.rl.trainer)."""
     if not spread:
         return {}
 
@@ -86,7 +86,7 @@ class FoldRecord:
     adx: float = _f(0.0)  # mean raw ADX(14) of the train slice
     worker: int = _f(-1)
     population: int = _f(1)  # members of the population the fold trained in (its timings are the population's)
-    # seeds > 1 (fxray.rl.ensemble): val/test above are the ensemble's; each seed's alone beside it
+    # seeds > 1 (fxray.rl.trainer): val/test above are the ensemble's; each seed's alone beside it
     seeds: int = _f(1)
     seed_val_sharpe_std: float | None = _f(None, metric=True)  # spread of the seeds' val Sharpe
     seed_test_sharpe_std: float | None = _f(None, metric=True)

@@ -139,7 +139,7 @@ def vote_line(vote: dict) -> str:
 
 
 def seed_spread(results: dict, trial_id: str) -> dict | None:
-    """The seeds of a trial's ensemble folds (fxray.rl.ensemble): {seeds, mean, std, folds}, or None."""
+    """The seeds of a trial's ensemble folds (fxray.rl.trainer): {seeds, mean, std, folds}, or None."""
     trial = next((t for t in results["trials"] if t["trial_id"] == trial_id), None)
     folds = [f for f in (trial or {}).get("folds", []) if f.get("seeds", 1) > 1 and f.get("seed_test_sharpe")]
     if not folds:
