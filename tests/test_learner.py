@@ -539,6 +539,33 @@ def test_config_errors_name_the_key():
         Trainer(DeviceData(random_arrays()), [BASE]).configure([BASE.replace(seeds=2)])
 
 
+SWITCHES = [
+    {"fill": "close"},
+    {"inputs": "ridge"},
+    {"dtype": "bfloat16"},
+    {"graphs": False},
+    {"matmul": "fp32"},
+    {"demo": 1.0},
+    {"inputs": "ridge", "demo": 1.0, "screen_t": 2.0},
+    {"screen_t": 50.0, "abstain": True},
+    {"seeds": 2},
+    {"select_from": 1},
+]
+
+
+@pytest.mark.parametrize("switch", SWITCHES, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_every_switch_validation_accepts_trains_a_tiny_fold(synth_cache, switch):
+    """Each value of each switch left in DQNConfig, on the CPU: a fold that ends "ok" with val and
+    test scored (a screen at t 50 keeps nothing: the abstained fold is flat, untrained)."""
+    market = cache.open(synth_cache)
+    cfg = TINY.replace(epochs=2, steps_per_epoch=5, **switch)
+    data = DeviceData(market, dtype=cfg.dtype)
+    result = train_fold(data, make_folds(market.ts, FOLDS)[0], cfg, seed=0)
+    assert result.status == "ok" and math.isfinite(result.val_score) and result.test["n_days"] > 0
+    assert result.abstained == cfg.abstain and result.epochs_run == (0 if cfg.abstain else 2)
+    assert (len(result.seed_spread.get("seeds", [])) == 2) == (cfg.seeds == 2)
+
+
 # --- learning, not just running -------------------------------------------------------------
 
 

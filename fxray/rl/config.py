@@ -44,26 +44,20 @@ class TrainConfig:
     """share of all training steps over which epsilon decays linearly"""
     # --- trading -------------------------------------------------------------------
     cost: float = 4e-5
-    """cost per unit of position change, in return units: half the spread + fees, one way
-    (4e-5 = 0.4 bp: EURUSD on an ECN; see docs/metrics.md "Costs")"""
+    """cost per unit of position change, one way, in return units (4e-5 = 0.4 bp; docs/metrics.md)"""
     fill: str = "next_open"
-    """where a position decided at bar t's close is filled: next_open (bar t+1's open; the
-    conservative default) or close (the close the features saw)"""
+    """where a position decided at bar t's close fills: next_open (bar t+1's open) or close"""
     # --- schedule ------------------------------------------------------------------
     epochs: int = 6
     """max epochs per fold"""
     steps_per_epoch: int = 200
     """collect steps per epoch (each followed by updates_per_step learner steps)"""
     patience: int = 4
-    """stop after this many epochs without a better val score; a fold keeps its best-scoring epoch's
-    weights (fxray.eval.pooled.score on the val window)"""
+    """stop a fold after this many epochs without a better val score (the best one's weights are kept)"""
     select_from: int = 0
-    """the first epoch (0-based) whose weights a fold may keep: earlier ones are trained and scored
-    but never kept (epoch 0 ends mid-exploration; its mostly flat policy scores 0 on val, above an
-    unlucky trained epoch); patience counts from this one"""
+    """the first epoch (0-based) whose weights a fold may keep; patience counts from it"""
     seeds: int = 1
-    """seeds trained per fold (fxray.rl.trainer); > 1: the fold's policy is their mean Q, its val
-    score and test are the ensemble's, each seed's Sharpe beside it"""
+    """seeds trained per fold; > 1: the fold's policy is their mean Q, each seed's Sharpe beside it"""
     # --- execution -----------------------------------------------------------------
     dtype: str = "float32"
     """storage precision of features on device: float32 or bfloat16"""
@@ -159,12 +153,11 @@ class DQNConfig(TrainConfig):
     lr: float = 5e-4
     """Adam learning rate"""
     weight_decay: float = 0.0
-    """decoupled weight decay per step (AdamW): shrinks the weights that noise would fit"""
+    """decoupled weight decay per step (AdamW)"""
     input_noise: float = 1.0
-    """std of Gaussian noise added to the normalised inputs of each update (Bishop 1995: like
-    an L2 penalty): a bar's features identify it, and without noise its return can be memorised"""
+    """std of Gaussian noise on the normalised inputs of each update (a bar cannot be memorised)"""
     gamma: float = 0.97
-    """discount per bar (0.97: a horizon of ~33 bars, the planted signal's persistence)"""
+    """discount per bar (0.97: a horizon of ~33 bars)"""
     n_step: int = 5
     """n-step return horizon (bars)"""
     batch_size: int = 1024
@@ -178,27 +171,15 @@ class DQNConfig(TrainConfig):
     reward_scale: float = 1e4
     """rewards are multiplied by this (1e4: basis points) so Q-values are O(1)"""
     inputs: str = "raw"
-    """raw: the Q-network reads the 50 normalised inputs; ridge: it reads the ridge regression's
-    predictions of the next 5, 20 and 60 bars' return from the market inputs, fitted on each
-    fold's train slice, and the clock (fxray.rl.frontend; read clean, input noise on the clock only)"""
+    """raw: the 50 normalised inputs; ridge: the train slice's ridge forecasts and the clock (rl.frontend)"""
     demo: float = 0.0
-    """weight of the demonstration loss (fxray.rl.demo): the ridge rule's moves, fitted on the
-    fold's train slice, as DQfD's large-margin term beside the TD loss (Hester et al. 2018);
-    0 = off"""
+    """weight of DQfD's margin loss toward the ridge rule's moves (rl.demo); 0 = off"""
     screen_t: float = 0.0
-    """with inputs: ridge or demo > 0: the front end's and the demonstrator's ridge fitted only
-    on the market inputs whose least-squares t-statistic (White's robust standard error) against
-    the next bar's return on the fold's train slice passes screen_t, and only if the rule on them,
-    fitted on the slice's first two thirds, earns at the cost on its last third
-    (fxray.eval.baselines.checked_screen); none kept: a flat demonstrator and a front end with no
-    prediction. 0 = every market input. The ridge reference beside every result uses every input"""
+    """fit the ridge front end and demonstrator only on inputs whose robust t passes this; 0 = all"""
     abstain: bool = False
-    """with screen_t > 0: a fold whose checked screen keeps no input is not trained, and its policy
-    is flat on its val and test windows, scored as such: where the train slice shows no edge that
-    survives its own held-out tail, the learner does not trade (and the fold costs nothing)"""
+    """with screen_t > 0: a fold whose checked screen keeps no input is not trained, its policy flat"""
     demo_margin: float = 0.8
-    """how much more than every other action the rule's action must be worth before the
-    demonstration loss lets go, in Q's units (reward_scale 1e4: basis points)"""
+    """how much more the rule's action must be worth than the others before the margin loss lets go"""
 
     SECTION = "dqn"
 
