@@ -13,8 +13,6 @@ position the rule says where to move; the TD loss keeps working beside it, so th
 starts from the baseline's policy and leaves it where the returns it samples pay more than
 the margin (in Q's units: reward_scale 1e4 makes 1 a basis point). Every state the replay
 holds is a train bar, so the table outside the train slice is never read (it holds flat).
-
-Measured: docs/benchmarks.md "Demonstrations".
 """
 
 from __future__ import annotations

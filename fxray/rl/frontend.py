@@ -6,13 +6,12 @@ return from the market inputs (every input but the clock), fitted on the fold's 
 only and normalised there, and the 4 clock inputs as they are. The least-squares fit finds a
 weak linear edge among 46 inputs from the whole train slice at once; the Q-learning then has a
 low-dimensional state in which to learn when to hold, enter and leave, and in which hours.
-Measured: docs/benchmarks.md "A supervised front end".
 
 The front end is an affine map of the normalised inputs z, u = A z + c (A (7, 50), c (7,)),
 set in place at each fold's start (no look-ahead: A and c are made of the train slice's
 inputs and returns only). Composed with the network's first layer it is a plain 50-input
-layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1): `plain_state` writes the network so, and
-checkpoints, exports and the live policy read a plain QNetwork.
+layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1): a checkpoint stores the network so
+(QNetwork.state), and exports and the live policy read a plain network.
 """
 
 from __future__ import annotations
@@ -93,4 +92,3 @@ def load(networks, weight: torch.Tensor, bias: torch.Tensor) -> None:
     for net in networks:
         net.front_w.copy_(weight)
         net.front_b.copy_(bias)
-

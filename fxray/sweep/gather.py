@@ -136,9 +136,9 @@ class Gatherer:
 
     def _run(self, batch: list[Request]) -> None:
         """Train `batch` as one population; every request gets its result (or the error). A failed
-        CUDA graph capture (seen on an H200 about once in a hundred captures under a sweep:
-        docs/benchmarks.md, "Populations") drops the trainer and trains the batch once more on a
-        fresh one, which captures again; a second failure is handed to the callers."""
+        CUDA graph capture (rare, but seen under a sweep on an H200) drops the trainer and trains
+        the batch once more on a fresh one, which captures again; a second failure is handed to
+        the callers."""
         t0, n, first = time.time(), len(batch), batch[0]
         try:
             try:

@@ -5,11 +5,9 @@
     combined = combine_trials(results, data, sizes=[1, 5, len(full)], combine="vote")
 
 Why: a config's fold result is one draw from a distribution about as wide as the spread
-between configs (docs/benchmarks.md, "Populations under the sweep"), so the chosen trial is
-the luckiest draw on val. A vote of the trials that ran every fold (the ones ASHA kept,
-on their val windows) averages some of that luck away, as bagging does; it was at least
-the chosen trial on every CPU sweep measured, and flat on the shuffled twin
-(docs/benchmarks.md, "Averaging the sweep's best policies").
+between configs, so the chosen trial is the luckiest draw on val. A vote of the trials that
+ran every fold (the ones ASHA kept, on their val windows) averages some of that luck away,
+as bagging does.
 
 Only val decides: membership is ASHA's (val scores), the ranking is by pooled val Sharpe,
 and an advantage's scale is its val window's. The rule (all full trials, a majority vote) is
