@@ -214,8 +214,9 @@ def test_population_has_no_host_sync_inside_an_epoch(synth_cache):
 
 def test_a_population_worker_on_cuda_trains_many_callers_through_its_device_thread(synth_cache):
     """What a population sweep does to a FoldWorker on a GPU: many caller threads at once, two
-    shapes, several folds, padded populations of every size, so graphs are captured, reused, re-captured and evicted while the
-    callers wait. Every request ends "ok" (a member equals alone to float rounding: the tests above)."""
+    shapes, several folds, padded populations of every size, so graphs are captured, reused,
+    re-captured and evicted while the callers wait. Every request ends "ok" (a member equals
+    alone to float rounding: the tests above)."""
     import threading
 
     from fxray.sweep.gather import Gatherer
