@@ -152,12 +152,15 @@ def run(args) -> dict:
     )
     trainer = Trainer(data, [cfg])  # built once, reused fold after fold
     market.verify()  # the data proven (values, content hash) before a fold is trained and reported
-    results = []
-    for k in chosen:
+    results, t_folds = [], time.perf_counter()
+    for i, k in enumerate(chosen):
         seed = origin["seed"] if origin else args.seed + k  # a sweep trains every fold with its seed
         ckpt = args.checkpoint_dir / f"seed{seed if origin else args.seed}" if args.checkpoint_dir else None
         (r,) = trainer.run_fold(folds[k], [seed], log=lambda s: print(s, flush=True), checkpoint_dirs=[ckpt])
         results.append(r.as_dict())
+        done, spent = i + 1, time.perf_counter() - t_folds
+        eta = f"; ETA {spent / done * (len(chosen) - done):.0f}s" if done < len(chosen) else ""
+        print(f"fxray.train: fold {k} {r.status} ({done}/{len(chosen)} folds, {spent:.0f}s{eta})", flush=True)
     print(fold_table(results))
     records = [FoldRecord.from_result(r).flat() for r in results]
     pooled = pooled_stats({"folds": records}, cfg.cost, data.calendar.periods_per_year)

@@ -75,8 +75,10 @@ def run_case(name: str, tmp: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_solo_fold_results_are_unchanged(name, tmp_path, one_torch_thread):
+def test_solo_fold_results_are_unchanged(name, tmp_path, one_torch_thread, capsys):
     got = run_case(name, tmp_path)
+    out = capsys.readouterr().out  # fxray train says where it is, with an estimate of what is left
+    assert ("fold 0 ok (1/2 folds, " in out and "s; ETA " in out) if name == "base" else "(1/1 folds, " in out
     if os.environ.get("FXRAY_WRITE_REFERENCE"):
         saved = json.loads(REFERENCE.read_text()) if REFERENCE.exists() else {}
         REFERENCE.write_text(json.dumps({**saved, name: got}, indent=1, sort_keys=True))
