@@ -115,17 +115,18 @@ def test_fold_survives_a_killed_worker(pool, tmp_path):
     np.testing.assert_allclose(again["test_daily_returns"], first["test_daily_returns"], atol=1e-12)
 
 
-def test_trainer_is_reused_within_a_config(pool):
+def test_a_trainer_is_reused_across_folds_and_configs_of_one_shape(pool):
     workers, _, folds, _ = pool
-    config = {**TINY, "lr": 3e-4}
+    config = {**TINY, "lr": 3e-4, "hidden": 24}  # a shape no other test trains
     with workers.lease("trial-r") as index:
         before = workers.stats()[index]
         for fold in folds:
             r = workers.train_fold(index, config, fold, seed=1)
             assert r["fold"]["k"] == fold["k"]
+        workers.train_fold(index, {**config, "lr": 1e-3}, folds[0], seed=1)  # another config, the same shape
     after = workers.stats()[index]
-    assert after["n_calls"] == before["n_calls"] + len(folds)
-    assert after["n_trainers"] == before["n_trainers"] + 1  # one Trainer for all folds of a config
+    assert after["n_calls"] == before["n_calls"] + len(folds) + 1
+    assert after["n_trainers"] == before["n_trainers"] + 1  # one Trainer for all of them
     assert after["n_loads"] == 1
 
 
