@@ -2,12 +2,11 @@
 
     python scripts/bench.py                          # everything, sized to the device (see below)
     python scripts/bench.py --sections trainer --device cuda --json bench.json
-    python scripts/bench.py --bars 100000 --val-bars 20000 --steps 20 --envs 256 --batch 1024   # CPU smoke
+    python scripts/bench.py --device cpu --size tiny                 # every section in seconds (CI runs it)
 
-Sizes: on a GPU the issue goals' sizes (GPU_SIZES: 4M bars, batch 8192, 4096 envs, ...); on a
-CPU the smoke sizes (CPU_SIZES: ~a minute on 2 cores), since the GPU sizes take tens of minutes
-there. A size given as a flag wins. Each result is printed as it is measured (stderr), the table
-at the end (stdout).
+Sizes (--size): gpu, the goals' sizes (4M bars, batch 8192, 4096 envs, ...); cpu, ~a minute on 2
+cores; tiny, seconds. Default: gpu on a GPU, else cpu. A size given as a flag wins. Each result
+is printed as it is measured (stderr), the table at the end (stdout).
 
 Rows (goals from the issues, for one H200):
   data    open+validate of an N-bar fxcache (<= 50 ms), feature build (>= 1M bars/s, one core),
@@ -15,16 +14,13 @@ Rows (goals from the issues, for one H200):
   trainer one-time upload (<= 100 ms), fold switch (<= 10 ms), one epoch = `steps` learner steps at
           `batch` + one env step of `envs` agents per learner step + greedy backtest over `val-bars`
           (<= 0.3 s), env steps/s, gradient samples/s, host syncs inside an epoch (0);
-          with CUDA graphs and without.
-  forward the learner step with the online network's forward over [s, s_next] in one pass and in
-          two (fxray.rl.dqn.Learner.joint_forward: one on CUDA, two on a CPU), side by side.
+          with CUDA graphs and without (a solo trial: fxray.rl.trainer.Trainer of one member).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -43,8 +39,11 @@ from fxray.rl.config import DQNConfig  # noqa: E402
 from fxray.rl.device import DeviceData  # noqa: E402
 from fxray.rl.trainer import Trainer  # noqa: E402
 
-GPU_SIZES = dict(bars=4_000_000, val_bars=500_000, steps=488, batch=8192, envs=4096, epochs=3)
-CPU_SIZES = dict(bars=100_000, val_bars=20_000, steps=20, batch=1024, envs=256, epochs=2)
+SIZES = {
+    "gpu": dict(bars=4_000_000, val_bars=500_000, steps=488, batch=8192, envs=4096, epochs=3, synth_bars=1_000_000),
+    "cpu": dict(bars=100_000, val_bars=20_000, steps=20, batch=1024, envs=256, epochs=2, synth_bars=1_000_000),
+    "tiny": dict(bars=20_000, val_bars=2_000, steps=5, batch=64, envs=16, epochs=1, synth_bars=20_000),
+}
 T0 = time.perf_counter()
 
 
@@ -83,12 +82,13 @@ def bench_data(args, rows, tmp: Path) -> Path:
     from fxray.data.features import compute_features
     from fxray.data.synth import SynthSpec, simulate, to_cache
 
+    n = args.synth_bars
     t0 = time.perf_counter()
-    m = simulate(SynthSpec(n_bars=1_000_000, seed=0))
-    rows.append(("data", "synth simulate 1M bars", time.perf_counter() - t0, "s", ""))
+    m = simulate(SynthSpec(n_bars=n, seed=0))
+    rows.append(("data", f"synth simulate {n:,} bars", time.perf_counter() - t0, "s", ""))
     torch.set_num_threads(1)
     sec = best_of(lambda: compute_features(m.ts, m.open, m.high, m.low, m.close, m.volume), 3)
-    rows.append(("data", "feature build 1M bars (one core)", 1e6 / sec, "bars/s", ">= 1M bars/s"))
+    rows.append(("data", f"feature build {n:,} bars (one core)", n / sec, "bars/s", ">= 1M bars/s"))
     path = tmp / f"bench-{args.bars}.fxcache"
     t0 = time.perf_counter()
     to_cache(SynthSpec(n_bars=args.bars, seed=0), path)
@@ -131,7 +131,7 @@ def count_syncs_in_epoch(trainer: Trainer, steps: int) -> int | str:
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(steps):
-            trainer.graph.replay() if trainer.graph is not None else trainer._step()
+            trainer.graph.replay() if trainer.graph is not None else trainer.dqn.step()
         return 0
     except RuntimeError as e:
         return f"sync: {str(e).splitlines()[0][:60]}"
@@ -145,18 +145,8 @@ def bench_trainer(args, rows, path: Path) -> None:
     market = cache.open(path)
     if dev.type == "cuda":  # a first CUDA context + allocator warm-up is not the upload
         torch.empty(1, device=dev)
-        DeviceData(
-            {
-                k: v[:1000]
-                for k, v in {
-                    "ts": market.ts,
-                    "features": market.features,
-                    "ofi": market.ofi,
-                    "close": market.close,
-                }.items()
-            },
-            dev,
-        )
+        columns = ("ts", "features", "ofi", "open", "close")  # every column DeviceData reads
+        DeviceData({k: getattr(market, k)[:1000] for k in columns}, dev)
         sync()
     t0 = time.perf_counter()
     data = DeviceData(market, dev)
@@ -168,10 +158,8 @@ def bench_trainer(args, rows, path: Path) -> None:
         Fold(0, (0, n // 2), (n // 2 + 100, n // 2 + 100 + val), (n - val, n)),
         Fold(1, (n // 4, 3 * n // 4), (3 * n // 4 + 100, 3 * n // 4 + 100 + val), (n - val, n)),
     ]
-    variants = [("graphs", True, False), ("graphs+compile", True, True), ("eager", False, False)]
-    for tag, graphs, compiled in variants if dev.type == "cuda" else variants[2:]:
-        if compiled and not args.compile:
-            continue
+    variants = [("graphs", True), ("eager", False)]
+    for tag, graphs in variants if dev.type == "cuda" else variants[1:]:
         cfg = DQNConfig(
             num_envs=args.envs,
             batch_size=args.batch,
@@ -179,12 +167,10 @@ def bench_trainer(args, rows, path: Path) -> None:
             buffer_steps=max(64, 2 * args.n_step + 2),
             hidden=256,
             depth=2,
-            dueling=True,
             n_step=args.n_step,
             epochs=args.epochs,
             patience=args.epochs,
             graphs=graphs,
-            compile=compiled,
         )
         try:
             bench_variant(args, rows, data, folds, cfg, tag, sync)
@@ -196,17 +182,18 @@ def bench_trainer(args, rows, path: Path) -> None:
 
 def bench_variant(args, rows, data, folds, cfg, tag, sync) -> None:
     val = folds[0].val[1] - folds[0].val[0]
-    trainer = Trainer(data, cfg)
+    trainer = Trainer(data, [cfg])
     t0 = time.perf_counter()
-    result = trainer.run_fold(folds[0], seed=0)  # includes the one-time graph capture
+    (result,) = trainer.run_fold(folds[0], [0])  # includes the one-time graph capture
     first = time.perf_counter() - t0
     switch = []
     for f in (folds[1], folds[0], folds[1]):
         t0 = time.perf_counter()
-        trainer._begin(f, seed=1)
+        data.set_fold(f)
+        trainer.dqn.begin([1])
         sync()
         switch.append(time.perf_counter() - t0)
-    result = trainer.run_fold(folds[1], seed=1)
+    (result,) = trainer.run_fold(folds[1], [1])
     epoch = float(np.median([c["epoch_s"] for c in result.curve]))
     train_only = float(np.median([c["train_s"] for c in result.curve]))
     val_s = float(np.median([c["val_s"] for c in result.curve]))
@@ -245,35 +232,6 @@ def bench_variant(args, rows, data, folds, cfg, tag, sync) -> None:
         profile_step(trainer, args.profile)
 
 
-def bench_forward(args, rows, path: Path) -> None:
-    """The learner step with the online forward over [s, s_next] in one pass (CUDA's choice) and
-    in two (the CPU's: fxray.rl.dqn.Learner.joint_forward), side by side: 4 alternations of
-    `steps` steps each, best of 4, at the CPU profile's sizes unless given (hidden 128 and 256)."""
-    dev = torch.device(args.device)
-    data = DeviceData(cache.open(path), dev)
-    n = data.n_bars
-    fold = Fold(0, (0, int(n * 0.8)), (int(n * 0.8), int(n * 0.9)), (int(n * 0.9), n))
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    for hidden in (128, 256):
-        trainer = Trainer(data, DQNConfig(num_envs=args.envs, batch_size=args.batch, hidden=hidden, graphs=False))
-        trainer._begin(fold, 0)
-        best = {True: math.inf, False: math.inf}
-        for _ in range(4):
-            for joint in (True, False):
-                trainer.algo.learner.joint_forward = joint
-                for _ in range(10):
-                    trainer._step()
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(args.steps):
-                    trainer._step()
-                sync()
-                best[joint] = min(best[joint], (time.perf_counter() - t0) / args.steps)
-        for joint, tag in ((True, "one pass over [s, s_next]"), (False, "two passes, s_next without autograd")):
-            rows.append(("forward", f"learner step, hidden {hidden}, {tag}", best[joint] * 1e3, "ms", ""))
-        rows.append(("forward", f"hidden {hidden}: two passes / one pass", best[False] / best[True], "x", ""))
-
-
 def profile_step(trainer: Trainer, out: Path) -> None:
     """Kernel table of 20 eager hot steps (where the time of a step goes), written to `out`."""
     from torch.profiler import ProfilerActivity, profile
@@ -281,7 +239,7 @@ def profile_step(trainer: Trainer, out: Path) -> None:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=acts) as prof:
         for _ in range(20):
-            trainer._step()
+            trainer.dqn.step()
         trainer.data.synchronize()
     key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
     out.write_text(prof.key_averages().table(sort_by=key, row_limit=40))
@@ -289,13 +247,13 @@ def profile_step(trainer: Trainer, out: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--sections", default="data,trainer", metavar="LIST", help="data, upload, trainer, forward (comma-separated)"
-    )
+    p.add_argument("--sections", default="data,trainer", metavar="LIST", help="data, upload, trainer (comma-separated)")
     p.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", metavar="DEVICE", help="cpu or cuda"
     )
-    p.add_argument("--bars", type=int, metavar="N", help="bars of the benchmark market (default: by device)")
+    p.add_argument("--size", choices=sorted(SIZES), help="gpu, cpu or tiny (default: gpu on a GPU, else cpu)")
+    p.add_argument("--bars", type=int, metavar="N", help="bars of the benchmark market (default: by size)")
+    p.add_argument("--synth-bars", type=int, metavar="N", help="bars of the data section's market (default: by size)")
     p.add_argument("--val-bars", type=int, metavar="N", help="bars of the val backtest (default: by device)")
     p.add_argument("--steps", type=int, metavar="N", help="learner steps per epoch (default: by device)")
     p.add_argument("--batch", type=int, metavar="N", help="learner batch (default: by device)")
@@ -305,7 +263,6 @@ def main(argv=None) -> int:
     p.add_argument("--cache", type=Path, metavar="FXCACHE", help="reuse this fxcache instead of generating one")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON here")
     p.add_argument("--profile", type=Path, metavar="PATH", help="write a kernel table of 20 eager steps here")
-    p.add_argument("--compile", action="store_true", help="also measure graphs + torch.compile'd loss")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(
@@ -313,15 +270,11 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    sizes = GPU_SIZES if args.device.startswith("cuda") else CPU_SIZES
-    for k, v in sizes.items():
+    size = args.size or ("gpu" if args.device.startswith("cuda") else "cpu")
+    for k, v in SIZES[size].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    say(
-        f"device {args.device}: {'GPU' if sizes is GPU_SIZES else 'CPU'} sizes "
-        + ", ".join(f"{k}={getattr(args, k):,}" for k in sizes)
-        + ("" if sizes is GPU_SIZES else " (the GPU goals' sizes need --device cuda on a GPU machine)")
-    )
+    say(f"device {args.device}: {size} sizes " + ", ".join(f"{k}={getattr(args, k):,}" for k in SIZES[size]))
     sections = set(args.sections.split(","))
     rows: list[tuple] = ProgressRows()
     with tempfile.TemporaryDirectory() as tmp:
@@ -339,9 +292,6 @@ def main(argv=None) -> int:
         if "trainer" in sections:
             say(f"trainer: {args.epochs} epochs x {args.steps} steps per variant, two folds each")
             bench_trainer(args, rows, path)
-        if "forward" in sections:
-            say(f"forward: the learner step's online forward, joint and split, {args.steps} steps x 4 each")
-            bench_forward(args, rows, path)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     print(
         f"fxray bench  {time.strftime('%Y-%m-%d')}  torch {torch.__version__}  device {args.device} "
@@ -365,7 +315,7 @@ def main(argv=None) -> int:
                 default=str,
             )
         )
-    return 0
+    return 1 if any("FAILED" in what for _, what, *_ in rows) else 0  # a broken variant fails the run
 
 
 if __name__ == "__main__":
