@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", metavar="DIR", required=True, type=Path, help="a bundle directory (python -m fxray.export)"
     )
     p.add_argument(
-        "--data", metavar="FXCACHE", required=True, type=Path, help="an fxcache (python -m fxray.data build)"
+        "--data", metavar="FXCACHE", required=True, type=Path, help="an fxcache (fxray data build)"
     )
     p.add_argument(
         "--window",

@@ -24,7 +24,7 @@ from fxray import __version__
 COMMANDS = {
     "tune": ("fxray.tune", "sweep hyperparameters over walk-forward folds (Ray Tune + Optuna + ASHA, MLflow)"),
     "train": ("fxray.train", "train one config over every fold, no Ray; re-train a logged trial (--from-run)"),
-    "data": ("fxray.data.__main__", "make and inspect fxcache files (synth, build, info)"),
+    "data": ("fxray.data_cmd", "make and inspect fxcache files (synth, build, info)"),
     "compare": ("fxray.compare", "judge sweeps logged in MLflow: pooled out-of-sample Sharpe, DSR, plots"),
     "export": ("fxray.export", "export a sweep's best policy"),
     "backtest": ("fxray.backtest", "backtest an exported policy on an fxcache"),

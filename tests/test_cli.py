@@ -41,7 +41,16 @@ def one_line_error(proc, *needles):
 def test_synth_then_info_with_folds(tmp_path):
     out = tmp_path / "s.fxcache"
     p = run(
-        "fxray.data", "synth", "--bars", "30_000", "--seed", "3", "--out", str(out), "--json", str(tmp_path / "s.json")
+        "fxray.data_cmd",
+        "synth",
+        "--bars",
+        "30_000",
+        "--seed",
+        "3",
+        "--out",
+        str(out),
+        "--json",
+        str(tmp_path / "s.json"),
     )
     assert p.returncode == 0, p.stderr
     market = cache.open(out)
@@ -49,7 +58,7 @@ def test_synth_then_info_with_folds(tmp_path):
     assert json.loads((tmp_path / "s.json").read_text())["content_hash"] == market.content_hash
     exp = tmp_path / "e.yaml"
     exp.write_text("name: t\nfolds: {train: 10d, val: 3d, test: 3d}\n")
-    p = run("fxray.data", "info", str(out), "--experiment", str(exp), "--json", str(tmp_path / "i.json"))
+    p = run("fxray.data_cmd", "info", str(out), "--experiment", str(exp), "--json", str(tmp_path / "i.json"))
     assert p.returncode == 0, p.stderr
     info = json.loads((tmp_path / "i.json").read_text())
     assert info["rows"] == 30_000 and len(info["columns"]) == 50 and info["folds"]
@@ -59,7 +68,7 @@ def test_synth_then_info_with_folds(tmp_path):
 def test_build_from_histdata_bars(tmp_path, shared_data):
     out = tmp_path / "eu.fxcache"
     p = run(
-        "fxray.data",
+        "fxray.data_cmd",
         "build",
         "--bars",
         str(shared_data / "bars/eurusd_m1_2017q1"),
@@ -82,7 +91,7 @@ def test_build_bars_and_order_flow_from_an_mbo_book(tmp_path, shared_data):
     out = tmp_path / "es.fxcache"
     book = shared_data / "book/databento/esh4-glbx-mdp3-20231225.mbo.dbn.zst"
     p = run(
-        "fxray.data",
+        "fxray.data_cmd",
         "build",
         "--book",
         str(book),
@@ -111,14 +120,14 @@ def test_data_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needl
     out = tmp_path / "x.fxcache"
     if args[0] == "build":
         args = args + ["--out", str(out)]
-    one_line_error(run("fxray.data", *args), *needles)
+    one_line_error(run("fxray.data_cmd", *args), *needles)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_info_on_a_file_that_is_not_an_fxcache(tmp_path):
     bad = tmp_path / "bad.fxcache"
     bad.write_text("timestamp,open\n1,2\n")
-    one_line_error(run("fxray.data", "info", str(bad)), str(bad), "not an Arrow IPC file")
+    one_line_error(run("fxray.data_cmd", "info", str(bad)), str(bad), "not an Arrow IPC file")
 
 
 def test_too_few_bars_is_one_line(tmp_path):
@@ -127,7 +136,7 @@ def test_too_few_bars_is_one_line(tmp_path):
         "timestamp_utc,open,high,low,close,volume\n"
         + "".join(f"2024-01-01T00:{m:02d}:00,1,1.1,0.9,1,5\n" for m in range(50))
     )
-    one_line_error(run("fxray.data", "build", "--bars", str(csv), "--out", str(tmp_path / "o.fxcache")), "50 bars")
+    one_line_error(run("fxray.data_cmd", "build", "--bars", str(csv), "--out", str(tmp_path / "o.fxcache")), "50 bars")
     assert not (tmp_path / "o.fxcache").exists()
 
 

@@ -21,8 +21,15 @@ from ray.cluster_utils import Cluster
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, to_cache
-from fxray.sweep.cluster import HEAD_RESOURCE, ObjectStoreError, check_object_store, object_nodes, trial_resources
-from fxray.sweep.workers import plan_workers, put_market, start_workers
+from fxray.sweep.cluster import (
+    HEAD_RESOURCE,
+    ObjectStoreError,
+    check_object_store,
+    object_nodes,
+    plan_workers,
+    trial_resources,
+)
+from fxray.sweep.workers import put_market, start_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE = 80 * 2**20  # bytes of object store per simulated node (Ray's minimum is 75 MiB)

@@ -60,7 +60,7 @@ def test_fxray_dispatches_to_each_command_with_the_rest_of_the_line(command):
 
 
 def test_fxray_runs_a_command_end_to_end(tmp_path):
-    """`fxray data synth ...` does what `python -m fxray.data synth ...` does."""
+    """`fxray data synth ...` does what `python -m fxray.data_cmd synth ...` does."""
     out = run_py("data", "synth", "--bars", "3000", "--seed", "1", "--out", tmp_path / "s.fxcache")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "s.fxcache").is_file() and "3,000 synthetic 1-min bars, seed 1" in out.stdout
@@ -90,7 +90,7 @@ def test_the_command_table_offers_only_modules_that_exist(monkeypatch):
 
 def parsers():
     from fxray import backtest, compare, export, live, train, tune
-    from fxray.data import __main__ as data
+    from fxray import data_cmd as data
 
     out = {}
     commands = (("tune", tune), ("train", train), ("compare", compare), ("data", data), ("export", export))
@@ -133,7 +133,7 @@ def test_book_without_the_extra_is_one_line_naming_it(tmp_path):
     out_file = tmp_path / "es.fxcache"
     code = (
         "import sys; sys.modules['numba'] = None\n"
-        "from fxray.data.__main__ import main\n"
+        "from fxray.data_cmd import main\n"
         f"sys.exit(main(['build', '--book', 'x.mbo.dbn.zst', '--bar', '10s', '--out', {str(out_file)!r}]))"
     )
     out = run_py(code=code)

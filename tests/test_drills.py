@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_tune import check_complete_sweep, cli, fault_env, hand_made_results, setup, store, study
 
-from fxray.sweep.lock import held_by
+from fxray.sweep.rundir import held_by
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")]
 

@@ -6,7 +6,7 @@
     track/                data/, eval/
     sweep/                data/, eval/, rl/, track/
     policy/               data/, eval/, rl/
-    the CLIs (fxray/*.py, */__main__.py) anything; nothing but a CLI imports sweep/.
+    the CLIs (fxray/*.py) anything; nothing but a CLI imports sweep/.
 Ray only in sweep/; mlflow only in track/ and the CLIs.
 """
 
@@ -29,9 +29,9 @@ THIRD_PARTY = {"ray": {"sweep"}, "mlflow": {"track"}}  # who may import them, be
 
 
 def layer_of(path: Path) -> str | None:
-    """The layer of a module file, or None for a CLI (top level, or a package's __main__)."""
+    """The layer of a module file, or None for a CLI (the top level: a layer holds no command)."""
     rel = path.relative_to(PACKAGE)
-    if len(rel.parts) == 1 or rel.name == "__main__.py":
+    if len(rel.parts) == 1:
         return None
     return rel.parts[0]
 
@@ -84,4 +84,61 @@ def test_the_rule_catches_an_edge_that_breaks_it():
     assert violations("track", "import fxray.sweep.driver\n") == ["track imports sweep"]
     assert violations("sweep", "from fxray.track.records import FoldRecord\nimport ray\n") == []
     assert violations(None, "import ray, mlflow\nfrom fxray.sweep import driver\n") == []
-    assert layer_of(PACKAGE / "data" / "__main__.py") is None and layer_of(PACKAGE / "rl" / "dqn.py") == "rl"
+    assert layer_of(PACKAGE / "data_cmd.py") is None and layer_of(PACKAGE / "rl" / "dqn.py") == "rl"
+    assert not list(PACKAGE.glob("*/__main__.py"))  # a command lives at the top, not inside a layer
+
+
+def module_edges() -> dict[str, set[str]]:
+    """fxray module -> the fxray modules it imports (lazy and TYPE_CHECKING imports too; a
+    `from fxray.x import y` of a submodule y is an edge to fxray.x.y)."""
+    modules = {
+        ".".join(("fxray", *p.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): p
+        for p in PACKAGE.rglob("*.py")
+    }
+    edges = {}
+    for name, path in modules.items():
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("fxray"):
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                out |= subs or ({node.module} & modules.keys())
+        edges[name] = out - {name}
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_circle_between_fxray_modules():
+    assert cycles(module_edges()) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the checker sees one

@@ -150,20 +150,20 @@ def test_non_finite_config_values_in_an_experiment_file(work, line, needle):
 def test_data_out_naming_a_directory(work, cmd):
     (work / "outdir").mkdir()
     args = ["--bars", "100"] if cmd == "synth" else ["--bars", "m.fxcache"]
-    one_line(run("fxray.data", cmd, *args, "--out", "outdir", cwd=work), "--out outdir: is a directory")
+    one_line(run("fxray.data_cmd", cmd, *args, "--out", "outdir", cwd=work), "--out outdir: is a directory")
     assert list((work / "outdir").iterdir()) == []
 
 
 def test_data_info_verify_finds_a_flipped_byte(work):
-    out = run("fxray.data", "info", "m.fxcache", "--verify", "--json", "i.json", cwd=work)
+    out = run("fxray.data_cmd", "info", "m.fxcache", "--verify", "--json", "i.json", cwd=work)
     assert out.returncode == 0 and "content hash blake3" in out.stdout and "matches" in out.stdout, out.stderr
     info = json.loads((work / "i.json").read_text())
     assert info["verified"]["content_hash"] == info["content_hash"]
     raw = bytearray((work / "m.fxcache").read_bytes())
     raw[len(raw) // 2] ^= 0x10
     (work / "m.fxcache").write_bytes(bytes(raw))
-    assert run("fxray.data", "info", "m.fxcache", cwd=work).returncode in (0, 2)  # values alone may pass
-    one_line(run("fxray.data", "info", "m.fxcache", "--verify", cwd=work), "do not match its stored content hash")
+    assert run("fxray.data_cmd", "info", "m.fxcache", cwd=work).returncode in (0, 2)  # values alone may pass
+    one_line(run("fxray.data_cmd", "info", "m.fxcache", "--verify", cwd=work), "do not match its stored content hash")
 
 
 def test_data_info_on_feature_names_of_the_wrong_type(work):
@@ -177,7 +177,7 @@ def test_data_info_on_feature_names_of_the_wrong_type(work):
     table = table.replace_schema_metadata(meta)
     with ipc.new_file(work / "bad.fxcache", table.schema) as w:
         w.write_table(table)
-    one_line(run("fxray.data", "info", "bad.fxcache", cwd=work), "feature_names: must be a JSON list of 42 strings")
+    one_line(run("fxray.data_cmd", "info", "bad.fxcache", cwd=work), "feature_names: must be a JSON list of 42 strings")
 
 
 def test_compare_on_a_file_that_is_not_a_database(work):
@@ -227,8 +227,7 @@ def test_an_embargo_below_the_feature_lookback_is_refused(tmp_path):
 
 
 def test_one_driver_at_a_time_and_a_dead_ones_lock_is_stale(tmp_path):
-    from fxray.sweep.lock import held_by, hold
-    from fxray.sweep.rundir import UsageError
+    from fxray.sweep.rundir import UsageError, held_by, hold
 
     storage = tmp_path / "runs/s"
     with hold(storage, None):
@@ -251,7 +250,7 @@ def test_one_driver_at_a_time_and_a_dead_ones_lock_is_stale(tmp_path):
 
 
 def test_a_lock_on_a_new_run_directory_leaves_nothing_when_nothing_started(tmp_path):
-    from fxray.sweep.lock import hold
+    from fxray.sweep.rundir import hold
 
     with pytest.raises(RuntimeError):
         with hold(tmp_path / "runs/new", None):

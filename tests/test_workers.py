@@ -8,7 +8,8 @@ from fxray.data import cache
 from fxray.data.arrays import host_arrays
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, to_cache
-from fxray.sweep.workers import FoldWorker, plan_workers, put_market, start_workers
+from fxray.sweep.cluster import plan_workers
+from fxray.sweep.workers import FoldWorker, put_market, start_workers
 
 TINY = {
     "num_envs": 16,

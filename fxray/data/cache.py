@@ -28,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from fxray.data import integrity
+from fxray.data.integrity import CacheError
 from fxray.data.schema import N_FEATURES, N_OFI, TARGET_NAMES
 
 FORMAT_VERSION = "1"
@@ -45,10 +47,6 @@ STRING_META = ("instrument", "bar", "source", "content_hash", "content_hash_algo
 RESERVED_META = (*REQUIRED_META, "content_hash_algo")
 
 
-class CacheError(ValueError):
-    """A bad fxcache file or bad arrays handed to `write`; the message is one line."""
-
-
 @dataclass(frozen=True)
 class Market:
     """An opened fxcache: read-only numpy views into the memory-mapped file."""
@@ -64,7 +62,6 @@ class Market:
     def verify(self) -> dict:
         """The O(N) checks (values, content hash): waits for the background ones, or runs them
         now; CacheError (one line) if the file is bad. Call it before recording a result."""
-        from fxray.data import integrity
 
         if self.check is None:
             object.__setattr__(self, "check", integrity.Verification(self))
@@ -133,7 +130,6 @@ def write(
     reserved = sorted(set(extra_meta or {}) & set(RESERVED_META))
     if reserved:
         raise CacheError(f"{path}: extra_meta may not set reserved key(s) {', '.join(reserved)}")
-    from fxray.data import integrity
 
     digest = integrity.content_hash(ts, features, ofi, targets)
     meta = {
@@ -187,7 +183,7 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise CacheError(f"{path}: no such file (make one with `python -m fxray.data synth|build`)") from None
+        raise CacheError(f"{path}: no such file (make one with `fxray data synth|build`)") from None
     except OSError as e:
         raise CacheError(f"{path}: cannot be read ({e.strerror or e})") from None
     if not stat.S_ISREG(mode):  # a FIFO would block the mmap forever; a directory is no file
@@ -246,8 +242,6 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
     if verify == "now":
         market.verify()
     elif verify == "background":
-        from fxray.data import integrity
-
         object.__setattr__(market, "check", integrity.Verification(market))
     return market
 
@@ -275,7 +269,7 @@ def parse_meta(path: str, raw: dict[str, str]) -> dict:
     if str(version) != FORMAT_VERSION or isinstance(version, (bool, float)):
         raise CacheError(
             f"{path}: schema metadata fxray.version: {_short(raw['fxray.version'])} is unknown to this fxray "
-            f"(reads {FORMAT_VERSION!r}); rebuild it with `python -m fxray.data`"
+            f"(reads {FORMAT_VERSION!r}); rebuild it with `fxray data`"
         )
     meta["fxray.version"] = FORMAT_VERSION
     for key, width in (("feature_names", N_FEATURES), ("ofi_names", N_OFI)):

@@ -24,7 +24,10 @@ import time
 
 import numpy as np
 
-from fxray.data.cache import CacheError
+
+class CacheError(ValueError):
+    """A bad fxcache file or bad arrays handed to `write`; the message is one line."""
+
 
 HASH_ALGOS = ("blake3", "sha256")
 DEFAULT_ALGO = "blake3"
@@ -116,7 +119,7 @@ def verify(market) -> dict:
     if digest != market.content_hash:
         raise CacheError(
             f"{market.path}: its contents do not match its stored content hash ({algo} {digest} != "
-            f"{market.content_hash}): the file was changed or damaged; rebuild it with `python -m fxray.data`"
+            f"{market.content_hash}): the file was changed or damaged; rebuild it with `fxray data`"
         )
     return {"algo": algo, "content_hash": digest, "values_s": t1 - t0, "hash_s": t2 - t1}
 

@@ -4,6 +4,7 @@ driver's node.
 
     driver:  start_ray(args)                      a local Ray, or join --address (ClusterError)
              check_object_store(arrays, path)     before ray.put: one-line error, exit 2, not a hang
+             plan_workers(resources, ...)         how many FoldWorkers, trials in flight, CPUs each
              trial_resources(cpu_per_trial)       what each Tune trial asks for
     tests:   object_nodes(ref)                    the nodes holding a copy of an object
 
@@ -16,8 +17,10 @@ zero-copy. So each node's store, not the cluster's sum
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+from dataclasses import dataclass
 
 import ray
 
@@ -61,7 +64,7 @@ def check_object_store(arrays: dict, path: str, headroom: float = HEADROOM) -> d
             f"{headroom:g}x headroom, but the smallest node's store is {mib(smallest)} "
             f"({len(stores)} node(s)); give every node a bigger store (`ray start "
             f"--object-store-memory BYTES`, default 30% of RAM) or sweep a shorter fxcache "
-            f"(python -m fxray.data ... --bars)"
+            f"(fxray data ... --bars)"
         )
     return stores
 
@@ -153,3 +156,64 @@ def start_ray(args):
     node = ray._private.worker._global_node
     REAPERS.append(start_reaper(node.node_id, node.get_session_dir_path()))  # its pipe open until we exit
     return REAPERS[-1]
+
+
+# --- how many workers, with which resources ------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    kind: str  # "gpu": one actor per 1/K GPU; "cpu": CPU-only actors
+    n_workers: int
+    num_cpus: float  # logical CPUs each worker reserves
+    num_gpus: float  # 1/K in gpu plans, 0 in cpu plans
+    torch_threads: int  # intra-op threads of each worker
+    n_trials: int  # Tune trials in flight (max_concurrent_trials)
+    population: int = 1  # trials a worker trains together (fxray.sweep.gather); 1: one at a time
+    cpu_per_trial: float = 0.25  # what each Tune trial reserves (it only waits on a worker)
+
+    def describe(self) -> str:
+        per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""
+        pop = f", populations of up to {self.population}" if self.population > 1 else ""
+        return (
+            f"{self.n_workers} {self.kind.upper()} worker(s), each {per}{self.num_cpus:g} CPU, "
+            f"{self.torch_threads} torch thread(s){pop}; {self.n_trials} trials in flight"
+        )
+
+
+def plan_workers(
+    resources: dict,
+    workers_per_gpu: int = 1,
+    cpu_per_trial: float = 0.25,
+    cpu_workers: int | None = None,
+    trials_per_worker: int = 1,
+    population: int = 1,
+    max_trials: int | None = None,
+) -> WorkerPlan:
+    """Split the cluster between workers and the trials that drive them.
+
+    `trials_per_worker` trials are in flight per worker: one holds its lease, the
+    others have been started by Tune and wait for it, so a worker goes from one
+    trial to the next without waiting for Tune's trial turnover (~0.1 s).
+    With `population` K > 1, K trials share a worker (their folds trained as one population)
+    and one more waits: at least K + 1 trials in flight per worker.
+    No more trials are in flight than `max_trials` (the sweep's). Trials only wait on workers,
+    but Ray still needs room for their `cpu_per_trial`: on a CPU cluster they reserve at most
+    half of it between them (less than `cpu_per_trial` each where that would not fit), so any
+    population fits any machine; a worker gets at most its threads' CPUs, the rest of it.
+    """
+    cpus, gpus = float(resources.get("CPU", 0)), int(resources.get("GPU", 0))
+    if gpus >= 1:
+        kind, n, num_gpus = "gpu", gpus * workers_per_gpu, 1.0 / workers_per_gpu
+        threads = 1
+    else:
+        kind, num_gpus = "cpu", 0.0
+        n = cpu_workers or max(1, int(cpus))  # one single-threaded worker per core beats one wide one
+        threads = max(1, int(cpus // n))
+    n_trials = n * (max(trials_per_worker, population + 1) if population > 1 else trials_per_worker)
+    n_trials = max(1, min(n_trials, max_trials or n_trials))
+    if kind == "cpu":  # Ray counts hundredths of a CPU
+        cpu_per_trial = max(0.01, min(cpu_per_trial, math.floor(cpus / 2 / n_trials * 100) / 100))
+    spare = (cpus - n_trials * cpu_per_trial) / n
+    num_cpus = math.floor(min(float(threads if kind == "cpu" else 1), spare) * 100) / 100
+    return WorkerPlan(kind, n, max(num_cpus, 0.0), num_gpus, threads, n_trials, population, cpu_per_trial)

@@ -132,7 +132,7 @@ def validate(args, import_s: float = 0.0) -> Plan:
         data_path = str(synth.ensure_default(ran.synth, log=print))
     if data_path and not Path(data_path).exists():
         where = "--data" if args.data else f"{file}: data.path"
-        raise UsageError(f"{where}: {data_path} does not exist (build it with `python -m fxray.data build`)")
+        raise UsageError(f"{where}: {data_path} does not exist (build it with `fxray data build`)")
     # the structure and metadata here (a bad file fails before Ray); the values and the content
     # hash are checked in a thread while Ray and the workers start (start() waits for it)
     market = cache.open(data_path, verify="background") if data_path else None
@@ -162,7 +162,8 @@ def validate(args, import_s: float = 0.0) -> Plan:
 def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     """The writer, Ray, the data, the workers and the run directory, in that order."""
     from fxray.data import cache, synth
-    from fxray.sweep.workers import plan_workers, put_market, start_workers
+    from fxray.sweep.cluster import plan_workers
+    from fxray.sweep.workers import put_market, start_workers
     from fxray.track.writer import Writer
 
     args, phases, storage = plan.args, plan.phases, plan.storage
@@ -388,7 +389,7 @@ def ranking(storage: Path, n_folds: int) -> list[str]:
 
 def sweep_run(args, import_s: float = 0.0) -> int:
     """validate, start, fit, finish; whatever was started ends with the run, however it ends."""
-    from fxray.sweep.lock import hold
+    from fxray.sweep.rundir import hold
 
     plan = validate(args, import_s)
     with contextlib.ExitStack() as stack:

@@ -26,7 +26,7 @@ import ray
 from ray.exceptions import RayActorError
 
 if TYPE_CHECKING:
-    from fxray.sweep.workers import WorkerPlan
+    from fxray.sweep.cluster import WorkerPlan
 
 FOLD_RETRIES = 3  # fold calls lost to a dead worker before the trial gives up
 

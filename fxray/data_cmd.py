@@ -7,7 +7,7 @@
     fxray data info eurusd.fxcache [--experiment experiments/default.yaml] [--json info.json]
     fxray data info eurusd.fxcache --verify   # every value checked, the content hash recomputed
 
-Each also as python -m fxray.data. --book and --trades need the `book` extra
+Each also as python -m fxray.data_cmd. --book and --trades need the `book` extra
 (pip install 'fxray[book]'). Every failure is one line on stderr naming the file and the fix, exit status 2,
 and no output file (writes are atomic).
 """
