@@ -1,4 +1,4 @@
-"""fxray.metrics against independent references.
+"""fxray.eval.metrics against independent references.
 
 The references are re-derived here the way empyrical / quantstats write them
 (pandas, simple returns and wealth for drawdowns, scipy.stats for moments) so
@@ -108,22 +108,14 @@ def test_psr_normal_case_is_lo_standard_error():
 
 
 def test_dsr_numerical_example():
-    # The DSR paper's (Bailey & Lopez de Prado 2014) numerical example, re-derived by hand:
+    # The pieces of the one DSR (fxray.eval.selection.deflated, checked whole in test_pooled.py)
+    # against the DSR paper's (Bailey & Lopez de Prado 2014) numerical example, re-derived by hand:
     # 100 trials, annualised Sharpe variance 1/2, best annualised SR 2.5, T = 1250 daily
     # returns, skew -3, kurtosis 10, 250 days a year -> SR0 = 0.1132 per day, DSR = 0.9004.
     sr0 = metrics.expected_max_sharpe(100, 0.5 / 250)
     assert sr0 == pytest.approx(0.1132, abs=5e-5)
     dsr = metrics.psr_from_stats(2.5 / math.sqrt(250), -3.0, 10.0, 1250, sr0)
     assert dsr == pytest.approx(0.9004, abs=5e-5)
-
-
-def test_deflated_is_psr_at_expected_max():
-    r = _daily(7, fat=True)
-    sr0 = metrics.expected_max_sharpe(50, 0.03**2)
-    assert metrics.deflated_sharpe(r, 50, 0.03**2) == pytest.approx(ref_psr(r, sr0), abs=1e-12)
-    assert metrics.deflated_sharpe(r, 1, 0.03**2) == pytest.approx(ref_psr(r, 0.0), abs=1e-12)
-    # more trials -> a higher bar -> a lower DSR
-    assert metrics.deflated_sharpe(r, 1000, 0.03**2) < metrics.deflated_sharpe(r, 10, 0.03**2)
 
 
 @pytest.mark.parametrize("n_trials", [10, 100, 1000])

@@ -11,8 +11,10 @@ Units and conventions (every function here follows them):
   never inf or NaN, so trackers, optimisers and early stopping can compare it.
 - `total_return` and `max_drawdown` are in log units; `math.expm1(x)` gives the
   fraction of equity (e.g. max_drawdown = -0.105 -> equity fell 10.0%).
-- PSR / DSR work on PER-PERIOD (daily, NOT annualised) Sharpe ratios, as in
-  Bailey & Lopez de Prado (2012, 2014); see `probabilistic_sharpe`.
+- PSR works on PER-PERIOD (daily, NOT annualised) Sharpe ratios, as in Bailey &
+  Lopez de Prado (2012); see `probabilistic_sharpe`. The sweep's one DSR is
+  fxray.eval.selection.deflated (trials on a common footing), built on
+  `expected_max_sharpe` here.
 
 Arrays here are tiny (one value per day): plain numpy, float64.
 """
@@ -155,16 +157,6 @@ def expected_max_sharpe(n_trials: int, var_sharpe: float) -> float:
 
     z = (1 - EULER_GAMMA) * norm.ppf(1 - 1 / n_trials) + EULER_GAMMA * norm.ppf(1 - 1 / (n_trials * math.e))
     return float(math.sqrt(var_sharpe) * z)
-
-
-def deflated_sharpe(returns, n_trials: int, var_trial_sharpes: float) -> float:
-    """DSR = PSR(SR0): the best trial's PSR against the Sharpe expected by luck.
-
-    returns: the best trial's (daily) returns. var_trial_sharpes: variance over
-    the sweep's trials of their PER-PERIOD Sharpe ratios -- an annualised
-    Sharpe's variance divided by 252 -- the same units as SR^ of `returns`.
-    """
-    return probabilistic_sharpe(returns, expected_max_sharpe(n_trials, var_trial_sharpes))
 
 
 # --- bar-level statistics and the bundle -------------------------------------
