@@ -1,17 +1,17 @@
-"""Compare sweeps logged in MLflow, and say whether each one's best trial is better than luck.
+"""Compare sweeps logged in MLflow, and say whether each one's chosen trial is better than luck.
 
     fxray compare                                   # every fxray sweep in ./mlflow.db
     fxray compare smoke default --tracking-uri sqlite:///$PWD/mlflow.db --json compare.json
     fxray compare smoke --out compare/ --no-log     # PNGs only on disk
 
-Per experiment (its latest sweep, i.e. parent run): the trials, the best trial (the one
+Per experiment (its latest sweep, i.e. parent run): the trials, the chosen trial (the one
 the sweep picked: the highest score, the pooled val Sharpe of the folds it ran, among
 trials that ran every fold) and, pooled over ALL its test windows at the hourly period:
 its Sharpe with the standard error, PSR(0), the Deflated Sharpe Ratio with N = every trial
 the sweep started, the same positions at 2x and 3x the cost, the break-even cost, the
 reference rules on the same windows (the oracle when the market carries one, the ridge
-rule, buy-and-hold, flat) and the share of the oracle; walk-forward selection; and in
-words whether the best trial is significant. Per-fold values are shown for the table
+rule, buy-and-hold, flat), the share of the oracle and what it adds over the linear rule;
+walk-forward selection; and the sweep's verdict in words (fxray.track.verdict). Per-fold values are shown for the table
 only: a Sharpe of a 5-day window is noise. PNGs (per-fold Sharpe, the best trials' equity
 on their test windows beside the references, Optuna's hyperparameter importance) go to
 --out and to each sweep's parent run under compare/.
@@ -29,7 +29,7 @@ import numpy as np
 
 from fxray.cli import command_parser
 from fxray.track.compare import CompareError, load_experiment, open_store, summarize, sweep_experiments
-from fxray.track.report import bp, flat_text, fmt, share_text, sharpe_line, verdict
+from fxray.track.report import bp, flat_text, fmt, linear_line, share_text, sharpe_line
 from fxray.track.verdict import json_ready, verdict_png
 from fxray.track.verdict import text as verdict_text
 
@@ -47,7 +47,7 @@ def report(s: dict) -> str:
         + (f" (latest of {s['n_sweeps']} sweeps)" if s["n_sweeps"] > 1 else ""),
         f"   {s['n_trials']} trials x {s['n_folds']} folds ({s['n_trials_counted']} started); score (pooled val "
         f"Sharpe of the folds run): best {s['best_score']:+.2f}, median {fmt(s['median_score'])}",
-        f"   best {b['run_name']} (run {b['run_id']}), {b['folds_done']} folds: pooled val Sharpe "
+        f"   chosen {b['run_name']} (run {b['run_id']}), {b['folds_done']} folds: pooled val Sharpe "
         f"{sharpe_line(b['val'])}",
         f"   {'fold':>4} {'val SR':>7} {'test SR':>7} {'B&H SR':>7} {'flat SR':>7} {'turnover':>8}   "
         "(per-window values: for the table only)",
@@ -70,6 +70,8 @@ def report(s: dict) -> str:
         + ", flat 0"
         + share_text(test),
     ]
+    if linear_line(test):
+        lines.append("     " + linear_line(test))
     wf = b.get("walk_forward")
     if wf:
         lines.append(
@@ -85,8 +87,7 @@ def report(s: dict) -> str:
             + (f"; share of the oracle {share:.2f}" if share is not None else "")
             + (f"; DSR {vote['dsr']:.3f}" if vote.get("dsr") is not None else "")
         )
-    lines.append("   " + verdict(b))
-    lines.append(verdict_text(s["verdict"]))
+    lines.append(verdict_text(s["verdict"]))  # the sentence, then the evidence
     return "\n".join(lines)
 
 

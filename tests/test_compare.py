@@ -220,7 +220,7 @@ def test_compare_table_matches_the_runs(store, sweep_t):
         assert row["test_turnover"] == fold["test"]["turnover"]
 
     # the report says it in words; the PNGs, and the PNGs on each sweep's parent run
-    assert "== b: sweep run" in out.stdout and "best trial-good" in out.stdout
+    assert "== b: sweep run" in out.stdout and "chosen trial-good" in out.stdout
     assert f"DSR {b['best']['dsr']:.3f}" in out.stdout and "verdict: " in out.stdout
     assert "at 2x cost" in out.stdout and "break-even cost" in out.stdout and "share of the oracle" in out.stdout
     client = MlflowClient(uri)

@@ -168,3 +168,96 @@ def oracle_share_se(policy_windows: list[dict], oracle_windows: list[dict]) -> f
     grad = np.array((d_m[0], -share * d_m[1], d_q[0], -share * d_q[1])) / s_o
     psi = np.cov(Y, rowvar=False)
     return math.sqrt(max(float(grad @ psi @ grad) / n, 0.0))
+
+
+# --- how long a record must be, and what the learner adds over the linear rule -------------
+
+Z_95 = 1.6448536269514722  # Phi^-1(0.95): the one-sided 95 % critical value
+
+
+def min_track_record(sharpe: float, sharpe_se: float | None, n_periods: int, sr_benchmark: float = 0.0, z=Z_95):
+    """Minimum track record length (Bailey & Lopez de Prado 2012, "The Sharpe Ratio Efficient
+    Frontier"): the periods T* at which the observed Sharpe, with the same skewness and kurtosis,
+    would exceed `sr_benchmark` at confidence Phi(z):
+        T* = 1 + (1 - g3 SR + (g4 - 1)/4 SR^2) (z / (SR - SR*))^2,   SR, SR* per period.
+    The bracket is (T - 1) Var(SR), the Lo/Mertens variance behind `sharpe_se` (T = n_periods),
+    so T* = 1 + (T - 1) (z se / (SR - SR*))^2 in any units that SR, SR* and se share (annualised
+    here). math.inf when SR <= SR* (no record at this Sharpe is long enough); None when the
+    Sharpe has no error (no evidence)."""
+    if sharpe_se is None or n_periods < 3:
+        return None
+    if sharpe <= sr_benchmark:
+        return math.inf
+    return 1.0 + (n_periods - 1) * (z * sharpe_se / (sharpe - sr_benchmark)) ** 2
+
+
+LINEAR_RULES = ("ridge", "screened")  # fxray.eval.baselines' supervised rules: the linear references
+
+
+def daily_sums(windows: list[dict]) -> np.ndarray:
+    """(D,) the windows' period returns summed by session day (fxray.data.calendar: the day
+    starts where trading resumes after the weekly close, read off the periods' own times)."""
+    from fxray.data.calendar import HOUR_NS, session_offset
+
+    hours = concat(windows, "hours").astype(np.int64)
+    if hours.size == 0:
+        return np.zeros(0)
+    offset_h = session_offset(hours * HOUR_NS + 1) // HOUR_NS  # the hour of day trading resumes
+    _, day = np.unique((hours - offset_h) // 24, return_inverse=True)
+    return np.bincount(day, weights=concat(windows, "net"))
+
+
+def sharpe_difference_se(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Standard error of S_a - S_b, the Sharpe ratios (per observation) of two paired series
+    (a_t, b_t on the same days), by the delta method of Ledoit & Wolf (2008, sec. 3.1, i.i.d.):
+    u = (mean a, mean b, mean a^2, mean b^2), Psi the sample covariance of (a, b, a^2, b^2),
+    Var = grad' Psi grad / T with grad = (dS/dm_a, -dS/dm_b, dS/dq_a, -dS/dq_b),
+    dS/dm = q / (q - m^2)^(3/2), dS/dq = -m / (2 (q - m^2)^(3/2)). A series with no dispersion
+    (a flat policy) has a constant Sharpe of 0: its terms are 0. None with fewer than 3 days."""
+    n = a.size
+    if n < 3 or b.size != n:
+        return None
+    Y = np.stack((a, b, a * a, b * b), axis=1)
+    m, q = Y[:, :2].mean(0), Y[:, 2:].mean(0)
+    var = q - m * m
+    live = var > 1e-300 * np.maximum(q, 1e-300)
+    v = np.where(live, var, 1.0)
+    d_m = np.where(live, q / v**1.5, 0.0)
+    d_q = np.where(live, -m / (2.0 * v**1.5), 0.0)
+    grad = np.array((d_m[0], -d_m[1], d_q[0], -d_q[1]))
+    return math.sqrt(max(float(grad @ np.cov(Y, rowvar=False) @ grad) / n, 0.0))
+
+
+def minus_linear(policy: dict, policy_windows: list[dict], references: dict, cost: float, periods_per_year: float):
+    """What the learner adds over the linear rule, on the same test days:
+
+    - linear_reference: the better by pooled val Sharpe of the LINEAR_RULES present
+      (`references` {name: {"val": [windows], "test": [windows]}}), named;
+    - minus_linear: the policy's pooled test Sharpe (`policy`, pooled()) minus that rule's,
+      annualised, as both are shown;
+    - minus_linear_se: its standard error from the paired daily returns (the two series summed
+      by session day: days absorb the hours' autocorrelation within a day), Ledoit & Wolf's delta
+      method, annualised by the days a year holds (periods_per_year x days / periods).
+    None in each where there is no linear rule."""
+    out = {"minus_linear": None, "minus_linear_se": None, "linear_reference": None}
+    ok = [n for n in LINEAR_RULES if n in references and len(references[n]["test"]) == len(policy_windows)]
+    if not ok:
+        return out
+    val = {  # a rule without every val window (a record that kept only test) cannot win by val
+        n: pooled(references[n]["val"], cost, periods_per_year)["sharpe"]
+        if len(references[n].get("val") or []) == len(policy_windows)
+        else -math.inf
+        for n in ok
+    }
+    name = max(ok, key=lambda n: val[n])  # ties: ridge, the first
+    ref = pooled(references[name]["test"], cost, periods_per_year)
+    a, b = daily_sums(policy_windows), daily_sums(references[name]["test"])
+    se = sharpe_difference_se(a, b)
+    n_periods = concat(policy_windows, "net").size
+    days_per_year = periods_per_year * a.size / n_periods if n_periods else 0.0
+    out.update(
+        minus_linear=policy["sharpe"] - ref["sharpe"],
+        minus_linear_se=se * math.sqrt(days_per_year) if se is not None else None,
+        linear_reference=name,
+    )
+    return out

@@ -190,7 +190,9 @@ def summarize(exp: dict) -> dict:
         cost,
         ppy,
     )
-    verdict = snooping_verdict(trials, exp["n_folds"], ppy, deflated)
+    verdict = snooping_verdict(
+        trials, exp["n_folds"], ppy, {**deflated, "trial_id": best["trial_id"], "test": b["test"]}
+    )
     if exp.get("placebo_best_test_sharpe"):
         add_placebo(verdict, snooping.placebo_pvalue(b["test"]["sharpe"], exp["placebo_best_test_sharpe"]))
     pf = best["per_fold"]

@@ -1,6 +1,7 @@
-"""What a person sees of a sweep: its last screen (the top trials and the best trial's
-pooled out-of-sample line with its baselines, DSR and a verdict in words), and the
-equity plot of the best trial's test windows beside the reference rules."""
+"""What a person sees of a sweep: its last screen (the top trials and the chosen trial's
+pooled out-of-sample line with its baselines, DSR and what it adds over the linear rule;
+the verdict in words follows it, fxray.track.verdict), and the equity plot of the chosen
+trial's test windows beside the reference rules."""
 
 from __future__ import annotations
 
@@ -36,20 +37,20 @@ def share_text(test: dict) -> str:
     return f"; share of the oracle {share:.2f}" + (f" ± {se:.2f}" if se is not None else "")
 
 
-def verdict(best: dict) -> str:
-    """One line: is the best trial's out-of-sample Sharpe more than the luckiest of N would show?"""
-    dsr, n = best.get("dsr"), best.get("n_trials_counted")
-    if dsr is None:
-        return "verdict: undefined (the best trial has no out-of-sample evidence to deflate)"
-    if dsr >= 0.95:
-        return (
-            f"verdict: significant (DSR {dsr:.2f} >= 0.95): the best trial's out-of-sample Sharpe is above "
-            f"what the luckiest of {n} skill-less configs would show"
-        )
-    return (
-        f"verdict: not significant (DSR {dsr:.2f} < 0.95): the best trial's out-of-sample Sharpe is within "
-        f"what the luckiest of {n} skill-less configs would show"
-    )
+def linear_line(test: dict) -> str:
+    """What the learner adds over the linear rule (fxray.eval.pooled.minus_linear), in words: it
+    adds when the difference is more than 1.645 standard errors above 0, does worse when as far
+    below, and adds nothing in between; '' without a linear rule."""
+    x, se, ref = test.get("minus_linear"), test.get("minus_linear_se"), test.get("linear_reference")
+    if x is None:
+        return ""
+    diff = f"{x:+.2f} ± {fmt(se, '.2f')}"
+    where = f"the linear rule ({ref}, the better by val; paired daily differences)"
+    if se is not None and x - 1.645 * se > 0:
+        return f"the DQN adds {diff} over {where}"
+    if se is not None and x + 1.645 * se < 0:
+        return f"the DQN does worse than {where}: {diff}"
+    return f"the DQN adds nothing over {where}: {diff}"
 
 
 def ranked(trials: list, n_folds: int) -> list:
@@ -83,8 +84,9 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
     b = results["best"]
     test, refs, cost = b["test"], b["baselines"], results["base_config"]["cost"]
     print(
-        f"\nbest trial-{b['trial_id']} out of sample: {b['folds_done']} test windows, {test['n_days']} days, "
-        f"{test['n_periods']} hours; cost {bp(cost)} per unit traded, fill {results['base_config'].get('fill')}"
+        f"\nchosen trial-{b['trial_id']} (the highest score) out of sample: {b['folds_done']} test windows, "
+        f"{test['n_days']} days, {test['n_periods']} hours; cost {bp(cost)} per unit traded, "
+        f"fill {results['base_config'].get('fill')}"
     )
     print(
         f"  pooled test Sharpe {sharpe_line(test)}  PSR {fmt(test['psr'], '.3f')}  DSR {fmt(b.get('dsr'), '.3f')} "
@@ -97,6 +99,8 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
     )
     beside = [f"{name} {sharpe_line(s)}" for name, s in refs.items()]
     print("  beside it: " + ", ".join(beside) + ", flat 0" + share_text(test))
+    if linear_line(test):
+        print("  " + linear_line(test))
     spread = b.get("seed_spread")
     if spread:
         print(
@@ -113,7 +117,6 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
     vote = results.get("ensemble")
     if vote:
         print("  " + vote_line(vote))
-    print("  " + verdict(b))
     uri = results.get("tracking_uri")
     print(f"  judge it further: fxray compare {results['experiment']}" + (f" --tracking-uri {uri}" if uri else ""))
 

@@ -92,6 +92,12 @@ def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
         out["test"][f"{key}_se"] = (
             pooled.oracle_share_se(test_windows, ref_windows[name]) if out["test"][key] is not None else None
         )
+    linear = {  # the learner's value: over the better by val of the linear rules, on the same test days
+        n: {w: [f.baseline_periods[n][w] for f in ok if w in f.baseline_periods[n]] for w in ("val", "test")}
+        for n in ref_windows
+        if n in pooled.LINEAR_RULES
+    }
+    out["test"].update(pooled.minus_linear(out["test"], test_windows, linear, cost, periods_per_year))
     out["baselines"] = refs
     return out
 
@@ -153,7 +159,8 @@ def write_results(
     deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], n_started)
     wf_trials = [{"trial_id": tid, "folds": fold_windows(t)} for tid, t in trials.items() if t["status"] == "ok"]
     walk = selection.walk_forward(wf_trials, n_folds, cost, ppy)
-    verdict = snooping_verdict(list(trials.values()), n_folds, ppy, deflated)  # SPA, PBO (docs/metrics.md)
+    chosen = {**deflated, "trial_id": best["trial_id"], "test": b["test"]}
+    verdict = snooping_verdict(list(trials.values()), n_folds, ppy, chosen)  # one answer (docs/metrics.md)
     best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
     equity = equity_png(
         storage / "equity.png",
@@ -234,6 +241,8 @@ def write_results(
         "best_test_oracle_share_se": test.get("oracle_share_se"),
         "best_test_break_even_cost": test["break_even_cost"],
         "best_test_flat_windows": test.get("flat_windows"),
+        "best_test_minus_linear": test.get("minus_linear"),
+        "best_test_minus_linear_se": test.get("minus_linear_se"),
         "n_trials": len(trials),
         "n_trials_counted": n_started,
         "walk_forward_test_sharpe": walk["sharpe"] if walk else None,

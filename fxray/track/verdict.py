@@ -1,19 +1,25 @@
-"""The "is it real" block of a sweep: DSR, Reality Check / SPA / StepM, PBO and the placebo
-sweeps, each with a line saying what it means, and its plot.
+"""The verdict of a sweep: one answer ("edge", "no edge", "inconclusive") in one sentence, and
+the statistics behind it, each with the question it answers: DSR, Reality Check / SPA / StepM,
+PBO and the placebo sweeps; and its plot.
 
-    v = snooping_verdict(trials, n_folds, ppy, deflated)   # trials as results.py or compare.py hold them
-    v["placebo"] = snooping.placebo_pvalue(real_best, placebo_bests)      # when placebos ran
-    print(text(v)); json_ready(v); verdict_png(path, [(name, v)])
+    v = snooping_verdict(trials, n_folds, ppy, chosen)   # trials as results.py or compare.py hold them
+    add_placebo(v, snooping.placebo_pvalue(real_best, placebo_bests))   # when placebos ran
+    v["answer"], v["sentence"], v["days_needed"]; print(text(v)); json_ready(v); verdict_png(...)
 
 `trials`: [{"trial_id", "status", "folds": [{"fold", "status", "val_periods", "test_periods",
 "baseline_periods"}]}]: the fold records of fxray.track.results (folds.jsonl) and of
-fxray.track.compare (MLflow) have that shape. The statistics are fxray.eval.snooping
-and fxray.eval.cscv; formulas and references in docs/metrics.md.
+fxray.track.compare (MLflow) have that shape. `chosen`: the chosen trial's block, results.json's
+`best` ({"trial_id", "test": pooled test statistics, and fxray.eval.selection.deflated's keys}).
+The statistics are fxray.eval.snooping and fxray.eval.cscv; the decision table `decide` is
+documented in docs/metrics.md ("One verdict"). The sweep's last screen, `fxray compare` and
+results.json all read the verdict from here.
 """
 
 from __future__ import annotations
 
-from fxray.eval import cscv, snooping
+import math
+
+from fxray.eval import cscv, pooled, snooping
 
 KEYS = ("spa_pvalue", "reality_check_pvalue", "stepm_kept", "pbo", "placebo_pvalue")  # compare --json
 
@@ -34,8 +40,9 @@ def eval_trials(trials: list[dict]) -> tuple[list[dict], dict]:
     return out, bh
 
 
-def snooping_verdict(trials: list[dict], n_folds: int, periods_per_year: float, deflated: dict | None = None) -> dict:
-    """The data-snooping statistics of a sweep's trials, per rung and at the headline rung.
+def snooping_verdict(trials: list[dict], n_folds: int, periods_per_year: float, chosen: dict | None = None) -> dict:
+    """The verdict of a sweep's trials: the data-snooping statistics per rung and at the headline
+    rung, and the answer that combines them with the chosen trial's DSR (`decide`).
 
     Rung k: the trials that ran folds 0..k-1, on those folds' windows. Headline: the
     deepest rung (SPA, RC, StepM on the test hours; the trials that ran every fold when
@@ -44,16 +51,17 @@ def snooping_verdict(trials: list[dict], n_folds: int, periods_per_year: float, 
     ev, bh = eval_trials(trials)
     ks = snooping.rungs(ev)
     v = {
-        "dsr": (deflated or {}).get("dsr"),
-        "n_trials_counted": (deflated or {}).get("n_trials_counted"),
+        "dsr": (chosen or {}).get("dsr"),
+        "n_trials_counted": (chosen or {}).get("n_trials_counted"),
         "n_folds": n_folds,
         "rungs": [],
         "placebo": None,
         **{k: None for k in KEYS},
         "stepm_kept": [],
+        "chosen": chosen_inputs(chosen),
     }
     if not ks:
-        return v
+        return answer(v)
     pbo_rung = None
     for k in ks:
         test = snooping.rung_matrix(ev, k, "test", bh)
@@ -87,13 +95,159 @@ def snooping_verdict(trials: list[dict], n_folds: int, periods_per_year: float, 
         v["cscv"] = {"k": k, **cscv.json_safe(p)}
         v["pbo"] = p["pbo"]
         v["_cscv_logits"] = p["logits"]
-    return v
+    return answer(v)
 
 
 def add_placebo(v: dict, placebo: dict) -> dict:
-    """The placebo sweeps' result (fxray.eval.snooping.placebo_pvalue) into the verdict."""
+    """The placebo sweeps' result (fxray.eval.snooping.placebo_pvalue) into the verdict, and the
+    answer decided again with it."""
     v["placebo"] = placebo
     v["placebo_pvalue"] = placebo.get("pvalue")
+    return answer(v)
+
+
+# --- one answer ---------------------------------------------------------------------------------
+
+DSR_LEVEL = 0.95  # DSR at or above: the chosen trial beats the luckiest of N skill-less trials
+ALPHA = 0.05  # SPA / StepM family-wise error; the placebo p-value's level (where N allows it)
+PLACEBO_NO = 0.5  # placebo p above: at least half of the signal-free sweeps reached the real one
+HORIZON = 3  # inconclusive only when at most HORIZON x the pooled test days more would decide it
+
+
+def chosen_inputs(chosen: dict | None) -> dict | None:
+    """What the answer reads of the chosen trial (results.json's `best`, or compare's)."""
+    if not chosen or "test" not in chosen:
+        return None
+    t = chosen["test"]
+    return {
+        "trial_id": chosen.get("trial_id"),
+        **{k: t.get(k) for k in ("sharpe", "sharpe_se", "evidence", "n_days", "n_periods")},
+        **{k: chosen.get(k) for k in ("dsr", "z", "z0", "n_trials_counted")},
+    }
+
+
+def days_to_decide(c: dict) -> float | None:
+    """More test days after which the chosen trial's DSR would reach DSR_LEVEL at its present
+    Sharpe, skewness and kurtosis: the minimum track record length (Bailey & Lopez de Prado
+    2012) against a Sharpe of 0 at the critical value z_0.95 + z0. DSR = Phi(z - z0), z = SR /
+    se grows as sqrt(T) while z0 (from N and the trials' spread of z) does not move, so DSR >=
+    0.95 once SR / se(T) >= z_0.95 + z0, which is MinTRL's condition with that critical value.
+    Without a DSR (fewer than two trials with an error) z0 = 0: PSR(0). Session days: periods
+    x n_days / n_periods. 0 when already decided; math.inf when SR <= 0; None without an error."""
+    z0 = c.get("z0") if c.get("dsr") is not None else 0.0
+    periods = pooled.min_track_record(c["sharpe"], c.get("sharpe_se"), c["n_periods"] or 0, 0.0, pooled.Z_95 + z0)
+    if periods is None or not math.isfinite(periods):
+        return periods
+    return max(math.ceil(periods * c["n_days"] / c["n_periods"]) - c["n_days"], 0)
+
+
+def decide(c: dict | None, spa: dict | None, pbo: float | None, placebo: dict | None) -> dict:
+    """The answer, its sentence, the days that would decide it and the reasons, from the chosen
+    trial's pooled test statistics and DSR (`c`, chosen_inputs), SPA / StepM against flat on the
+    test hours of the trials that ran every fold (`spa`), PBO, and the placebo sweeps. The
+    table (docs/metrics.md, "One verdict"), first row that applies:
+
+    1. the chosen trial made no trade out of sample                      no_edge
+    2. its pooled test Sharpe <= 0 (it lost after costs)                 no_edge
+    3. placebo p > PLACEBO_NO (signal-free sweeps reached it)            no_edge
+    4. DSR >= 0.95, or StepM keeps it (beats flat, 5 % family-wise):
+       a. placebo ran and the real sweep is not above every placebo
+          (p > max(ALPHA, 1 / (N + 1)))                                  inconclusive (more placebos)
+       b. else                                                           edge
+    5. otherwise, with d = days_to_decide:
+       a. d <= HORIZON x the pooled test days                             inconclusive (d more days)
+       b. SPA finds trials that beat flat (StepM keeps some), not it    inconclusive
+       c. else                                                           no_edge
+    PBO never decides: it says whether the val windows' choice carries over, which a family of
+    equally good trials does not need; it is a reason."""
+    out = {"answer": None, "sentence": "verdict: n/a (no chosen trial)", "days_needed": None, "reasons": []}
+    if c is None:
+        return out
+    reasons = out["reasons"]
+    s, se, days, n = c["sharpe"], c.get("sharpe_se"), c.get("n_days") or 0, c.get("n_trials_counted")
+    record = f"{s:+.2f} ± {_p(se, '.2f')} over {days} test days"
+    kept = list((spa or {}).get("stepm_kept") or [])
+    spa_p = (spa or {}).get("spa_pvalue")
+    by_stepm = c.get("trial_id") in kept
+    dsr = c.get("dsr")
+    if dsr is not None:
+        reasons.append(
+            f"DSR {dsr:.3f} {'>=' if dsr >= DSR_LEVEL else '<'} {DSR_LEVEL}: "
+            f"the chosen trial's Sharpe is {'above' if dsr >= DSR_LEVEL else 'within'} what the luckiest "
+            f"of {n} skill-less trials would show"
+        )
+    if spa_p is not None:
+        reasons.append(
+            f"SPA p {spa_p:.3f}: {'some' if spa_p <= ALPHA else 'no'} trial beats flat out of sample; "
+            f"StepM keeps {len(kept)}" + (", the chosen one among them" if by_stepm else "")
+        )
+    if pbo is not None:
+        reasons.append(f"PBO {pbo:.3f}: the val windows' choice {'does not carry' if pbo >= 0.5 else 'carries'} over")
+    pl_p, pl_n = (placebo or {}).get("pvalue"), (placebo or {}).get("n") or 0
+    if pl_p is not None:
+        reasons.append(f"placebo p {pl_p:.3f}: rank {placebo['rank']} of {pl_n + 1} sweeps")
+
+    def done(answer, sentence, days_needed=None):
+        out.update(answer=answer, sentence=sentence, days_needed=days_needed)
+        return out
+
+    if c.get("evidence") in (None, "none"):
+        return done("no_edge", f"no edge: the chosen trial made no trade in its {days} test days")
+    if s <= 0:
+        return done("no_edge", f"no edge: the chosen trial lost after costs out of sample ({record})")
+    if pl_p is not None and pl_p > PLACEBO_NO:
+        reached = round(pl_p * (pl_n + 1)) - 1  # p = (1 + #{placebo >= real}) / (N + 1)
+        return done(
+            "no_edge",
+            f"no edge: {reached} of {pl_n} sweeps on signal-free copies of the data reached the chosen trial's "
+            f"{s:+.2f} (placebo p {pl_p:.3f})",
+        )
+    if (dsr is not None and dsr >= DSR_LEVEL) or by_stepm:
+        why = (f"DSR {dsr:.3f}" if dsr is not None and dsr >= DSR_LEVEL else "") + (
+            f"{'; ' if dsr is not None and dsr >= DSR_LEVEL else ''}StepM keeps it among the trials that beat flat"
+            if by_stepm
+            else ""
+        )
+        if pl_p is not None and pl_p > max(ALPHA, 1 / (pl_n + 1)):
+            return done(
+                "inconclusive",
+                f"inconclusive: the chosen trial earns {record} ({why}), but a sweep on signal-free data came as "
+                f"high (placebo p {pl_p:.3f}): more placebo sweeps (--placebo N) would decide it",
+            )
+        caveat = (
+            "; the val windows did not pick the better trials (PBO >= 0.5)" if pbo is not None and pbo >= 0.5 else ""
+        )
+        return done(
+            "edge", f"edge: the chosen trial earns {record} out of sample, more than luck explains ({why}){caveat}"
+        )
+    more = days_to_decide(c)
+    if more is not None and math.isfinite(more) and more <= HORIZON * days:
+        return done(
+            "inconclusive",
+            f"inconclusive: about {more} more test days would decide it (the chosen trial's {record}; "
+            f"DSR {_p(dsr)} < {DSR_LEVEL})",
+            more,
+        )
+    tell = (
+        f"; at this Sharpe about {more} more test days would tell" if more is not None and math.isfinite(more) else ""
+    )
+    if kept and spa_p is not None and spa_p <= ALPHA:
+        return done(
+            "inconclusive",
+            f"inconclusive: StepM finds {len(kept)} trial(s) that beat flat out of sample, but not the chosen "
+            f"trial ({record}; DSR {_p(dsr)}){tell}",
+            more if more is not None and math.isfinite(more) else None,
+        )
+    return done(
+        "no_edge",
+        f"no edge: the chosen trial's {record} is within what the luckiest of {n} skill-less trials would show "
+        f"(DSR {_p(dsr)}){tell}",
+    )
+
+
+def answer(v: dict) -> dict:
+    """`decide` on the verdict's own statistics, into it."""
+    v.update(decide(v.get("chosen"), v.get("spa"), v.get("pbo"), v.get("placebo")))
     return v
 
 
@@ -114,23 +268,30 @@ def _p(x, spec=".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def sentence(v: dict | None) -> str:
+    """'verdict: <the answer in words>': the line the last screen and fxray compare show."""
+    return "verdict: " + ((v or {}).get("sentence") or "n/a")
+
+
 def text(v: dict, indent: str = "   ") -> str:
-    """The block, one statistic a line and what it means."""
-    lines = [f"{indent}is it real? (docs/metrics.md, 'Is the best trial better than luck?')"]
+    """The verdict's sentence, then the evidence: one statistic a line, with the question it answers."""
     n = v.get("n_trials_counted")
-    lines.append(
-        f"{indent}  DSR        {_p(v.get('dsr'))}  P(the best trial's pooled test Sharpe beats the luckiest of "
-        f"{n if n is not None else 'N'} skill-less trials); significant at >= 0.95"
-    )
+    lines = [
+        f"{indent}{sentence(v)}",
+        f"{indent}is it real? the evidence, each for the question it answers (docs/metrics.md, 'One verdict'):",
+        f"{indent}  DSR        {_p(v.get('dsr'))}  is the chosen trial's pooled test Sharpe above what the luckiest of "
+        f"{n if n is not None else 'N'} skill-less trials would show? (yes at >= {DSR_LEVEL})",
+    ]
     spa, bh = v.get("spa"), v.get("spa_buy_and_hold")
     if spa and spa.get("spa_pvalue") is not None:
         where = f"{spa['n_trials']} trials that ran {spa['k']} of {v['n_folds']} folds, {spa['n_periods']} test hours"
         kept = ", ".join(spa["stepm_kept"][:4]) + (" ..." if len(spa["stepm_kept"]) > 4 else "")
         lines += [
-            f"{indent}  SPA p      {_p(spa['spa_pvalue'])}  P(the best of these beats flat by this much | none has an "
-            f"edge) (Hansen; {where}; block {spa['block_size']}h); Reality Check p {_p(spa['reality_check_pvalue'])}",
-            f"{indent}  StepM      {len(spa['stepm_kept'])} trial(s) beat flat at 5 % family-wise error"
-            + (f": {kept}" if kept else ""),
+            f"{indent}  SPA p      {_p(spa['spa_pvalue'])}  does any trial beat flat out of sample? P(this much "
+            f"| none has an edge) (Hansen; {where}; block {spa['block_size']}h); "
+            f"Reality Check p {_p(spa['reality_check_pvalue'])}",
+            f"{indent}  StepM      {len(spa['stepm_kept'])} trial(s)  which trials beat flat, at {ALPHA:.0%} "
+            "family-wise error" + (f": {kept}" if kept else ""),
         ]
         if bh and bh.get("spa_pvalue") is not None:
             lines.append(
@@ -143,9 +304,9 @@ def text(v: dict, indent: str = "   ") -> str:
     if c:
         d = c["degradation"]
         lines.append(
-            f"{indent}  PBO        {_p(c['pbo'])}  P(the in-sample best lands at or below the median out of sample) "
-            f"(CSCV: {c['n_trials']} trials' val hours, {c['n_blocks']} blocks, {c['n_splits']} splits); "
-            f"its OOS Sharpe = {_p(d['intercept'], '+.2f')} + {_p(d['slope'], '.2f')} x IS, "
+            f"{indent}  PBO        {_p(c['pbo'])}  does the val windows' choice carry over? P(the in-sample best lands "
+            f"at or below the median out of sample) (CSCV: {c['n_trials']} trials' val hours, {c['n_blocks']} blocks, "
+            f"{c['n_splits']} splits); its OOS Sharpe = {_p(d['intercept'], '+.2f')} + {_p(d['slope'], '.2f')} x IS, "
             f"loses OOS in {c['prob_oos_loss']:.0%} of splits"
         )
     else:
@@ -153,15 +314,13 @@ def text(v: dict, indent: str = "   ") -> str:
     if len(v.get("rungs") or []) > 1:  # ASHA stopped trials: the same tests on the trials of each rung
         lines.append(
             f"{indent}  per rung   (trials that ran k folds: SPA p, PBO) "
-            + "; ".join(
-                f"{r['n_trials']} x {r['k']}: {_p(r['spa_pvalue'], '.2f')}, {_p(r['pbo'], '.2f')}" for r in v["rungs"]
-            )
+            + "; ".join(f"{r['n_trials']} x {r['k']}: {_p(r['spa_pvalue'])}, {_p(r['pbo'])}" for r in v["rungs"])
         )
     pl = v.get("placebo")
     if pl and pl.get("pvalue") is not None:
-        z = f", z {pl['z']:+.1f}" if pl.get("z") is not None else ""
+        z = f", z {pl['z']:+.2f}" if pl.get("z") is not None else ""
         lines.append(
-            f"{indent}  placebo p  {_p(pl['pvalue'])}  P(a sweep on signal-free data reaches this best test Sharpe): "
+            f"{indent}  placebo p  {_p(pl['pvalue'])}  does the whole search find more here than on signal-free data? "
             f"real {pl['real']:+.2f}, rank {pl['rank']} of {pl['n'] + 1}; placebos {pl['mean']:+.2f}"
             + (f" ± {pl['std']:.2f}" if pl.get("std") is not None else "")
             + z
