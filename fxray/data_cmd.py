@@ -1,6 +1,7 @@
 """Make and inspect fxcache files.
 
     fxray data synth --bars 1_000_000 --seed 0 --out synth.fxcache
+    fxray data synth --bars 200_000 --structure interaction --beta 0.04 --out nonlinear.fxcache
     fxray data build --bars ../shared/data/bars/eurusd_m1_2017q1 --format histdata \\
         --tz Etc/GMT+5 --instrument EURUSD --out eurusd.fxcache
     fxray data build --book ESH4.mbo.dbn.zst --trades ESH4.mbo.dbn.zst --bar 1min --out es.fxcache
@@ -25,6 +26,7 @@ import numpy as np
 from fxray.cli import command_parser
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, bar_spacing, make_folds
+from fxray.data.synth import STRUCTURES, SynthSpec
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
 
@@ -45,14 +47,17 @@ def check_out(path: Path) -> None:
 
 
 def cmd_synth(args) -> dict:
-    from fxray.data.synth import SynthSpec, to_cache
+    from fxray.data.synth import to_cache
 
     check_out(args.out)
-    spec = SynthSpec(n_bars=args.bars, seed=args.seed)
+    spec = SynthSpec(n_bars=args.bars, seed=args.seed, structure=args.structure, beta=args.beta)
     t0 = time.perf_counter()
     digest = to_cache(spec, args.out)
     seconds = time.perf_counter() - t0
-    print(f"wrote {args.out}: {spec.n_bars:,} synthetic 1-min bars, seed {spec.seed}, hash {digest} ({seconds:.1f}s)")
+    print(
+        f"wrote {args.out}: {spec.n_bars:,} synthetic 1-min bars, seed {spec.seed}, structure {spec.structure}, "
+        f"hash {digest} ({seconds:.1f}s)"
+    )
     return {"out": str(args.out), "n_bars": spec.n_bars, "seed": spec.seed, "content_hash": digest, "seconds": seconds}
 
 
@@ -211,6 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bars", type=int, default=1_000_000, metavar="N", help="bars to write (after warm-up)")
     s.add_argument("--seed", type=int, default=0, metavar="INT", help="the market's random seed (default 0)")
     s.add_argument("--out", required=True, type=Path, metavar="FXCACHE", help="the file to write")
+    s.add_argument(
+        "--structure",
+        default="flow",
+        choices=STRUCTURES,
+        help="where the edge lives: flow (default), session, or a nonlinear one (docs/metrics.md)",
+    )
+    s.add_argument("--beta", type=float, default=SynthSpec.beta, metavar="X", help="the planted edge's strength")
     b = sub.add_parser("build", help="build an fxcache from bar files (and order-book / trade files)")
     b.add_argument("--bars", type=Path, metavar="FILE_OR_DIR", help="a bar file or a directory of them")
     b.add_argument("--format", default="auto", metavar="FORMAT", help="auto (default), csv, histdata, lean, parquet")

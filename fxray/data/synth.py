@@ -15,6 +15,17 @@ What it models (all vectorised numpy, deterministic for a seed):
   with g = 1 (structure "flow"), or g = 1 only in the hours `session_hours` UTC and 0
   otherwise (structure "session": an edge that switches off outside the London/New
   York overlap, which a linear rule on the inputs cannot express).
+- the nonlinear family (structures "interaction", "regime", "threshold", "hold"): z drives
+  nothing (its views stay, as inputs that say nothing); the next bar's return is
+      r[t] = beta * sigma[t+1] * f[t] + sigma[t+1] * eps[t+1]
+  with f a nonlinear function of inputs written, observed, into ofi columns 4-7 (named
+  planted_*), so that a linear rule on the inputs earns ~0 and a rule told the function
+  earns (`planted`, tests/test_synth_nonlinear.py): a product of two persistent inputs; a
+  view whose sign flips with an observed +-1 regime; a threshold of |input| (long when it is
+  large, short when small: an even function, with no linear part); an event that sets the
+  drift for HOLD_BARS bars and is seen only on the bar it happens (a rule must hold through
+  the noise after it). Their oracle is fxray.eval.baselines' rule on f's form
+  (`oracle_meta`'s "form").
 - `shuffle`: the twin: each bar's return mirrored around the mean bar return by a fair
   coin (r' = mu + s (r - mu), as fxray.data.placebo does), so nothing predicts its
   direction and each bar's size stays where it was; the views and features are computed as
@@ -56,7 +67,8 @@ class SynthSpec:
 
     n_bars: int = 200_000  # bars written (after the feature warm-up is dropped)
     seed: int = 0  # everything follows from it
-    structure: str = "flow"  # "flow" (always on) or "session" (on only in session_hours)
+    structure: str = "flow"  # "flow" (always on), "session" (on in session_hours), or a nonlinear one
+    # (NONLINEAR: "interaction", "regime", "threshold", "hold"; beta then scales their edge)
     beta: float = 0.025  # predictive strength of z: corr(z_t, r_t) ~ beta
     persistence: float = 0.98  # AR(1) coefficient of z per bar (half-life ~ 34 bars)
     ofi_noise: float = 2.0  # std of the noise in each bar's order flow (z has std 1)
@@ -86,6 +98,7 @@ class SynthMarket:
     sigma: np.ndarray  # (N,) float64 volatility of the bar's return
     gate: np.ndarray  # (N,) float64 g_t: 1 where z_t drives r_t, else 0
     spec: SynthSpec
+    edge: np.ndarray | None = None  # (N,) float64 f_t of a nonlinear market (None: z drives r)
 
 
 def session_timestamps(n: int, start_ns: int = EPOCH_START_NS) -> np.ndarray:
@@ -123,13 +136,19 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
     phi = spec.persistence
     z = _ar1(rng.standard_normal(n) * np.sqrt(1 - phi**2), phi)
     z[0] = rng.standard_normal()  # (lfilter starts at 0; close enough after the warm-up)
-    gate = np.ones(n) if spec.structure == "flow" else session_gate(ts, spec.session_hours)
+    if spec.structure in NONLINEAR:  # its own stream: the default market's draws stay as they were
+        edge, planted_cols = planted(spec, n)
+        gate = np.zeros(n)
+    else:
+        gate = np.ones(n) if spec.structure == "flow" else session_gate(ts, spec.session_hours)
 
     # --- returns: bar t's return is predicted by z at t-1 (where the gate is on) ------
     eps = rng.standard_normal(n)
     ret = np.empty(n)
     ret[0] = sigma[0] * eps[0]
     ret[1:] = spec.beta * gate[:-1] * sigma[1:] * z[:-1] + sigma[1:] * eps[1:]
+    if spec.structure in NONLINEAR:
+        ret[1:] += spec.beta * sigma[1:] * edge[:-1]
     if spec.shuffle:  # the twin: every return's sign a coin around the mean (as fxray.data.placebo)
         # (a permutation within each day, the twin of generator v2, kept each day's drift, and
         # the day's order flow told it: day-level corr 0.40 on the CPU market; docs/metrics.md)
@@ -158,10 +177,80 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
     ofi[:, 1] = 0.5 * bar_flow + rng.standard_normal(n)  # depth imbalance: this bar's, noisier
     ofi[:, 2] = np.tanh(0.3 * bar_flow + 0.5 * rng.standard_normal(n))  # trade imbalance in [-1,1]
     ofi[:, 3] = np.abs(bar_flow) + 0.3 * rng.standard_normal(n)  # flow intensity
-    return SynthMarket(ts, open_, high, low, close, volume, ofi, z, sigma, gate, spec)
+    if spec.structure not in NONLINEAR:
+        return SynthMarket(ts, open_, high, low, close, volume, ofi, z, sigma, gate, spec)
+    ofi[:, 4 : 4 + planted_cols.shape[1]] = planted_cols
+    return SynthMarket(ts, open_, high, low, close, volume, ofi, z, sigma, gate, spec, edge)
 
 
-STRUCTURES = ("flow", "session")
+# --- the nonlinear family: f_t from observed inputs -------------------------------------------------
+
+NONLINEAR = ("interaction", "regime", "threshold", "hold")
+PLANTED_OFI = {  # the inputs each writes into ofi columns 4.. (known at the bar's close)
+    "interaction": ("planted_a", "planted_b"),
+    "regime": ("planted_view", "planted_regime"),
+    "threshold": ("planted_level",),
+    "hold": ("planted_event",),
+}
+REGIME_BARS = 720  # "regime": mean bars between flips of the observed +-1 regime
+THRESHOLD = 1.0  # "threshold": |u| beyond it is long, within it short
+THRESHOLD_P = 0.31731050786291415  # P(|N(0, 1)| > 1): f has mean 0
+THRESHOLD_SPAN = 60  # "threshold": u is an exponential average (bars) of an AR(1), unit variance
+EVENT_BARS = 240  # "hold": mean bars between events
+HOLD_BARS = 120  # "hold": bars an event's drift lasts
+EVENT_SIZE, EVENT_NOISE = 3.0, 0.3  # "hold": the event column, s * size on the event's bar, + noise
+EVENT_SEEN = 4.0  # "hold": |normalised event column| above it is an event (noise ~0.8, events ~8)
+
+
+def planted(spec: SynthSpec, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(f (n,), the observed inputs (n, k)) of a nonlinear market, from a stream of its own
+    (seed, structure). Persistent inputs are AR(1) with unit variance and spec.persistence."""
+    rng = np.random.default_rng([spec.seed, 53, NONLINEAR.index(spec.structure)])
+    phi = spec.persistence
+
+    def ar1():
+        return _ar1(rng.standard_normal(n) * np.sqrt(1 - phi**2), phi)
+
+    if spec.structure == "interaction":  # E[r | a] = E[r | b] = 0: only the product says anything
+        a, b = ar1(), ar1()
+        return a * b, np.stack((a, b), axis=1)
+    if spec.structure == "regime":  # the view's sign flips with the regime: over regimes it averages out
+        view = ar1()
+        flips = np.cumsum(rng.random(n) < 1.0 / REGIME_BARS)
+        regime = np.where(flips % 2 == 0, 1.0, -1.0) * rng.choice((-1.0, 1.0))
+        return view * regime, np.stack((view, regime), axis=1)
+    if spec.structure == "threshold":  # an even function of u: no linear part
+        alpha = 2.0 / (THRESHOLD_SPAN + 1)  # smoothed: a level a path crosses less often than costs allow
+        u = _ar1(alpha * ar1(), 1.0 - alpha)
+        u /= u.std()
+        f = ((np.abs(u) > THRESHOLD) - THRESHOLD_P) / np.sqrt(THRESHOLD_P * (1 - THRESHOLD_P))
+        return f, u[:, None]
+    # "hold": an event's sign sets the drift for HOLD_BARS bars; the input shows it on one bar
+    events = rng.random(n) < 1.0 / EVENT_BARS
+    signs = rng.choice((-1.0, 1.0), n)
+    t = np.arange(n)
+    last = np.maximum.accumulate(np.where(events, t, -1))
+    f = np.where((last >= 0) & (t - last < HOLD_BARS), signs[np.maximum(last, 0)], 0.0)
+    return f, (EVENT_SIZE * signs * events + EVENT_NOISE * rng.standard_normal(n))[:, None]
+
+
+def oracle_form(structure: str) -> list | None:
+    """The form of f for fxray.eval.baselines (FORMS): [name, *parameters]; None for the
+    linear structures (their oracle is the rule on the views' columns)."""
+    return {
+        "interaction": ["product"],
+        "regime": ["signed"],
+        "threshold": ["threshold", THRESHOLD, THRESHOLD_P],
+        "hold": ["hold", EVENT_SEEN, HOLD_BARS],
+    }.get(structure)
+
+
+def ofi_names(spec: SynthSpec) -> tuple:
+    names = PLANTED_OFI.get(spec.structure, ())
+    return SYNTH_OFI_NAMES[:4] + names + SYNTH_OFI_NAMES[4 + len(names) :]
+
+
+STRUCTURES = ("flow", "session", *NONLINEAR)
 ORACLE_INPUTS = ("ofi:flow_imbalance", "features:close_loc")  # where the views of z live
 
 
@@ -176,6 +265,9 @@ def oracle_meta(spec: SynthSpec) -> dict | None:
     and the hours of the edge (None for the shuffled twin: it has no edge to know)."""
     if spec.shuffle:
         return None
+    if spec.structure in NONLINEAR:
+        inputs = [f"ofi:{name}" for name in PLANTED_OFI[spec.structure]]
+        return {"inputs": inputs, "hours": None, "form": oracle_form(spec.structure)}
     hours = list(spec.session_hours) if spec.structure == "session" else None
     return {"inputs": list(ORACLE_INPUTS), "hours": hours}
 
@@ -206,7 +298,7 @@ def to_cache(spec: SynthSpec, out) -> str:
         source=f"fxray.synth v{GENERATOR_VERSION}",
         bar="1min",
         ofi=m.ofi,
-        ofi_names=SYNTH_OFI_NAMES,
+        ofi_names=ofi_names(spec),
         extra_meta={"synth": asdict(spec), "oracle": oracle_meta(spec)},
     )
 
@@ -238,15 +330,18 @@ def ensure_default(spec: SynthSpec = SynthSpec(), log=print) -> Path:
     return path
 
 
-def oracle_columns(meta: dict, n_features: int) -> tuple[list[int], list[int] | None] | None:
+def oracle_columns(meta: dict, n_features: int, with_form: bool = False):
     """(input columns of features ++ ofi, hours or None) of a cache's oracle, from its
-    metadata; None when the data carries no oracle (real data, the shuffled twin)."""
+    metadata; None when the data carries no oracle (real data, the shuffled twin).
+    A nonlinear market's oracle is a rule on its form (fxray.eval.baselines.FORMS): only a
+    caller that asks `with_form` gets it, as (columns, hours, form); any other gets None,
+    never the columns alone, whose linear rule is no oracle there."""
     oracle = meta.get("oracle")
-    if not oracle:
+    if not oracle or (oracle.get("form") and not with_form):
         return None
     names = {"features": meta["feature_names"], "ofi": meta["ofi_names"]}
     cols = []
     for item in oracle["inputs"]:
         kind, _, name = item.partition(":")
         cols.append(names[kind].index(name) + (n_features if kind == "ofi" else 0))
-    return cols, oracle.get("hours")
+    return (cols, oracle.get("hours"), oracle.get("form")) if with_form else (cols, oracle.get("hours"))

@@ -10,7 +10,9 @@ prediction s: enter long when s > enter, stay long while s > exit (short
 symmetrically), flat otherwise. h, enter and exit are picked by the rule's net
 Sharpe on the train slice, at the experiment's cost. The oracle is the same fit
 restricted to the columns (and the hours) where fxray.data.synth planted its
-signal: what a trader who knew where the edge lives would do with the same data.
+signal: what a trader who knew where the edge lives would do with the same data. On a
+nonlinear planted market the oracle's ridge reads the planted function of those columns
+(`form`, form_inputs), which no linear rule on the inputs can express.
 
 The hysteresis path is sequential in the position, so it is run as the greedy
 backtest runs a policy: each bar maps the previous position to the next, encoded as
@@ -32,6 +34,31 @@ ENTER_QUANTILES = (0.6, 0.8, 0.9, 0.97)  # of |prediction| on train
 EXIT_SHARES = (0.0, 0.5)  # exit threshold as a share of the enter threshold
 
 
+def form_inputs(cols: torch.Tensor, form) -> torch.Tensor:
+    """(T, 1) float64: a nonlinear planted market's f (fxray.data.synth) from its columns (T, k)
+    of normalised inputs, by `form` [name, *parameters]: the input the oracle's ridge sees.
+    "product": a b; "signed": view x sign(regime); "threshold" (c, p): 1{|u| > c} - p;
+    "hold" (seen, bars): the value of the last |event| > seen within `bars` bars, else 0."""
+    name, *par = form
+    x = cols.double()
+    if name == "product":
+        f = x[:, 0] * x[:, 1]
+    elif name == "signed":
+        f = x[:, 0] * torch.sign(x[:, 1])
+    elif name == "threshold":
+        f = (x[:, 0].abs() > par[0]).double() - par[1]
+    elif name == "hold":
+        t = torch.arange(x.shape[0], device=x.device)
+        last = torch.cummax(torch.where(x[:, 0].abs() > par[0], t, -1), 0).values
+        f = torch.where((last >= 0) & (t - last < int(par[1])), x[last.clamp_min(0), 0], 0.0)
+    else:
+        raise ValueError(f"oracle form {name!r} must be one of {', '.join(FORMS)}")
+    return f[:, None]
+
+
+FORMS = ("product", "signed", "threshold", "hold")
+
+
 @dataclass(frozen=True)
 class Rule:
     weights: torch.Tensor  # (k,) float64 on the columns `columns`
@@ -40,9 +67,12 @@ class Rule:
     exit: float
     horizon: int
     train_sharpe: float  # per bar, net, on the train slice (what chose the thresholds)
+    form: tuple | None = None  # the columns through form_inputs first (a nonlinear market's oracle)
 
     def signal(self, x: torch.Tensor) -> torch.Tensor:
         cols = x if self.columns is None else x[:, self.columns]
+        if self.form is not None:
+            cols = form_inputs(cols, self.form)
         return cols.double() @ self.weights
 
     def positions(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
@@ -155,15 +185,25 @@ def hysteresis_moves(signal: torch.Tensor, enter: float, exit: float) -> torch.T
 
 
 def fit_rule(
-    x: torch.Tensor, fresh: torch.Tensor, cost: float, *, carry=None, columns=None, gate=None, horizons=HORIZONS
+    x: torch.Tensor,
+    fresh: torch.Tensor,
+    cost: float,
+    *,
+    carry=None,
+    columns=None,
+    gate=None,
+    horizons=HORIZONS,
+    form=None,
 ) -> Rule:
     """Ridge + hysteresis fitted on train inputs x (n, n_inputs) and their fresh returns (n,).
 
     `columns` restricts the regression to those inputs; `gate` (n,) bool restricts it to
-    those bars (and holds the rule flat elsewhere). A train slice with no usable signal
-    gives an all-zero rule (flat)."""
+    those bars (and holds the rule flat elsewhere); `form` regresses on form_inputs of the
+    columns instead (a nonlinear planted market's oracle). A train slice with no usable
+    signal gives an all-zero rule (flat)."""
     cols = x if columns is None else x[:, columns]
-    X = cols.double()
+    form = tuple(form) if form is not None else None
+    X = form_inputs(cols, form) if form is not None else cols.double()
     rows = gate if gate is not None else torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
     Xg = X[rows]
     k = Xg.shape[1]
@@ -184,7 +224,7 @@ def fit_rule(
                 sd = float(r.std())
                 sharpe = float(r.mean()) / sd if sd > 0 else -math.inf
                 if best is None or sharpe > best.train_sharpe:
-                    best = Rule(w, columns, enter, share * enter, h, sharpe)
+                    best = Rule(w, columns, enter, share * enter, h, sharpe, form)
     if best is None or not best.train_sharpe > 0:  # nothing pays on train: stay flat
-        return Rule(torch.zeros(k, dtype=torch.float64, device=X.device), columns, math.inf, math.inf, 1, 0.0)
+        return Rule(torch.zeros(k, dtype=torch.float64, device=X.device), columns, math.inf, math.inf, 1, 0.0, form)
     return best
