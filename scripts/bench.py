@@ -143,11 +143,10 @@ def bench_trainer(args, rows, path: Path) -> None:
     dev = torch.device(args.device)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     market = cache.open(path)
-    if dev.type == "cuda":  # a first CUDA context + allocator warm-up is not the upload
-        torch.empty(1, device=dev)
-        columns = ("ts", "features", "ofi", "open", "close")  # every column DeviceData reads
-        DeviceData({k: getattr(market, k)[:1000] for k in columns}, dev)
-        sync()
+    # a first CUDA context + allocator warm-up is not the upload (on the CPU: harmless, and run)
+    head = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "close": market.close}
+    DeviceData({**{k: v[:1000] for k, v in head.items()}, "open": market.targets[:1000, 0]}, dev)
+    sync()
     t0 = time.perf_counter()
     data = DeviceData(market, dev)
     sync()
