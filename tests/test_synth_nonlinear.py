@@ -99,3 +99,21 @@ def test_the_default_markets_are_unchanged(tmp_path):
         "46475e91e446d942bf73f8cc56db04dc"
     )
     assert to_cache(SynthSpec(n_bars=30000, shuffle=True), tmp_path / "t.fxcache") == "2ecc5d401a2f031ffa3bc58d3bab7a6a"
+
+
+def test_a_fold_on_a_nonlinear_market_reports_its_oracle_beside_the_ridge_rule(tmp_path):
+    """Through the trainer's references (fxray.rl.trainer): the oracle is the rule on the planted
+    form, fitted on the fold's train slice, and out of sample it earns more than the ridge rule."""
+    from fxray.data.folds import FoldSpec, make_folds
+    from fxray.rl.device import DeviceData
+    from fxray.rl.trainer import references
+
+    path = tmp_path / "interaction.fxcache"
+    to_cache(SynthSpec(n_bars=N_BARS, seed=SEED, structure="interaction", beta=BETA), path)
+    market = cache.open(path)
+    data = DeviceData(market)
+    assert data.oracle is not None and data.oracle[2] == ["product"]
+    fold = make_folds(market.ts, FoldSpec(train="40d", val="5d", test="20d", max_folds=1))[0]
+    data.set_fold(fold)
+    table, _ = references(data, fold, COST, "next_open")
+    assert table["oracle"]["sharpe"] > table["ridge"]["sharpe"] + 1.0, table

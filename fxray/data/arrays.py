@@ -6,6 +6,8 @@ as plain numpy (no torch: the sweep driver puts them in Ray's object store as th
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from fxray.data.cache import Market
@@ -15,8 +17,8 @@ from fxray.data.synth import oracle_columns
 def host_arrays(market: Market) -> dict[str, np.ndarray]:
     """Contiguous arrays (close and open are strided views of targets: copied; the others
     are already contiguous and are not), so every `ray.get` of them is zero-copy."""
-    oracle = oracle_columns(market.meta, market.features.shape[1])
-    cols, hours = oracle if oracle else ([], None)
+    oracle = oracle_columns(market.meta, market.features.shape[1], with_form=True)
+    cols, hours, form = oracle if oracle else ([], None, None)
     arrays = {
         "ts": market.ts,
         "features": market.features,
@@ -28,4 +30,5 @@ def host_arrays(market: Market) -> dict[str, np.ndarray]:
         **{k: np.ascontiguousarray(v) for k, v in arrays.items()},
         "oracle_columns": np.asarray(cols, dtype=np.int64),
         "oracle_hours": np.asarray(hours or [], np.int64),
+        "oracle_form": np.asarray(json.dumps(form) if form else ""),  # a nonlinear market's (JSON)
     }

@@ -20,6 +20,7 @@ A fold switch is a mean/std reduction over the train slice: milliseconds, no cop
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 
 import numpy as np
@@ -100,9 +101,14 @@ class DeviceData:
         self.calendar = Calendar.of(ts)
         cols = np.asarray(arrays.get("oracle_columns", []), dtype=np.int64)
         hours = np.asarray(arrays.get("oracle_hours", []), dtype=np.int64)
-        # the planted market's oracle: the input columns that carry its signal and the hours
-        # of its edge (None: the data carries no oracle)
-        self.oracle = (torch.from_numpy(cols).to(self.device), tuple(hours.tolist()) or None) if len(cols) else None
+        form = str(np.asarray(arrays.get("oracle_form", "")))
+        # the planted market's oracle: the input columns that carry its signal, the hours of its
+        # edge and, on a nonlinear market, the form of the rule on them (None: no oracle)
+        self.oracle = (
+            (torch.from_numpy(cols).to(self.device), tuple(hours.tolist()) or None, json.loads(form) if form else None)
+            if len(cols)
+            else None
+        )
         self.references: dict = {}  # (fold, cost, fill) -> the reference rules' results (Trainer)
         self.demo_moves: dict = {}  # (fold, cost, fill) -> the ridge rule's moves on train (fxray.rl.demo)
         self.screens: dict = {}  # (fold, cost, fill, screen_t) -> the checked screen's inputs (fxray.rl.frontend)

@@ -445,16 +445,15 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
     runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cost) for w in windows}}
     a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
     train = data.window(fold.train, fill)
-    rules = {"ridge": (None, None)}
+    rules = {"ridge": (None, None, None)}
     if screen_t > 0:
-        rules["screened"] = (frontend.screened_inputs(data, fold, cost, fill, screen_t), None)
+        rules["screened"] = (frontend.screened_inputs(data, fold, cost, fill, screen_t), None, None)
     if data.oracle is not None:
-        rules["oracle"] = data.oracle
-    for name, (columns, hours) in rules.items():
+        rules["oracle"] = data.oracle  # (columns, hours, form: a nonlinear market's, else None)
+    for name, (columns, hours, form) in rules.items():
         x = data.states(torch.arange(a, b, device=data.device))
-        rule = baselines.fit_rule(
-            x, train.fresh, cost, carry=train.carry, columns=columns, gate=data.hour_gate(a, b, hours)
-        )
+        gate = data.hour_gate(a, b, hours)
+        rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry, columns=columns, gate=gate, form=form)
         runs[name] = {}
         for w in windows:
             s, e = getattr(fold, w)[0], getattr(fold, w)[1] - 1
