@@ -139,13 +139,15 @@ def test_cpu_and_gpu_td_loss_and_gradients_alike(synth_cache):
 
 
 def test_gpu_fold_learns_like_cpu(strong_cache):
-    """Different RNG streams, same problem: both devices find the planted signal."""
+    """Different RNG streams, same problem: both devices find the planted signal. The median of
+    three GPU seeds: one seed can keep an early, half-trained epoch (lab/gpu_learning_check.py)."""
     market = cache.open(strong_cache)
     fold = make_folds(market.ts, FoldSpec(max_folds=1))[0]
     cfg = DQNConfig(cost=1e-5)
-    gpu = alone(DeviceData(market, "cuda"), cfg, fold, 0)
+    data = DeviceData(market, "cuda")
+    gpu = sorted(alone(data, cfg, fold, seed).test["sharpe"] for seed in range(3))[1]
     cpu = alone(DeviceData(market, "cpu"), cfg, fold, 0)
-    assert gpu.test["sharpe"] > 0.5 * cpu.test["sharpe"] > 0
+    assert gpu > 0.5 * cpu.test["sharpe"] > 0
 
 
 def test_no_host_sync_inside_an_epoch(synth_cache):
