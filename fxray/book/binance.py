@@ -256,22 +256,7 @@ def _run(path: str, batch: _Levels, st: dict, out_rows: int):
     e = 0
     while e < len(ts):
         out = eng.new_output(min(out_rows, len(ts) - e + 2))
-        e, r = eng.levels_apply(
-            ts,
-            offsets,
-            is_bid,
-            key,
-            qty,
-            e,
-            st["bid_keys"],
-            st["bid_sizes"],
-            st["ask_keys"],
-            st["ask_sizes"],
-            st["last_keys"],
-            st["last_sizes"],
-            st["state"],
-            *out,
-        )
+        e, r = eng.levels_apply(ts, offsets, is_bid, key, qty, e, eng.book_arrays(st), out)
         if r:
             yield BookSnapshots(*(a[:r] for a in out))
         if e < len(ts) and r < len(out[0]) - 1:

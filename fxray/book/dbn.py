@@ -198,34 +198,13 @@ def iter_book(
         i = 0
         while i < len(rec):
             out = eng.new_output(min(out_rows, len(rec) - i + 4))
-            i, r = eng.mbo_apply(
-                *cols,
-                i,
-                st["orders"],
-                st["bid_keys"],
-                st["bid_sizes"],
-                st["ask_keys"],
-                st["ask_sizes"],
-                st["last_keys"],
-                st["last_sizes"],
-                st["state"],
-                *out,
-            )
+            i, r = eng.mbo_apply(*cols, i, st["orders"], eng.book_arrays(st), out)
             if r:
                 yield BookSnapshots(*(a[:r] for a in out))
             if i < len(rec) and r < len(out[0]) - 2:  # stopped for level room, not output room
                 eng.grow_levels(st)
     out = eng.new_output(4)
-    r = eng.flush_snapshot(
-        st["bid_keys"],
-        st["bid_sizes"],
-        st["ask_keys"],
-        st["ask_sizes"],
-        st["last_keys"],
-        st["last_sizes"],
-        st["state"],
-        *out,
-    )
+    r = eng.flush_snapshot(eng.book_arrays(st), out)
     if r:
         yield BookSnapshots(*(a[:r] for a in out))
 

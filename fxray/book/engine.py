@@ -9,6 +9,7 @@ the LAST element (most updates happen near the top, so inserts shift few element
     bid_keys[:nb]  int64  price (DBN fixed point, 1e-9 units)
     ask_keys[:na]  int64  -price
     *_sizes        float64 aggregate resting size at that price
+The kernels take these as one tuple, `book` (book_arrays), and write into `out` (new_output).
 Kernels are resumable: they stop early (returning the record index) when a level
 array or the output buffer is nearly full; the caller grows / drains and calls again.
 """
@@ -52,6 +53,11 @@ def grow_levels(st: dict) -> None:
     for k in ("bid_keys", "bid_sizes", "ask_keys", "ask_sizes"):
         a = st[k]
         st[k] = np.concatenate([a, np.zeros_like(a)])
+
+
+def book_arrays(st: dict) -> tuple:
+    """The kernels' `book` argument: the level arrays, the last emitted top 10, the state."""
+    return tuple(st[k] for k in ("bid_keys", "bid_sizes", "ask_keys", "ask_sizes", "last_keys", "last_sizes", "state"))
 
 
 def new_output(rows: int) -> tuple:
@@ -105,24 +111,10 @@ def _update_level(keys, sizes, n, key, amount, absolute):
 
 
 @njit(cache=True)
-def _emit(
-    ts,
-    bid_keys,
-    bid_sizes,
-    ask_keys,
-    ask_sizes,
-    last_keys,
-    last_sizes,
-    state,
-    o_ts,
-    o_bpx,
-    o_bsz,
-    o_apx,
-    o_asz,
-    o_reset,
-    r,
-):
+def _emit(ts, book, out, r):
     """Write the top 10 as output row r if it changed (or the book was reset); returns next r."""
+    bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes, state = book
+    o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset = out
     changed = state[RESET] != 0
     nb, na = state[NB], state[NA]
     for j in range(N_LEVELS):
@@ -161,30 +153,7 @@ def _clear(orders, state):
 
 
 @njit(cache=True)
-def mbo_apply(
-    ts,
-    order_id,
-    price,
-    size,
-    flags,
-    action,
-    side,
-    start,
-    orders,
-    bid_keys,
-    bid_sizes,
-    ask_keys,
-    ask_sizes,
-    last_keys,
-    last_sizes,
-    state,
-    o_ts,
-    o_bpx,
-    o_bsz,
-    o_apx,
-    o_asz,
-    o_reset,
-):
+def mbo_apply(ts, order_id, price, size, flags, action, side, start, orders, book, out):
     """Apply MBO records [start, len) to the book; emit the top 10 at each F_LAST boundary.
 
     Databento MBO semantics: Add inserts an order; Cancel removes `size` from it
@@ -194,9 +163,10 @@ def mbo_apply(
     an F_LAST record or at the first non-snapshot record (Databento's daily files
     end the snapshot without F_LAST). Returns (next record index, rows emitted).
     """
+    bid_keys, bid_sizes, ask_keys, ask_sizes, _, _, state = book
     r = 0
     cap = len(bid_keys) - 2
-    rcap = len(o_ts) - 2
+    rcap = len(out[0]) - 2
     for i in range(start, len(ts)):
         if state[NB] >= cap or state[NA] >= cap or r >= rcap:
             return i, r
@@ -206,23 +176,7 @@ def mbo_apply(
             _clear(orders, state)
             state[IN_SNAP] = 1
         elif not is_snap and state[IN_SNAP] != 0:
-            r = _emit(
-                state[PREV_TS],
-                bid_keys,
-                bid_sizes,
-                ask_keys,
-                ask_sizes,
-                last_keys,
-                last_sizes,
-                state,
-                o_ts,
-                o_bpx,
-                o_bsz,
-                o_apx,
-                o_asz,
-                o_reset,
-                r,
-            )
+            r = _emit(state[PREV_TS], book, out, r)
             state[IN_SNAP] = 0
         a = action[i]
         if a == A_ADD or a == A_MODIFY or a == A_CANCEL:
@@ -256,52 +210,19 @@ def mbo_apply(
             _clear(orders, state)
         if f & F_LAST:
             state[EVENTS] += 1
-            r = _emit(
-                ts[i],
-                bid_keys,
-                bid_sizes,
-                ask_keys,
-                ask_sizes,
-                last_keys,
-                last_sizes,
-                state,
-                o_ts,
-                o_bpx,
-                o_bsz,
-                o_apx,
-                o_asz,
-                o_reset,
-                r,
-            )
+            r = _emit(ts[i], book, out, r)
             state[IN_SNAP] = 0
         state[PREV_TS] = ts[i]
     return len(ts), r
 
 
 @njit(cache=True)
-def flush_snapshot(
-    bid_keys, bid_sizes, ask_keys, ask_sizes, last_keys, last_sizes, state, o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset
-):
+def flush_snapshot(book, out):
     """At the end of a file: emit a snapshot run that was never closed by F_LAST."""
+    state = book[6]
     r = 0
     if state[IN_SNAP] != 0:
-        r = _emit(
-            state[PREV_TS],
-            bid_keys,
-            bid_sizes,
-            ask_keys,
-            ask_sizes,
-            last_keys,
-            last_sizes,
-            state,
-            o_ts,
-            o_bpx,
-            o_bsz,
-            o_apx,
-            o_asz,
-            o_reset,
-            0,
-        )
+        r = _emit(state[PREV_TS], book, out, 0)
         state[IN_SNAP] = 0
     return r
 
@@ -310,34 +231,15 @@ def flush_snapshot(
 
 
 @njit(cache=True)
-def levels_apply(
-    ts,
-    offsets,
-    is_bid,
-    key,
-    qty,
-    start,
-    bid_keys,
-    bid_sizes,
-    ask_keys,
-    ask_sizes,
-    last_keys,
-    last_sizes,
-    state,
-    o_ts,
-    o_bpx,
-    o_bsz,
-    o_apx,
-    o_asz,
-    o_reset,
-):
+def levels_apply(ts, offsets, is_bid, key, qty, start, book, out):
     """Apply events [start, len(ts)): event e sets levels offsets[e]:offsets[e+1] to `qty`.
 
     `key` is the price in 1e-9 units; qty 0 removes the level. The book is
     consistent after each event, so each may emit. Returns (next event, rows emitted).
     """
+    bid_keys, bid_sizes, ask_keys, ask_sizes, _, _, state = book
     r = 0
-    rcap = len(o_ts) - 1
+    rcap = len(out[0]) - 1
     for e in range(start, len(ts)):
         lo, hi = offsets[e], offsets[e + 1]
         if state[NB] + (hi - lo) >= len(bid_keys) - 1 or state[NA] + (hi - lo) >= len(ask_keys) - 1 or r >= rcap:
@@ -348,23 +250,7 @@ def levels_apply(
             else:
                 state[NA] = _update_level(ask_keys, ask_sizes, state[NA], -key[j], qty[j], True)
         state[EVENTS] += 1
-        r = _emit(
-            ts[e],
-            bid_keys,
-            bid_sizes,
-            ask_keys,
-            ask_sizes,
-            last_keys,
-            last_sizes,
-            state,
-            o_ts,
-            o_bpx,
-            o_bsz,
-            o_apx,
-            o_asz,
-            o_reset,
-            r,
-        )
+        r = _emit(ts[e], book, out, r)
     return len(ts), r
 
 
