@@ -282,14 +282,14 @@ def test_a_diverged_trial_has_no_score_and_never_wins():
 
 
 def test_compare_never_picks_a_diverged_trial():
-    from fxray.track.compare import best_of
+    from fxray.track.results import chosen
 
     trials = [
         {"trial_id": "a", "status": "diverged", "score": None, "folds_done": 1},
         {"trial_id": "b", "status": "ok", "score": -2.0, "folds_done": 2},
     ]
-    assert best_of(trials, 2)["trial_id"] == "b"
-    assert best_of(trials[:1], 2) is None
+    assert chosen(trials, 2)["trial_id"] == "b"
+    assert chosen(trials[:1], 2) is None
 
 
 def test_results_of_a_sweep_where_every_trial_diverged(tmp_path, capsys):

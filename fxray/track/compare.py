@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fxray.eval import selection, snooping
-from fxray.track.results import REFERENCES, pooled_stats, trial_label
+from fxray.eval import snooping
+from fxray.track.results import REFERENCES, chosen, judge, pooled_stats, trial_label
 from fxray.track.runs import RETURNS_DIR
-from fxray.track.verdict import KEYS, add_placebo, snooping_verdict
+from fxray.track.verdict import KEYS, add_placebo
 
 DEFAULT_PPY = 6261.0  # periods per year of a 24x5 market, for sweeps that did not log theirs
 
@@ -147,14 +147,6 @@ def load_experiment(client, name: str, uri: str) -> dict:
     }
 
 
-def best_of(trials: list, n_folds: int) -> dict | None:
-    """The trial the sweep picked: highest score among those that ran every fold (when any did),
-    never one that diverged (as fxray.track.results.best_trial); None when every trial did."""
-    ok = [t for t in trials if t["status"] == "ok" and t["score"] is not None]
-    full = [t for t in ok if t["folds_done"] >= n_folds]
-    return max(full or ok, key=lambda t: t["score"]) if ok else None
-
-
 def summarize(exp: dict) -> dict:
     """The comparison numbers of one loaded experiment: the best trial's pooled val and test
     statistics beside the references', its share of the oracle, DSR with N = every trial the
@@ -165,34 +157,15 @@ def summarize(exp: dict) -> dict:
     ppy = float(metrics.get("periods_per_year", DEFAULT_PPY))
     n_started = int(metrics.get("n_trials_counted", len(trials)))
     stats = {t["trial_id"]: pooled_stats(t, cost, ppy) for t in trials}
-    best = best_of(trials, exp["n_folds"])
+    best = chosen(trials, exp["n_folds"])
     if best is None:
         raise CompareError(
             f"experiment {exp['name']!r}: all {len(trials)} trials of sweep run {parent.info.run_id} diverged: "
             "no best trial to judge"
         )
     b = stats[best["trial_id"]]
-    deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], max(n_started, len(trials)))
-    walk = selection.walk_forward(
-        [
-            {
-                "trial_id": t["trial_id"],
-                "folds": {
-                    f["fold"]: {"val": f["val_periods"], "test": f["test_periods"]}
-                    for f in t["folds"]
-                    if f["status"] == "ok"
-                },
-            }
-            for t in trials
-            if t["status"] == "ok"
-        ],
-        exp["n_folds"],
-        cost,
-        ppy,
-    )
-    verdict = snooping_verdict(
-        trials, exp["n_folds"], ppy, {**deflated, "trial_id": best["trial_id"], "test": b["test"]}
-    )
+    by_id = {t["trial_id"]: t for t in trials}
+    deflated, walk, verdict = judge(by_id, stats, best, exp["n_folds"], cost, ppy, max(n_started, len(trials)))
     if exp.get("placebo_best_test_sharpe"):
         add_placebo(verdict, snooping.placebo_pvalue(b["test"]["sharpe"], exp["placebo_best_test_sharpe"]))
     pf = best["per_fold"]

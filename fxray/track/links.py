@@ -79,12 +79,6 @@ def metric_url(base: str, experiment_id: str, run_ids: list, metric: str) -> str
     return f"{base}/#/metric?" + _query(q)
 
 
-def compare_url(base: str, experiment_id: str, run_ids: list) -> str:
-    """MLflow's side-by-side page of `run_ids`: params, metrics, parallel coordinates."""
-    q = {"runs": _json(list(run_ids)), "experiments": _json([experiment_id]), "workflowType": "machine_learning"}
-    return f"{base}/#/compare-runs?" + _query(q)
-
-
 def rank_tags(ranking: list[str]) -> dict[str, str]:
     """{trial id: "01", ...} in the order given (best first), zero-padded so that the UI's
     string sort of the tag is the rank order."""

@@ -67,12 +67,18 @@ def trials_table(records: dict) -> dict:
     return trials
 
 
-def best_trial(records: dict, n_folds: int | None = None) -> dict | None:
-    """The highest score (the sweep's objective), among trials that ran every fold when
-    any did; never a trial that diverged (None when every trial did)."""
-    ok = [t for t in trials_table(records).values() if t["status"] == "ok"]
+def chosen(trials, n_folds: int | None = None) -> dict | None:
+    """The trial the sweep picks: the highest score (the sweep's objective), among trials that
+    ran every fold when any did; never a trial that diverged (None when every trial did).
+    `trials`: trials_table's values, or fxray.track.compare's trials read from MLflow."""
+    ok = [t for t in trials if t["status"] == "ok" and t["score"] is not None]
     full = [t for t in ok if n_folds and t["folds_done"] >= n_folds]
     return max(full or ok, key=lambda t: t["score"]) if ok else None
+
+
+def best_trial(records: dict, n_folds: int | None = None) -> dict | None:
+    """`chosen` among the trials of folds.jsonl's records."""
+    return chosen(trials_table(records).values(), n_folds)
 
 
 def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
@@ -112,6 +118,19 @@ def fold_windows(trial: dict) -> dict:
     return out
 
 
+def judge(trials: dict, stats: dict, best: dict, n_folds: int, cost: float, ppy: float, n_started: int):
+    """The chosen trial out of sample: its test Sharpe deflated by the N trials started, the
+    walk-forward selection (each test window's trial chosen on the val windows before it) and
+    the verdict in one answer (docs/metrics.md). `trials`: {trial id: trial}, `stats`: their
+    pooled_stats. Returns (deflated, walk, verdict)."""
+    b = stats[best["trial_id"]]
+    deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], n_started)
+    ok = [{"trial_id": tid, "folds": fold_windows(t)} for tid, t in trials.items() if t["status"] == "ok"]
+    walk = selection.walk_forward(ok, n_folds, cost, ppy)
+    chosen_one = {**deflated, "trial_id": best["trial_id"], "test": b["test"]}
+    return deflated, walk, snooping_verdict(list(trials.values()), n_folds, ppy, chosen_one)
+
+
 def write_results(
     storage,
     sweep: dict,
@@ -135,39 +154,7 @@ def write_results(
         print("no trial finished a fold")
         return {"mlflow_summary": {}, "artifacts": [(None, storage / "experiment.yaml")]}
     cost, ppy = sweep["base"]["cost"], periods_per_year or sweep.get("calendar", {}).get("periods_per_year", 6261.0)
-    stats = {tid: pooled_stats(t, cost, ppy) for tid, t in trials.items()}
-    best = best_trial(records, n_folds)
-    if best is None:
-        return no_best(storage, sweep, trials, json_path)
-    names = sorted({k for t in trials.values() for k in t["config"]})
-    # --- fold table: one row per trial x fold -------------------------------------
-    with open(storage / "folds.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["trial", *CSV_COLUMNS, *names])
-        for t in trials.values():
-            for r in t["folds"]:
-                w.writerow(
-                    [
-                        trial_label(t["trial_id"]),
-                        *FoldRecord.from_flat(r).csv_row(),
-                        *(t["config"].get(n, "") for n in names),
-                    ]
-                )
-    # --- the verdict: the best trial out of sample, deflated, and choosing in real time ----
-    n_started = max(n_trials_started or 0, len(trials))
-    b = stats[best["trial_id"]]
-    deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], n_started)
-    wf_trials = [{"trial_id": tid, "folds": fold_windows(t)} for tid, t in trials.items() if t["status"] == "ok"]
-    walk = selection.walk_forward(wf_trials, n_folds, cost, ppy)
-    chosen = {**deflated, "trial_id": best["trial_id"], "test": b["test"]}
-    verdict = snooping_verdict(list(trials.values()), n_folds, ppy, chosen)  # one answer (docs/metrics.md)
-    best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
-    equity = equity_png(
-        storage / "equity.png",
-        best_folds,
-        f"{sweep['experiment']}: best {trial_label(best['trial_id'])}, test windows (out of sample)",
-    )
-    # --- results.json -------------------------------------------------------------------
+    best = chosen(trials.values(), n_folds)
     results = {
         "experiment": sweep["experiment"],
         "profile": sweep["profile"],
@@ -182,47 +169,65 @@ def write_results(
         "wall_s": wall_s,
         "workers": worker_stats,
         "n_trials": len(trials),
-        "n_trials_started": n_started,
-        "periods_per_year": ppy,
         "trials": [
             {
-                "trial_id": t["trial_id"],
+                "trial_id": tid,
                 "config": {**sweep["base"], **t["config"]},
                 "sampled": t["config"],
-                "folds_done": t["folds_done"],
-                "stopped_early": t["folds_done"] < n_folds and t["status"] == "ok",
-                "status": t["status"],
-                "score": t["score"],
-                "mean_val_sharpe": t["mean_val_sharpe"],
-                "mean_test_sharpe": t["mean_test_sharpe"],
-                "val": stats[tid]["val"],
-                "test": stats[tid]["test"],
+                **{k: t[k] for k in ("folds_done", "status", "score")},
                 "folds": [FoldRecord.from_flat(r).results_json() for r in t["folds"]],
             }
             for tid, t in trials.items()
         ],
-        "best": {
-            "config": {**sweep["base"], **best["config"]},
-            "sampled": best["config"],
-            **{k: best[k] for k in ("trial_id", "folds_done", "score", "mean_val_sharpe", "mean_test_sharpe")},
-            "val": b["val"],
-            "test": b["test"],
-            "baselines": b["baselines"],
-            **deflated,
-            "walk_forward": walk,
-        },
-        "verdict": json_ready(verdict),  # fxray.sweep.placebo adds the placebo sweeps' p-value
+        "best": None,
     }
+    if best is None:  # every trial diverged: results.json says so (no best trial, no verdict)
+        write_json(storage, json_path, results)
+        print(f"\nno best trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
+        return {"mlflow_summary": {"n_trials": len(trials)}, "artifacts": [(None, storage / "experiment.yaml")]}
+    stats = {tid: pooled_stats(t, cost, ppy) for tid, t in trials.items()}
+    names = sorted({k for t in trials.values() for k in t["config"]})
+    # --- fold table: one row per trial x fold -------------------------------------
+    with open(storage / "folds.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["trial", *CSV_COLUMNS, *names])
+        for t in trials.values():
+            for r in t["folds"]:
+                row = FoldRecord.from_flat(r).csv_row()
+                w.writerow([trial_label(t["trial_id"]), *row, *(t["config"].get(n, "") for n in names)])
+    # --- the verdict: the best trial out of sample, deflated, and choosing in real time ----
+    n_started = max(n_trials_started or 0, len(trials))
+    b = stats[best["trial_id"]]
+    deflated, walk, verdict = judge(trials, stats, best, n_folds, cost, ppy, n_started)
+    best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
+    equity = equity_png(
+        storage / "equity.png",
+        best_folds,
+        f"{sweep['experiment']}: best {trial_label(best['trial_id'])}, test windows (out of sample)",
+    )
+    # --- results.json -------------------------------------------------------------------
+    results.update(n_trials_started=n_started, periods_per_year=ppy)
+    for row, (tid, t) in zip(results["trials"], trials.items()):
+        row["stopped_early"] = t["folds_done"] < n_folds and t["status"] == "ok"
+        row.update({k: t[k] for k in ("mean_val_sharpe", "mean_test_sharpe")}, val=stats[tid]["val"])
+        row["test"] = stats[tid]["test"]
+    results["best"] = {
+        "config": {**sweep["base"], **best["config"]},
+        "sampled": best["config"],
+        **{k: best[k] for k in ("trial_id", "folds_done", "score", "mean_val_sharpe", "mean_test_sharpe")},
+        "val": b["val"],
+        "test": b["test"],
+        "baselines": b["baselines"],
+        **deflated,
+        "walk_forward": walk,
+    }
+    results["verdict"] = json_ready(verdict)  # fxray.sweep.placebo adds the placebo sweeps' p-value
     results["best"]["seed_spread"] = seed_spread(results, best["trial_id"])  # None unless seeds > 1
     if ensemble is not None:
         results["ensemble"] = run_ensemble(ensemble, results)
         if "test" in results["ensemble"]:  # its members came from the same trials as the best one
             results["ensemble"].update(vote_deflated(results["ensemble"]["test"], stats, n_started))
-    text = json.dumps(results, indent=1)
-    (storage / "results.json").write_text(text)
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(text)
+    write_json(storage, json_path, results)
     print_last_screen(results, names, n_folds, top)
     print(verdict_text(verdict))
     ckpt = max((f for f in best_folds if f.ok and f.checkpoint), key=lambda f: f.val_score, default=None)
@@ -287,34 +292,10 @@ def run_ensemble(ensemble, results: dict) -> dict:
     return out
 
 
-def no_best(storage: Path, sweep: dict, trials: dict, json_path) -> dict:
-    """Every trial diverged: results.json says so (no best trial, no verdict); nothing can win."""
-    results = {
-        "experiment": sweep["experiment"],
-        "profile": sweep["profile"],
-        "storage": str(storage),
-        "data": sweep["data"],
-        "folds": sweep["folds"],
-        "base_config": sweep["base"],
-        "rounds": sweep["rounds"],
-        "n_trials": len(trials),
-        "trials": [
-            {
-                "trial_id": tid,
-                "config": {**sweep["base"], **t["config"]},
-                "sampled": t["config"],
-                "folds_done": t["folds_done"],
-                "status": t["status"],
-                "score": None,
-                "folds": [FoldRecord.from_flat(r).results_json() for r in t["folds"]],
-            }
-            for tid, t in trials.items()
-        ],
-        "best": None,
-    }
+def write_json(storage: Path, json_path, results: dict) -> None:
+    """results.json in the run directory, and a copy at --json."""
     text = json.dumps(results, indent=1)
     (storage / "results.json").write_text(text)
     if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(text)
-    print(f"\nno best trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
-    return {"mlflow_summary": {"n_trials": len(trials)}, "artifacts": [(None, storage / "experiment.yaml")]}
