@@ -216,10 +216,11 @@ def test_no_host_sync_before_the_transfer():
     q, returns, day, cost = random_window(9, 5000, ties=True)
     w = window("cuda", returns, day, periods_of(9, day))
     q = torch.as_tensor(q, device="cuda")
+    costs = torch.tensor([[cost]], dtype=w.fresh.dtype, device="cuda")  # (K, 1), as evaluate_many makes it
     torch.cuda.set_sync_debug_mode("error")
     try:
         position = bt.greedy_positions(q)
-        bt._device_pack(position, w, cost)
+        bt._device_pack(position[None], w, costs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

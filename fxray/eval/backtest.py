@@ -110,6 +110,7 @@ class BacktestResult:
 
 def greedy_positions(q_all: torch.Tensor) -> torch.Tensor:
     """(T,) int8 positions of the greedy policy from flat; exact, no host loop over bars.
+    q_all (K, T, 3, 3), K policies: (K, T), each policy's path, in the same scan.
 
     step[t, i] = argmax_a q_all[t, i, a] is bar t's map from the previous
     position index i = p + 1 to the new one (action a = new position + 1).
@@ -117,19 +118,21 @@ def greedy_positions(q_all: torch.Tensor) -> torch.Tensor:
     so after ceil(log2 T) rounds table[t] = step[t] o ... o step[0] and the
     position is table[t, 1] - 1 (start flat, index 1).
     """
-    if q_all.ndim != 3 or q_all.shape[1:] != (3, 3):
-        raise ValueError(f"q_all must be (T, 3, 3) [bar, previous position + 1, action], got {tuple(q_all.shape)}")
-    n_bars = q_all.shape[0]
-    table = q_all.argmax(dim=-1)  # (T, 3) int64: previous index -> new index
-    spare = torch.empty_like(table)  # ping-pong buffer: no allocation per round
+    if q_all.ndim not in (3, 4) or q_all.shape[-2:] != (3, 3):
+        raise ValueError(
+            "q_all must be (T, 3, 3) [bar, previous position + 1, action] or (K, T, 3, 3) [policy, ...], "
+            f"got {tuple(q_all.shape)}"
+        )
+    table = q_all.argmax(dim=-1)  # (..., T, 3) int64: previous index -> new index
+    n_bars = table.shape[-2]
     shift = 1
     while shift < n_bars:  # ~log2(T) rounds (19 for 500K); T is host-known
-        spare[:shift] = table[:shift]  # prefixes shorter than the shift are complete
+        spare = table.clone()  # prefixes shorter than the shift are complete
         # spare[t, i] = table[t, table[t - shift, i]]: apply the earlier block first
-        torch.gather(table[shift:], 1, table[:-shift], out=spare[shift:])
-        table, spare = spare, table
+        spare[..., shift:, :] = torch.gather(table[..., shift:, :], -1, table[..., :-shift, :])
+        table = spare
         shift *= 2
-    return (table[:, 1] - 1).to(torch.int8)
+    return (table[..., 1] - 1).to(torch.int8)
 
 
 # --- evaluation of a position path -------------------------------------------
@@ -168,12 +171,14 @@ def _dense_ids(key: torch.Tensor) -> torch.Tensor:
     return torch.cat((key.new_zeros(1), (key[1:] != key[:-1]).cumsum(0)))
 
 
-def _device_pack(position: torch.Tensor, w: Window, cost: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(net_returns (T,), packed (N_SCALARS + D + 2P,) float64) on device; no host sync."""
-    pos = position.to(w.fresh.dtype)  # (T,)
-    prev = torch.cat((pos.new_zeros(1), pos[:-1]))  # (T,) p_{t-1}, p_-1 = 0
-    change = (pos - prev).abs()  # (T,) |p_t - p_{t-1}|
-    net_returns = pos * w.fresh - cost * change  # (T,) net log returns
+def _device_pack(position: torch.Tensor, w: Window, cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(net_returns (K, T), packed (K, N_SCALARS + D + 2P) float64) on device of K position
+    paths (K, T) at their costs (K, 1); no host sync."""
+    K = position.shape[0]
+    pos = position.to(w.fresh.dtype)  # (K, T)
+    prev = torch.cat((pos.new_zeros(K, 1), pos[:, :-1]), 1)  # (K, T) p_{t-1}, p_-1 = 0
+    change = (pos - prev).abs()  # (K, T) |p_t - p_{t-1}|
+    net_returns = pos * w.fresh - cost * change  # (K, T) net log returns
     if w.carry is not None:
         net_returns = net_returns + prev * w.carry
 
@@ -183,36 +188,46 @@ def _device_pack(position: torch.Tensor, w: Window, cost: float) -> tuple[torch.
     # is reported after the transfer instead. float64 sums: the order noise of the
     # atomics stays ~1e-17.
     day_id, period_id = _dense_ids(w.day), _dense_ids(w.period)
-    daily = torch.zeros(w.n_days, dtype=torch.float64, device=pos.device)
-    daily.index_add_(0, day_id.clamp(max=w.n_days - 1), net_returns.double())
-    hourly = torch.zeros(2, w.n_periods, dtype=torch.float64, device=pos.device)  # net, units
-    hourly.index_add_(1, period_id.clamp(max=w.n_periods - 1), torch.stack((net_returns.double(), change.double())))
+    daily = torch.zeros(K, w.n_days, dtype=torch.float64, device=pos.device)
+    daily.index_add_(1, day_id.clamp(max=w.n_days - 1), net_returns.double())
+    hourly = torch.zeros(K, 2, w.n_periods, dtype=torch.float64, device=pos.device)  # net, units
+    hourly.index_add_(2, period_id.clamp(max=w.n_periods - 1), torch.stack((net_returns.double(), change.double()), 1))
 
     in_market = pos != 0
     scalars = torch.stack(
         (
-            (change != 0).sum().double(),  # n_trades
-            in_market.sum().double(),  # bars in the market
-            (in_market & (net_returns > 0)).sum().double(),  # of which net winners
-            (day_id[-1] + 1).double(),  # true number of days
-            (period_id[-1] + 1).double(),  # true number of periods
-            ((w.day[1:] < w.day[:-1]) | (w.period[1:] < w.period[:-1])).sum().double(),  # keys going backwards
-        )
+            (change != 0).sum(1).double(),  # n_trades
+            in_market.sum(1).double(),  # bars in the market
+            (in_market & (net_returns > 0)).sum(1).double(),  # of which net winners
+            (day_id[-1] + 1).double().expand(K),  # true number of days
+            (period_id[-1] + 1).double().expand(K),  # true number of periods
+            ((w.day[1:] < w.day[:-1]) | (w.period[1:] < w.period[:-1])).sum().double().expand(K),  # keys backwards
+        ),
+        1,
     )
-    return net_returns, torch.cat((scalars, daily, hourly.reshape(-1)))
+    return net_returns, torch.cat((scalars, daily, hourly.reshape(K, -1)), 1)
 
 
 def evaluate(position: torch.Tensor, window: Window, cost: float) -> BacktestResult:
     """Net returns, daily and hourly sums, and metrics of any (T,) position path in {-1, 0, +1}.
     One host sync. A window whose counts are wrong raises ValueError."""
-    n_bars = position.shape[0] if position.ndim else 0
-    _check_window(window, n_bars, cost)
-    if position.shape != (n_bars,):
+    if position.ndim != 1:
         raise ValueError(f"position must be (T,), got {tuple(position.shape)}")
+    return evaluate_many(position[None], window, [cost])[0]
+
+
+def evaluate_many(position: torch.Tensor, window: Window, costs: list[float]) -> list[BacktestResult]:
+    """evaluate of K position paths (K, T), path k at costs[k]: one pass, one host sync for all."""
+    K, n_bars = position.shape
+    for cost in costs:
+        _check_window(window, n_bars, cost)
+    if len(costs) != K:
+        raise ValueError(f"{K} policies but {len(costs)} costs")
+    cost = torch.tensor(costs, dtype=window.fresh.dtype, device=position.device).unsqueeze(1)  # (K, 1)
     net_returns, packed = _device_pack(position, window, cost)
     packed = packed.cpu().numpy()  # the one host sync of an evaluation
 
-    n_trades, n_in, n_hits, true_days, true_periods, backwards = packed[:N_SCALARS]
+    _, _, _, true_days, true_periods, backwards = packed[0, :N_SCALARS]
     if backwards:
         raise ValueError("day and period must be non-decreasing over the window")
     if true_days != window.n_days:
@@ -220,14 +235,20 @@ def evaluate(position: torch.Tensor, window: Window, cost: float) -> BacktestRes
     if true_periods != window.n_periods:
         raise ValueError(f"n_periods={window.n_periods} but the window has {int(true_periods)} distinct periods")
     d, p = window.n_days, window.n_periods
-    daily_returns = packed[N_SCALARS : N_SCALARS + d]
-    net, units = packed[N_SCALARS + d :].reshape(2, p)
-    turnover = float(units.sum() / n_bars)
-    metrics = summarize(
-        daily_returns, turnover=turnover, n_trades=int(n_trades), hit_rate=n_hits / n_in if n_in else 0.0
-    )
-    periods = PeriodReturns(net, units, np.asarray(window.hours, dtype=np.int64), n_bars, int(n_trades), d)
-    return BacktestResult(position.to(torch.int8), net_returns, daily_returns, metrics, periods)
+    out = []
+    for k in range(K):
+        n_trades, n_in, n_hits = packed[k, :3]
+        daily_returns = packed[k, N_SCALARS : N_SCALARS + d]
+        net, units = packed[k, N_SCALARS + d :].reshape(2, p)
+        metrics = summarize(
+            daily_returns,
+            turnover=float(units.sum() / n_bars),
+            n_trades=int(n_trades),
+            hit_rate=n_hits / n_in if n_in else 0.0,
+        )
+        periods = PeriodReturns(net, units, np.asarray(window.hours, dtype=np.int64), n_bars, int(n_trades), d)
+        out.append(BacktestResult(position[k].to(torch.int8), net_returns[k], daily_returns, metrics, periods))
+    return out
 
 
 def backtest(q_all: torch.Tensor, window: Window, cost: float) -> BacktestResult:
@@ -257,85 +278,9 @@ def baselines(window: Window, cost: float) -> dict[str, Metrics]:
     return {"buy_and_hold": hold.metrics, "flat": summarize(np.zeros(hold.metrics.n_days))}
 
 
-# --- many policies over one window (a population's members) ---------------------------
-
-
-def greedy_positions_many(q_all: torch.Tensor) -> torch.Tensor:
-    """(K, T) int8: greedy_positions of each of K policies, q_all (K, T, 3, 3), in one scan."""
-    if q_all.ndim != 4 or q_all.shape[2:] != (3, 3):
-        raise ValueError(
-            f"q_all must be (K, T, 3, 3) [policy, bar, previous position + 1, action], got {tuple(q_all.shape)}"
-        )
-    n_bars = q_all.shape[1]
-    table = q_all.argmax(dim=-1)  # (K, T, 3)
-    shift = 1
-    while shift < n_bars:
-        spare = table.clone()  # prefixes shorter than the shift are complete
-        spare[:, shift:] = torch.gather(table[:, shift:], 2, table[:, :-shift])
-        table = spare
-        shift *= 2
-    return (table[..., 1] - 1).to(torch.int8)
-
-
 def backtest_many(q_all: torch.Tensor, window: Window, costs: list[float]) -> list[BacktestResult]:
     """backtest of K policies over one window, q_all (K, T, 3, 3), policy k at costs[k]: the
-    positions in one scan and the sums in one pass, one host sync for all. Policy k's result is
-    backtest(q_all[k], window, costs[k])'s (tests/test_population.py compares them)."""
+    positions in one scan and the sums in one pass, one host sync for all."""
     if q_all.device != window.fresh.device:
         raise ValueError(f"q_all on {q_all.device} but returns on {window.fresh.device}")
-    position = greedy_positions_many(q_all)  # (K, T)
-    K, n_bars = position.shape
-    for cost in costs:
-        _check_window(window, n_bars, cost)
-    if len(costs) != K:
-        raise ValueError(f"{K} policies but {len(costs)} costs")
-    cost = torch.tensor(costs, dtype=window.fresh.dtype, device=position.device).unsqueeze(1)  # (K, 1)
-    # _device_pack, with a leading policy axis
-    pos = position.to(window.fresh.dtype)  # (K, T)
-    prev = torch.cat((pos.new_zeros(K, 1), pos[:, :-1]), 1)
-    change = (pos - prev).abs()
-    net_returns = pos * window.fresh - cost * change
-    if window.carry is not None:
-        net_returns = net_returns + prev * window.carry
-    day_id, period_id = _dense_ids(window.day), _dense_ids(window.period)
-    daily = torch.zeros(K, window.n_days, dtype=torch.float64, device=pos.device)
-    daily.index_add_(1, day_id.clamp(max=window.n_days - 1), net_returns.double())
-    hourly = torch.zeros(K, 2, window.n_periods, dtype=torch.float64, device=pos.device)
-    hourly.index_add_(
-        2, period_id.clamp(max=window.n_periods - 1), torch.stack((net_returns.double(), change.double()), 1)
-    )
-    in_market = pos != 0
-    d, p = window.n_days, window.n_periods
-    scalars = torch.stack(
-        (
-            (change != 0).sum(1).double(),
-            in_market.sum(1).double(),
-            (in_market & (net_returns > 0)).sum(1).double(),
-            (day_id[-1] + 1).double().expand(K),
-            (period_id[-1] + 1).double().expand(K),
-            ((window.day[1:] < window.day[:-1]) | (window.period[1:] < window.period[:-1])).sum().double().expand(K),
-        ),
-        1,
-    )  # (K, N_SCALARS), as _device_pack's
-    packed = torch.cat((scalars, daily, hourly.reshape(K, -1)), 1).cpu().numpy()  # the one host sync
-    _, _, _, true_days, true_periods, backwards = packed[0, :N_SCALARS]
-    if backwards:
-        raise ValueError("day and period must be non-decreasing over the window")
-    if true_days != d or true_periods != p:
-        raise ValueError(
-            f"n_days={d}, n_periods={p} but the window has {int(true_days)} days, {int(true_periods)} periods"
-        )
-    out = []
-    for k in range(K):
-        n_trades, n_in, n_hits = packed[k, :3]
-        daily_returns = packed[k, N_SCALARS : N_SCALARS + d]
-        net, units = packed[k, N_SCALARS + d :].reshape(2, p)
-        metrics = summarize(
-            daily_returns,
-            turnover=float(units.sum() / n_bars),
-            n_trades=int(n_trades),
-            hit_rate=n_hits / n_in if n_in else 0.0,
-        )
-        periods = PeriodReturns(net, units, np.asarray(window.hours, dtype=np.int64), n_bars, int(n_trades), d)
-        out.append(BacktestResult(position[k], net_returns[k], daily_returns, metrics, periods))
-    return out
+    return evaluate_many(greedy_positions(q_all), window, costs)
