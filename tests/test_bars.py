@@ -13,8 +13,9 @@ import pytest
 from conftest import SHARED_DATA
 
 from fxray.data import cache
-from fxray.data.bars import DEFAULT_OFI_NAMES, Bars, BarsError, build_cache, load_bars
+from fxray.data.bars import Bars, BarsError, build_cache, load_bars
 from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK
+from fxray.data.schema import OFI_NAMES
 
 DATA = SHARED_DATA / "bars"
 SIXE = DATA / "6EH4.XCME_1min_bars_20240101_20240131.csv.gz"
@@ -97,7 +98,7 @@ def test_build_cache_on_shared_bars(tmp_path, path):
     digest = build_cache(b, out, instrument=path.name[:6], source=str(path))
     m = cache.open(out)
     assert m.n_bars == len(b) - MAX_LOOKBACK and m.content_hash == digest
-    assert m.feature_names == list(FEATURE_NAMES) and m.ofi_names == list(DEFAULT_OFI_NAMES)
+    assert m.feature_names == list(FEATURE_NAMES) and m.ofi_names == list(OFI_NAMES)
     assert np.array_equal(m.ts, b.ts[MAX_LOOKBACK:])
     assert np.array_equal(m.targets, np.stack([b.open, b.high, b.low, b.close], 1)[MAX_LOOKBACK:])
     assert not m.ofi.any() and m.features[:, 40].mean() > 5  # ADX is live after the warm-up

@@ -52,7 +52,6 @@ from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK, compute_features
 from fxray.data.schema import OFI_NAMES
 
 FORMATS = ("auto", "csv", "parquet", "histdata", "lean")
-DEFAULT_OFI_NAMES = OFI_NAMES  # zero and real order-flow columns are named alike
 MIN_BARS_AFTER_WARMUP = 10
 _CLOSE_TS = (
     "timestamp_utc",
@@ -141,7 +140,7 @@ def build_cache(
     source: str,
     bar: str = "1min",
     ofi=None,
-    ofi_names=DEFAULT_OFI_NAMES,
+    ofi_names=OFI_NAMES,  # zero and real order-flow columns are named alike
     extra_meta: dict | None = None,
 ) -> str:
     """Compute the 42 features, drop the first MAX_LOOKBACK rows (warm-up) and write an

@@ -52,15 +52,10 @@ def sweep_with_placebos(args, import_s: float = 0.0) -> int:
     if args.same_trials:
         raise UsageError("--placebo: a --same-trials replay has no search to account for; drop one of them")
     plan = driver.validate(args, import_s)
-    with contextlib.ExitStack() as stack:
-        run = driver.start(plan, stack)
-        stopped = driver.fit(run)
-        code = stopped if stopped is not None else driver.finish(run)
+    code = run_sweep(plan)
     if code != 0:
         print("fxray.tune: the placebo sweeps wait for a sweep that finished", file=sys.stderr)
         return code
-    stop_workers(run.workers)
-    del run  # and its data's object-store copy: each placebo puts its own
     storage, sweep = plan.storage, read_sweep(plan.storage)
     bests, sweeps = [], []
     for i in range(1, args.placebo + 1):
@@ -113,12 +108,7 @@ def run_placebo(args, storage: Path, real: dict, i: int, import_s: float) -> tup
     }
     for failures in (driver.WORKER_FAILURE, driver.MLFLOW_FAILURE):  # module state of the last sweep's stopper
         failures.clear()
-    with contextlib.ExitStack() as stack:
-        run = driver.start(plan, stack)
-        stopped = driver.fit(run)
-        code = stopped if stopped is not None else driver.finish(run)
-    stop_workers(run.workers)
-    return code, pdir
+    return run_sweep(plan), pdir
 
 
 def placebo_args(args, storage: Path, real: dict, pdir: Path):
@@ -165,6 +155,17 @@ def ensure_data(path: Path, real: dict, i: int) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     write_placebo(cache.open(market_path), path, index=i, seed=seed)
+
+
+def run_sweep(plan) -> int:
+    """One sweep start to finish, then its FoldWorkers and pool ended (their devices go to
+    the next sweep; its data's object-store copy goes with them: each placebo puts its own)."""
+    with contextlib.ExitStack() as stack:
+        run = driver.start(plan, stack)
+        stopped = driver.fit(run)
+        code = stopped if stopped is not None else driver.finish(run)
+    stop_workers(run.workers)
+    return code
 
 
 def stop_workers(workers) -> None:
