@@ -18,7 +18,7 @@ import torch
 from fxray.data import cache
 from fxray.data.folds import Fold, FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, oracle_positions, simulate
-from fxray.eval.backtest import backtest, backtest_many, evaluate
+from fxray.eval.backtest import backtest, evaluate
 from fxray.rl.checkpoint import load_checkpoint
 from fxray.rl.config import ConfigError, DQNConfig
 from fxray.rl.device import DeviceData
@@ -309,20 +309,6 @@ def test_the_batched_paths_cuda_runs_agree_with_the_per_member_ones(market_data)
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     for a, b in zip(*weights):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-
-
-def test_backtest_many_is_backtest_per_policy(market_data):
-    data, fold = market_data
-    data.set_fold(fold)
-    for fill in ("next_open", "close"):
-        window = data.window(fold.val, fill)
-        q = torch.randn(3, window.n_bars, 3, 3, generator=torch.Generator().manual_seed(2))
-        costs = [4e-5, 0.0, 2e-4]
-        for k, many in enumerate(backtest_many(q, window, costs)):
-            one = backtest(q[k], window, costs[k])
-            assert torch.equal(many.position, one.position) and torch.equal(many.net_returns, one.net_returns)
-            assert np.array_equal(many.daily_returns, one.daily_returns)
-            assert many.metrics == one.metrics and many.periods.as_dict() == one.periods.as_dict()
 
 
 # --- a member is what its config trains alone -------------------------------------------------------
