@@ -31,7 +31,7 @@ from pathlib import Path
 _T_IMPORT = time.time()
 import ray  # noqa: E402, F401  (before the clock: Ray and Tune's import is not the run's)
 
-from fxray.cli import command_parser  # noqa: E402
+from fxray.cli import command_parser, nonnegative_int, positive_int, seed  # noqa: E402
 from fxray.data.cache import CacheError  # noqa: E402
 from fxray.data.folds import FoldError  # noqa: E402
 from fxray.rl import experiment as expmod  # noqa: E402
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", metavar="YAML", help=f"experiment file (default {expmod.DEFAULT_EXPERIMENT})")
     p.add_argument("--data", metavar="FXCACHE", help="an fxcache; overrides the experiment's data.path")
     p.add_argument("--trials", type=positive_int, metavar="N", help="trials to run (default: the file's sweep.trials)")
-    p.add_argument("--seed", type=int, metavar="INT", help="TPE sampler and training seed (default: sweep.seed)")
+    p.add_argument("--seed", type=seed, metavar="INT", help="TPE sampler and training seed (default: sweep.seed)")
     p.add_argument(
         "--set",
         action="append",
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--address", metavar="ADDR", help="join a running Ray cluster ('auto'); default: start one here")
     p.add_argument("--num-cpus", type=positive_int, metavar="N", help="local Ray: logical CPUs (default: all)")
-    p.add_argument("--num-gpus", type=int, metavar="N", help="local Ray: logical GPUs (default: detected)")
+    p.add_argument("--num-gpus", type=nonnegative_int, metavar="N", help="local Ray: logical GPUs (default: detected)")
     p.add_argument(
         "--profile",
         choices=("auto", "gpu", "cpu"),
@@ -128,13 +128,6 @@ def apply_flags(args) -> None:
             uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).absolute())
         os.environ["MLFLOW_TRACKING_URI"] = uri
     quiet(args.verbose)
-
-
-def positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 1")
-    return v
 
 
 def main(argv=None) -> int:

@@ -31,7 +31,15 @@ from fxray.sweep.cluster import start_ray
 from fxray.sweep.leases import Workers, pool_name
 from fxray.sweep.logs import capture_stdout, known_ray_lines
 from fxray.sweep.rounds import close_orphans, resume_plan, round_state, trials_started
-from fxray.sweep.rundir import UsageError, locate, make_fold_dicts, prepare_storage, same_trials, write_sweep
+from fxray.sweep.rundir import (
+    UsageError,
+    locate,
+    make_fold_dicts,
+    prepare_storage,
+    reuse_overrides,
+    same_trials,
+    write_sweep,
+)
 from fxray.sweep.trial import config_key
 from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, debug_log, fold_limits, make_tuner
 from fxray.track.links import next_steps
@@ -91,18 +99,14 @@ def validate(args, import_s: float = 0.0) -> Plan:
             "resources are used: drop one of them"
         )
     if args.json:  # found now, not after the whole sweep
-        out = Path(args.json)
-        if out.is_dir() or (out.exists() and not out.is_file()):
-            raise UsageError(f"--json {args.json}: is a directory (or not a file); name a file to write")
-        if not out.absolute().parent.is_dir() and out.absolute().parent.exists():
-            raise UsageError(f"--json {args.json}: {out.parent} is not a directory")
+        from fxray.cli import check_file_out
+
+        try:
+            check_file_out(args.json, "--json")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     file, storage, sweep = locate(args, overrides)
     sets = getattr(args, "set", None)
-    if sets and sweep:
-        raise UsageError(
-            f"--set: {storage} holds a sweep whose config its first round fixed; "
-            "use --storage DIR for a new sweep (--trials/--seed extend this one)"
-        )
     if (
         sweep
         and getattr(args, "tracking_uri", None)
@@ -110,8 +114,12 @@ def validate(args, import_s: float = 0.0) -> Plan:
     ):
         raise UsageError(f"--tracking-uri: this sweep logs to {sweep['mlflow']['uri']}; drop --tracking-uri")
     overrides.update(set_overrides(sets, file) if sets else {})
+    if sweep:  # a resumed or extended sweep is the same sweep: its stored overrides, none changed
+        overrides = reuse_overrides(storage, sweep, overrides, args.resume)
     same = same_trials(args, storage, sweep, overrides)
     exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
+    if not 0 <= exp.sweep.seed < 2**32:
+        raise UsageError(f"{file}: sweep.seed: {exp.sweep.seed} is not a seed; use an integer in [0, 4294967295]")
     for line in exp.warnings():
         print(f"fxray.tune: warning: {line}", file=sys.stderr)
     searched = [k for k in overrides if k.split(".", 1)[-1] in exp.space() and k.startswith(exp.config.SECTION + ".")]
@@ -252,6 +260,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
         plan.same,
         plan.mlflow_extra,
         device=wplan.kind,
+        overrides=plan.overrides,
     )
     run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts), warmups)
     prepared.set()

@@ -59,6 +59,7 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
     if sweep is None:
         return file, storage, None
     check_study(storage / "optuna.db")  # a resumed or extended sweep loads it next
+    check_logs(storage)
     if args.resume and sweep["rounds"][-1]["done"] and not getattr(args, "same_trials", None):  # before Ray starts
         raise NothingToResume(
             f"nothing to resume: the sweep in {storage} finished at {finished_at(storage, sweep['rounds'][-1])} "
@@ -107,6 +108,37 @@ def same_trials(args, storage: Path, sweep: dict | None, overrides: dict) -> dic
     return same
 
 
+ROUND_KEYS = ("sweep.trials", "sweep.seed")  # what an extension round may set anew (--trials, --seed)
+
+
+def reuse_overrides(storage: Path, sweep: dict, given: dict, resume: bool) -> dict:
+    """The overrides a sweep that exists runs with: those its first round stored (--set, --population,
+    ...), so that a resumed or extended sweep searches the same space with the same ASHA and
+    population; `given` (this command line's) may repeat them, never change them. An extension
+    may set its round's trials and seed; a resume runs the round's own."""
+    stored = dict(sweep.get("overrides") or {})
+    rnd = sweep["rounds"][-1]
+    for key, value in given.items():
+        if key in ROUND_KEYS:
+            ran = rnd.get(key.split(".")[1])
+            if resume and value != ran:
+                flag = "--trials" if key == "sweep.trials" else "--seed"
+                raise UsageError(
+                    f"{flag} {value}: the interrupted round of {storage} runs {key.split('.')[1]} = {ran}; "
+                    f"drop {flag} to resume it (or extend the sweep once it is done)"
+                )
+            continue
+        if key not in stored and key == "name" and value == sweep.get("experiment"):
+            continue
+        if stored.get(key, "(not set)") != value:
+            raise UsageError(
+                f"{key}={value}: the sweep in {storage} started with {key}={stored.get(key, '(not set)')}; "
+                "a resumed or extended sweep keeps its settings: drop it, or pass --storage DIR for a new sweep"
+            )
+    keep = {k: v for k, v in given.items() if k in ROUND_KEYS and not resume}
+    return {**stored, **keep}
+
+
 def read_sweep(storage: Path) -> dict | None:
     """The run directory's sweep.json, None if there is none; UsageError if it is not one."""
     if storage.exists() and not storage.is_dir():
@@ -116,13 +148,92 @@ def read_sweep(storage: Path) -> dict | None:
         return None
     try:
         sweep = json.loads(path.read_text())
-        sweep["rounds"][-1]["done"]  # noqa: B018 (what every use of it reads first)
-    except (ValueError, KeyError, IndexError, TypeError) as e:  # JSON errors are ValueErrors
+        check_record(sweep)
+    except (ValueError, KeyError, IndexError, TypeError, OSError) as e:  # JSON errors are ValueErrors
         raise UsageError(
             f"{path}: not a sweep's record ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
             "restore it, or pass --storage DIR for a new sweep"
         ) from None
     return sweep
+
+
+SEED_RANGE = (0, 2**32)  # what Optuna's sampler and numpy take
+
+
+def check_record(sweep) -> None:
+    """What a resume reads of sweep.json, checked before anything starts (ValueError/KeyError/
+    TypeError naming the key): a driver writes it whole (atomically), so anything else was edited."""
+    if not isinstance(sweep, dict):
+        raise TypeError(f"a JSON {type(sweep).__name__}, not a mapping")
+    rounds = sweep["rounds"]
+    if not isinstance(rounds, list) or not rounds:
+        raise ValueError("rounds: must be a non-empty list")
+    for r in rounds:
+        for key, kind in (("name", str), ("trials", int), ("seed", int), ("done", bool)):
+            if key == "seed" and key not in r:  # an old round: the sweep's seed
+                continue
+            if not isinstance(r.get(key), kind) or (kind is int and isinstance(r[key], bool)):
+                raise ValueError(f"rounds[{rounds.index(r)}].{key}: {r.get(key)!r} is not a {kind.__name__}")
+        if r["trials"] < 1:
+            raise ValueError(f"rounds[{rounds.index(r)}].trials: {r['trials']} is below 1")
+        if "seed" in r and not SEED_RANGE[0] <= r["seed"] < SEED_RANGE[1]:
+            raise ValueError(f"rounds[{rounds.index(r)}].seed: {r['seed']} is outside [0, 2**32)")
+    if not (isinstance(sweep["data"], dict) and isinstance(sweep["data"]["path"], str)):
+        raise ValueError("data: must hold the data file's path and content_hash")
+    sweep["data"]["content_hash"]  # noqa: B018
+    if not (isinstance(sweep["mlflow"], dict) and isinstance(sweep["mlflow"]["uri"], str)):
+        raise ValueError("mlflow: must hold the store's uri")
+    if not (isinstance(sweep.get("folds", []), list) and isinstance(sweep.get("base", {}), dict)):
+        raise ValueError("folds / base: must be a list / a mapping")
+    if "base" in sweep:
+        from fxray.rl.config import make_config
+
+        make_config(sweep["base"], "base")  # ConfigError (a ValueError) naming the field
+
+
+# --- the sweep's logs: a crash's torn last line is dropped, anything else refused -------------
+
+LOGS = {"folds.jsonl": ("trial_id", "fold", "status"), "events.jsonl": ("kind",)}
+
+
+def check_logs(storage: Path) -> None:
+    """UsageError naming the file and line of a complete line of folds.jsonl or events.jsonl that
+    is not a record the driver writes (a crash cannot make one; a torn LAST line, without its
+    newline, is what a kill in mid-write leaves: `drop_torn_lines` drops it, and its fold runs again)."""
+    for name, keys in LOGS.items():
+        path = storage / name
+        if not path.exists():
+            continue
+        try:
+            lines = path.read_bytes().split(b"\n")[:-1]  # the last piece is torn (or empty)
+        except OSError as e:
+            raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                ok = isinstance(rec, dict) and all(k in rec for k in keys)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise UsageError(
+                    f"{path} line {number}: not a record of the sweep's log (needs a JSON object with "
+                    f"{', '.join(keys)}); a crash cannot leave one: restore the file, or pass --storage DIR"
+                )
+
+
+def drop_torn_lines(storage: Path) -> None:
+    """Cut a log's torn last line (no newline: a kill in mid-write), so that the next append starts
+    a line of its own. Called with the run directory's lock held."""
+    for name in LOGS:
+        path = storage / name
+        if not path.exists():
+            continue
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
 
 
 def check_study(path: Path) -> None:
@@ -137,6 +248,14 @@ def check_study(path: Path) -> None:
 
     if not path.exists():
         return
+    head = b""
+    if path.is_file():
+        with open(path, "rb") as f:
+            head = f.read(16)
+    if not path.is_file() or head not in (b"", b"SQLite format 3\x00"):
+        raise UsageError(
+            f"{path}: not an SQLite database (the sweep's Optuna study); restore it, or pass --storage DIR"
+        )
     try:
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             n = db.execute("SELECT COUNT(*) FROM studies WHERE study_name = ?", (STUDY,)).fetchone()[0]
@@ -178,12 +297,14 @@ def prepare_storage(
     same=None,
     mlflow_extra=None,
     device: str | None = None,
+    overrides: dict | None = None,
 ) -> dict:
     """Create the run directory (first run) or open a new round (an extension) or keep
     the last one (a resume). Everything here is validated already: nothing is half-written.
     `mlflow_extra` (a new sweep only): {"tags": more parent tags, "run_name": the parent's
     name, "sweep": more sweep.json keys}, what a placebo sweep says it is (fxray.sweep.placebo).
-    `device`: "gpu" or "cpu", what the FoldWorkers train on (a new sweep records it)."""
+    `device`: "gpu" or "cpu", what the FoldWorkers train on (a new sweep records it).
+    `overrides` (a new sweep): the command line's, stored so that a resume reuses them."""
     from fxray.track import runs as mlruns
 
     round_names = [r["name"] for r in sweep["rounds"]] if sweep else []
@@ -218,6 +339,9 @@ def prepare_storage(
             "base": exp.config.as_dict(),
             "rounds": [],
             "mlflow": {"uri": mlruns.tracking_uri(), "experiment": exp.name, "tags": tags},
+            # every override of the experiment file (--set, --population, ...): a resume or an
+            # extension runs with them (reuse_overrides); the round keys live in the rounds
+            "overrides": {k: v for k, v in (overrides or {}).items() if k not in ROUND_KEYS},
         }
         extra = mlflow_extra or {}
         tags.update(extra.get("tags", {}))
@@ -277,8 +401,14 @@ def hold(storage: Path, expected: dict | None):
     created = [p for p in (storage, *storage.parents) if not p.exists()]
     if storage.exists() and not storage.is_dir():
         raise UsageError(f"--storage {storage}: is a file, not a run directory; pass a directory")
-    storage.mkdir(parents=True, exist_ok=True)
-    fd = os.open(storage / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        storage.mkdir(parents=True, exist_ok=True)
+        fd = os.open(storage / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # read-only storage, a full disk: before anything is started
+        raise UsageError(
+            f"--storage {storage}: cannot be written ({e.strerror}); a sweep keeps its records there: "
+            "make it writable, or pass --storage DIR"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -288,6 +418,8 @@ def hold(storage: Path, expected: dict | None):
     try:
         if read_sweep(storage) != expected:
             raise UsageError(f"{storage}: its sweep.json changed while this sweep was being checked; run it again")
+        if expected is not None:
+            drop_torn_lines(storage)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
