@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fxray.cli import Parser, check_file_out
 from fxray.data import cache
 from fxray.policy.bundle import BundleError, check_inputs, load
 from fxray.policy.frozen import ENGINES, q_values, score
@@ -69,6 +70,9 @@ def choose_window(args, bundle, market) -> tuple[int, int]:
 
 
 def run(args) -> dict:
+    for flag, path in (("--json", args.json), ("--positions", args.positions)):
+        if path is not None:
+            check_file_out(path, flag)  # before the work, not after it
     bundle = load(args.policy)
     market = cache.open(args.data)
     check_inputs(bundle, market.feature_names, market.ofi_names, str(args.data))
@@ -143,13 +147,11 @@ def write_positions(path: Path, ts: np.ndarray, position: np.ndarray) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fxray backtest", description=__doc__.splitlines()[0])
+    p = Parser(prog="fxray backtest", description=__doc__.splitlines()[0])
     p.add_argument(
         "--policy", metavar="DIR", required=True, type=Path, help="a bundle directory (python -m fxray.export)"
     )
-    p.add_argument(
-        "--data", metavar="FXCACHE", required=True, type=Path, help="an fxcache (fxray data build)"
-    )
+    p.add_argument("--data", metavar="FXCACHE", required=True, type=Path, help="an fxcache (fxray data build)")
     p.add_argument(
         "--window",
         metavar="all|val|test",

@@ -20,8 +20,9 @@ import re
 import sys
 from pathlib import Path
 
+from fxray.cli import Parser, check_file_out
 from fxray.data import cache
-from fxray.policy.export import MODELS, ExportError, choose, export_bundle, load_candidate
+from fxray.policy.export import MODELS, ExportError, check_out, choose, export_bundle, load_candidate
 from fxray.rl.checkpoint import abstained_folds
 
 
@@ -67,7 +68,7 @@ def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fxray export", description=__doc__.splitlines()[0])
+    p = Parser(prog="fxray export", description=__doc__.splitlines()[0])
     p.add_argument(
         "source", metavar="RUN_ID|PATH", help="an MLflow trial run id, a fold<k>.safetensors, or a directory of them"
     )
@@ -100,6 +101,9 @@ def main(argv=None) -> int:
 
 
 def export(args) -> dict:
+    check_out(args.out, args.force)  # before any work: what is at --out is replaced only if a bundle
+    if args.json is not None:
+        check_file_out(args.json, "--json")
     source_path = Path(args.source)
     if source_path.exists():
         paths = sorted(source_path.glob("fold*.safetensors")) if source_path.is_dir() else [source_path]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fxray.cli import Parser, check_file_out
 from fxray.data.stream import StreamError
 from fxray.policy.bundle import BundleError
 from fxray.policy.live import ENGINES, WARMING_UP, Policy, to_ns
@@ -39,6 +40,16 @@ from fxray.policy.live import ENGINES, WARMING_UP, Policy, to_ns
 __all__ = ["Policy", "WARMING_UP", "main"]
 
 TS_COLUMNS = ("ts", "timestamp", "timestamp_utc", "time", "datetime")
+
+
+def check_tz(name: str) -> None:
+    """ValueError unless `name` is a time zone this machine knows."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"--tz {name!r}: not a time zone (an IANA name, e.g. UTC, Europe/London, Etc/GMT+5)") from None
 
 
 def parse_ts(text: str, tz) -> int:
@@ -145,7 +156,7 @@ def stream(args, policy: Policy, out) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fxray live", description=__doc__.splitlines()[0])
+    p = Parser(prog="fxray live", description=__doc__.splitlines()[0])
     p.add_argument(
         "--policy", metavar="DIR", required=True, type=Path, help="a bundle directory (python -m fxray.export)"
     )
@@ -164,6 +175,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     tmp = None
     try:
+        for flag, path in (("--out", args.out), ("--json", args.json)):
+            if path is not None:
+                check_file_out(path, flag)  # before the feed, not after it
+        if args.tz:
+            check_tz(args.tz)
         policy = Policy(args.policy, engine=args.engine)
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -97,9 +97,16 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+FILLS = ("next_open", "close")
+INPUT_DTYPES = ("float32", "bfloat16")  # fxray.rl.device.DTYPES (no torch here)
+MAX_COST = 0.1  # return units per unit of position change: above it is a typo, not a market
+
+
 def load(path) -> Bundle:
-    """Read and check a bundle directory: manifest format and version, every listed file
-    present with its sha256, the tensors' names and shapes. Raises BundleError."""
+    """Read and check a bundle directory: manifest format and version; every file in the
+    directory listed in the manifest with its sha256 and none outside it; every value the
+    policy uses of the right type and finite (cost, fill, dtype, warm-up, the tensors).
+    Raises BundleError (one line naming the file and the fix)."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -111,10 +118,11 @@ def load(path) -> Bundle:
         raise BundleError(f"{manifest_path}: missing; not a policy bundle (make one with `python -m fxray.export`)")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BundleError(f"{manifest_path}: not JSON ({e}); export the bundle again") from None
+    except (ValueError, OSError) as e:  # JSON, UTF-8 and read errors
+        raise BundleError(f"{manifest_path}: not JSON ({str(e).splitlines()[0]}); export the bundle again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise BundleError(f"{manifest_path}: not an {FORMAT} manifest (format {manifest.get('format')!r})")
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise BundleError(f"{manifest_path}: not an {FORMAT} manifest (format {got!r})")
     if manifest.get("version") != VERSION:
         raise BundleError(
             f"{manifest_path}: bundle version {manifest.get('version')!r} is unknown to this fxray "
@@ -123,16 +131,12 @@ def load(path) -> Bundle:
     missing = [k for k in REQUIRED if k not in manifest]
     if missing:
         raise BundleError(f"{manifest_path}: lacks {', '.join(missing)}; export the bundle again")
-    for rel, digest in manifest["files"].items():
-        file = root / rel
-        if not file.is_file():
-            raise BundleError(f"{file}: missing from the bundle ({MANIFEST} lists it); export the bundle again")
-        if sha256(file) != digest:
-            raise BundleError(f"{file}: sha256 differs from {MANIFEST}'s: changed after export; export it again")
-    n_inputs = int(manifest["network"]["n_inputs"])
-    names = manifest["inputs"]["feature_names"] + manifest["inputs"]["ofi_names"]
-    if len(names) != n_inputs:
-        raise BundleError(f"{manifest_path}: {len(names)} input names for a network of {n_inputs} inputs")
+    try:
+        check_manifest(manifest)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"{manifest_path}: {_says(e)}; export the bundle again") from None
+    check_files(root, manifest["files"])
+    n_inputs = manifest["network"]["n_inputs"]
     try:
         norm = load_file(str(root / NORMALISATION))
         members = []
@@ -143,12 +147,82 @@ def load(path) -> Bundle:
                 raise BundleError(f"{root / NORMALISATION}: {m['name']} statistics are not ({n_inputs},)")
             if weights["market_in.weight"].shape[1] != n_inputs:
                 raise BundleError(f"{root / m['weights']}: the network does not take {n_inputs} inputs")
+            for where, arrays in (
+                (root / NORMALISATION, {"mean": mean, "inv_std": inv_std}),
+                (root / m["weights"], weights),
+            ):
+                bad = next((k for k, a in arrays.items() if not np.all(np.isfinite(a))), None)
+                if bad is not None:
+                    raise BundleError(f"{where}: {m['name']} {bad} holds NaN or Inf; export the bundle again")
             members.append(Member(m["name"], m["fold"], weights, mean, inv_std, root / m["onnx"]))
     except (KeyError, SafetensorError, OSError) as e:
         raise BundleError(f"{root}: a tensor file lacks {e} or is unreadable; export the bundle again") from None
-    if not members:
-        raise BundleError(f"{manifest_path}: no members; export the bundle again")
     return Bundle(root, manifest, members)
+
+
+def _says(e: Exception) -> str:
+    return f"lacks {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+
+
+def check_manifest(m: dict) -> None:
+    """The manifest's values, typed (ValueError/TypeError/KeyError naming the key)."""
+
+    def need(ok: bool, key: str, what: str) -> None:
+        if not ok:
+            raise ValueError(f"{key}: {what}")
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+    net, inputs, trading = m["network"], m["inputs"], m["trading"]
+    need(isinstance(m["files"], dict) and all(isinstance(v, str) for v in m["files"].values()), "files",
+         "must map each file to its sha256")  # fmt: skip
+    need(isinstance(m["members"], list) and len(m["members"]) > 0, "members", "must be a non-empty list")
+    for i, mem in enumerate(m["members"]):
+        need(isinstance(mem, dict) and all(isinstance(mem.get(k), str) for k in ("name", "weights", "onnx")),
+             f"members[{i}]", "needs name, weights and onnx (strings)")  # fmt: skip
+        for k in ("weights", "onnx"):
+            need(mem[k] in m["files"], f"members[{i}].{k}", f"{mem[k]!r} is not among the manifest's files")
+    need(isinstance(net, dict) and isinstance(net.get("n_inputs"), int) and net["n_inputs"] > 0, "network.n_inputs",
+         "must be a positive integer")  # fmt: skip
+    need(net.get("input_dtype", "float32") in INPUT_DTYPES, "network.input_dtype",
+         f"{net.get('input_dtype')!r} is not one of {', '.join(INPUT_DTYPES)}")  # fmt: skip
+    for k in ("feature_names", "ofi_names"):
+        names = inputs[k]
+        need(
+            isinstance(names, list) and all(isinstance(n, str) for n in names), f"inputs.{k}", "must be a list of names"
+        )
+    n_names = len(inputs["feature_names"]) + len(inputs["ofi_names"])
+    need(n_names == net["n_inputs"], "inputs", f"{n_names} input names for a network of {net['n_inputs']} inputs")
+    warm = inputs["warmup_bars"]
+    need(isinstance(warm, int) and not isinstance(warm, bool) and warm >= 0, "inputs.warmup_bars",
+         f"{warm!r} is not a count of bars")  # fmt: skip
+    need(number(trading["cost"]) and 0 <= trading["cost"] < MAX_COST, "trading.cost",
+         f"{trading['cost']!r} is not a cost in [0, {MAX_COST})")  # fmt: skip
+    need(trading["fill"] in FILLS, "trading.fill", f"{trading['fill']!r} is not one of {', '.join(FILLS)}")
+    need(isinstance(m["data"].get("content_hash"), str), "data.content_hash", "missing")
+
+
+def check_files(root: Path, files: dict) -> None:
+    """Every file of the bundle is in the manifest with its sha256, and the manifest names
+    nothing outside the bundle (no `..`, no absolute path, no link out)."""
+    inside = root.resolve()
+    for rel in files:
+        target = (root / rel).resolve()
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not target.is_relative_to(inside):
+            raise BundleError(f"{root / MANIFEST}: file {rel!r} is outside the bundle; export the bundle again")
+    present = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()} - {MANIFEST}
+    extra = sorted(present - set(files))
+    if extra:
+        raise BundleError(
+            f"{root / extra[0]}: not in {MANIFEST} (a file the export did not write); remove it or export again"
+        )
+    for rel, digest in files.items():
+        file = root / rel
+        if not file.is_file():
+            raise BundleError(f"{file}: missing from the bundle ({MANIFEST} lists it); export the bundle again")
+        if sha256(file) != digest:
+            raise BundleError(f"{file}: sha256 differs from {MANIFEST}'s: changed after export; export it again")
 
 
 def check_inputs(bundle: Bundle, feature_names, ofi_names, where: str) -> None:

@@ -164,6 +164,35 @@ def _statistics(c: Candidate, data: DeviceData) -> tuple[np.ndarray, np.ndarray,
     return s_mean, s_inv, "the checkpoint's"
 
 
+def check_out(out: Path, force: bool) -> None:
+    """ExportError unless `out` may be written: absent, or (with `force`) a bundle fxray wrote
+    (a directory whose manifest.json says format fxray.policy). Anything else is never replaced:
+    deleting is not a side effect of an export."""
+    out = Path(out)
+    if not (out.exists() or out.is_symlink()):
+        parent = out.absolute().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise ExportError(f"--out {out}: {parent} is not a writable directory")
+        return
+    if not force:
+        raise ExportError(f"--out {out}: exists; pass --force to replace the bundle there, or another --out")
+    try:
+        ours = (
+            out.is_dir() and not out.is_symlink() and json.loads((out / MANIFEST).read_text()).get("format") == FORMAT
+        )
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if not ours:
+        raise ExportError(
+            f"--out {out}: is not a policy bundle (no {MANIFEST} of format {FORMAT}); --force replaces only "
+            "a bundle fxray wrote: name another --out"
+        )
+    if not os.access(out.parent if str(out.parent) else ".", os.W_OK):
+        raise ExportError(f"--out {out}: its directory {out.parent} is not writable")
+
+
 def _agree(members: list[Candidate]) -> dict:
     """The shared config; an ensemble of networks of other shapes or costs is refused."""
     first = members[0].meta["config"]
@@ -180,8 +209,7 @@ def export_bundle(
     """Write the bundle of `members` (trained on `market`) at `out`; returns its manifest.
     Nothing is left at `out` if anything fails; an existing `out` is replaced only with `force`."""
     out = Path(out)
-    if out.exists() and not force:
-        raise ExportError(f"{out}: exists; pass --force to replace it, or another --out")
+    check_out(out, force)
     config = _agree(members)
     cfg = make_config(config)
     n_inputs = int(members[0].meta["n_inputs"])
@@ -313,7 +341,8 @@ def _permissions(root: Path) -> None:
 
 
 def _replace(tmp: Path, out: Path) -> None:
-    """Move the finished bundle into place (an old one at `out` goes only once the new one is there)."""
+    """Move the finished bundle into place (an old one at `out` goes only once the new one is there;
+    `check_out` proved it a bundle)."""
     old = None
     if out.exists():
         old = out.parent / f".{out.name}.old.{os.getpid()}"
