@@ -283,13 +283,13 @@ def parse_meta(path: str, raw: dict[str, str]) -> dict:
                 f"{path}: schema metadata {key}: has {len(names)} names for the {width} columns of "
                 f"{key.split('_')[0] if key == 'ofi_names' else 'features'}; name every column once"
             )
-    from fxray.data.integrity import HASH_ALGOS
-
     algo = meta.get("content_hash_algo")
-    if algo is not None and algo not in HASH_ALGOS:
+    if algo is not None and algo not in integrity.HASH_ALGOS:
         raise CacheError(
-            f"{path}: schema metadata content_hash_algo: {algo!r} is not a hash fxray knows ({', '.join(HASH_ALGOS)})"
+            f"{path}: schema metadata content_hash_algo: {algo!r} is not a hash fxray knows "
+            f"({', '.join(integrity.HASH_ALGOS)})"
         )
+    meta.update(integrity.stored_hash(path, meta["content_hash"], algo or integrity.LEGACY_ALGO))
     return meta
 
 

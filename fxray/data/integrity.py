@@ -9,10 +9,13 @@ any size); these are the O(N) checks. A file's stored `content_hash` is proven h
 hashing its four columns again, so a flipped byte or a file cut short is found, and
 what a sweep or a training run records under that hash is what it trained on.
 
-The hash is named in the file (`content_hash_algo`): "blake3" (multi-threaded, what
-`write` uses) or "sha256" (files written before it, which have no such key): both are
-the digest of the columns' bytes in column order (ts, features, ofi, targets),
-truncated to 128 bits (32 hex characters).
+The contract for a writer (docs/reliability.md, "The fxcache content hash"): `content_hash` is the
+lowercase hex digest, by the hash named in `content_hash_algo` ("blake3", what `write`
+uses; "sha256", files written before it, which have no such key), of the four columns'
+raw little-endian bytes, C order, one after the other in column order (ts int64,
+features float32, ofi float32, targets float32). fxray stores its first 32 hex digits
+(128 bits); the full 64-digit digest is accepted too (and checked in full). Anything else
+is refused at open, in one line that says so.
 """
 
 from __future__ import annotations
@@ -35,8 +38,26 @@ LEGACY_ALGO = "sha256"  # a file with no content_hash_algo key
 COLUMN_ORDER = ("ts", "features", "ofi", "targets")
 
 
-def content_hash(ts, features, ofi, targets, algo: str = DEFAULT_ALGO) -> str:
-    """The digest of the four columns' bytes, in column order (a file's identity)."""
+HASH_DIGITS = 32  # what fxray writes and what a Market's content_hash is (a file's identity)
+FULL_DIGITS = 64  # the whole digest (both hashes are 256 bits), also accepted
+
+
+def stored_hash(path, value, algo: str) -> dict:
+    """{"content_hash": its first 32 hex digits, "content_hash_full": all 64 (when stored)} of a
+    file's stored content_hash, or CacheError saying exactly what a writer must store."""
+    text = value.strip().lower() if isinstance(value, str) else ""
+    if len(text) not in (HASH_DIGITS, FULL_DIGITS) or any(c not in "0123456789abcdef" for c in text):
+        raise CacheError(
+            f"{path}: schema metadata content_hash: {str(value)[:70]!r} is not a content hash: fxray expects the "
+            f"{algo} hex digest of the columns' bytes (ts, features, ofi, targets in that order), its first "
+            f"{HASH_DIGITS} or all {FULL_DIGITS} hex digits (docs/reliability.md)"
+        )
+    return {"content_hash": text[:HASH_DIGITS], **({"content_hash_full": text} if len(text) == FULL_DIGITS else {})}
+
+
+def content_hash(ts, features, ofi, targets, algo: str = DEFAULT_ALGO, digits: int = HASH_DIGITS) -> str:
+    """The digest of the four columns' bytes, in column order (a file's identity), as `digits`
+    hex digits (32: what fxray stores; 64: the whole digest)."""
     if algo == "blake3":
         import blake3
 
@@ -47,7 +68,7 @@ def content_hash(ts, features, ofi, targets, algo: str = DEFAULT_ALGO) -> str:
         raise ValueError(f"unknown content hash {algo!r}; known: {', '.join(HASH_ALGOS)}")
     for a in (ts, features, ofi, targets):
         h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-    return h.hexdigest()[:32]
+    return h.hexdigest()[:digits]
 
 
 def _parallel_sum(a: np.ndarray, min_chunk_rows: int = 262_144) -> float:
@@ -114,13 +135,15 @@ def verify(market) -> dict:
     check_values(market.path, cols)
     t1 = time.perf_counter()
     algo = market.meta.get("content_hash_algo", LEGACY_ALGO)
-    digest = content_hash(*cols.values(), algo=algo)
+    stored = market.meta.get("content_hash_full") or market.content_hash  # 64 or 32 hex digits
+    digest = content_hash(*cols.values(), algo=algo, digits=len(stored))
     t2 = time.perf_counter()
-    if digest != market.content_hash:
+    if digest != stored:
         raise CacheError(
             f"{market.path}: its contents do not match its stored content hash ({algo} {digest} != "
-            f"{market.content_hash}): the file was changed or damaged; rebuild it with `fxray data`"
+            f"{stored}): the file was changed or damaged; rebuild it with `fxray data`"
         )
+    digest = digest[:HASH_DIGITS]
     return {"algo": algo, "content_hash": digest, "values_s": t1 - t0, "hash_s": t2 - t1}
 
 
