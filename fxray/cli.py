@@ -32,15 +32,86 @@ COMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose error is one line (the usage block is what --help is for)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def command_parser(name: str, doc: str, label: str = "examples:\n") -> argparse.ArgumentParser:
     """A command's parser: its module docstring's first paragraph is the description, the
-    rest (the examples) the epilog, kept as written."""
-    return argparse.ArgumentParser(
+    rest (the examples) the epilog, kept as written. An error is one line on stderr, exit 2."""
+    return Parser(
         prog=f"fxray {name}",
         description=doc.split("\n\n")[0],
         epilog=label + doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return value
+
+
+def seed(text: str) -> int:
+    """An argparse type: a random seed, an integer in [0, 2**32) (what numpy and Optuna take);
+    argparse's error then names the flag: `argument --seed: -1 is not a seed ...`."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: use an integer in [0, 4294967295]")
+    return value
+
+
+def check_file_out(path, flag: str) -> None:
+    """ValueError (one line) unless `path` can be written as a file: not a directory, under a
+    directory that exists (or can be made) and is writable. Commands call it before any work."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory; name a file to write")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{flag} {path}: exists and is not a regular file; name a new file")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK) or _read_only(parent):
+        raise ValueError(f"{flag} {path}: {parent} is not writable")
+
+
+def _read_only(folder) -> bool:
+    """A folder on a read-only mount (os.access says yes to root there)."""
+    import os
+
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def available() -> dict[str, tuple[str, str]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fxray.cli import command_parser
+from fxray.cli import check_file_out, command_parser, seed
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, bar_spacing, make_folds
 from fxray.data.synth import STRUCTURES, SynthSpec
@@ -41,9 +41,7 @@ def check_out(path: Path) -> None:
         raise ValueError(f"--out {path}: is a directory; name the fxcache file to write, e.g. {path}/data.fxcache")
     if path.exists() and not path.is_file():
         raise ValueError(f"--out {path}: exists and is not a regular file; name a new file")
-    parent = path.parent if str(path.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise ValueError(f"--out {path}: {parent} is not a directory")
+    check_file_out(path, "--out")  # under a directory that exists or can be made, writable
 
 
 def cmd_synth(args) -> dict:
@@ -214,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="synth, build or info")
     s = sub.add_parser("synth", help="write the synthetic market (planted signal) as an fxcache")
     s.add_argument("--bars", type=int, default=1_000_000, metavar="N", help="bars to write (after warm-up)")
-    s.add_argument("--seed", type=int, default=0, metavar="INT", help="the market's random seed (default 0)")
+    s.add_argument("--seed", type=seed, default=0, metavar="INT", help="the market's random seed (default 0)")
     s.add_argument("--out", required=True, type=Path, metavar="FXCACHE", help="the file to write")
     s.add_argument(
         "--structure",
@@ -265,8 +263,8 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     try:
-        if args.json is not None and args.json.is_dir():
-            raise ValueError(f"--json {args.json}: is a directory; name a file to write")
+        if args.json is not None:
+            check_file_out(args.json, "--json")
         result = {"synth": cmd_synth, "build": cmd_build, "info": cmd_info}[args.cmd](args)
     except USER_ERRORS as e:
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)

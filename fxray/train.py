@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from fxray.cli import command_parser
+from fxray.cli import check_file_out, command_parser, positive_int, seed
 from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
@@ -58,6 +58,8 @@ def parse_folds(text: str | None, n: int) -> list[int]:
     bad = [k for k in ks if not 0 <= k < n]
     if bad:
         raise ValueError(f"--folds: fold(s) {bad} do not exist; this data has folds 0..{n - 1}")
+    if len(set(ks)) != len(ks):
+        raise ValueError(f"--folds {text!r}: a fold named twice; name each once")
     return ks
 
 
@@ -305,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", metavar="DEVICE", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument(
         "--seed",
-        type=int,
+        type=seed,
         metavar="INT",
         help="fold k trains with seed + k (default 0; with --from-run: "
         "the run's seed, used for every fold as in the sweep)",
@@ -313,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override a config field, repeatable (fxray/rl/config.py)"
     )
-    p.add_argument("--synth-bars", type=int, metavar="N", help="size of the synthetic market when no --data")
+    p.add_argument("--synth-bars", type=positive_int, metavar="N", help="size of the synthetic market when no --data")
     p.add_argument(
         "--checkpoint-dir", type=Path, metavar="DIR", help="write each fold's best weights here (safetensors + JSON)"
     )
@@ -355,6 +357,8 @@ def main(argv=None) -> int:
             print(f"error: {flag} {path}: is {'not ' if want_dir else ''}a directory", file=sys.stderr)
             return 2
     try:
+        if args.json is not None:
+            check_file_out(args.json, "--json")
         result = run(args)
     except (ValueError, OSError) as e:
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)

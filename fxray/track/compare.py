@@ -47,6 +47,12 @@ def open_store(uri: str | None):
         with open(db, "rb") as f:
             if f.read(16) != b"SQLite format 3\x00":  # else SQLAlchemy fails deep inside MLflow
                 raise CompareError(f"--tracking-uri {uri}: {db} is not an SQLite database (an MLflow store)")
+    from fxray.track.runs import check_uri
+
+    try:
+        check_uri(uri)  # a server that does not answer: one line in seconds, not MLflow's minutes of retries
+    except ValueError as e:
+        raise CompareError(str(e).replace("MLFLOW_TRACKING_URI", "--tracking-uri", 1)) from None
     mlflow.set_tracking_uri(uri)
     return MlflowClient(uri), uri
 

@@ -44,9 +44,12 @@ def trial_run(run_id: str, uri: str | None, needs: tuple[str, ...], label: str):
     from mlflow.tracking import MlflowClient as Client
 
     uri = uri or tracking_uri()
+    check_uri(uri)  # a scheme MLflow knows, an SQLite file, a server that answers: before MLflow retries
     path = sqlite_path(uri)
     if path is not None and not path.is_file():
         raise ValueError(f"--tracking-uri {uri}: no such sqlite file")
+    if uri.startswith("file:") and not Path(uri.split("://", 1)[-1]).is_dir():
+        raise ValueError(f"--tracking-uri {uri}: no such MLflow file store")
     client = Client(uri)
     try:
         run = client.get_run(run_id)
@@ -85,6 +88,12 @@ def check_uri(uri: str, timeout: float = 5.0) -> None:
             f"MLFLOW_TRACKING_URI {uri}: {scheme!r} is not a store MLflow opens ({', '.join(SCHEMES)}); "
             "e.g. sqlite:////abs/path/mlflow.db or http://127.0.0.1:5000"
         )
+    if scheme == "sqlite" and not uri.startswith("sqlite:///"):
+        raise ValueError(f"MLFLOW_TRACKING_URI {uri}: names no file; write sqlite:///relative.db or sqlite:////abs.db")
+    if scheme == "file":  # a local folder (mlflow makes it, not its parents)
+        folder = Path(uri.split("://", 1)[-1] if "://" in uri else uri)
+        if not folder.is_dir() and not folder.absolute().parent.is_dir():
+            raise ValueError(f"MLFLOW_TRACKING_URI {uri}: {folder.absolute().parent} is not a folder")
     path = sqlite_path(uri)
     if path is not None:
         if not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
