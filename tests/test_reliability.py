@@ -22,6 +22,13 @@ from fxray.track.records import FoldRecord
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 
 
+SWEEP = {  # the least sweep.json a resume reads (fxray.sweep.rundir.check_record)
+    "rounds": [{"name": "tune", "trials": 2, "seed": 0, "done": False}],
+    "data": {"path": "m.fxcache", "content_hash": "0" * 32},
+    "mlflow": {"uri": "sqlite:///mlflow.db"},
+}
+
+
 def run(module, *args, cwd, env=None, timeout=120):
     env = {**os.environ, "FXRAY_CACHE_DIR": str(cwd / "cache"), **(env or {})}
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{cwd / 'mlflow.db'}")
@@ -80,7 +87,7 @@ def test_a_run_directory_whose_optuna_db_holds_two_studies_is_refused_on_resume(
     import optuna
 
     (work / "old").mkdir()
-    (work / "old/sweep.json").write_text('{"rounds": [{"name": "r0", "done": false}]}')
+    (work / "old/sweep.json").write_text(json.dumps(SWEEP))
     db = work / "old/optuna.db"
     optuna.create_study(study_name="fxray", storage=f"sqlite:///{db}")
     with closing(sqlite3.connect(db)) as con:
@@ -235,7 +242,7 @@ def test_one_driver_at_a_time_and_a_dead_ones_lock_is_stale(tmp_path):
         with pytest.raises(UsageError, match=f"another sweep \\(pid {os.getpid()}\\) is running"):
             with hold(storage, None):
                 pass
-        (storage / "sweep.json").write_text(json.dumps({"rounds": [{"done": True}]}))
+        (storage / "sweep.json").write_text(json.dumps({**SWEEP, "rounds": [{**SWEEP["rounds"][0], "done": True}]}))
     assert held_by(storage) is None and (storage / ".lock").exists()  # kept once a sweep is there
     # a holder killed with SIGKILL: the kernel dropped its flock; its pid is still in the file
     code = f"import fcntl, os, time; fd = os.open({str(storage / '.lock')!r}, os.O_RDWR); "
@@ -341,3 +348,177 @@ def test_train_json_naming_a_directory_is_refused_before_training(work):
     out = run("fxray.train", "--data", "m.fxcache", "--experiment", "tiny.yaml", "--json", "out", cwd=work)
     one_line(out, "--json out: is a directory")
     assert "fold" not in out.stdout
+
+
+# --- issue 51, reliability round two: each item reproduced, then held -----------------------
+
+
+def tune_args(*argv):
+    from fxray.tune import parse_args
+
+    return parse_args(list(argv))
+
+
+def test_item1_resume_keeps_search_overrides(work, monkeypatch):
+    """A sweep started with --set search.* / sweep.* / --population resumes with them (it used to
+    resume from the bare experiment file: another search space, other ASHA settings); a resume
+    that passes other values is refused in one line naming the key."""
+    from fxray.sweep.driver import validate
+    from fxray.sweep.rundir import UsageError, prepare_storage
+
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlflow.db'}")
+    sets = ["--set", "search.lr.high=2e-4", "--set", "sweep.grace_folds=1", "--population", "2"]
+    first = tune_args("--experiment", "tiny.yaml", "--data", "m.fxcache", "--storage", "s", *sets)
+    plan = validate(first)
+    exp = expmod.load(plan.file, "cpu", plan.overrides)
+    prepare_storage(plan.storage, None, exp, plan.file, "cpu", plan.market, plan.data_path, [], first,
+                    overrides=plan.overrides)  # fmt: skip
+    resumed = validate(tune_args("--storage", "s", "--resume"))
+    again = expmod.load(resumed.file, "cpu", resumed.overrides)
+    assert [p.high for p in again.search if p.name == "lr"] == [2e-4]
+    assert again.sweep.grace_folds == 1 and again.sweep.population == 2
+    assert validate(tune_args("--storage", "s", "--resume", *sets)).overrides == resumed.overrides
+    for other in (["--set", "search.lr.high=3e-3"], ["--set", "sweep.grace_folds=2"], ["--population", "3"],
+                  ["--trials", "7"], ["--seed", "5"]):  # fmt: skip
+        with pytest.raises(UsageError, match="drop"):
+            validate(tune_args("--storage", "s", "--resume", *other))
+
+
+def test_item2_export_force_replaces_only_a_bundle(work, tmp_path):
+    """--force used to delete any directory at --out and hide a file as .NAME.old.PID."""
+    from fxray.policy.export import ExportError, check_out
+
+    (work / "home").mkdir()
+    (work / "home/notes.txt").write_text("mine")
+    (work / "afile").write_text("mine")
+    for out in ("home", "afile"):
+        with pytest.raises(ExportError, match="is not a policy bundle"):
+            check_out(work / out, force=True)
+    assert (work / "home/notes.txt").read_text() == "mine" and (work / "afile").read_text() == "mine"
+    assert not [p for p in work.iterdir() if p.name.startswith(".")]
+    (work / "b").mkdir()
+    (work / "b/manifest.json").write_text('{"format": "fxray.policy"}')
+    check_out(work / "b", force=True)  # fxray's own bundle: replaced
+    with pytest.raises(ExportError, match="exists; pass --force"):
+        check_out(work / "b", force=False)
+
+
+def test_item4_a_torn_last_line_is_dropped_and_a_garbage_line_refused(tmp_path):
+    """A kill in mid-write leaves a torn last line: the next append used to glue onto it, and
+    every later --resume failed on the garbage line; now the torn line is cut under the lock,
+    and a complete line that no driver writes is refused naming the file and line."""
+    from fxray.sweep.rundir import UsageError, check_logs, drop_torn_lines
+
+    rec = json.dumps({"trial_id": "0000", "fold": 0, "status": "ok"})
+    (tmp_path / "folds.jsonl").write_text(rec + "\n" + rec[:20])
+    (tmp_path / "events.jsonl").write_text('{"kind": "trial_end"}\n{"ki')
+    check_logs(tmp_path)  # what a crash leaves: accepted
+    drop_torn_lines(tmp_path)
+    assert (tmp_path / "folds.jsonl").read_text() == rec + "\n"
+    assert (tmp_path / "events.jsonl").read_text() == '{"kind": "trial_end"}\n'
+    (tmp_path / "events.jsonl").write_text('{"kind": "trial_end"}\ngarbage\n')
+    with pytest.raises(UsageError, match=r"events.jsonl line 2: not a record"):
+        check_logs(tmp_path)
+
+
+def test_item4_an_out_of_range_seed_in_sweep_json_is_refused(tmp_path):
+    from fxray.sweep.rundir import UsageError, read_sweep
+
+    sweep = {
+        "rounds": [{"name": "tune", "trials": 2, "seed": 2**70, "done": False}],
+        "data": {"path": "x", "content_hash": "0" * 32},
+        "mlflow": {"uri": "sqlite:///x"},
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    with pytest.raises(UsageError, match=r"rounds\[0\].seed: .* outside \[0, 2\*\*32\)"):
+        read_sweep(tmp_path)
+
+
+def test_item5_a_bundle_is_checked_file_by_file_and_value_by_value(tmp_path):
+    """A file not in the manifest, a path out of the bundle, NaN statistics, a bad cost, fill or dtype."""
+    from fxray.policy.bundle import BundleError, check_files, check_manifest
+
+    (tmp_path / "b/members").mkdir(parents=True)
+    (tmp_path / "b/members/x.onnx").write_bytes(b"x")
+    with pytest.raises(BundleError, match="not in manifest.json"):
+        check_files(tmp_path / "b", {})
+    with pytest.raises(BundleError, match="outside the bundle"):
+        check_files(tmp_path / "b", {"../../etc/passwd": "0", "members/x.onnx": "0"})
+    good = {
+        "files": {"w": "0", "o": "0"},
+        "members": [{"name": "fold0", "weights": "w", "onnx": "o"}],
+        "network": {"n_inputs": 2, "input_dtype": "float32"},
+        "inputs": {"feature_names": ["a"], "ofi_names": ["b"], "warmup_bars": 5},
+        "trading": {"cost": 1e-4, "fill": "next_open"},
+        "data": {"content_hash": "0" * 32},
+    }
+    check_manifest(good)
+    cases = [("cost", -1e-4, "trading.cost"), ("cost", "x", "trading.cost"), ("cost", float("nan"), "trading.cost")]
+    for key, value, needle in [*cases, ("fill", "teleport", "trading.fill")]:
+        bad = json.loads(json.dumps(good))
+        bad["trading"][key] = value
+        with pytest.raises(ValueError, match=needle):
+            check_manifest(bad)
+    bad = json.loads(json.dumps(good))
+    bad["network"]["input_dtype"] = "float64"
+    with pytest.raises(ValueError, match="network.input_dtype"):
+        check_manifest(bad)
+
+
+def test_item6_a_read_only_run_directory_is_one_line(tmp_path):
+    """It used to be a 69-line traceback from the lock file's open."""
+    from fxray.sweep.rundir import UsageError, hold
+
+    (tmp_path / "s").mkdir()
+    os.chmod(tmp_path / "s", 0o555)
+    if os.geteuid() == 0:  # root writes through mode bits: a read-only bind mount
+        subprocess.run(["mount", "--bind", str(tmp_path / "s"), str(tmp_path / "s")], check=True)
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(tmp_path / "s")], check=True)
+    try:
+        with pytest.raises(UsageError, match="cannot be written"):
+            with hold(tmp_path / "s", None):
+                pass
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(tmp_path / "s")], check=True)
+        os.chmod(tmp_path / "s", 0o755)
+
+
+def test_item6_a_tracking_server_that_does_not_answer_is_refused_in_seconds(work):
+    """fxray compare used to hang ~250 s in MLflow's retries."""
+    t0 = time.time()
+    one_line(run("fxray.compare", "--tracking-uri", "http://127.0.0.1:9", "--no-log", cwd=work), "no tracking server")
+    assert time.time() - t0 < 60
+
+
+def test_item7_a_full_length_content_hash_is_accepted(work):
+    """Another writer's full 64-hex digest used to be refused as 'changed or damaged'; anything
+    but 32 or 64 hex digits is refused saying what is expected."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from fxray.data import cache
+    from fxray.data.integrity import content_hash
+
+    m = cache.open(work / "m.fxcache")
+    full = content_hash(m.ts, m.features, m.ofi, m.targets, digits=64)
+    with pa.memory_map(str(work / "m.fxcache")) as src:
+        table = ipc.open_file(src).read_all()
+    for name, digest in (("full", full), ("short", full[:20])):
+        meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
+        meta["content_hash"] = json.dumps(digest)
+        edited = table.replace_schema_metadata(meta)
+        with ipc.new_file(work / f"{name}.fxcache", edited.schema) as w:
+            w.write_table(edited)
+    ok = cache.open(work / "full.fxcache")
+    assert ok.content_hash == m.content_hash and ok.verify()["content_hash"] == m.content_hash
+    with pytest.raises(cache.CacheError, match="first 32 or all 64 hex digits"):
+        cache.open(work / "short.fxcache")
+
+
+def test_item8_seed_errors_name_the_flag(work):
+    for module, args in (("fxray.tune", ["--experiment", "tiny.yaml", "--seed", "-1"]),
+                         ("fxray.train", ["--data", "m.fxcache", "--seed", str(2**64)])):  # fmt: skip
+        out = run(module, *args, cwd=work)
+        one_line(out, "argument --seed", "is not a seed")
