@@ -66,6 +66,9 @@ def test_a_placebo_sweep_is_made_resumed_extended_or_kept(tmp_path):
     from fxray.sweep.placebo import placebo_args
     from fxray.sweep.rundir import UsageError, write_sweep
 
+    def record(rounds):  # what a driver writes of a placebo sweep, as far as its resume reads it
+        return {"rounds": rounds, "data": {"path": "m.fxcache", "content_hash": "0" * 32}, "mlflow": {"uri": "x"}}
+
     storage, pdir = tmp_path / "real", tmp_path / "real/placebo-1"
     pdir.mkdir(parents=True)
     real = {"profile": "cpu", "experiment": "x", "rounds": [{"trials": 4, "seed": 3}, {"trials": 2, "seed": 5}]}
@@ -75,15 +78,15 @@ def test_a_placebo_sweep_is_made_resumed_extended_or_kept(tmp_path):
     assert (new.trials, new.seed, new.resume, new.json, new.placebo) == (6, 3, False, None, None)
     assert new.experiment == str(storage / "experiment.yaml") and new.data == str(pdir / "market.fxcache")
     assert (new.profile, new.name, new.storage) == ("cpu", "x", str(pdir))
-    write_sweep(pdir, {"rounds": [{"trials": 6, "done": False}]})
+    write_sweep(pdir, record([{"trials": 6, "done": False}]))
     resumed = placebo_args(args, storage, real, pdir)
     assert resumed.resume and resumed.trials is None and resumed.experiment is None
-    write_sweep(pdir, {"rounds": [{"trials": 6, "done": True}]})
+    write_sweep(pdir, record([{"trials": 6, "done": True}]))
     assert placebo_args(args, storage, real, pdir) is None  # finished with the same budget: kept
-    write_sweep(pdir, {"rounds": [{"trials": 4, "done": True}]})
+    write_sweep(pdir, record([{"trials": 4, "done": True}]))
     extended = placebo_args(args, storage, real, pdir)
     assert (extended.trials, extended.seed, extended.resume) == (2, 5, False)
-    write_sweep(pdir, {"rounds": [{"trials": 8, "done": True}]})
+    write_sweep(pdir, record([{"trials": 8, "done": True}]))
     with pytest.raises(UsageError, match="ran 8 trials, more than the 6 of the sweep it is a placebo of"):
         placebo_args(args, storage, real, pdir)
 
@@ -101,7 +104,7 @@ def test_placebo_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     ]
     with pytest.raises(SystemExit, match="2"):
         main(["--placebo", "0"])
-    assert "argument --placebo: 0 must be >= 1" in capsys.readouterr().err
+    assert "argument --placebo: '0' is not an integer >= 1" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
 
 

@@ -474,7 +474,7 @@ BAD = {
         ["--experiment", "tiny.yaml", "--address", "auto", "--num-cpus", "2"],
         "--num-cpus/--num-gpus size a local Ray",
     ),
-    "bad flag": (["--experiment", "tiny.yaml", "--trials", "0"], "argument --trials: 0 must be >= 1"),
+    "bad flag": (["--experiment", "tiny.yaml", "--trials", "0"], "argument --trials: '0' is not an integer >= 1"),
     "MLflow folder missing": (["--experiment", "tiny.yaml"], "is not a writable folder"),
     "same trials: no file": (
         ["--experiment", "tiny.yaml", "--same-trials", "nope.json"],

@@ -168,21 +168,26 @@ def check_record(sweep) -> None:
     rounds = sweep["rounds"]
     if not isinstance(rounds, list) or not rounds:
         raise ValueError("rounds: must be a non-empty list")
-    for r in rounds:
+    for i, r in enumerate(rounds):
+        if not isinstance(r, dict):
+            raise TypeError(f"rounds[{i}]: a JSON {type(r).__name__}, not a mapping")
         for key, kind in (("name", str), ("trials", int), ("seed", int), ("done", bool)):
-            if key == "seed" and key not in r:  # an old round: the sweep's seed
+            if key not in r:  # what a round does not record (an old round's seed is the sweep's)
                 continue
-            if not isinstance(r.get(key), kind) or (kind is int and isinstance(r[key], bool)):
-                raise ValueError(f"rounds[{rounds.index(r)}].{key}: {r.get(key)!r} is not a {kind.__name__}")
-        if r["trials"] < 1:
-            raise ValueError(f"rounds[{rounds.index(r)}].trials: {r['trials']} is below 1")
+            if not isinstance(r[key], kind) or (kind is int and isinstance(r[key], bool)):
+                raise ValueError(f"rounds[{i}].{key}: {r[key]!r} is not a {kind.__name__}")
+        if "trials" in r and r["trials"] < 1:
+            raise ValueError(f"rounds[{i}].trials: {r['trials']} is below 1")
         if "seed" in r and not SEED_RANGE[0] <= r["seed"] < SEED_RANGE[1]:
-            raise ValueError(f"rounds[{rounds.index(r)}].seed: {r['seed']} is outside [0, 2**32)")
-    if not (isinstance(sweep["data"], dict) and isinstance(sweep["data"]["path"], str)):
-        raise ValueError("data: must hold the data file's path and content_hash")
-    sweep["data"]["content_hash"]  # noqa: B018
-    if not (isinstance(sweep["mlflow"], dict) and isinstance(sweep["mlflow"]["uri"], str)):
-        raise ValueError("mlflow: must hold the store's uri")
+            raise ValueError(f"rounds[{i}].seed: {r['seed']} is outside [0, 2**32)")
+    resumable = not all(r.get("done") for r in rounds)  # a finished sweep's record is read for its rounds
+    if resumable or "data" in sweep:
+        data = sweep["data"]
+        if not (isinstance(data, dict) and isinstance(data.get("path"), str) and "content_hash" in data):
+            raise ValueError("data: must hold the data file's path and content_hash")
+    if resumable or "mlflow" in sweep:
+        if not (isinstance(sweep["mlflow"], dict) and isinstance(sweep["mlflow"].get("uri"), str)):
+            raise ValueError("mlflow: must hold the store's uri")
     if not (isinstance(sweep.get("folds", []), list) and isinstance(sweep.get("base", {}), dict)):
         raise ValueError("folds / base: must be a list / a mapping")
     if "base" in sweep:
