@@ -86,14 +86,7 @@ class PeriodReturns:
     n_days: int
 
     def as_dict(self) -> dict:
-        return {
-            "net": self.net.tolist(),
-            "units": self.units.tolist(),
-            "hours": self.hours.tolist(),
-            "n_bars": self.n_bars,
-            "n_trades": self.n_trades,
-            "n_days": self.n_days,
-        }
+        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in vars(self).items()}
 
 
 @dataclass(frozen=True)
@@ -258,24 +251,12 @@ def backtest(q_all: torch.Tensor, window: Window, cost: float) -> BacktestResult
     days and hours of the same T bars, on the same device; cost: return units per unit
     of position change. Nothing is copied to the host but the result.
     """
-    if q_all.device != window.fresh.device:
-        raise ValueError(f"q_all on {q_all.device} but returns on {window.fresh.device}")
-    return evaluate(greedy_positions(q_all), window, cost)
+    return backtest_many(q_all[None], window, [cost])[0]
 
 
 def buy_and_hold(window: Window, cost: float) -> BacktestResult:
     """Long every bar of the window: pays `cost` once to enter (no exit cost)."""
     return evaluate(torch.ones_like(window.fresh, dtype=torch.int8), window, cost)
-
-
-def baselines(window: Window, cost: float) -> dict[str, Metrics]:
-    """Metrics of the two reference policies of a window, for per-fold tables.
-
-    buy_and_hold: long every bar, pays `cost` once to enter (no exit cost).
-    flat: never in the market; every daily return is 0.
-    """
-    hold = buy_and_hold(window, cost)
-    return {"buy_and_hold": hold.metrics, "flat": summarize(np.zeros(hold.metrics.n_days))}
 
 
 def backtest_many(q_all: torch.Tensor, window: Window, costs: list[float]) -> list[BacktestResult]:

@@ -12,7 +12,7 @@ Units and conventions (every function here follows them):
 - `total_return` and `max_drawdown` are in log units; `math.expm1(x)` gives the
   fraction of equity (e.g. max_drawdown = -0.105 -> equity fell 10.0%).
 - PSR works on PER-PERIOD (daily, NOT annualised) Sharpe ratios, as in Bailey &
-  Lopez de Prado (2012); see `probabilistic_sharpe`. The sweep's one DSR is
+  Lopez de Prado (2012); see `psr_from_stats`. The sweep's one DSR is
   fxray.eval.selection.deflated (trials on a common footing), built on
   `expected_max_sharpe` here.
 
@@ -22,7 +22,7 @@ Arrays here are tiny (one value per day): plain numpy, float64.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,13 +30,13 @@ PERIODS_PER_YEAR = 252
 EULER_GAMMA = float(np.euler_gamma)  # 0.5772..., in the expected-max-Sharpe formula
 
 
-def _as_returns(returns, name: str = "daily_returns") -> np.ndarray:
+def _as_returns(returns) -> np.ndarray:
     """1-D float64 copy of `returns`; a clear error for anything we cannot score."""
     arr = np.asarray(returns, dtype=np.float64)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+        raise ValueError(f"daily_returns must be 1-D, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or Inf ({int((~np.isfinite(arr)).sum())} values)")
+        raise ValueError(f"daily_returns contains NaN or Inf ({int((~np.isfinite(arr)).sum())} values)")
     return arr
 
 
@@ -120,28 +120,6 @@ def psr_from_stats(sr: float, skew: float, kurtosis: float, n_obs: int, sr_bench
     return float(norm.cdf((sr - sr_benchmark) * math.sqrt(n_obs - 1) / math.sqrt(var)))
 
 
-def probabilistic_sharpe(returns, sr_benchmark: float = 0.0) -> float:
-    """Probability that the true Sharpe exceeds `sr_benchmark` (Bailey & Lopez de Prado 2012).
-
-    returns: the series the Sharpe is measured on (fxray: daily returns).
-    sr_benchmark: PER-PERIOD Sharpe (annualised / sqrt(252) for daily returns).
-    SR^ = mean / std(ddof=1); skewness and raw kurtosis are the biased sample
-    moments (scipy.stats.skew, kurtosis(fisher=False)). 0.0 if fewer than 3
-    returns or zero dispersion: a flat record is no evidence of skill.
-    """
-    arr = _as_returns(returns, "returns")
-    if arr.size < 3:
-        return 0.0
-    std = _std(arr)
-    if std == 0:
-        return 0.0
-    centred = arr - arr.mean()
-    m2 = float(np.mean(centred**2))
-    skew = float(np.mean(centred**3)) / m2**1.5
-    kurtosis = float(np.mean(centred**4)) / m2**2
-    return psr_from_stats(float(arr.mean()) / std, skew, kurtosis, arr.size, sr_benchmark)
-
-
 def expected_max_sharpe(n_trials: int, var_sharpe: float) -> float:
     """E[max Sharpe] of `n_trials` independent zero-skill trials (Bailey & Lopez de Prado 2014).
 
@@ -159,29 +137,7 @@ def expected_max_sharpe(n_trials: int, var_sharpe: float) -> float:
     return float(math.sqrt(var_sharpe) * z)
 
 
-# --- bar-level statistics and the bundle -------------------------------------
-
-
-def bar_stats(position, net_returns, initial_position: int = 0) -> tuple[float, int, float]:
-    """(turnover, n_trades, hit_rate) of a per-bar position path; numpy reference.
-
-    position: (T,) in {-1, 0, +1}, held from bar t's close to bar t+1's close.
-    turnover: mean |p_t - p_{t-1}| per bar (a long->short flip counts 2).
-    n_trades: number of bars where the position changes (a flip counts 1),
-      including the first entry from `initial_position`.
-    hit_rate: share of bars in the market (p_t != 0) whose NET return is > 0;
-      0.0 if never in the market.
-    fxray.backtest computes the same three on device.
-    """
-    position = np.asarray(position, dtype=np.int64)
-    net_returns = np.asarray(net_returns, dtype=np.float64)
-    if position.size == 0:
-        return 0.0, 0, 0.0
-    change = np.abs(np.diff(position, prepend=initial_position))
-    in_market = position != 0
-    n_in = int(in_market.sum())
-    hit_rate = float((net_returns[in_market] > 0).sum() / n_in) if n_in else 0.0
-    return float(change.mean()), int((change != 0).sum()), hit_rate
+# --- the bundle of a window's numbers ----------------------------------------
 
 
 @dataclass(frozen=True)
@@ -198,15 +154,12 @@ class Metrics:
     hit_rate: float  # share of in-market bars with net return > 0
     n_days: int  # UTC days with at least one bar
 
-    def to_dict(self, prefix: str = "") -> dict[str, float]:
-        """Flat float dict for trackers, e.g. to_dict("val/") -> {"val/sharpe": ...}."""
-        return {f"{prefix}{k}": float(v) for k, v in asdict(self).items()}
-
 
 def summarize(
     daily_returns, turnover: float = 0.0, n_trades: int = 0, hit_rate: float = 0.0, periods: int = PERIODS_PER_YEAR
 ) -> Metrics:
-    """Bundle the day-level metrics of `daily_returns` with the bar-level ones (see bar_stats)."""
+    """Bundle the day-level metrics of `daily_returns` with the bar-level ones (turnover, n_trades,
+    hit_rate: fxray.eval.backtest computes them on device)."""
     arr = _as_returns(daily_returns)
     return Metrics(
         sharpe=sharpe(arr, periods),

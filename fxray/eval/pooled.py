@@ -152,22 +152,31 @@ def oracle_share_se(policy_windows: list[dict], oracle_windows: list[dict]) -> f
     standard errors from 0 (as on 12 test windows of 5 days); there the error matches the
     half-width of the central 68 % of the share over draws (docs/metrics.md)."""
     p, o = concat(policy_windows, "net"), concat(oracle_windows, "net")
-    n = o.size
-    if p.size != n or n < 3:
+    if p.size != o.size or o.size < 3:
         return None
     s_o = sharpe_per_period(o)
     if s_o <= 0:
         return None
     share = sharpe_per_period(p) / s_o
-    Y = np.stack((p, o, p * p, o * o), axis=1)
+    return _delta_se(p, o, share, s_o)
+
+
+def _delta_se(a: np.ndarray, b: np.ndarray, weight: float = 1.0, scale: float = 1.0) -> float:
+    """The delta-method standard error of (S_a - weight S_b) / scale, S the Sharpe ratios (per
+    observation) of two paired series (Ledoit & Wolf 2008, sec. 3.1, i.i.d.): with
+    u = (mean a, mean b, mean a^2, mean b^2) and Psi the sample covariance of (a, b, a^2, b^2),
+    Var = grad' Psi grad / T, grad = (dS/dm_a, -weight dS/dm_b, dS/dq_a, -weight dS/dq_b) / scale,
+    dS/dm = q / (q - m^2)^(3/2), dS/dq = -m / (2 (q - m^2)^(3/2)). A series with no dispersion
+    (a flat policy) has a constant Sharpe of 0: its terms are 0."""
+    Y = np.stack((a, b, a * a, b * b), axis=1)
     m, q = Y[:, :2].mean(0), Y[:, 2:].mean(0)
     var = q - m * m
-    if var[0] <= 0:  # no dispersion: the policy's Sharpe is a constant (0 when flat)
-        return 0.0 if share == 0.0 else None
-    d_m, d_q = q / var**1.5, -m / (2.0 * var**1.5)
-    grad = np.array((d_m[0], -share * d_m[1], d_q[0], -share * d_q[1])) / s_o
-    psi = np.cov(Y, rowvar=False)
-    return math.sqrt(max(float(grad @ psi @ grad) / n, 0.0))
+    live = var > 1e-300 * np.maximum(q, 1e-300)
+    v = np.where(live, var, 1.0)
+    d_m = np.where(live, q / v**1.5, 0.0)
+    d_q = np.where(live, -m / (2.0 * v**1.5), 0.0)
+    grad = np.array((d_m[0], -weight * d_m[1], d_q[0], -weight * d_q[1])) / scale
+    return math.sqrt(max(float(grad @ np.cov(Y, rowvar=False) @ grad) / a.size, 0.0))
 
 
 # --- how long a record must be, and what the learner adds over the linear rule -------------
@@ -209,23 +218,10 @@ def daily_sums(windows: list[dict]) -> np.ndarray:
 
 def sharpe_difference_se(a: np.ndarray, b: np.ndarray) -> float | None:
     """Standard error of S_a - S_b, the Sharpe ratios (per observation) of two paired series
-    (a_t, b_t on the same days), by the delta method of Ledoit & Wolf (2008, sec. 3.1, i.i.d.):
-    u = (mean a, mean b, mean a^2, mean b^2), Psi the sample covariance of (a, b, a^2, b^2),
-    Var = grad' Psi grad / T with grad = (dS/dm_a, -dS/dm_b, dS/dq_a, -dS/dq_b),
-    dS/dm = q / (q - m^2)^(3/2), dS/dq = -m / (2 (q - m^2)^(3/2)). A series with no dispersion
-    (a flat policy) has a constant Sharpe of 0: its terms are 0. None with fewer than 3 days."""
-    n = a.size
-    if n < 3 or b.size != n:
+    (a_t, b_t on the same days), by the delta method (`_delta_se`). None with fewer than 3 days."""
+    if a.size < 3 or b.size != a.size:
         return None
-    Y = np.stack((a, b, a * a, b * b), axis=1)
-    m, q = Y[:, :2].mean(0), Y[:, 2:].mean(0)
-    var = q - m * m
-    live = var > 1e-300 * np.maximum(q, 1e-300)
-    v = np.where(live, var, 1.0)
-    d_m = np.where(live, q / v**1.5, 0.0)
-    d_q = np.where(live, -m / (2.0 * v**1.5), 0.0)
-    grad = np.array((d_m[0], -d_m[1], d_q[0], -d_q[1]))
-    return math.sqrt(max(float(grad @ np.cov(Y, rowvar=False) @ grad) / n, 0.0))
+    return _delta_se(a, b)
 
 
 def minus_linear(policy: dict, policy_windows: list[dict], references: dict, cost: float, periods_per_year: float):

@@ -42,10 +42,8 @@ SIZE = 0.05  # StepM's family-wise error rate
 class RungMatrix:
     """The hourly net returns of the trials that ran folds 0..k-1, on those folds' windows."""
 
-    k: int  # folds
     trial_ids: list  # column order
     returns: np.ndarray  # (T, n) float64: hour x trial, the folds' windows concatenated in fold order
-    hours: np.ndarray  # (T,) int64 period numbers (fxray.data.calendar), the same for every trial
     benchmark: np.ndarray | None  # (T,) buy-and-hold on the same hours (test windows only), or None
 
 
@@ -82,7 +80,7 @@ def rung_matrix(trials: list[dict], k: int, window: str = "test", buy_and_hold: 
         if hours is not None and bench.size != hours.size:
             raise ValueError(f"buy-and-hold's {window} windows on folds 0..{k - 1} differ from the trials'")
     returns = np.stack(cols, axis=1) if cols else np.zeros((0, 0))
-    return RungMatrix(k, [t["trial_id"] for t in ran], returns, hours if hours is not None else np.zeros(0), bench)
+    return RungMatrix([t["trial_id"] for t in ran], returns, bench)
 
 
 # --- the bootstrap's ingredients ------------------------------------------------------------
