@@ -53,9 +53,19 @@ def test_names_lookbacks_and_docs():
     assert ADX_INDEX == 40 and FEATURE_NAMES[40] == "adx_14"
     assert MAX_LOOKBACK == max(LOOKBACKS) <= 120
     assert all(len(row) == 4 and row[1] and row[3] for row in F.FEATURE_TABLE)
-    assert DOCS.read_text().count(F.feature_table_markdown()) == 1, (
-        "docs/features.md is stale: regenerate its table from fxray.features.feature_table_markdown()"
+    assert DOCS.read_text().count(feature_table_markdown()) == 1, (
+        "docs/features.md is stale: regenerate its table from feature_table_markdown() here"
     )
+
+
+def feature_table_markdown() -> str:
+    """FEATURE_TABLE as the markdown written to docs/features.md."""
+    lines = ["| # | name | formula | lookback (bars) | source |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {j} | `{name}` | {formula.replace('|', '&#124;')} | {lb} | {src} |"
+        for j, (name, formula, lb, src) in enumerate(F.FEATURE_TABLE)
+    ]
+    return "\n".join(lines) + "\n"
 
 
 # --- indicators against the StockCharts worksheets (to their rounding) ----------------------

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fxray.book import engine as eng
-from fxray.book.types import PRICE_SCALE, BookError, BookSnapshots, Trades, iter_bytes
+from fxray.book.types import PRICE_SCALE, BookError, Trades, iter_bytes
 
 DIFFS_PER_CHUNK = 1 << 15
 
@@ -90,13 +90,15 @@ def _parse(path: str, lineno: int, js: bytes) -> dict:
 def _kind(raw: bytes) -> str:
     """Classify a line from its first bytes, so ignored lines are never JSON-parsed."""
     head = raw[:72]
-    if b"lastUpdateId" in head:
-        return "snapshot"
-    if b"@depth" in head:
-        return "diff"
-    if b"@trade" in head:
-        return "trade"
-    return "other" if head.strip() else "blank"
+    return next((k for k, m in _MARKERS.items() if m in head), "other" if head.strip() else "blank")
+
+
+def _numbers(texts: list) -> np.ndarray:
+    """b"1.5,2" texts -> their numbers, float64, parsed at C speed; a malformed number ends the
+    parse early, so a caller checks the count."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return np.fromstring(b",".join(texts), sep=",")
 
 
 class Diff(NamedTuple):
@@ -156,9 +158,7 @@ class _Levels:
         counts = np.array(self.counts, np.int64)  # (2 * events,) bid, ask, bid, ...
         offsets = np.r_[0, np.cumsum(counts.reshape(-1, 2).sum(1))]
         is_bid = np.repeat(np.tile([True, False], len(self.ts)), counts)
-        with warnings.catch_warnings():  # a malformed number ends the parse early: checked below
-            warnings.simplefilter("ignore", DeprecationWarning)
-            flat = np.fromstring(b",".join(self.texts), sep=",")  # C-speed decimal parsing
+        flat = _numbers(self.texts)
         if len(flat) != 2 * counts.sum():
             raise BookError(
                 f"{path}: a depth level is not a [price, qty] pair of numbers "
@@ -252,15 +252,8 @@ def _check_diff(path: str, lineno: int, d: Diff, last_u, last_id: int) -> int:
 def _run(path: str, batch: _Levels, st: dict, out_rows: int):
     if not batch.ts:
         return
-    ts, offsets, is_bid, key, qty = batch.arrays(path)
-    e = 0
-    while e < len(ts):
-        out = eng.new_output(min(out_rows, len(ts) - e + 2))
-        e, r = eng.levels_apply(ts, offsets, is_bid, key, qty, e, eng.book_arrays(st), out)
-        if r:
-            yield BookSnapshots(*(a[:r] for a in out))
-        if e < len(ts) and r < len(out[0]) - 1:
-            eng.grow_levels(st)
+    ts, *levels = batch.arrays(path)
+    yield from eng.run(eng.levels_apply, (ts, *levels), len(ts), st, out_rows, slack=2)
 
 
 _TRADE = re.compile(rb'"p":"([0-9.eE+-]+)","q":"([0-9.eE+-]+)"[^{}]*"m":(true|false)')
@@ -290,9 +283,7 @@ def read_trades(path: str) -> Trades:
         ts.append(t)
         nums.append(p + b"," + q)
         side.append(-1 if maker else 1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pq = np.fromstring(b",".join(nums), sep=",") if nums else np.zeros(0)
+    pq = _numbers(nums)
     if len(pq) != 2 * len(ts):
         raise BookError(f"{path}: a trade price or quantity is not a number")
     pq = pq.reshape(-1, 2)

@@ -53,9 +53,9 @@ DTYPES = {  # schema -> (rtype, record dtype)
     ),
     "mbp-10": (0x0A, np.dtype(_HEADER + _MBP_BODY + [("levels", _LEVEL, (N_LEVELS,))])),
     "mbp-1": (0x01, np.dtype(_HEADER + _MBP_BODY + [("levels", _LEVEL, (1,))])),
-    "tbbo": (0x01, np.dtype(_HEADER + _MBP_BODY + [("levels", _LEVEL, (1,))])),
     "trades": (0x00, np.dtype(_HEADER + _MBP_BODY)),
 }
+DTYPES["tbbo"] = DTYPES["mbp-1"]  # the same record: a trade with the book's top before it
 BOOK_SCHEMAS = ("mbo", "mbp-10")
 TRADE_SCHEMAS = ("trades", "mbo", "mbp-1", "tbbo", "mbp-10")
 ACTION_TRADE = ord("T")
@@ -85,7 +85,6 @@ class DbnFile:
             raise BookError(f"{path}: corrupt DBN metadata ({str(e).splitlines()[0]})") from None
         self.schema = str(self.meta.schema) if self.meta.schema is not None else "mixed"
         self.end = int(self.meta.end) if self.meta.end is not None else None
-        self.records_at = 8 + meta_len  # byte offset of record 0, for error messages
 
     def require(self, allowed: tuple, purpose: str) -> None:
         if self.schema not in allowed:
@@ -186,23 +185,9 @@ def iter_book(
     st["state"][eng.IN_SNAP] = 0  # a new file starts a new snapshot run
     for _, rec in dbn.chunks(instrument_id, chunk_records):
         stats["messages"] += len(rec)
-        cols = (
-            rec["ts_recv"].view(np.int64),
-            rec["order_id"],
-            rec["price"],
-            rec["size"],
-            rec["flags"],
-            rec["action"],
-            rec["side"],
-        )
-        i = 0
-        while i < len(rec):
-            out = eng.new_output(min(out_rows, len(rec) - i + 4))
-            i, r = eng.mbo_apply(*cols, i, st["orders"], eng.book_arrays(st), out)
-            if r:
-                yield BookSnapshots(*(a[:r] for a in out))
-            if i < len(rec) and r < len(out[0]) - 2:  # stopped for level room, not output room
-                eng.grow_levels(st)
+        cols = [rec[k] for k in ("order_id", "price", "size", "flags", "action", "side")]
+        inputs = (rec["ts_recv"].view(np.int64), *cols, st["orders"])
+        yield from eng.run(eng.mbo_apply, inputs, len(rec), st, out_rows, slack=4)
     out = eng.new_output(4)
     r = eng.flush_snapshot(eng.book_arrays(st), out)
     if r:

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, types
 from numba.typed import Dict
 
-from fxray.book.types import N_LEVELS, PRICE_SCALE
+from fxray.book.types import N_LEVELS, PRICE_SCALE, BookSnapshots
 
 F_LAST, F_SNAPSHOT = 0x80, 0x20  # DBN record flags
 A_ADD, A_CANCEL, A_MODIFY, A_CLEAR = 65, 67, 77, 82  # DBN actions 'A' 'C' 'M' 'R'
@@ -28,8 +28,8 @@ S_ASK, S_BID = 65, 66  # DBN sides 'A' 'B'
 EMPTY_KEY = np.iinfo(np.int64).min  # key of an absent level in `last_*`
 
 # slots of the int64 `state` vector that persists across calls
-NB, NA, IN_SNAP, RESET, SYNCED, PREV_TS, UNKNOWN, EVENTS = range(8)
-N_STATE = 8
+NB, NA, IN_SNAP, RESET, SYNCED, PREV_TS, UNKNOWN = range(7)
+N_STATE = 7
 LEVEL_CAPACITY = 1024  # initial price levels per side; grown by doubling when needed
 
 
@@ -70,6 +70,20 @@ def new_output(rows: int) -> tuple:
         np.empty((rows, N_LEVELS)),
         np.empty(rows, np.bool_),
     )
+
+
+def run(kernel, inputs: tuple, n: int, st: dict, out_rows: int, slack: int):
+    """Drive a resumable kernel over its n events: yield what it emits as BookSnapshots (at most
+    `out_rows` rows each), grow the level arrays when it stopped for room. `slack`: the output
+    rows the kernel keeps free (it stops when fewer are left), twice what it may emit at once."""
+    i = 0
+    while i < n:
+        out = new_output(min(out_rows, n - i + slack))
+        i, r = kernel(*inputs, i, book_arrays(st), out)
+        if r:
+            yield BookSnapshots(*(a[:r] for a in out))
+        if i < n and r < len(out[0]) - slack // 2:  # stopped for level room, not output room
+            grow_levels(st)
 
 
 # --- level arrays --------------------------------------------------------------------------
@@ -153,7 +167,7 @@ def _clear(orders, state):
 
 
 @njit(cache=True)
-def mbo_apply(ts, order_id, price, size, flags, action, side, start, orders, book, out):
+def mbo_apply(ts, order_id, price, size, flags, action, side, orders, start, book, out):
     """Apply MBO records [start, len) to the book; emit the top 10 at each F_LAST boundary.
 
     Databento MBO semantics: Add inserts an order; Cancel removes `size` from it
@@ -209,7 +223,6 @@ def mbo_apply(ts, order_id, price, size, flags, action, side, start, orders, boo
         elif a == A_CLEAR:
             _clear(orders, state)
         if f & F_LAST:
-            state[EVENTS] += 1
             r = _emit(ts[i], book, out, r)
             state[IN_SNAP] = 0
         state[PREV_TS] = ts[i]
@@ -249,7 +262,6 @@ def levels_apply(ts, offsets, is_bid, key, qty, start, book, out):
                 state[NB] = _update_level(bid_keys, bid_sizes, state[NB], key[j], qty[j], True)
             else:
                 state[NA] = _update_level(ask_keys, ask_sizes, state[NA], -key[j], qty[j], True)
-        state[EVENTS] += 1
         r = _emit(ts[e], book, out, r)
     return len(ts), r
 

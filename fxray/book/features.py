@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 from scipy.special import ndtr
 
 from fxray.book.types import BookError, BookSnapshots, Trades
+from fxray.data.bars import Bars
 from fxray.data.schema import OFI_NAMES
 
 BOOK_COLS = (0, 1, 2, 5, 6)  # columns zeroed where the book does not cover a bar
@@ -38,30 +38,8 @@ class OfiParams:
     kyle_min_bars: int = 5  # fewer valid bars in the window -> 0
 
 
-class Bars(NamedTuple):
-    """OHLCV bars; unpacks as (ts, open, high, low, close, volume)."""
-
-    ts: np.ndarray  # (N,) int64 bar close time, ns
-    open: np.ndarray  # (N,) float64
-    high: np.ndarray
-    low: np.ndarray
-    close: np.ndarray
-    volume: np.ndarray  # (N,) float64 traded size
-
-
-_UNITS = {
-    "ns": 1,
-    "us": 1_000,
-    "ms": 1_000_000,
-    "s": 10**9,
-    "sec": 10**9,
-    "m": 60 * 10**9,
-    "min": 60 * 10**9,
-    "h": 3600 * 10**9,
-    "hour": 3600 * 10**9,
-    "d": 86400 * 10**9,
-    "day": 86400 * 10**9,
-}
+_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 10**9, "sec": 10**9, "m": 60 * 10**9, "min": 60 * 10**9}
+_UNITS |= {"h": 3600 * 10**9, "hour": 3600 * 10**9, "d": 86400 * 10**9, "day": 86400 * 10**9}
 
 
 def parse_bar(bar: str) -> int:

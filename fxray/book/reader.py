@@ -25,31 +25,15 @@ import numpy as np
 from fxray.book import binance as book_binance
 from fxray.book import dbn as book_dbn
 from fxray.book import engine as eng
-from fxray.book.features import OFI_NAMES, Bars, OfiParams, bars_from_trades, ofi_features, parse_bar
-from fxray.book.types import N_LEVELS, BookError, BookSnapshots, Trades
+from fxray.book.features import OFI_NAMES, OfiParams, bars_from_trades, ofi_features
+from fxray.book.types import BookError, BookSnapshots, ByteReader, Trades
 
-__all__ = [
-    "OFI_NAMES",
-    "N_LEVELS",
-    "BookError",
-    "BookSnapshots",
-    "Trades",
-    "BookStream",
-    "Bars",
-    "OfiParams",
-    "load_book",
-    "load_trades",
-    "ofi_features",
-    "bars_from_trades",
-    "parse_bar",
-    "file_format",
-]
+# the documented API (docs/ofi.md) in one import: these four are re-exported from .features
+__all__ = ["OFI_NAMES", "OfiParams", "bars_from_trades", "ofi_features"]
 
 
 def file_format(path: str) -> str:
     """'dbn' or 'binance', from the decompressed first bytes of the file."""
-    from fxray.book.types import ByteReader
-
     head = ByteReader(str(path)).read(24)
     if head[:3] == b"DBN":
         return "dbn"
@@ -59,14 +43,17 @@ def file_format(path: str) -> str:
     raise BookError(f"{path}: record 0: neither a DBN file nor a '<ns> <json>' capture (starts {head[:16]!r})")
 
 
+def _paths(paths: Sequence[str] | str) -> list[str]:
+    return [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
+
+
 class BookStream:
     """A lazy, re-iterable order book over files read in the order given.
 
     Iterating yields `BookSnapshots` chunks (at most `out_rows` rows each); memory
     stays O(chunk + resting orders), not O(messages). After a full iteration:
       segments  (S, 2) int64 [start, end] ns each file's book covers (coverage of bars)
-      stats     {'messages': records / lines read, 'events': book events applied,
-                 'snapshots': rows emitted, 'unknown_orders': MBO cancels/modifies of unseen ids}
+      stats     {'messages': records / lines read, 'unknown_orders': MBO cancels/modifies of unseen ids}
     The book carries over from one DBN file to the next (a day's MBO continues the
     previous day's snapshot file); each Binance file is its own snapshot + diffs.
     """
@@ -79,7 +66,7 @@ class BookStream:
         out_rows: int = 1 << 16,
         chunk_records: int = book_dbn.CHUNK_RECORDS,
     ):
-        self.paths = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
+        self.paths = _paths(paths)
         if not self.paths:
             raise BookError("load_book: no files given")
         self.instrument_id = instrument_id
@@ -95,10 +82,8 @@ class BookStream:
         for path in self.paths:
             if file_format(path) == "dbn":
                 dbn = book_dbn.DbnFile(path)
-                chunks, end = (
-                    book_dbn.iter_book(dbn, st, stats, self.instrument_id, self.out_rows, self.chunk_records),
-                    dbn.end,
-                )
+                end = dbn.end
+                chunks = book_dbn.iter_book(dbn, st, stats, self.instrument_id, self.out_rows, self.chunk_records)
             else:
                 chunks, end = book_binance.iter_book(path, st, stats, self.out_rows), None
             stats.pop("end", None)
@@ -115,12 +100,7 @@ class BookStream:
             if first is not None:  # DBN: the file's requested end; Binance: its last diff
                 end = end or stats.get("end") or last_ts
                 segments.append((first, max(last_ts, end)))
-        state = st["state"]
-        self.stats = {
-            "messages": stats["messages"],
-            "events": int(state[eng.EVENTS]),
-            "unknown_orders": int(state[eng.UNKNOWN]),
-        }
+        self.stats = {"messages": stats["messages"], "unknown_orders": int(st["state"][eng.UNKNOWN])}
         self.segments = np.array(segments, np.int64).reshape(-1, 2)
 
     def collect(self) -> BookSnapshots:
@@ -145,9 +125,8 @@ def load_trades(paths: Sequence[str] | str, *, instrument_id: int | None = None)
     aggressor ('B' -> +1, 'A' -> -1, 'N' -> 0). Binance: `@trade` lines, m=true -> -1.
     `Trades.segments` holds one [start, end] span per file (bar coverage).
     """
-    paths = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
     parts = []
-    for path in paths:
+    for path in _paths(paths):
         if file_format(path) == "dbn":
             parts.append(book_dbn.read_trades(path, instrument_id))
         else:

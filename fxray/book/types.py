@@ -11,7 +11,7 @@ points are in `book.py`.
 from __future__ import annotations
 
 import gzip
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -25,8 +25,21 @@ class BookError(ValueError):
     """Bad book or trade input; the message is one line naming the file and the record."""
 
 
+class _Rows:
+    """Arrays with one row per event (`ts` first), in time order: their length, their concatenation."""
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @classmethod
+    def concat(cls, parts):
+        """One from many (e.g. all chunks of a `BookStream`), field by field; an empty one from none."""
+        parts = list(parts) or [cls.empty()]
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+
 @dataclass(frozen=True)
-class BookSnapshots:
+class BookSnapshots(_Rows):
     """Consecutive book states; row n is the book right after event n.
 
     Empty levels have price -inf (bid) / +inf (ask) and size 0, so the OFI
@@ -40,35 +53,17 @@ class BookSnapshots:
     ask_sz: np.ndarray  # (n, 10) float64
     reset: np.ndarray  # (n,) bool: book rebuilt here (snapshot, clear, new file): no flow across it
 
-    def __len__(self) -> int:
-        return len(self.ts)
-
     @staticmethod
-    def concat(parts) -> BookSnapshots:
-        """One BookSnapshots from many (e.g. all chunks of a `BookStream`)."""
-        parts = list(parts)
-        if not parts:
-            return empty_snapshots()
-        return BookSnapshots(
-            *(
-                np.concatenate([getattr(p, f) for p in parts])
-                for f in ("ts", "bid_px", "bid_sz", "ask_px", "ask_sz", "reset")
-            )
-        )
+    def empty() -> BookSnapshots:
+        z = np.zeros((0, N_LEVELS))
+        return BookSnapshots(np.zeros(0, np.int64), z, z, z, z, np.zeros(0, bool))
 
     def select(self, rows) -> BookSnapshots:
-        return BookSnapshots(
-            self.ts[rows], self.bid_px[rows], self.bid_sz[rows], self.ask_px[rows], self.ask_sz[rows], self.reset[rows]
-        )
-
-
-def empty_snapshots() -> BookSnapshots:
-    z = np.zeros((0, N_LEVELS))
-    return BookSnapshots(np.zeros(0, np.int64), z, z, z.copy(), z.copy(), np.zeros(0, bool))
+        return BookSnapshots(*(getattr(self, f.name)[rows] for f in fields(self)))
 
 
 @dataclass(frozen=True)
-class Trades:
+class Trades(_Rows):
     """The trade tape, in time order."""
 
     ts: np.ndarray  # (T,) int64 ns receive time, non-decreasing
@@ -77,19 +72,9 @@ class Trades:
     side: np.ndarray  # (T,) int8: +1 buyer was the aggressor, -1 seller, 0 unknown (e.g. auction)
     segments: np.ndarray  # (S, 2) int64 [start, end] ns spans the source files cover (one per file)
 
-    def __len__(self) -> int:
-        return len(self.ts)
-
     @staticmethod
-    def concat(parts) -> Trades:
-        parts = list(parts)
-        if not parts:
-            return Trades(
-                np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int8), np.zeros((0, 2), np.int64)
-            )
-        return Trades(
-            *(np.concatenate([getattr(p, f) for p in parts]) for f in ("ts", "price", "size", "side", "segments"))
-        )
+    def empty() -> Trades:
+        return Trades(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int8), np.zeros((0, 2), np.int64))
 
 
 # --- reading bytes -------------------------------------------------------------------------

@@ -138,12 +138,12 @@ def _ratio(num: np.ndarray, den: np.ndarray, where_zero: float = 0.0) -> np.ndar
 # --- recursions ------------------------------------------------------------------------
 
 
-def ema(x, span: float | None = None, *, alpha: float | None = None, init: float | None = None):
+def ema(x, span: float, *, init: float | None = None):
     """y_t = alpha x_t + (1 - alpha) y_{t-1}, y_0 = init (default x_0); alpha = 2/(span+1)."""
     from scipy.signal import lfilter
 
     x = np.asarray(x, np.float64)
-    a = 2.0 / (span + 1.0) if alpha is None else float(alpha)
+    a = 2.0 / (span + 1.0)
     y = np.empty_like(x)
     if len(x) == 0:
         return y
@@ -442,12 +442,3 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
         np.nan_to_num(out, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
     return np.ascontiguousarray(out.T)  # (N, 42) row-major, what fxcache stores
 
-
-def feature_table_markdown() -> str:
-    """FEATURE_TABLE as the markdown written to docs/features.md."""
-    lines = ["| # | name | formula | lookback (bars) | source |", "|---|---|---|---|---|"]
-    lines += [
-        f"| {j} | `{name}` | {formula.replace('|', '&#124;')} | {lb} | {src} |"
-        for j, (name, formula, lb, src) in enumerate(FEATURE_TABLE)
-    ]
-    return "\n".join(lines) + "\n"
