@@ -16,18 +16,15 @@ from the bundle's is refused. Every failure is one line on stderr and exit 2.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fxray.cli import Parser, check_file_out
+from fxray.cli import Parser, atomic_open, check_file_out, fail, write_json
 from fxray.data import cache
-from fxray.policy.bundle import BundleError, check_inputs, load
+from fxray.policy.bundle import check_inputs, load
 from fxray.policy.frozen import ENGINES, q_values, score
 from fxray.rl.device import DeviceData
 from fxray.track.report import bp, fmt, sharpe_line
@@ -70,9 +67,8 @@ def choose_window(args, bundle, market) -> tuple[int, int]:
 
 
 def run(args) -> dict:
-    for flag, path in (("--json", args.json), ("--positions", args.positions)):
-        if path is not None:
-            check_file_out(path, flag)  # before the work, not after it
+    check_file_out(args.json, "--json")  # before the work, not after it
+    check_file_out(args.positions, "--positions")
     bundle = load(args.policy)
     market = cache.open(args.data)
     check_inputs(bundle, market.feature_names, market.ofi_names, str(args.data))
@@ -82,7 +78,7 @@ def run(args) -> dict:
         raise ValueError(f"--cost {args.cost}: must be in [0, 0.1) (return units per unit of position change)")
     device = resolve_device(args.device)
     window = choose_window(args, bundle, market)
-    data = DeviceData(market, device, dtype=bundle.network.get("input_dtype", "float32"))
+    data = DeviceData(market, device, dtype=bundle.input_dtype)
     q = q_values(bundle, data, window, args.engine)
     report, result = score(bundle, data, window, q, args.cost)
     start, end = window
@@ -105,23 +101,22 @@ def run(args) -> dict:
         **report,
     }
     print_report(out, bundle)
-    if args.positions:
-        write_positions(args.positions, market.ts[start : end - 1], result.position.cpu().numpy())
+    if args.positions:  # ts (ns, bar close), position: the decision at each bar's close
+        with atomic_open(args.positions) as f:
+            f.write("ts,position\n")
+            f.writelines(f"{t},{p}\n" for t, p in zip(market.ts[start : end - 1].tolist(), result.position.tolist()))
     return out
 
 
 def print_report(out: dict, bundle) -> None:
     d, w = out["data"], out["window"]
-    notes = [f"note: instrument {d['instrument']!r}, the policy's {bundle.manifest['data']['instrument']!r}"] * (
-        d["instrument"] != bundle.manifest["data"]["instrument"]
-    )
     print(
         f"fxray.backtest: {out['model']} policy ({', '.join(out['members'])}) on {d['path']} ({d['instrument']}, "
         f"{d['bar']}), {w['first']} .. {w['last']} ({w['end'] - w['start']:,} bars), cost {bp(out['cost'])}, "
         f"fill {out['fill']}, {out['engine']} on {out['device']}"
     )
-    for note in notes:
-        print(f"  {note}")
+    if d["instrument"] != bundle.manifest["data"]["instrument"]:
+        print(f"  note: instrument {d['instrument']!r}, the policy's {bundle.manifest['data']['instrument']!r}")
     rows = [("policy", out["policy"])] + list(out["baselines"].items())
     for name, r in rows:
         s, m = r["pooled"], r["metrics"]
@@ -130,20 +125,6 @@ def print_report(out: dict, bundle) -> None:
             f"  {name:<13} pooled Sharpe {sharpe_line(s)} over {s['n_periods']} hours; {extra}"
             f"total {m['total_return']:+.4f} log, max DD {m['max_drawdown']:.4f} log, {m['n_trades']} trades"
         )
-
-
-def write_positions(path: Path, ts: np.ndarray, position: np.ndarray) -> None:
-    """ts (ns, bar close), position: the decision at each bar's close. Atomic."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write("ts,position\n")
-            f.writelines(f"{t},{p}\n" for t, p in zip(ts.tolist(), position.tolist()))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,12 +160,10 @@ def main(argv=None) -> int:
     try:
         with torch.no_grad():
             out = run(args)
-    except (BundleError, ValueError, OSError) as e:
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as e:  # BundleError is a ValueError
+        return fail(e)
+    write_json(args.json, out)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1, default=float))
         print(f"wrote {args.json}")
     return 0
 

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import math
+import os
 import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
 
 from fxray import __version__
 
@@ -50,46 +56,60 @@ def command_parser(name: str, doc: str, label: str = "examples:\n") -> argparse.
     )
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
+def bounded_int(low: int, high: float, what: str):
+    """An argparse type: an integer in [low, high); argparse's error then names the flag and
+    says `what` it must be (`argument --seed: '-1' is not a seed: ...`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value < high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
+
+
+positive_int = bounded_int(1, math.inf, "an integer >= 1")
+nonnegative_int = bounded_int(0, math.inf, "an integer >= 0")
+seed = bounded_int(0, 2**32, "a seed: use an integer in [0, 4294967295]")  # what numpy and Optuna take
+
+
+def fail(e: BaseException) -> int:
+    """A command's error as one line on stderr (its message's first line); exit status 2."""
+    print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+    return 2
+
+
+def write_json(path: Path | None, result: dict) -> None:
+    """A command's --json: `result` at `path` (its folder made; numpy scalars as floats), if given."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1, default=float))
+
+
+@contextmanager
+def atomic_open(path: Path):
+    """A text file for writing at `path` that appears there only whole: nothing if the block fails."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
-    return value
-
-
-def seed(text: str) -> int:
-    """An argparse type: a random seed, an integer in [0, 2**32) (what numpy and Optuna take);
-    argparse's error then names the flag: `argument --seed: -1 is not a seed ...`."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: use an integer in [0, 4294967295]")
-    return value
+        with os.fdopen(fd, "w") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def check_file_out(path, flag: str) -> None:
     """ValueError (one line) unless `path` can be written as a file: not a directory, under a
-    directory that exists (or can be made) and is writable. Commands call it before any work."""
-    import os
-    from pathlib import Path
-
+    directory that exists (or can be made) and is writable (None: no file, nothing to check).
+    Commands call it before any work."""
+    if path is None:
+        return
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{flag} {path}: is a directory; name a file to write")
@@ -106,8 +126,6 @@ def check_file_out(path, flag: str) -> None:
 
 def _read_only(folder) -> bool:
     """A folder on a read-only mount (os.access says yes to root there)."""
-    import os
-
     try:
         return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
     except OSError:

@@ -15,15 +15,13 @@ Every failure is one line on stderr and exit 2, and nothing at --out.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
-from fxray.cli import Parser, check_file_out
+from fxray.cli import Parser, check_file_out, fail, write_json
 from fxray.data import cache
-from fxray.policy.export import MODELS, ExportError, check_out, choose, export_bundle, load_candidate
-from fxray.rl.checkpoint import abstained_folds
+from fxray.policy.export import MODELS, ExportError, check_out, choose, export_bundle, load_candidate, load_folder
 
 
 def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
@@ -31,31 +29,23 @@ def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
     their val scores, and the folds it abstained on."""
     from fxray.track.runs import trial_run
 
-    try:
-        client, run, uri = trial_run(
-            run_id, tracking_uri, ("fxray.trial_id", "fxray.storage", "fxray.dataset_hash"), run_id
-        )
-    except ValueError as e:
-        raise ExportError(str(e)) from None
+    needed = ("fxray.trial_id", "fxray.storage", "fxray.dataset_hash")
+    client, run, uri = trial_run(run_id, tracking_uri, needed, run_id)  # ValueError: one line, main's
     tags = run.data.tags
     scores = {m.step: m.value for m in client.get_metric_history(run_id, "val_score")}
     folder = Path(tags["fxray.storage"]) / "checkpoints" / tags["fxray.trial_id"]
-    paths = sorted(folder.glob("fold*.safetensors"))
-    abstained = abstained_folds(folder)
+    candidates, abstained = load_folder(folder)
     seeds = int(float(run.data.params.get("seeds", 1) or 1))
-    if not paths and seeds > 1 and not abstained:
+    if not candidates and seeds > 1 and not abstained:
         raise ExportError(
             f"run {run_id}: a seed ensemble (seeds = {seeds}) whose members wrote no checkpoints (a sweep "
             "from before fxray kept them); train its config again (fxray train --set seeds="
             f"{seeds} and its other values, --checkpoint-dir DIR) and export DIR/seed<S>"
         )
-    if not paths and not abstained:
+    if not candidates and not abstained:
         raise ExportError(f"{folder}: no fold checkpoints of run {run_id} (the sweep's run directory moved?)")
-    candidates = []
-    for p in paths:
-        c = load_candidate(p)
+    for c in candidates:
         c.val_score = scores.get(c.k, c.val_score)
-        candidates.append(c)
     source = {
         "kind": "mlflow run",
         "run_id": run_id,
@@ -92,25 +82,21 @@ def main(argv=None) -> int:
     try:
         manifest = export(args)
     except (ValueError, OSError) as e:
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(manifest, indent=1))
+        return fail(e)
+    write_json(args.json, manifest)
     return 0
 
 
 def export(args) -> dict:
     check_out(args.out, args.force)  # before any work: what is at --out is replaced only if a bundle
-    if args.json is not None:
-        check_file_out(args.json, "--json")
+    check_file_out(args.json, "--json")
     source_path = Path(args.source)
     if source_path.exists():
-        paths = sorted(source_path.glob("fold*.safetensors")) if source_path.is_dir() else [source_path]
-        abstained = abstained_folds(source_path) if source_path.is_dir() else ()
-        if not paths and not abstained:
+        candidates, abstained = (
+            load_folder(source_path) if source_path.is_dir() else ([load_candidate(source_path)], ())
+        )
+        if not candidates and not abstained:
             raise ExportError(f"{source_path}: no fold<k>.safetensors checkpoints in this directory")
-        candidates = [load_candidate(q) for q in paths]
         source = {"kind": "checkpoint", "path": str(source_path)}
         expected_hash = None
         if args.data is None:

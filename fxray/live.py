@@ -23,18 +23,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gzip
-import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from fxray.cli import Parser, check_file_out
+from fxray.cli import Parser, atomic_open, check_file_out, fail, write_json
 from fxray.data.stream import StreamError
-from fxray.policy.bundle import BundleError
 from fxray.policy.live import ENGINES, WARMING_UP, Policy, to_ns
 
 __all__ = ["Policy", "WARMING_UP", "main"]
@@ -42,12 +38,14 @@ __all__ = ["Policy", "WARMING_UP", "main"]
 TS_COLUMNS = ("ts", "timestamp", "timestamp_utc", "time", "datetime")
 
 
-def check_tz(name: str) -> None:
-    """ValueError unless `name` is a time zone this machine knows."""
+def time_zone(name: str | None):
+    """The ZoneInfo of --tz (None without it); ValueError unless this machine knows it."""
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+    if name is None:
+        return None
     try:
-        ZoneInfo(name)
+        return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
         raise ValueError(f"--tz {name!r}: not a time zone (an IANA name, e.g. UTC, Europe/London, Etc/GMT+5)") from None
 
@@ -104,14 +102,10 @@ def loaded_bars(path: Path, fmt: str, tz: str | None):
         yield i + 1, str(ts), ts, bars.open[i], bars.high[i], bars.low[i], bars.close[i], volume[i], None
 
 
-def stream(args, policy: Policy, out) -> dict:
-    """Feed every bar to the policy, write `ts,position` lines to `out`; the loop's summary."""
+def stream(args, policy: Policy, out, tz) -> dict:
+    """Feed every bar to the policy, write `ts,position` lines to `out`; the loop's summary.
+    `tz`: the ZoneInfo of naive csv times (None: UTC)."""
     if args.format == "csv":
-        tz = None
-        if args.tz:
-            from zoneinfo import ZoneInfo
-
-            tz = ZoneInfo(args.tz)
         if str(args.bars) == "-":
             source, where = sys.stdin, "stdin"
         else:
@@ -173,28 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    tmp = None
     try:
-        for flag, path in (("--out", args.out), ("--json", args.json)):
-            if path is not None:
-                check_file_out(path, flag)  # before the feed, not after it
-        if args.tz:
-            check_tz(args.tz)
+        check_file_out(args.out, "--out")  # before the feed, not after it
+        check_file_out(args.json, "--json")
+        tz = time_zone(args.tz)
         policy = Policy(args.policy, engine=args.engine)
         if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=f".{args.out.name}.")
-            with os.fdopen(fd, "w") as out:
-                summary = stream(args, policy, out)
-            os.replace(tmp, args.out)
+            with atomic_open(args.out) as out:
+                summary = stream(args, policy, out, tz)
         else:
-            summary = stream(args, policy, sys.stdout)
-    except (BundleError, ValueError, OSError) as e:
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
-    finally:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
+            summary = stream(args, policy, sys.stdout, tz)
+    except (ValueError, OSError) as e:  # BundleError and StreamError are ValueErrors
+        return fail(e)
     lat = summary["on_bar_us"]
     print(
         f"fxray.live: {summary['bars']} bars ({summary['warmup_bars']} warm-up), {summary['positions']} positions, "
@@ -202,8 +186,7 @@ def main(argv=None) -> int:
         f"p99 {lat['p99'] or 0:.1f} us",
         file=sys.stderr,
     )
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
+    write_json(args.json, summary)
     return 0
 
 

@@ -3,6 +3,7 @@ the bundle's ONNX equals the torch Q-network, the frozen backtest of the last fo
 gives back the training's test metrics bit for bit (CPU), the model choices, old checkpoints,
 and every bad input as one line and exit 2 through the real CLIs."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -101,7 +102,7 @@ def test_ensemble_is_the_mean_of_its_members(bundles, eurusd_trained):
     q_ens = q_values(ens, data, window)
     singles = []
     for m in ens.members:
-        one = type(ens)(ens.path, ens.manifest, [m])
+        one = dataclasses.replace(ens, members=[m])
         singles.append(q_values(one, data, window))
     torch.testing.assert_close(q_ens, (singles[0] + singles[1]) / 2, rtol=0, atol=1e-6)
     torch.testing.assert_close(q_values(last, data, window), singles[-1], rtol=0, atol=0)

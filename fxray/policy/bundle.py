@@ -52,41 +52,18 @@ class Member:
 
 @dataclass(frozen=True)
 class Bundle:
+    """A loaded bundle: its manifest, its members, and the manifest's facts the policy runs on."""
+
     path: Path
     manifest: dict
     members: list[Member]
-
-    @property
-    def feature_names(self) -> list[str]:
-        return self.manifest["inputs"]["feature_names"]
-
-    @property
-    def ofi_names(self) -> list[str]:
-        return self.manifest["inputs"]["ofi_names"]
-
-    @property
-    def input_names(self) -> list[str]:
-        return self.feature_names + self.ofi_names
-
-    @property
-    def cost(self) -> float:
-        return float(self.manifest["trading"]["cost"])
-
-    @property
-    def fill(self) -> str:
-        return self.manifest["trading"]["fill"]
-
-    @property
-    def warmup_bars(self) -> int:
-        return int(self.manifest["inputs"]["warmup_bars"])
-
-    @property
-    def network(self) -> dict:
-        return self.manifest["network"]
-
-    @property
-    def content_hash(self) -> str:
-        return self.manifest["data"]["content_hash"]
+    feature_names: list[str]  # the input columns, in order: features, then ofi
+    ofi_names: list[str]
+    cost: float  # return units per unit of position change
+    fill: str  # next_open | close
+    warmup_bars: int
+    input_dtype: str  # float32 | bfloat16: the inputs' precision in training
+    content_hash: str  # the training data's
 
 
 def sha256(path: Path) -> str:
@@ -157,7 +134,11 @@ def load(path) -> Bundle:
             members.append(Member(m["name"], m["fold"], weights, mean, inv_std, root / m["onnx"]))
     except (KeyError, SafetensorError, OSError) as e:
         raise BundleError(f"{root}: a tensor file lacks {e} or is unreadable; export the bundle again") from None
-    return Bundle(root, manifest, members)
+    inputs, trading = manifest["inputs"], manifest["trading"]
+    names = inputs["feature_names"], inputs["ofi_names"]
+    dtype = manifest["network"].get("input_dtype", "float32")
+    facts = float(trading["cost"]), trading["fill"], int(inputs["warmup_bars"]), dtype, manifest["data"]["content_hash"]
+    return Bundle(root, manifest, members, *names, *facts)
 
 
 def _says(e: Exception) -> str:

@@ -52,7 +52,7 @@ from fxray.data.folds import Fold
 from fxray.policy import onnx
 from fxray.policy.bundle import FORMAT, MANIFEST, NORMALISATION, VERSION, sha256
 from fxray.policy.frozen import q_network
-from fxray.rl.checkpoint import load_checkpoint
+from fxray.rl.checkpoint import abstained_folds, load_checkpoint
 from fxray.rl.config import make_config
 from fxray.rl.device import DeviceData
 
@@ -79,7 +79,7 @@ class Candidate:
         return int(self.meta["fold"]["k"])
 
 
-def load_candidate(path, val_score: float | None = None) -> Candidate:
+def load_candidate(path) -> Candidate:
     """A checkpoint written by fxray.rl.checkpoint.write_checkpoint (its .json beside it)."""
     path = Path(path)
     if not path.is_file():
@@ -97,10 +97,14 @@ def load_candidate(path, val_score: float | None = None) -> Candidate:
     missing = [k for k in ("config", "fold", "n_inputs") if k not in meta]
     if missing:
         raise ExportError(f"{path.with_suffix('.json')}: lacks {', '.join(missing)}; not an fxray checkpoint")
+    # a seed ensemble's member: the ensemble's val score
     stored = meta["ensemble"].get("val_score") if "ensemble" in meta else meta.get("val_score")
-    if val_score is None and stored is not None:  # a seed ensemble's member: the ensemble's score
-        val_score = float(stored)
-    return Candidate(path, tensors, meta, val_score)
+    return Candidate(path, tensors, meta, None if stored is None else float(stored))
+
+
+def load_folder(folder: Path) -> tuple[list[Candidate], tuple[int, ...]]:
+    """The fold checkpoints in `folder` (fold<k>.safetensors, in name order) and the folds abstained there."""
+    return [load_candidate(p) for p in sorted(folder.glob("fold*.safetensors"))], abstained_folds(folder)
 
 
 def choose(candidates: list[Candidate], model: str, abstained: tuple[int, ...] = ()) -> list[Candidate]:

@@ -38,14 +38,7 @@ ENGINES = ("numpy", "onnxruntime")
 
 
 class _WarmingUp:
-    """Not a position: the policy has not seen MAX_LOOKBACK bars yet."""
-
-    _instance = None
-
-    def __new__(cls):
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """Not a position: the policy has not seen MAX_LOOKBACK bars yet (one instance, WARMING_UP)."""
 
     def __repr__(self) -> str:
         return "WARMING_UP"
@@ -123,7 +116,7 @@ class Policy:
             (m.mean, m.inv_std, _NumpyQ(m.weights) if engine == "numpy" else _OnnxQ(m.onnx))
             for m in self.bundle.members
         ]
-        self.bfloat16 = self.bundle.network.get("input_dtype") == "bfloat16"
+        self.bfloat16 = self.bundle.input_dtype == "bfloat16"
         self.ofi_required = bool(self.bundle.manifest["inputs"]["ofi_in_training"])
         self.ofi_names = list(self.bundle.ofi_names)
         self.features = FeatureStream()
