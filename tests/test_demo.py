@@ -112,7 +112,7 @@ def test_members_with_demonstrations_train_what_they_train_alone(market_data):
         solo = Trainer(data, [cfg])
         (result,) = solo.run_fold(fold, [seed])
         assert_same_fold(result, results[k])
-        ours, theirs = population.dqn.state_dict(k), solo.dqn.state_dict(0)
+        ours, theirs = population.dqn.q_network.state(k), solo.dqn.q_network.state(0)
         assert all(torch.equal(ours[n], theirs[n]) for n in theirs), k
         if cfg.demo > 0:
             assert torch.equal(population.dqn.demo_table[k], solo.dqn.demo_table[0])
@@ -186,7 +186,7 @@ def test_the_screened_reference_is_the_demonstrators_rule(market_data):
     rule the demonstrator's table moves as, scored on val and test as the other rules are;
     without a screen there is none."""
     from fxray.eval.backtest import evaluate
-    from fxray.rl.trainer import fold_baselines, references
+    from fxray.rl.trainer import references
 
     data, fold, x, train, market, kept, rule = screened_rule(market_data)
     cfg = BASE
@@ -203,5 +203,5 @@ def test_the_screened_reference_is_the_demonstrators_rule(market_data):
     one_hot = torch.zeros(b - a, 3, 3).scatter_(2, moves.long().unsqueeze(2), 1.0)
     assert torch.equal(backtest.greedy_positions(one_hot), rule.positions(x))  # the demonstrator's path
     assert "screened" not in references(data, fold, cfg.cost, cfg.fill)[0]
-    assert "screened" in fold_baselines(data, fold, cfg.cost, cfg.fill, 2.0)[0]
-    assert "screened" not in fold_baselines(data, fold, cfg.cost, cfg.fill)[0]  # cached apart
+    assert "screened" in references(data, fold, cfg.cost, cfg.fill, 2.0)[0]
+    assert "screened" not in references(data, fold, cfg.cost, cfg.fill)[0]  # cached apart

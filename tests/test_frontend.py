@@ -103,7 +103,7 @@ def test_a_ridge_fold_trains_checkpoints_a_plain_network_and_reads_its_predictio
     dqn = trainer.dqn
     A, c = frontend.fit(data, fold, cfg.fill)
     assert torch.equal(dqn.q_network.front_w, A) and torch.equal(dqn.target_network.front_b, c)
-    plain = QNetwork.from_states([dqn.state_dict(0)])
+    plain = QNetwork.from_states([dqn.q_network.state(0)])
     x = data.states(torch.arange(*fold.test))
     assert torch.allclose(plain.q_all(x.unsqueeze(0))[0], dqn.q_all(x, [0])[0], atol=1e-4)
     keep = dqn.noise_std[0, 0] > 0  # input noise reaches the clock only

@@ -25,7 +25,7 @@ from fxray.rl.device import DeviceData
 from fxray.rl.dqn import DQN, check_members
 from fxray.rl.network import QNetwork, SplitKMatmul, initial_weights, split_chunks
 from fxray.rl.optim import Adam
-from fxray.rl.trainer import Trainer, q_bound, train_fold
+from fxray.rl.trainer import Trainer, q_bound, selection_score
 from fxray.track.records import FoldRecord
 
 FOLDS = FoldSpec(train="20d", val="5d", test="5d")
@@ -440,7 +440,7 @@ def test_same_seed_same_fold_is_bitwise_repeatable_on_cpu(market_data):
     (r1,), (r2,) = trainer.run_fold(fold, [3]), trainer.run_fold(fold, [3])
     assert [c["loss"] for c in r1.curve] == [c["loss"] for c in r2.curve]
     assert r1.val == r2.val and r1.test == r2.test
-    r3 = train_fold(data, fold, TINY, seed=4)
+    (r3,) = Trainer(data, [TINY]).run_fold(fold, [4])
     assert [c["loss"] for c in r3.curve] != [c["loss"] for c in r1.curve]
 
 
@@ -466,7 +466,7 @@ def test_a_select_window_chooses_the_epoch_and_val_only_scores_it(synth_cache):
     # val is the kept weights' score on the val window, which chose nothing
     val = trainer.evaluate(held.val, [0])[0]
     assert result.val == asdict(val.metrics) and result.val != plain.val
-    assert result.val_score == trainer.score(val, cfg.cost) and result.val_periods == val.periods.as_dict()
+    assert result.val_score == selection_score(data, val, cfg.cost) and result.val_periods == val.periods.as_dict()
 
 
 def test_select_from_trains_and_scores_the_early_epochs_and_never_keeps_them(market_data):
@@ -546,7 +546,7 @@ def test_every_switch_validation_accepts_trains_a_tiny_fold(synth_cache, switch)
     market = cache.open(synth_cache)
     cfg = TINY.replace(epochs=2, steps_per_epoch=5, **switch)
     data = DeviceData(market, dtype=cfg.dtype)
-    result = train_fold(data, make_folds(market.ts, FOLDS)[0], cfg, seed=0)
+    (result,) = Trainer(data, [cfg]).run_fold(make_folds(market.ts, FOLDS)[0], [0])
     assert result.status == "ok" and math.isfinite(result.val_score) and result.test["n_days"] > 0
     assert result.abstained == cfg.abstain and result.epochs_run == (0 if cfg.abstain else 2)
     assert (len(result.seed_spread.get("seeds", [])) == 2) == (cfg.seeds == 2)
@@ -595,8 +595,8 @@ def test_shuffled_returns_control_does_not_look_profitable(strong_cache, one_tor
     arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "open": close, "close": close}
     cfg = DQNConfig(cost=1e-5, fill="close", demo=demo)
     fold = make_folds(market.ts, FoldSpec(train="20d", val="5d", test="20d", max_folds=1))[0]
-    control = train_fold(DeviceData(arrays), fold, cfg, seed=0)
-    real = train_fold(DeviceData(market), fold, cfg, seed=0)
+    (control,) = Trainer(DeviceData(arrays), [cfg]).run_fold(fold, [0])
+    (real,) = Trainer(DeviceData(market), [cfg]).run_fold(fold, [0])
     assert real.test["sharpe"] > 8
     assert control.test["sharpe"] < 0.2 * real.test["sharpe"], (control.test, real.test)
     assert control.test["total_return"] < 0.2 * real.test["total_return"]

@@ -67,6 +67,7 @@ class TrainConfig:
     """float32 matmuls on CUDA: tf32 (tensor cores, ~1e-3 relative error) or fp32 (exact)"""
 
     SECTION = "train"  # the experiment-file section (and error prefix) of these fields
+    CHOICES = {"fill": ("next_open", "close"), "dtype": ("float32", "bfloat16"), "matmul": ("tf32", "fp32")}
 
     def __post_init__(self):
         self.validate()
@@ -80,11 +81,11 @@ class TrainConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 self._fail(key, "must be an integer >= 1")
 
-    def _in_unit_interval(self, *keys: str) -> None:
+    def _in_range(self, keys, high: float = 1, note: str = "") -> None:
         for key in keys:
             v = getattr(self, key)
-            if not _is_number(v) or not 0 <= v <= 1:
-                self._fail(key, "must be a number in [0, 1]")
+            if not _is_number(v) or not 0 <= v <= high:
+                self._fail(key, f"must be a number in [0, {high}]{note}")
 
     def validate(self) -> None:
         if self.algo not in ALGORITHMS or not isinstance(self, ALGORITHMS[self.algo]):
@@ -101,7 +102,7 @@ class TrainConfig:
             "patience",
             "seeds",
         )
-        self._in_unit_interval("eps_start", "eps_end", "eps_decay")
+        self._in_range(("eps_start", "eps_end", "eps_decay"))
         if not _is_number(self.cost) or not 0 <= self.cost < 0.1:
             self._fail("cost", "must be in [0, 0.1) (return units)")
         sf = self.select_from
@@ -113,12 +114,9 @@ class TrainConfig:
                 f"must be an integer in [0, epochs) = [0, {self.epochs}): "
                 "lower it (--set select_from=0) or train more epochs",
             )
-        if self.fill not in ("next_open", "close"):
-            self._fail("fill", "must be 'next_open' or 'close'")
-        if self.dtype not in ("float32", "bfloat16"):
-            self._fail("dtype", "must be 'float32' or 'bfloat16'")
-        if self.matmul not in ("tf32", "fp32"):
-            self._fail("matmul", "must be 'tf32' or 'fp32'")
+        for key, allowed in self.CHOICES.items():
+            if getattr(self, key) not in allowed:
+                self._fail(key, "must be " + " or ".join(map(repr, allowed)))
         if self.eps_end > self.eps_start:
             raise ConfigError(f"{self.SECTION}.eps_end: {self.eps_end} must be <= eps_start ({self.eps_start})")
 
@@ -182,27 +180,23 @@ class DQNConfig(TrainConfig):
     """how much more the rule's action must be worth than the others before the margin loss lets go"""
 
     SECTION = "dqn"
+    CHOICES = {**TrainConfig.CHOICES, "inputs": ("raw", "ridge")}
 
     def validate(self) -> None:
         super().validate()
         self._positive_ints("hidden", "depth", "n_step", "batch_size")
-        self._in_unit_interval("lr", "gamma", "tau", "weight_decay")
-        if not _is_number(self.input_noise) or not 0 <= self.input_noise <= 10:
-            self._fail("input_noise", "must be a number in [0, 10]")
-        if not _is_number(self.screen_t) or not 0 <= self.screen_t <= 100:
-            self._fail("screen_t", "must be a number in [0, 100] (0: no screen)")
+        self._in_range(("lr", "gamma", "tau", "weight_decay"))
+        self._in_range(("input_noise",), 10)
+        self._in_range(("screen_t",), 100, " (0: no screen)")
         if not isinstance(self.abstain, bool):
             self._fail("abstain", "must be true or false")
         if self.abstain and not self.screen_t > 0:
             self._fail("abstain", "needs screen_t > 0 (the screen decides where); with no screen set abstain false")
-        if not _is_number(self.demo) or not 0 <= self.demo <= 100:
-            self._fail("demo", "must be a number in [0, 100] (0: no demonstrations)")
+        self._in_range(("demo",), 100, " (0: no demonstrations)")
         for key in ("grad_clip", "huber_delta", "reward_scale", "demo_margin"):
             v = getattr(self, key)
             if not _is_number(v) or v <= 0:
                 self._fail(key, "must be a number > 0")
-        if self.inputs not in ("raw", "ridge"):
-            self._fail("inputs", "must be 'raw' or 'ridge'")
         if self.buffer_steps <= self.n_step:
             raise ConfigError(f"dqn.buffer_steps: {self.buffer_steps} must exceed n_step ({self.n_step})")
 

@@ -19,7 +19,6 @@ A fold switch is a mean/std reduction over the train slice: milliseconds, no cop
 
 from __future__ import annotations
 
-import contextlib
 import json
 import warnings
 
@@ -34,13 +33,6 @@ from fxray.data.schema import ADX_INDEX
 from fxray.eval.backtest import Window
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@contextlib.contextmanager
-def _readonly_ok():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        yield
 
 
 def _upload_rows(x: torch.Tensor, features: torch.Tensor, ofi: torch.Tensor, chunk_rows: int = 1 << 18) -> None:
@@ -88,7 +80,8 @@ class DeviceData:
         # Straight from the (read-only, zero-copy) host views into one device tensor: no
         # host-side staging copy of the dataset. torch.from_numpy warns on read-only
         # arrays because it cannot promise immutability; we only read them.
-        with _readonly_ok():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             host = [torch.from_numpy(a) for a in (features, ofi, close, open_)]
         x = torch.empty((n, self.n_inputs), dtype=torch.float32, device=self.device)
         _upload_rows(x, host[0], host[1])

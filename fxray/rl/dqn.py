@@ -36,26 +36,10 @@ from fxray.rl.device import DeviceData
 from fxray.rl.network import N_ACTIONS, QNetwork, initial_weights
 from fxray.rl.optim import Adam, clip_grad_norms_
 
-# fields every member of a population shares: they set a tensor shape, the loop, or the data
+# fields every member of a population shares: they set the loop, the data, a tensor shape or the step
 SHAPE_FIELDS = (
-    "algo",
-    "num_envs",
-    "buffer_steps",
-    "updates_per_step",
-    "epochs",
-    "steps_per_epoch",
-    "fill",
-    "cost",
-    "dtype",
-    "graphs",
-    "matmul",
-    "hidden",
-    "depth",
-    "batch_size",
-    "seeds",
-    "inputs",
-    "screen_t",
-    "abstain",
+    *("algo", "num_envs", "buffer_steps", "updates_per_step", "epochs", "steps_per_epoch", "fill", "cost"),
+    *("dtype", "graphs", "matmul", "hidden", "depth", "batch_size", "seeds", "inputs", "screen_t", "abstain"),
 )
 
 
@@ -384,7 +368,3 @@ class DQN:
     def reset_epoch_stats(self) -> None:
         self.loss_sum.zero_()
         self.q_abs_max.zero_()
-
-    def state_dict(self, k: int) -> dict[str, torch.Tensor]:
-        """Member k's weights as a plain network's, by checkpoint name (QNetwork.state)."""
-        return self.q_network.state(k)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -97,7 +97,6 @@ class Experiment:
     config: TrainConfig  # base config of every trial (of the class `algo:` names)
     search: tuple[Param, ...]
     sweep: SweepSpec
-    raw: dict = field(repr=False, default_factory=dict)  # the file as parsed (for records)
 
     def space(self) -> dict:
         """{field: optuna distribution} for OptunaSearch."""
@@ -165,7 +164,7 @@ def _load_merged(file, profile, raw, cpu, overrides) -> Experiment:
         return f"cpu.{key}" if profile == "cpu" else key
 
     try:
-        return _build(file, profile, merged, raw, where)
+        return _build(file, profile, merged, where)
     except (ConfigError, FoldError) as e:  # core validators name the key: add the file
         key, _, rest = str(e).partition(": ")
         raise ExperimentError(f"{file}: {where(key)}: {rest}") from None
@@ -250,7 +249,7 @@ def _read_one(p: Path, path: str) -> dict:
 # --- validation ---------------------------------------------------------------------
 
 
-def _build(file, profile, d, raw, where) -> Experiment:
+def _build(file, profile, d, where) -> Experiment:
     def fail(key, msg):
         raise ExperimentError(f"{file}: {where(key)}: {msg}")
 
@@ -298,22 +297,15 @@ def _build(file, profile, d, raw, where) -> Experiment:
     for other in CONFIG_SECTIONS:
         if other != section and d.get(other) is not None:
             fail(other, f"configures another algorithm than algo: {algo} (use a {section}: section)")
-    fields = {f.name: f for f in dataclasses.fields(config_cls) if f.name != "algo"}
-    config_raw = _section(file, d, section, fields, where)
-    for k, v in config_raw.items():
-        _check_type(fail, f"{section}.{k}", v, fields[k].default)
-    config = config_cls(algo=algo, **config_raw)
+    fields = {f.name for f in dataclasses.fields(config_cls)} - {"algo"}
+    config = config_cls(algo=algo, **_typed_section(file, d, section, config_cls, where, fail))
 
     search_raw = d.get("search") or {}
     if not isinstance(search_raw, dict):
         fail("search", f"{search_raw!r} must map {config_cls.__name__} fields to distributions")
     search = tuple(_param(file, fail, config, fields, k, v, where) for k, v in search_raw.items())
 
-    sweep_fields = {f.name: f for f in dataclasses.fields(SweepSpec)}
-    sweep_raw = _section(file, d, "sweep", sweep_fields, where)
-    for k, v in sweep_raw.items():
-        _check_type(fail, f"sweep.{k}", v, sweep_fields[k].default)
-    sweep = SweepSpec(**sweep_raw)
+    sweep = SweepSpec(**_typed_section(file, d, "sweep", SweepSpec, where, fail))
     for key, ok, rule in (
         ("trials", sweep.trials >= 1, ">= 1"),
         ("grace_folds", sweep.grace_folds >= 1, ">= 1"),
@@ -325,18 +317,7 @@ def _build(file, profile, d, raw, where) -> Experiment:
     ):
         if not ok:
             fail(f"sweep.{key}", f"{getattr(sweep, key)!r} must be {rule}")
-    return Experiment(
-        name=name,
-        file=file,
-        profile=profile,
-        data_path=data_path,
-        synth=synth,
-        folds=folds,
-        config=config,
-        search=search,
-        sweep=sweep,
-        raw=raw,
-    )
+    return Experiment(name, file, profile, data_path, synth, folds, config, search, sweep)
 
 
 def _param(file, fail, base: TrainConfig, fields, name, spec, where) -> Param:
@@ -391,6 +372,15 @@ def _section(file, d, name, allowed, where) -> dict:
     return sec
 
 
+def _typed_section(file, d, name, cls, where, fail) -> dict:
+    """Section `name` of `d`: the fields of dataclass `cls` (but algo), each of its field's type."""
+    fields = {f.name: f.default for f in dataclasses.fields(cls) if f.name != "algo"}
+    sec = _section(file, d, name, fields, where)
+    for k, v in sec.items():
+        _check_type(fail, f"{name}.{k}", v, fields[k])
+    return sec
+
+
 def _check_keys(file, d: dict, allowed, prefix: str, where=lambda k: k) -> None:
     for k in d:
         if k not in allowed:
@@ -402,11 +392,9 @@ def _check_type(fail, key, value, default) -> None:
     if default is None or default is dataclasses.MISSING:
         return
     if isinstance(default, tuple):
+        want = f"a list of {len(default)} {type(default[0]).__name__}s"
         ok = isinstance(value, (list, tuple)) and len(value) == len(default)
-        ok, want = (
-            ok and all(isinstance(v, type(d)) and not isinstance(v, bool) for v, d in zip(value, default)),
-            f"a list of {len(default)} {type(default[0]).__name__}s",
-        )
+        ok = ok and all(isinstance(v, type(d)) and not isinstance(v, bool) for v, d in zip(value, default))
     elif isinstance(default, bool):
         ok, want = isinstance(value, bool), "true or false"
     elif isinstance(default, int):

@@ -34,12 +34,11 @@ class Adam:
     for all members (a handful of kernels whatever K, graph-safe; torch's fused kernel takes
     one lr), masked by `active`: the same maths to float rounding (tests/test_gpu.py)."""
 
-    def __init__(
-        self, params: list, lrs: list[float], weight_decays: list[float], active, betas=(0.9, 0.999), eps=1e-8
-    ):
+    betas, eps = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
+
+    def __init__(self, params: list, lrs: list[float], weight_decays: list[float], active):
         dev = params[0].device
         self.params, self.active = params, active
-        self.betas, self.eps = betas, eps
         self.exp_avg = [torch.zeros_like(p) for p in params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in params]
         self.steps = torch.zeros(len(lrs), dtype=torch.float32, device=dev)

@@ -3,7 +3,6 @@ a sweep's population of trials.
 
     trainer = Trainer(data, [cfg_a, cfg_b, ...])                    # trials of one shape; built once
     results = trainer.run_fold(fold, seeds=[seed_a, seed_b, ...])   # one FoldResult per trial
-    result = train_fold(data, fold, cfg, seed)                      # one trial, one-off
 
 A trial of `seeds: S` is S members of fxray.rl.dqn.DQN (member i trains with
 `member_seeds(seed, S)[i]`; member 0 with the trial's seed), and every trial of a Trainer is
@@ -73,14 +72,17 @@ class FoldResult:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def scored(self, val: BacktestResult, test: BacktestResult, val_score: float) -> None:
+        """The policy's backtests on val and test (metrics, hourly returns, daily test returns), its score."""
+        self.val, self.test = asdict(val.metrics), asdict(test.metrics)
+        self.val_periods, self.test_periods = val.periods.as_dict(), test.periods.as_dict()
+        self.val_score = val_score
+        self.test_daily_returns = test.daily_returns.tolist()
+
 
 class CaptureError(RuntimeError):
     """A CUDA graph capture failed. The trainer is not to be reused (its members' generators may
     be left mid-capture); a fresh one may capture (fxray.sweep.gather)."""
-
-
-def member_seeds(seed: int, n: int) -> list[int]:
-    return [seed + i * SEED_STRIDE for i in range(n)]
 
 
 def q_bound(cfg: TrainConfig, max_abs_return: float) -> float:
@@ -168,14 +170,8 @@ class Trainer:
         results = backtest_many(self.q_all(window, members), self.data.window(window, self.cfgs[0].fill), costs)
         return dict(zip(members, results))
 
-    def score(self, result: BacktestResult, cost: float) -> float:
-        """The selection score of one window (fxray.eval.pooled.score of its hourly returns)."""
-        return pooled.score(pooled.pooled([result.periods.as_dict()], cost, self.data.calendar.periods_per_year))
-
     # --- one fold ----------------------------------------------------------------------
-    def run_fold(
-        self, fold: Fold, seeds: list[int] | None = None, log=None, checkpoint_dirs=None, stop=None
-    ) -> list[FoldResult]:
+    def run_fold(self, fold: Fold, seeds: list[int], log=None, checkpoint_dirs=None, stop=None) -> list[FoldResult]:
         """One FoldResult per trial (seeds[j], checkpoint_dirs[j]). `stop(j)`, asked before every
         step for each running trial, ends trial j's fold at once with status "cancelled" (its
         members masked: the others go on).
@@ -184,7 +180,6 @@ class Trainer:
         select_from on (hourly pooled Sharpe, shrunk for thin evidence; patience epochs without
         a better one stop it). The chooser is the val window, or the fold's holdout window where
         it has one: then val scores the kept weights once, as test does."""
-        seeds = [0] * len(self.cfgs) if seeds is None else list(seeds)
         if len(seeds) != len(self.cfgs):
             raise ValueError(f"{len(self.cfgs)} trials but {len(seeds)} seeds")
         dirs = checkpoint_dirs or [None] * len(self.cfgs)
@@ -194,20 +189,16 @@ class Trainer:
         if abstains(self.data, fold, self.cfgs[0]):  # screen_t and abstain are shared by shape
             return [flat_fold(self.data, fold, c, t_start, d) for c, d in zip(self.cfgs, dirs)]
         trial_of = [j for j, c in enumerate(self.cfgs) for _ in range(c.seeds)]
-        mseeds = [s for c, seed in zip(self.cfgs, seeds) for s in member_seeds(seed, c.seeds)]
+        mseeds = [seed + i * SEED_STRIDE for c, seed in zip(self.cfgs, seeds) for i in range(c.seeds)]
         members = self._train(fold, mseeds, log, None if stop is None else (lambda m: stop(trial_of[m])), t_start)
         results = []
         for j, cfg in enumerate(self.cfgs):
             lo, hi = self.offsets[j], self.offsets[j + 1]
-            if cfg.seeds == 1:
-                result = members[lo]
-                if dirs[j] is not None and result.status == "ok" and result.best_epoch >= 0:
-                    result.checkpoint = str(self._save(dirs[j], f"fold{fold.k}", lo, cfg, fold, result))
-            else:
-                result = self._ensemble(cfg, fold, mseeds[lo:hi], members[lo:hi], lo, t_start)
-                if dirs[j] is not None:
-                    paths = self._save_members(dirs[j], cfg, fold, mseeds[lo:hi], members[lo:hi], lo, result)
-                    result.checkpoint = str(paths[0]) if paths else None
+            result = (
+                members[lo] if cfg.seeds == 1 else self._ensemble(cfg, fold, mseeds[lo:hi], members[lo:hi], lo, t_start)
+            )
+            if dirs[j] is not None:
+                result.checkpoint = self._save_trial(dirs[j], fold, cfg, lo, result, members[lo:hi], mseeds[lo:hi])
             results.append(result)
         return results
 
@@ -246,21 +237,19 @@ class Trainer:
                 self.graph.replay() if self.graph is not None else self.dqn.step()
             if not running:
                 break
-            stats = self.dqn.epoch_stats().tolist()  # host sync: (K, 3) loss sums, |Q| max, epsilon
+            # host sync: (K, 3) mean loss, |Q| max, epsilon
+            stats = [(s / (spe * ups), q, e) for s, q, e in self.dqn.epoch_stats().tolist()]
             t1 = time.perf_counter()
             scoring = []
             for k in sorted(running):
-                loss_sum, q_max, eps = stats[k]
-                loss = loss_sum / (spe * ups)
-                bound = bounds[k]
+                (loss, q_max, eps), bound = stats[k], bounds[k]
                 if math.isfinite(loss) and q_max <= bound and loss <= (cfgs[k].huber_delta + cfgs[k].demo) * 2 * bound:
                     scoring.append(k)
                     continue
                 status[k] = "diverged"
                 running.discard(k)
-                nan = float("nan")
                 curves[k].append(
-                    {"epoch": epoch, "loss": loss, "q_max": q_max, "val_sharpe": nan, "val_score": nan}
+                    {"epoch": epoch, "loss": loss, "q_max": q_max, "val_sharpe": math.nan, "val_score": math.nan}
                     | {"epoch_s": t1 - t0, "eps": eps}
                 )
                 if log:
@@ -268,9 +257,8 @@ class Trainer:
             vals = self.evaluate(fold.chooser, scoring) if scoring else {}
             t2 = time.perf_counter()
             for k in scoring:
-                loss_sum, q_max, eps = stats[k]
-                loss, val = loss_sum / (spe * ups), vals[k]
-                score = self.score(val, cfgs[k].cost)
+                (loss, q_max, eps), val = stats[k], vals[k]
+                score = selection_score(self.data, val, cfgs[k].cost)
                 train_s[k], eval_s[k] = train_s[k] + (t1 - t0), eval_s[k] + (t2 - t1)
                 curves[k].append(epoch_record(epoch, loss, q_max, val, score, eps, (t0, t1, t2)))
                 if log:
@@ -299,7 +287,7 @@ class Trainer:
         train_s, eval_s, t_switch, t_start = times
         t3 = time.perf_counter()
         cfg, adx = self.cfgs[0], self.data.adx_mean(fold.train)
-        refs, ref_periods = fold_baselines(self.data, fold, cfg.cost, cfg.fill, cfg.screen_t)
+        refs, ref_periods = references(self.data, fold, cfg.cost, cfg.fill, cfg.screen_t)
         results = []
         for k in range(len(self.members)):
             result = FoldResult(fold.as_dict(), status[k], best_epoch[k], len(curves[k]), {}, {}, {}, curves[k])
@@ -316,13 +304,9 @@ class Trainer:
         if fold.holdout is not None and kept:  # val was not the chooser: it scores the kept weights now
             vals = self.evaluate(fold.val, kept)
             for k in kept:
-                best_val[k], best_score[k] = vals[k], self.score(vals[k], self.members[k].cost)
+                best_val[k], best_score[k] = vals[k], selection_score(self.data, vals[k], self.members[k].cost)
         for k in kept:
-            result, test = results[k], tests[k]
-            result.val, result.test = asdict(best_val[k].metrics), asdict(test.metrics)
-            result.val_periods, result.test_periods = best_val[k].periods.as_dict(), test.periods.as_dict()
-            result.val_score = best_score[k]
-            result.test_daily_returns = test.daily_returns.tolist()
+            results[k].scored(best_val[k], tests[k], best_score[k])
         t4 = time.perf_counter()
         for k, result in enumerate(results):
             if result.status != "cancelled":
@@ -354,51 +338,44 @@ class Trainer:
             for w in (fold.val, fold.test)
         )
         result.status = "ok"
-        result.val, result.test = asdict(val.metrics), asdict(test.metrics)
-        result.val_periods, result.test_periods = val.periods.as_dict(), test.periods.as_dict()
-        result.val_score = self.score(val, cfg.cost)
-        result.test_daily_returns = test.daily_returns.tolist()
+        result.scored(val, test, selection_score(self.data, val, cfg.cost))
         result.epochs_run = max(m.epochs_run for m in members)
         result.timings = {**first.timings, "total_s": time.perf_counter() - t0}
         return result
 
-    def _save(self, folder, name: str, slot: int, cfg, fold: Fold, result: FoldResult, extra=None):
+    def _save_trial(self, folder, fold: Fold, cfg, lo: int, result: FoldResult, members, seeds) -> str | None:
+        """A trial's kept weights: fold<k> of a single seed, or each "ok" member's as fold<k>.m<i>
+        with the ensemble's scores (fxray export takes them together: its policy is their mean Q)."""
+        if cfg.seeds == 1:
+            ok = result.status == "ok" and result.best_epoch >= 0
+            return str(self._save(folder, f"fold{fold.k}", lo, fold, result)) if ok else None
+        scores = {"seeds": cfg.seeds, "val_score": result.val_score, "val": result.val, "test": result.test}
+        paths = [
+            self._save(folder, f"fold{fold.k}.m{i}", lo + i, fold, m, {**scores, "member": i, "member_seed": seed})
+            for i, (m, seed) in enumerate(zip(members, seeds))
+            if m.status == "ok"
+        ]
+        return str(paths[0]) if paths else None
+
+    def _save(self, folder, name: str, slot: int, fold: Fold, result: FoldResult, ensemble=None):
+        """Member `slot`'s kept weights as <folder>/<name>; `ensemble`: its seed ensemble's scores."""
         meta = {
-            "config": cfg.as_dict(),
+            "config": self.members[slot].as_dict(),
             "fold": fold.as_dict(),
             "best_epoch": result.best_epoch,
             "val": result.val,
             "test": result.test,
             "n_inputs": self.data.n_inputs,
             "val_score": result.val_score,
-            **(extra or {}),
+            **({"ensemble": ensemble} if ensemble else {}),
         }
-        state = self.dqn.state_dict(slot)
+        state = self.dqn.q_network.state(slot)
         return checkpoint.write_checkpoint(folder, name, state, meta, self.data.mean, self.data.inv_std)
 
-    def _save_members(self, folder, cfg, fold: Fold, seeds, members, lo: int, result: FoldResult) -> list:
-        """A checkpoint of each "ok" member's kept weights (fold<k>.m<i>); the ensemble's scores in each.
-        fxray export takes a fold's members together: its policy is the mean of their Q."""
-        ensemble = {"seeds": cfg.seeds, "val_score": result.val_score, "val": result.val, "test": result.test}
-        one = cfg.replace(seeds=1)
-        return [
-            self._save(
-                folder,
-                f"fold{fold.k}.m{i}",
-                lo + i,
-                one,
-                fold,
-                m,
-                {"ensemble": {**ensemble, "member": i, "member_seed": seeds[i]}},
-            )
-            for i, m in enumerate(members)
-            if m.status == "ok"
-        ]
 
-
-def train_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, seed: int = 0, log=None, checkpoint_dir=None):
-    """Train one trial on one fold (a fresh Trainer; reuse a Trainer across folds)."""
-    return Trainer(data, [cfg]).run_fold(fold, [seed], log=log, checkpoint_dirs=[checkpoint_dir])[0]
+def selection_score(data: DeviceData, result: BacktestResult, cost: float) -> float:
+    """The selection score of one window (fxray.eval.pooled.score of its hourly returns)."""
+    return pooled.score(pooled.pooled([result.periods.as_dict()], cost, data.calendar.periods_per_year))
 
 
 def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHUNK) -> list[torch.Tensor]:
@@ -427,20 +404,16 @@ def epoch_record(epoch: int, loss: float, q_max: float, val, score: float, eps: 
 # --- the fold's references and abstention ------------------------------------------------
 
 
-def fold_baselines(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> tuple[dict, dict]:
-    """`references`, computed once per (fold, cost, fill, screen) on `data` and kept there."""
-    key = (repr(fold.as_dict()), cost, fill, screen_t)
-    if key not in data.references:
-        data.references[key] = references(data, fold, cost, fill, screen_t)
-    return data.references[key]
-
-
 def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> tuple[dict, dict]:
     """buy_and_hold and flat; the supervised rule ("ridge": all the inputs), with `screen_t` > 0
     the same rule on the inputs of the learner's checked screen ("screened": its demonstrator's
     rule, fxray.rl.demo), and, on a planted market, the oracle (the same rule on the columns that
     carry the signal, in the hours it is on; fxray.eval.baselines), all fitted on the train
-    slice only. Returns (test metrics by name, hourly returns by name and window)."""
+    slice only. Returns (test metrics by name, hourly returns by name and window), computed once
+    per (fold, cost, fill, screen_t) on `data` and kept there."""
+    key = (repr(fold.as_dict()), cost, fill, screen_t)
+    if key in data.references:
+        return data.references[key]
     windows = {w: data.window(getattr(fold, w), fill) for w in ("val", "test")}
     runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cost) for w in windows}}
     a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
@@ -462,6 +435,7 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
     table = {name: asdict(run["test"].metrics) for name, run in runs.items()}
     table["flat"] = asdict(summarize(np.zeros(runs["buy_and_hold"]["test"].metrics.n_days)))
     periods = {name: {w: r.periods.as_dict() for w, r in run.items()} for name, run in runs.items()}
+    data.references[key] = table, periods
     return table, periods
 
 
@@ -481,16 +455,12 @@ def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, ch
     all 0, enter the pooled statistics), the fold's references beside it; with `checkpoint_dir`,
     the fold's marker there (fxray.rl.checkpoint)."""
     result = FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {}, adx=data.adx_mean(fold.train), abstained=True)
-    result.baselines, result.baseline_periods = fold_baselines(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
-    runs = {}
-    for w in ("val", "test"):
-        window = getattr(fold, w)
-        flat = torch.zeros(window[1] - 1 - window[0], dtype=torch.int8, device=data.device)
-        runs[w] = evaluate(flat, data.window(window, cfg.fill), cfg.cost)
-    result.val, result.test = asdict(runs["val"].metrics), asdict(runs["test"].metrics)
-    result.val_periods, result.test_periods = runs["val"].periods.as_dict(), runs["test"].periods.as_dict()
-    result.val_score = pooled.score(pooled.pooled([result.val_periods], cfg.cost, data.calendar.periods_per_year))
-    result.test_daily_returns = runs["test"].daily_returns.tolist()
+    result.baselines, result.baseline_periods = references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
+    val, test = (
+        evaluate(torch.zeros(w[1] - 1 - w[0], dtype=torch.int8, device=data.device), data.window(w, cfg.fill), cfg.cost)
+        for w in (fold.val, fold.test)
+    )
+    result.scored(val, test, selection_score(data, val, cfg.cost))
     result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
     if checkpoint_dir is not None:
         meta = {"config": cfg.as_dict(), "fold": fold.as_dict(), "val": result.val, "test": result.test}
