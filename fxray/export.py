@@ -124,7 +124,8 @@ def export(args) -> dict:
         )
     members = choose(candidates, args.model, abstained)
     manifest = export_bundle(members, market, args.out, model=args.model, source=source, force=args.force)
-    names = ", ".join(f"{m['name']} (val score {_fmt(m['val_score'])})" for m in manifest["members"])
+    scores = {m["name"]: "n/a" if m["val_score"] is None else f"{m['val_score']:+.2f}" for m in manifest["members"]}
+    names = ", ".join(f"{name} (val score {score})" for name, score in scores.items())
     net, graph = manifest["network"], manifest["onnx"]
     print(
         f"wrote {args.out}: {args.model} = {names}; {net['hidden']}x{net['depth']} QNetwork, ONNX opset "
@@ -132,10 +133,6 @@ def export(args) -> dict:
         f"cost {manifest['trading']['cost']:g}, fill {manifest['trading']['fill']}, data {market.content_hash}"
     )
     return manifest
-
-
-def _fmt(x) -> str:
-    return "n/a" if x is None else f"{x:+.2f}"
 
 
 if __name__ == "__main__":

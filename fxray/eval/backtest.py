@@ -67,7 +67,7 @@ class Window:
         Without `period`, each day is one period."""
         period = day if period is None else period
         hours = np.unique(period.cpu().numpy())
-        return cls(returns, day, count_days(day), period, len(hours), hours, carry)
+        return cls(returns, day, len(np.unique(day.cpu().numpy())), period, len(hours), hours, carry)
 
     @property
     def n_bars(self) -> int:
@@ -150,13 +150,6 @@ def _check_window(w: Window, n_bars: int, cost: float) -> None:
         raise ValueError(f"cost must be >= 0 (return units per unit of position change), got {cost}")
     if w.n_days < 1 or w.n_periods < 1:
         raise ValueError(f"n_days and n_periods must be >= 1, got {w.n_days}, {w.n_periods}")
-
-
-def count_days(day: torch.Tensor | np.ndarray) -> int:
-    """Number of distinct days of a non-decreasing day index. A host sync on device tensors:
-    count once per window (outside the epoch loop), as fxray.rl.device.DeviceData.window does."""
-    day = torch.as_tensor(day)
-    return int((day[1:] != day[:-1]).sum()) + 1 if day.numel() else 0
 
 
 def _dense_ids(key: torch.Tensor) -> torch.Tensor:

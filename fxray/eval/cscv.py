@@ -32,10 +32,9 @@ HIST_BINS = np.linspace(-6.0, 6.0, 25)  # logit histogram edges kept in results.
 
 def splits(n_blocks: int) -> np.ndarray:
     """(C(S, S/2), S) bool: row c marks the in-sample blocks of split c (lexicographic order)."""
-    combos = list(itertools.combinations(range(n_blocks), n_blocks // 2))
+    combos = np.array(list(itertools.combinations(range(n_blocks), n_blocks // 2)))
     out = np.zeros((len(combos), n_blocks), dtype=bool)
-    for c, blocks in enumerate(combos):
-        out[c, list(blocks)] = True
+    np.put_along_axis(out, combos, True, axis=1)
     return out
 
 

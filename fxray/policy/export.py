@@ -216,11 +216,9 @@ def export_bundle(
     check_out(out, force)
     config = _agree(members)
     cfg = make_config(config)
-    n_inputs = int(members[0].meta["n_inputs"])
-    if n_inputs != market.features.shape[1] + market.ofi.shape[1]:
-        raise ExportError(
-            f"{market.path}: {market.features.shape[1] + market.ofi.shape[1]} inputs, the network {n_inputs}"
-        )
+    n_inputs, have = int(members[0].meta["n_inputs"]), market.features.shape[1] + market.ofi.shape[1]
+    if n_inputs != have:
+        raise ExportError(f"{market.path}: {have} inputs, the network {n_inputs}")
     data = DeviceData(market, "cpu", dtype=cfg.dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
@@ -253,9 +251,6 @@ def export_bundle(
         from safetensors.numpy import save_file
 
         save_file(norm, str(tmp / NORMALISATION))
-        train_ofi = np.concatenate(
-            [market.ofi[c.meta["fold"]["train"][0] : c.meta["fold"]["train"][1]] for c in members]
-        )
         manifest = {
             "format": FORMAT,
             "version": VERSION,
@@ -285,7 +280,7 @@ def export_bundle(
             "inputs": {
                 "feature_names": list(market.feature_names),
                 "ofi_names": list(market.ofi_names),
-                "ofi_in_training": bool(np.any(train_ofi != 0)),
+                "ofi_in_training": any(bool(np.any(market.ofi[slice(*c.meta["fold"]["train"])])) for c in members),
                 "state": "(x - mean) * inv_std, x = features ++ ofi (float32), per member",
                 "normalisation": NORMALISATION,
                 "warmup_bars": MAX_LOOKBACK,
@@ -300,9 +295,7 @@ def export_bundle(
             "data": {
                 "path": str(market.path),
                 "content_hash": market.content_hash,
-                "instrument": market.meta.get("instrument"),
-                "bar": market.meta.get("bar"),
-                "source": market.meta.get("source"),
+                **{k: market.meta.get(k) for k in ("instrument", "bar", "source")},
                 "n_bars": market.n_bars,
                 "first_ts": int(market.ts[0]),
                 "last_ts": int(market.ts[-1]),

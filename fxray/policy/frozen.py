@@ -35,11 +35,6 @@ def q_network(weights: dict, device="cpu") -> QNetwork:
     return QNetwork.from_states([{k: torch.from_numpy(np.array(v)) for k, v in weights.items()}], device)
 
 
-def combine(qs: list[torch.Tensor]) -> torch.Tensor:
-    """The policy's Q: the mean over members (a single member's Q as it is)."""
-    return qs[0] if len(qs) == 1 else torch.stack(qs).mean(0)
-
-
 @torch.no_grad()
 def q_values(bundle: Bundle, data: DeviceData, window: tuple[int, int], engine: str = "torch") -> torch.Tensor:
     """(T, 3, 3) Q[t, previous position + 1, action] for bars [start, end - 1) of `window`
@@ -58,7 +53,7 @@ def q_values(bundle: Bundle, data: DeviceData, window: tuple[int, int], engine: 
             sess = onnx.session(member.onnx, threads=0)  # 0: onnxruntime's default (all cores)
             parts = [torch.from_numpy(onnx.run(sess, data.states(t).cpu().numpy())) for t in chunks]
             qs.append(torch.cat(parts).to(data.device))
-    return combine(qs)
+    return qs[0] if len(qs) == 1 else torch.stack(qs).mean(0)  # the policy's Q: the members' mean
 
 
 def score(bundle: Bundle, data: DeviceData, window: tuple[int, int], q: torch.Tensor, cost: float | None = None):
