@@ -16,38 +16,26 @@ and no output file (writes are atomic).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from fxray.cli import check_file_out, command_parser, seed
+from fxray.cli import check_file_out, command_parser, fail, seed, write_json
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, bar_spacing, make_folds
 from fxray.data.synth import STRUCTURES, SynthSpec
-
-USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
 
 
 def _iso(ns: int) -> str:
     return np.datetime64(int(ns), "ns").astype("datetime64[s]").astype(str) + "Z"
 
 
-def check_out(path: Path) -> None:
-    """--out must name a file that can be written: refused at once (before minutes of work)."""
-    if path.is_dir():
-        raise ValueError(f"--out {path}: is a directory; name the fxcache file to write, e.g. {path}/data.fxcache")
-    if path.exists() and not path.is_file():
-        raise ValueError(f"--out {path}: exists and is not a regular file; name a new file")
-    check_file_out(path, "--out")  # under a directory that exists or can be made, writable
-
-
 def cmd_synth(args) -> dict:
     from fxray.data.synth import to_cache
 
-    check_out(args.out)
+    check_file_out(args.out, "--out")  # before minutes of work
     spec = SynthSpec(n_bars=args.bars, seed=args.seed, structure=args.structure, beta=args.beta)
     t0 = time.perf_counter()
     digest = to_cache(spec, args.out)
@@ -62,27 +50,25 @@ def cmd_synth(args) -> dict:
 def cmd_build(args) -> dict:
     from fxray.data import bars as bars_mod
 
-    if args.bars is None and not (args.trades or args.book):
+    flow = args.trades or args.book  # MBO / MBP-10 / Binance book files carry the trade tape too
+    if args.bars is None and not flow:
         raise ValueError("build: give --bars FILE_OR_DIR, or --trades/--book FILE to build bars from trades")
-    check_out(args.out)
+    check_file_out(args.out, "--out")  # before minutes of work
     t0 = time.perf_counter()
     ofi = coverage = None
-    trades = None
-    if args.trades or args.book:
+    if flow:
         book = book_reader("--book" if args.book else "--trades")
-        # MBO / MBP-10 / Binance book files carry the trade tape too
-        trades = book.load_trades([str(p) for p in (args.trades or args.book)])
+        trades = book.load_trades(flow)
     if args.bars is not None:
         bars = bars_mod.load_bars(args.bars, fmt=args.format, tz=args.tz)
         source = str(args.bars)
     else:
         bars = book.bars_from_trades(trades, args.bar)
-        source = "trades:" + ",".join(map(str, args.trades or args.book))
-    if trades is not None:
-        book_stream = book.load_book([str(p) for p in args.book]) if args.book else None
-        ofi, coverage = book.ofi_features(bars.ts, book=book_stream, trades=trades)
+        source = "trades:" + ",".join(map(str, flow))
+    if flow:
+        ofi, coverage = book.ofi_features(bars.ts, book=book.load_book(args.book) if args.book else None, trades=trades)
         source += " + book:" + ",".join(map(str, (args.book or []) + (args.trades or [])))
-    instrument = args.instrument or Path(str(args.bars or (args.trades or args.book)[0])).name.split(".")[0]
+    instrument = args.instrument or Path(str(args.bars or flow[0])).name.split(".")[0]
     # build_cache names the ofi columns with fxray.data.schema.OFI_NAMES (zeros or real alike)
     digest = bars_mod.build_cache(bars, args.out, instrument=instrument, source=source, bar=args.bar, ofi=ofi)
     market = cache.open(args.out)
@@ -260,17 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        if args.json is not None:
-            check_file_out(args.json, "--json")
+        check_file_out(args.json, "--json")
         result = {"synth": cmd_synth, "build": cmd_build, "info": cmd_info}[args.cmd](args)
-    except USER_ERRORS as e:
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+    except (ValueError, FileNotFoundError) as e:
+        return fail(e)
+    write_json(args.json, result)
     return 0
 
 
