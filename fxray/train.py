@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -124,8 +125,7 @@ def pooled_report(pooled: dict, cost: float, fill: str) -> str:
 
 
 def run(args) -> dict:
-    device = resolve_device(args.device)
-    args.device = device
+    device = args.device = resolve_device(args.device)
     origin = load_run(args) if args.from_run else None
     if origin:
         data_path, spec, cfg, name = origin["data_path"], None, origin["config"], f"MLflow run {args.from_run}"
@@ -268,12 +268,10 @@ def check_reproduced(run_id: str, logged: dict, results: list[dict], tolerance: 
     for r in results:
         k, row = r["fold"]["k"], {"fold": r["fold"]["k"]}
         for w in ("val", "test"):
-            row[f"logged_{w}_sharpe"] = logged[f"{w}_sharpe"].get(k, 0.0 if k in logged["fold_time_s"] else None)
-            row[f"{w}_sharpe"] = float(r[w].get("sharpe", 0.0))
-            if row[f"logged_{w}_sharpe"] is None:
-                diff = float("inf")  # a fold whose test Sharpe was never logged cannot be checked
-            else:
-                diff = max(diff, abs(row[f"{w}_sharpe"] - row[f"logged_{w}_sharpe"]))
+            was = logged[f"{w}_sharpe"].get(k, 0.0 if k in logged["fold_time_s"] else None)
+            row[f"logged_{w}_sharpe"], row[f"{w}_sharpe"] = was, float(r[w].get("sharpe", 0.0))
+            # a fold whose Sharpe was never logged cannot be checked
+            diff = max(diff, math.inf if was is None else abs(row[f"{w}_sharpe"] - was))
         row["bitwise"] = all(row[f"logged_{w}_sharpe"] == row[f"{w}_sharpe"] for w in ("val", "test"))
         rows.append(row)
         cells = [row[c] for c in ("logged_val_sharpe", "val_sharpe", "logged_test_sharpe", "test_sharpe")]
