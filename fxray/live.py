@@ -105,17 +105,13 @@ def loaded_bars(path: Path, fmt: str, tz: str | None):
 def stream(args, policy: Policy, out, tz) -> dict:
     """Feed every bar to the policy, write `ts,position` lines to `out`; the loop's summary.
     `tz`: the ZoneInfo of naive csv times (None: UTC)."""
+    live = str(args.bars) == "-"
+    where = "stdin" if live else str(args.bars)
     if args.format == "csv":
-        if str(args.bars) == "-":
-            source, where = sys.stdin, "stdin"
-        else:
-            opener = gzip.open if str(args.bars).endswith(".gz") else open
-            source, where = opener(args.bars, "rt"), str(args.bars)
+        source = sys.stdin if live else (gzip.open if where.endswith(".gz") else open)(args.bars, "rt")
         bars = csv_bars(iter(source), where, policy.ofi_names, tz)
     else:
-        where = str(args.bars)
         bars = loaded_bars(args.bars, args.format, args.tz)
-    live = str(args.bars) == "-"
     latency, positions, changes, last = [], 0, 0, 0
     out.write("ts,position\n")
     for number, ts_text, ts, o, h, l, c, v, ofi in bars:

@@ -64,14 +64,14 @@ def sharpe(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
     return float(arr.mean() / std * math.sqrt(periods)) if std > 0 else 0.0
 
 
-def sortino(daily_returns, periods: int = PERIODS_PER_YEAR, required_return: float = 0.0) -> float:
-    """Annualised Sortino: mean(r - req) / sqrt(mean(min(r - req, 0)^2)) x sqrt(periods).
+def sortino(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
+    """Annualised Sortino: mean(r) / sqrt(mean(min(r, 0)^2)) x sqrt(periods) (required return 0).
 
     The downside deviation averages over ALL days (empyrical / quantstats), not
     only the losing ones. 0.0 if < 2 days or there is no downside (empyrical
     would return inf).
     """
-    arr = _as_returns(daily_returns) - required_return
+    arr = _as_returns(daily_returns)
     if arr.size < 2:
         return 0.0
     downside = math.sqrt(float(np.mean(np.minimum(arr, 0.0) ** 2)))

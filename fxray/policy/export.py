@@ -67,16 +67,13 @@ class ExportError(ValueError):
 
 @dataclass
 class Candidate:
-    """A fold checkpoint: its tensors, its JSON sidecar, and its val score (None: unknown)."""
+    """A fold checkpoint: its tensors, its JSON sidecar, its val score (None: unknown) and its fold."""
 
     path: Path
     tensors: dict
     meta: dict
     val_score: float | None
-
-    @property
-    def k(self) -> int:
-        return int(self.meta["fold"]["k"])
+    k: int  # its fold
 
 
 def load_candidate(path) -> Candidate:
@@ -99,7 +96,7 @@ def load_candidate(path) -> Candidate:
         raise ExportError(f"{path.with_suffix('.json')}: lacks {', '.join(missing)}; not an fxray checkpoint")
     # a seed ensemble's member: the ensemble's val score
     stored = meta["ensemble"].get("val_score") if "ensemble" in meta else meta.get("val_score")
-    return Candidate(path, tensors, meta, None if stored is None else float(stored))
+    return Candidate(path, tensors, meta, None if stored is None else float(stored), int(meta["fold"]["k"]))
 
 
 def load_folder(folder: Path) -> tuple[list[Candidate], tuple[int, ...]]:

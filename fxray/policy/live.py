@@ -82,16 +82,12 @@ class _NumpyQ:
         return value + adv - np.add.reduce(adv) / np.float32(3.0)  # adv.mean(), without its overhead
 
 
-class _OnnxQ:
-    """The member's ONNX graph on one bar; the row of the previous position."""
+def _onnx_q(path):
+    """The member's ONNX graph on one bar: (market, previous position) -> the row of that position."""
+    from fxray.policy import onnx
 
-    def __init__(self, path):
-        from fxray.policy import onnx
-
-        self.run, self.sess = onnx.run, onnx.session(path)
-
-    def __call__(self, market: np.ndarray, position: int) -> np.ndarray:
-        return self.run(self.sess, market[None])[0, position + 1]
+    sess = onnx.session(path)
+    return lambda market, position: onnx.run(sess, market[None])[0, position + 1]
 
 
 class Policy:
@@ -113,7 +109,7 @@ class Policy:
                 f"{self.bundle.path}: warm-up {self.bundle.warmup_bars} bars, this fxray's {MAX_LOOKBACK}"
             )
         self.members = [
-            (m.mean, m.inv_std, _NumpyQ(m.weights) if engine == "numpy" else _OnnxQ(m.onnx))
+            (m.mean, m.inv_std, _NumpyQ(m.weights) if engine == "numpy" else _onnx_q(m.onnx))
             for m in self.bundle.members
         ]
         self.bfloat16 = self.bundle.input_dtype == "bfloat16"
