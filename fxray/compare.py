@@ -20,16 +20,15 @@ on their test windows beside the references, Optuna's hyperparameter importance)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from fxray.cli import command_parser
+from fxray.cli import command_parser, write_json
 from fxray.track.compare import CompareError, load_experiment, open_store, summarize, sweep_experiments
-from fxray.track.report import bp, flat_text, fmt, linear_line, share_text, sharpe_line
+from fxray.track.report import beside_lines, bp, flat_text, fmt, sharpe_line
 from fxray.track.verdict import json_ready, verdict_png
 from fxray.track.verdict import text as verdict_text
 
@@ -65,19 +64,8 @@ def report(s: dict) -> str:
         f"{fmt(b['sr0'], '+.2f')} here)",
         f"     at 2x cost {test['sharpe_2x']:+.2f}, at 3x {test['sharpe_3x']:+.2f}; break-even cost "
         f"{bp(test['break_even_cost'])}; {test['n_trades']} trades" + flat_text(test),
-        "     beside it: "
-        + ", ".join(f"{n} {sharpe_line(r)}" for n, r in refs.items())
-        + ", flat 0"
-        + share_text(test),
+        *("     " + line for line in beside_lines(test, refs, b.get("walk_forward"))),
     ]
-    if linear_line(test):
-        lines.append("     " + linear_line(test))
-    wf = b.get("walk_forward")
-    if wf:
-        lines.append(
-            f"     walk-forward selection (each test window's trial chosen on the val windows before it): "
-            f"{sharpe_line(wf)}"
-        )
     vote = s.get("ensemble")
     if vote:
         share = vote.get("oracle_share")
@@ -312,8 +300,7 @@ def run(args) -> dict:
         "plots": [str(p) for p in paths],
     }
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(Path(args.json), result)
         print(f"wrote {args.json}")
     return result
 

@@ -33,28 +33,19 @@ class CompareError(ValueError):
 
 
 def open_store(uri: str | None):
-    """An MlflowClient on `uri` (default: as fxray.tune logs); a missing sqlite file is an error,
-    not a new empty store."""
+    """An MlflowClient on the existing store `uri` (fxray.track.runs.open_store), the fluent
+    API pointed at it too."""
     import mlflow
-    from mlflow.tracking import MlflowClient
+
+    from fxray.track.runs import open_store as open_client
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one per small download
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///") :])
-        if not db.is_file():
-            raise CompareError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
-        with open(db, "rb") as f:
-            if f.read(16) != b"SQLite format 3\x00":  # else SQLAlchemy fails deep inside MLflow
-                raise CompareError(f"--tracking-uri {uri}: {db} is not an SQLite database (an MLflow store)")
-    from fxray.track.runs import check_uri
-
     try:
-        check_uri(uri)  # a server that does not answer: one line in seconds, not MLflow's minutes of retries
+        client, uri = open_client(uri)
     except ValueError as e:
-        raise CompareError(str(e).replace("MLFLOW_TRACKING_URI", "--tracking-uri", 1)) from None
+        raise CompareError(str(e)) from None
     mlflow.set_tracking_uri(uri)
-    return MlflowClient(uri), uri
+    return client, uri
 
 
 def sweep_experiments(client) -> list[str]:
@@ -73,19 +64,12 @@ def read_folds(client, run_id: str, dst: Path) -> list[dict]:
         return []
     dst.mkdir(parents=True)
     local = Path(client.download_artifacts(run_id, RETURNS_DIR, str(dst)))
+    # fold_returns' keys (fxray.track.runs) -> FoldRecord's
+    names = {"val": "val_periods", "test": "test_periods", "baselines": "baseline_periods"}
     folds = []
     for path in local.glob("fold*.json"):
-        r = json.loads(path.read_text())
-        folds.append(
-            {
-                "fold": r["fold"],
-                "status": r["status"],
-                "val_periods": r["val"],
-                "test_periods": r["test"],
-                "baseline_periods": r["baselines"],
-                "test_daily_returns": r.get("test_daily_returns", []),
-            }
-        )
+        r = {names.get(k, k): v for k, v in json.loads(path.read_text()).items()}
+        folds.append({"test_daily_returns": [], **r})
     return sorted(folds, key=lambda f: f["fold"])
 
 

@@ -53,6 +53,19 @@ def linear_line(test: dict) -> str:
     return f"the DQN adds nothing over {where}: {diff}"
 
 
+def beside_lines(test: dict, refs: dict, walk: dict | None) -> list[str]:
+    """What the last screen and fxray compare say after the chosen trial's pooled test line:
+    the references on the same windows, what it adds over the linear rule, walk-forward selection."""
+    lines = [
+        "beside it: " + ", ".join(f"{n} {sharpe_line(r)}" for n, r in refs.items()) + ", flat 0" + share_text(test)
+    ]
+    lines += [linear_line(test)] if linear_line(test) else []
+    if walk:
+        why = "each test window's trial chosen on the val windows before it"
+        lines.append(f"walk-forward selection ({why}): {sharpe_line(walk)}")
+    return lines
+
+
 def ranked(trials: list, n_folds: int) -> list:
     """results.json's trials, best first: the order of the last screen (and of the MLflow
     rank tags): trials that did not diverge, then those that ran every fold, by score."""
@@ -97,22 +110,13 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
         f"{bp(test['break_even_cost'])}; {test['n_trades']} trades, turnover {test['turnover']:.4f} per bar"
         + flat_text(test)
     )
-    beside = [f"{name} {sharpe_line(s)}" for name, s in refs.items()]
-    print("  beside it: " + ", ".join(beside) + ", flat 0" + share_text(test))
-    if linear_line(test):
-        print("  " + linear_line(test))
+    print("\n".join("  " + line for line in beside_lines(test, refs, b.get("walk_forward"))))
     spread = b.get("seed_spread")
     if spread:
         print(
             f"  a seed ensemble of {spread['seeds']} (mean Q); each seed alone, per fold: test Sharpe "
             f"{spread['mean']:+.2f} on average, spread between seeds {spread['std']:.2f} (mean std over "
             f"{spread['folds']} folds)"
-        )
-    wf = b.get("walk_forward")
-    if wf:
-        print(
-            f"  walk-forward selection (each test window's trial chosen on the val windows before it): "
-            f"{sharpe_line(wf)}"
         )
     vote = results.get("ensemble")
     if vote:

@@ -42,20 +42,16 @@ def fmt_s(s: float) -> str:
 
 def load_records(storage) -> dict:
     """{(trial_id, fold): record} from folds.jsonl; a fold logged twice keeps its last line."""
-    path, out = Path(storage) / "folds.jsonl", {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                out[(rec["trial_id"], rec["fold"])] = rec
-    return out
+    path = Path(storage) / "folds.jsonl"
+    records = [json.loads(line) for line in (path.read_text().splitlines() if path.exists() else []) if line.strip()]
+    return {(r["trial_id"], r["fold"]): r for r in records}
 
 
 def trials_table(records: dict) -> dict:
     """{trial_id: {"config", "folds": [records in fold order], "folds_done", "score", "status"}}:
     cheap (the progress line calls it per fold); the pooled statistics are `pooled_stats`."""
     trials: dict = {}
-    for (tid, _), rec in sorted(records.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for (tid, _), rec in sorted(records.items()):
         t = trials.setdefault(tid, {"trial_id": tid, "config": rec["config"], "folds": []})
         t["folds"].append(rec)
     for t in trials.values():
@@ -110,12 +106,8 @@ def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
 
 def fold_windows(trial: dict) -> dict:
     """{fold k: {"val": periods, "test": periods}} of the folds with a result (walk-forward's input)."""
-    out = {}
-    for r in trial["folds"]:
-        f = FoldRecord.from_flat(r)
-        if f.ok:
-            out[f.fold] = {"val": f.val_periods, "test": f.test_periods}
-    return out
+    folds = [FoldRecord.from_flat(r) for r in trial["folds"]]
+    return {f.fold: {"val": f.val_periods, "test": f.test_periods} for f in folds if f.ok}
 
 
 def judge(trials: dict, stats: dict, best: dict, n_folds: int, cost: float, ppy: float, n_started: int):
@@ -236,18 +228,11 @@ def write_results(
         weights = fold_checkpoints(Path(ckpt.checkpoint).parent, ckpt.fold) or [Path(ckpt.checkpoint)]
         artifacts += [("best_checkpoint", f) for w in weights for f in (w, w.with_suffix(".json"))]
     test = b["test"]
+    keys = ("sharpe", "sharpe_se", "psr", "oracle_share", "oracle_share_se", "break_even_cost", "flat_windows")
     summary = {
         "best_score": best["score"],
-        "best_test_sharpe": test["sharpe"],
-        "best_test_sharpe_se": test["sharpe_se"],
-        "best_test_psr": test["psr"],
+        **{f"best_test_{k}": test.get(k) for k in (*keys, "minus_linear", "minus_linear_se")},
         "best_test_dsr": deflated["dsr"],
-        "best_test_oracle_share": test["oracle_share"],
-        "best_test_oracle_share_se": test.get("oracle_share_se"),
-        "best_test_break_even_cost": test["break_even_cost"],
-        "best_test_flat_windows": test.get("flat_windows"),
-        "best_test_minus_linear": test.get("minus_linear"),
-        "best_test_minus_linear_se": test.get("minus_linear_se"),
         "n_trials": len(trials),
         "n_trials_counted": n_started,
         "walk_forward_test_sharpe": walk["sharpe"] if walk else None,
@@ -258,13 +243,8 @@ def write_results(
     summary.update({f"{name}_test_sharpe": s["sharpe"] for name, s in b["baselines"].items()})
     vote = results.get("ensemble") or {}
     if "test" in vote:
-        summary.update(
-            ensemble_test_sharpe=vote["test"]["sharpe"],
-            ensemble_test_sharpe_se=vote["test"]["sharpe_se"],
-            ensemble_test_oracle_share=vote["test"]["oracle_share"],
-            ensemble_test_dsr=vote.get("dsr"),
-            ensemble_members=vote["n_members"],
-        )
+        summary.update({f"ensemble_test_{k}": vote["test"][k] for k in ("sharpe", "sharpe_se", "oracle_share")})
+        summary.update(ensemble_test_dsr=vote.get("dsr"), ensemble_members=vote["n_members"])
     summary.update(verdict_metrics(verdict))
     return {"mlflow_summary": {k: v for k, v in summary.items() if v is not None}, "artifacts": artifacts}
 

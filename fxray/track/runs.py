@@ -36,21 +36,31 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
-def trial_run(run_id: str, uri: str | None, needs: tuple[str, ...], label: str):
-    """(client, run, uri) of an fxray sweep's trial run in the store at `uri` (None:
-    tracking_uri()) carrying the tags `needs`; a ValueError in one line, prefixed by `label`
-    (the flag or argument that named the run), when the store, the run or a tag is missing."""
-    from mlflow.exceptions import MlflowException
+def open_store(uri: str | None):
+    """(MlflowClient, uri) of the existing store at `uri` (None: tracking_uri()), checked before
+    MLflow retries (check_uri): a ValueError in one line naming --tracking-uri, never a new empty store."""
     from mlflow.tracking import MlflowClient as Client
 
     uri = uri or tracking_uri()
-    check_uri(uri)  # a scheme MLflow knows, an SQLite file, a server that answers: before MLflow retries
     path = sqlite_path(uri)
     if path is not None and not path.is_file():
-        raise ValueError(f"--tracking-uri {uri}: no such sqlite file")
+        raise ValueError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
+    try:
+        check_uri(uri)  # a scheme MLflow knows, an SQLite file, a server that answers
+    except ValueError as e:
+        raise ValueError(str(e).replace("MLFLOW_TRACKING_URI", "--tracking-uri", 1)) from None
     if uri.startswith("file:") and not Path(uri.split("://", 1)[-1]).is_dir():
         raise ValueError(f"--tracking-uri {uri}: no such MLflow file store")
-    client = Client(uri)
+    return Client(uri), uri
+
+
+def trial_run(run_id: str, uri: str | None, needs: tuple[str, ...], label: str):
+    """(client, run, uri) of an fxray sweep's trial run in the store at `uri` (open_store)
+    carrying the tags `needs`; a ValueError in one line, prefixed by `label` (the flag or
+    argument that named the run), when the store, the run or a tag is missing."""
+    from mlflow.exceptions import MlflowException
+
+    client, uri = open_store(uri)
     try:
         run = client.get_run(run_id)
     except MlflowException:
@@ -147,9 +157,8 @@ class Tracker:
         self.experiment_name = experiment
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
-            artifacts = None
-            if uri.startswith("sqlite:///"):  # artifacts beside the db, not in whatever cwd we are in
-                artifacts = (Path(uri[len("sqlite:///") :]).parent / "mlartifacts" / experiment).as_uri()
+            db = sqlite_path(uri)  # artifacts beside the db, not in whatever cwd we are in
+            artifacts = (db.parent / "mlartifacts" / experiment).as_uri() if db else None
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
         else:
             self.experiment_id = exp.experiment_id
@@ -159,8 +168,6 @@ class Tracker:
                 [self.experiment_id], f"tags.`fxray.sweep_id` = '{sweep_id}'", max_results=1
             )
             parent_run_id = found[0].info.run_id if found else None
-            if parent_run_id is not None:
-                self.client.update_run(parent_run_id, status="RUNNING")
         if parent_run_id is None:
             tags = {**(sweep_tags or {}), **({"fxray.sweep_id": sweep_id} if sweep_id else {})}
             run = self.client.create_run(self.experiment_id, tags=tags, run_name=run_name)
@@ -169,7 +176,6 @@ class Tracker:
             self.client.update_run(parent_run_id, status="RUNNING")
         self.parent_run_id = parent_run_id
         self.sweep_tags = sweep_tags or {}
-        self.child_tags: dict = {}  # extra tags of the children created from now on
         self.trial_tags: dict = {}  # child runs only, set by open_sweep (the round's seed, the data file)
         self.children: dict[str, str] = {}  # trial id -> run id
         self.finished: set[str] = set()  # trial ids whose run is FINISHED: never touched again
@@ -186,27 +192,18 @@ class Tracker:
                 self.client.update_run(run.info.run_id, status="RUNNING")
 
     def child_runs(self) -> list:
-        runs, token = [], None
-        while True:
+        query, runs, page = f"tags.mlflow.parentRunId = '{self.parent_run_id}'", [], None
+        while page is None or page.token:
             page = self.client.search_runs(
-                [self.experiment_id],
-                f"tags.mlflow.parentRunId = '{self.parent_run_id}'",
-                max_results=1000,
-                page_token=token,
+                [self.experiment_id], query, max_results=1000, page_token=page and page.token
             )
-            runs += list(page)
-            token = page.token
-            if not token:
-                return runs
+            runs += page
+        return runs
 
     def _child(self, trial_id: str, name: str, params: dict) -> str:
         if trial_id not in self.children:
-            tags = {
-                **self.sweep_tags,
-                **self.trial_tags,
-                "mlflow.parentRunId": self.parent_run_id,
-                "fxray.trial_id": trial_id,
-            }
+            tags = {**self.sweep_tags, **self.trial_tags, "mlflow.parentRunId": self.parent_run_id}
+            tags["fxray.trial_id"] = trial_id
             self.children[trial_id] = self.client.create_run(self.experiment_id, tags=tags, run_name=name).info.run_id
             self.without_params.add(trial_id)
         if trial_id in self.without_params:  # a new run, or one a killed writer left without them

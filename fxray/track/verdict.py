@@ -202,12 +202,9 @@ def decide(c: dict | None, spa: dict | None, pbo: float | None, placebo: dict | 
             f"no edge: {reached} of {pl_n} sweeps on signal-free copies of the data reached the chosen trial's "
             f"{s:+.2f} (placebo p {pl_p:.3f})",
         )
-    if (dsr is not None and dsr >= DSR_LEVEL) or by_stepm:
-        why = (f"DSR {dsr:.3f}" if dsr is not None and dsr >= DSR_LEVEL else "") + (
-            f"{'; ' if dsr is not None and dsr >= DSR_LEVEL else ''}StepM keeps it among the trials that beat flat"
-            if by_stepm
-            else ""
-        )
+    why = [f"DSR {dsr:.3f}"] if dsr is not None and dsr >= DSR_LEVEL else []
+    why = "; ".join(why + (["StepM keeps it among the trials that beat flat"] if by_stepm else []))
+    if why:
         if pl_p is not None and pl_p > max(ALPHA, 1 / (pl_n + 1)):
             return done(
                 "inconclusive",

@@ -97,14 +97,14 @@ class Writer:
             code = proc.wait()
             if code < 0 and self.error is None and self.restarts < 1:  # killed by a signal, not refused by the store
                 self.restarts += 1
-                print(
-                    f"fxray.tune: the MLflow writer had exited (code {code}) before it opened the store; "
-                    "starting it again to catch up from folds.jsonl",
-                    file=sys.stderr,
-                )
-                self._start()
+                self._restart(code, " before it opened the store")
                 return
             self._fail(f"the MLflow writer exited before it opened the store (code {code})")
+
+    def _restart(self, code: int, when: str = "") -> None:
+        why = f"the MLflow writer had exited (code {code}){when}"
+        print(f"fxray.tune: {why}; starting it again to catch up from folds.jsonl", file=sys.stderr)
+        self._start()
 
     def _fail(self, error: str) -> None:
         if self.error is None:
@@ -154,13 +154,8 @@ class Writer:
             report=report or {},
         )
         if self.proc.poll() is not None and self.failed is None:
-            print(
-                f"fxray.tune: the MLflow writer had exited (code {self.proc.returncode}); "
-                "starting it again to catch up from folds.jsonl",
-                file=sys.stderr,
-            )
             self.opened.clear()
-            self._start()
+            self._restart(self.proc.returncode)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
