@@ -53,18 +53,8 @@ from fxray.data.schema import OFI_NAMES
 
 FORMATS = ("auto", "csv", "parquet", "histdata", "lean")
 MIN_BARS_AFTER_WARMUP = 10
-_CLOSE_TS = (
-    "timestamp_utc",
-    "timestamp",
-    "ts",
-    "datetime",
-    "date_time",
-    "time",
-    "date",
-    "close_time",
-    "ts_close",
-    "time_close",
-    "bar_end",
+_CLOSE_TS = tuple(
+    "timestamp_utc timestamp ts datetime date_time time date close_time ts_close time_close bar_end".split()
 )
 _OPEN_TS = ("open_time", "ts_open", "time_open", "ts_event", "bar_start")
 _PRICE = {"open": ("open", "o"), "high": ("high", "h"), "low": ("low", "l"), "close": ("close", "c")}
@@ -342,8 +332,7 @@ def _clean(path: Path, raw: dict) -> Bars:
     o, h, l, c = (np.asarray(raw[k], np.float64) for k in ("open", "high", "low", "close"))
     v = raw["volume"]
     n_read = len(ts)
-    ok = np.isfinite(o) & np.isfinite(h) & np.isfinite(l) & np.isfinite(c)
-    ok &= (o > 0) & (h > 0) & (l > 0) & (c > 0)
+    ok = np.isfinite(o) & np.isfinite(h) & np.isfinite(l) & np.isfinite(c)  # finite prices are > 0 (refused else)
     order = np.argsort(ts[ok], kind="stable")
     keep = np.flatnonzero(ok)[order]
     ts = ts[keep]

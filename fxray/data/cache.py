@@ -33,15 +33,12 @@ from fxray.data.integrity import CacheError
 from fxray.data.schema import N_FEATURES, N_OFI, TARGET_NAMES
 
 FORMAT_VERSION = "1"
-COLUMNS = {  # name -> (arrow value type, width or None for a scalar column)
-    "ts": (pa.int64(), None),
-    "features": (pa.float32(), N_FEATURES),
-    "ofi": (pa.float32(), N_OFI),
-    "targets": (pa.float64(), len(TARGET_NAMES)),
+COLUMNS = {  # name -> (numpy dtype of the values, width or None for a scalar column)
+    "ts": (np.dtype(np.int64), None),
+    "features": (np.dtype(np.float32), N_FEATURES),
+    "ofi": (np.dtype(np.float32), N_OFI),
+    "targets": (np.dtype(np.float64), len(TARGET_NAMES)),
 }
-# the numpy dtype of each column's values (pyarrow's to_pandas_dtype would import pandas: 150 ms)
-NUMPY_TYPES = {"ts": np.dtype(np.int64), "features": np.dtype(np.float32), "ofi": np.dtype(np.float32)}
-NUMPY_TYPES["targets"] = np.dtype(np.float64)
 REQUIRED_META = ("fxray.version", "feature_names", "ofi_names", "instrument", "bar", "source", "content_hash")
 STRING_META = ("instrument", "bar", "source", "content_hash", "content_hash_algo")  # a plain string is accepted
 RESERVED_META = (*REQUIRED_META, "content_hash_algo")
@@ -88,9 +85,10 @@ class Market:
         return self.meta["ofi_names"]
 
 
-def _fixed_list(values: np.ndarray, width: int) -> pa.FixedSizeListArray:
-    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
-    return pa.FixedSizeListArray.from_arrays(flat, width)
+def _column(values: np.ndarray, width: int | None) -> pa.Array:
+    if width is None:
+        return pa.array(values)
+    return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(values).reshape(-1)), width)
 
 
 def write(
@@ -113,15 +111,17 @@ def write(
     Nothing is left at `path` (nor a temp file beside it) if anything fails.
     """
     path = Path(path)
-    ts = _as_array(path, "ts", ts, np.int64)
-    if ts.ndim != 1:
-        raise CacheError(f"{path}: ts must be 1-D, got shape {ts.shape}")
-    n = len(ts)
-    features = _as_array(path, "features", features, np.float32)
-    ofi = np.zeros((n, N_OFI), np.float32) if ofi is None else _as_array(path, "ofi", ofi, np.float32)
-    targets = _as_array(path, "targets", targets, np.float64)
-    arrays = {"ts": ts, "features": features, "ofi": ofi, "targets": targets}
-    _check_arrays(str(path), arrays)
+    arrays = {"ts": _as_array(path, "ts", ts, np.int64)}
+    if arrays["ts"].ndim != 1:
+        raise CacheError(f"{path}: ts must be 1-D, got shape {arrays['ts'].shape}")
+    n = len(arrays["ts"])
+    ofi = np.zeros((n, N_OFI), np.float32) if ofi is None else ofi
+    for name, values in (("features", features), ("ofi", ofi), ("targets", targets)):
+        dtype, width = COLUMNS[name]
+        arrays[name] = _as_array(path, name, values, dtype)
+        if arrays[name].shape != (n, width):
+            raise CacheError(f"{path}: {name} must have shape ({n}, {width}), got {arrays[name].shape}")
+    integrity.check_values(str(path), arrays)
     if len(feature_names) != N_FEATURES or len(ofi_names) != N_OFI:
         raise CacheError(
             f"{path}: need {N_FEATURES} feature names and {N_OFI} ofi names, "
@@ -131,27 +131,20 @@ def write(
     if reserved:
         raise CacheError(f"{path}: extra_meta may not set reserved key(s) {', '.join(reserved)}")
 
-    digest = integrity.content_hash(ts, features, ofi, targets)
-    meta = {
-        "fxray.version": FORMAT_VERSION,
-        "feature_names": json.dumps(list(feature_names)),
-        "ofi_names": json.dumps(list(ofi_names)),
-        "instrument": json.dumps(instrument),
-        "bar": json.dumps(bar),
-        "source": json.dumps(source),
-        "content_hash": json.dumps(digest),
-        "content_hash_algo": json.dumps(integrity.DEFAULT_ALGO),
+    digest = integrity.content_hash(*arrays.values())
+    values = {
+        "feature_names": list(feature_names),
+        "ofi_names": list(ofi_names),
+        "instrument": instrument,
+        "bar": bar,
+        "source": source,
+        "content_hash": digest,
+        "content_hash_algo": integrity.DEFAULT_ALGO,
+        **(extra_meta or {}),
     }
-    for k, v in (extra_meta or {}).items():
-        meta[k] = json.dumps(v)
-    table = pa.table(
-        {
-            "ts": pa.array(ts),
-            "features": _fixed_list(features, N_FEATURES),
-            "ofi": _fixed_list(ofi, N_OFI),
-            "targets": _fixed_list(targets, len(TARGET_NAMES)),
-        }
-    ).replace_schema_metadata(meta)
+    meta = {"fxray.version": FORMAT_VERSION, **{k: json.dumps(v) for k, v in values.items()}}
+    table = pa.table({name: _column(arrays[name], width) for name, (_, width) in COLUMNS.items()})
+    table = table.replace_schema_metadata(meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not mkstemp: its 0600 mode would survive the rename; os.open applies the umask.
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
@@ -229,7 +222,7 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
             )
         # np.frombuffer, not Array.to_numpy: the same zero-copy view, without the pandas import
         # (150 ms) that pyarrow's to_numpy pays on its first call in a process
-        dtype = NUMPY_TYPES[name]
+        dtype = COLUMNS[name][0]
         flat = (
             np.frombuffer(data, dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
             if data is not None and len(values)
@@ -309,8 +302,8 @@ def _check_schema(path: str, schema: pa.Schema) -> None:
     repeated = [c for c in COLUMNS if schema.names.count(c) > 1]
     if repeated:
         raise CacheError(f"{path}: column(s) {', '.join(repeated)} appear more than once")
-    for name, (vtype, width) in COLUMNS.items():
-        t = schema.field(name).type
+    for name, (dtype, width) in COLUMNS.items():
+        t, vtype = schema.field(name).type, pa.from_numpy_dtype(dtype)
         if width is None:
             ok = t == vtype
             want = str(vtype)
@@ -335,13 +328,3 @@ def _as_array(path, name: str, values, dtype) -> np.ndarray:
         if isinstance(e, CacheError):
             raise
         raise CacheError(f"{path}: {name} is not convertible to {np.dtype(dtype)} ({_first_line(e)})") from None
-
-
-def _check_arrays(path: str, arrays: dict) -> None:
-    n = len(arrays["ts"])
-    for name, (_, width) in COLUMNS.items():
-        if width is not None and arrays[name].shape != (n, width):
-            raise CacheError(f"{path}: {name} must have shape ({n}, {width}), got {arrays[name].shape}")
-    from fxray.data.integrity import check_values
-
-    check_values(path, arrays)

@@ -66,31 +66,30 @@ class FoldSpec:
     # then scores the kept epoch that it chose (docs/metrics.md, "Where the epoch is chosen")
     holdout: str | None = None
 
-    def validate(self) -> None:
-        for key in ("train", "val", "test"):
-            parse_duration(getattr(self, key), f"folds.{key}")
-        if self.holdout is not None:
-            holdout = parse_duration(self.holdout, "folds.holdout")
-            if holdout >= parse_duration(self.train, "folds.train"):
-                raise FoldError(
-                    f"folds.holdout: {self.holdout!r} is not shorter than folds.train ({self.train}): it is "
-                    "carved from the end of the train window; shorten it or lengthen folds.train"
-                )
-        if self.step is not None:
-            step = parse_duration(self.step, "folds.step")
-            val, test = parse_duration(self.val, "folds.val"), parse_duration(self.test, "folds.test")
-            if step < val + test:
-                raise FoldError(
-                    f"folds.step: {self.step!r} is shorter than val + test ({self.val} + {self.test}): fold k+1's "
-                    "val window would overlap fold k's test window, and a window the selection saw would be "
-                    "reported out of sample; use step >= val + test, or leave step out (it defaults to that)"
-                )
+    def validate(self) -> dict[str, int]:
+        """FoldError (one line, naming the key) for a bad setting; else the durations in ns
+        (train, val, test, holdout: 0 when none, step: val + test when none)."""
+        ns = {key: parse_duration(getattr(self, key), f"folds.{key}") for key in ("train", "val", "test")}
+        ns["holdout"] = 0 if self.holdout is None else parse_duration(self.holdout, "folds.holdout")
+        if ns["holdout"] >= ns["train"]:
+            raise FoldError(
+                f"folds.holdout: {self.holdout!r} is not shorter than folds.train ({self.train}): it is "
+                "carved from the end of the train window; shorten it or lengthen folds.train"
+            )
+        ns["step"] = ns["val"] + ns["test"] if self.step is None else parse_duration(self.step, "folds.step")
+        if ns["step"] < ns["val"] + ns["test"]:
+            raise FoldError(
+                f"folds.step: {self.step!r} is shorter than val + test ({self.val} + {self.test}): fold k+1's "
+                "val window would overlap fold k's test window, and a window the selection saw would be "
+                "reported out of sample; use step >= val + test, or leave step out (it defaults to that)"
+            )
         if self.embargo is not None and not _is_positive_int(self.embargo):
             raise FoldError(f"folds.embargo: {self.embargo!r} must be an integer >= 1 (bars)")
         if self.max_folds is not None and not _is_positive_int(self.max_folds):
             raise FoldError(f"folds.max_folds: {self.max_folds!r} must be an integer >= 1")
         if not isinstance(self.anchored, (bool, np.bool_)):
             raise FoldError(f"folds.anchored: {self.anchored!r} must be true or false")
+        return ns
 
 
 def _is_positive_int(x) -> bool:
@@ -141,16 +140,14 @@ def bar_spacing(ts: np.ndarray) -> int:
 
 def make_folds(ts: np.ndarray, spec: FoldSpec = FoldSpec()) -> list[Fold]:
     """Walk-forward folds over bar close times `ts` (int64 ns, strictly increasing)."""
-    spec.validate()
+    ns = spec.validate()
     ts = np.asarray(ts)
     if ts.dtype.kind == "M":
         ts = ts.astype("datetime64[ns]").view(np.int64)
     if ts.ndim != 1 or (ts.size and ts.dtype.kind not in "iu"):
         raise FoldError(f"ts must be a 1-D array of int64 ns bar close times, got {ts.dtype} of shape {ts.shape}")
     ts = ts.astype(np.int64, copy=False)
-    train, val, test = (parse_duration(getattr(spec, k)) for k in ("train", "val", "test"))
-    step = parse_duration(spec.step, "folds.step") if spec.step is not None else val + test
-    holdout = parse_duration(spec.holdout, "folds.holdout") if spec.holdout is not None else 0
+    train, val, test, holdout, step = ns.values()
     embargo = spec.embargo if spec.embargo is not None else default_embargo()
     if len(ts) == 0:
         raise FoldError("no bars: cannot make folds")

@@ -54,10 +54,7 @@ SYNTH_OFI_NAMES = (
     "depth_imbalance",
     "trade_imbalance",
     "flow_intensity",
-    "unused_4",
-    "unused_5",
-    "unused_6",
-    "unused_7",
+    *(f"unused_{j}" for j in range(4, 8)),
 )
 
 
@@ -97,7 +94,6 @@ class SynthMarket:
     flow: np.ndarray  # (N,) float64 z_t, the latent signal
     sigma: np.ndarray  # (N,) float64 volatility of the bar's return
     gate: np.ndarray  # (N,) float64 g_t: 1 where z_t drives r_t, else 0
-    spec: SynthSpec
     edge: np.ndarray | None = None  # (N,) float64 f_t of a nonlinear market (None: z drives r)
 
 
@@ -141,6 +137,7 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
         gate = np.zeros(n)
     else:
         gate = np.ones(n) if spec.structure == "flow" else session_gate(ts, spec.session_hours)
+        edge = None
 
     # --- returns: bar t's return is predicted by z at t-1 (where the gate is on) ------
     eps = rng.standard_normal(n)
@@ -177,10 +174,9 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
     ofi[:, 1] = 0.5 * bar_flow + rng.standard_normal(n)  # depth imbalance: this bar's, noisier
     ofi[:, 2] = np.tanh(0.3 * bar_flow + 0.5 * rng.standard_normal(n))  # trade imbalance in [-1,1]
     ofi[:, 3] = np.abs(bar_flow) + 0.3 * rng.standard_normal(n)  # flow intensity
-    if spec.structure not in NONLINEAR:
-        return SynthMarket(ts, open_, high, low, close, volume, ofi, z, sigma, gate, spec)
-    ofi[:, 4 : 4 + planted_cols.shape[1]] = planted_cols
-    return SynthMarket(ts, open_, high, low, close, volume, ofi, z, sigma, gate, spec, edge)
+    if spec.structure in NONLINEAR:
+        ofi[:, 4 : 4 + planted_cols.shape[1]] = planted_cols
+    return SynthMarket(ts, open_, high, low, close, volume, ofi, z, sigma, gate, edge)
 
 
 # --- the nonlinear family: f_t from observed inputs -------------------------------------------------
@@ -303,10 +299,6 @@ def to_cache(spec: SynthSpec, out) -> str:
     )
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("FXRAY_CACHE_DIR", Path.home() / ".cache" / "fxray"))
-
-
 def default_path(spec: SynthSpec) -> Path:
     """Keyed by generator version, seed, size and a digest of everything else that shapes
     the file (the other parameters, the feature set, the format), so no stale file is reused."""
@@ -318,7 +310,8 @@ def default_path(spec: SynthSpec) -> Path:
 
     key = json.dumps([asdict(spec), FEATURE_NAMES, MAX_LOOKBACK, cache.FORMAT_VERSION], default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
-    return cache_dir() / f"synth-v{GENERATOR_VERSION}-seed{spec.seed}-{spec.n_bars}-{digest}.fxcache"
+    cache_dir = Path(os.environ.get("FXRAY_CACHE_DIR", Path.home() / ".cache" / "fxray"))
+    return cache_dir / f"synth-v{GENERATOR_VERSION}-seed{spec.seed}-{spec.n_bars}-{digest}.fxcache"
 
 
 def ensure_default(spec: SynthSpec = SynthSpec(), log=print) -> Path:
