@@ -40,14 +40,6 @@ def _as_returns(returns) -> np.ndarray:
     return arr
 
 
-def _std(arr: np.ndarray) -> float:
-    """Sample std (ddof=1), 0.0 when it is rounding noise around a constant series."""
-    std = float(arr.std(ddof=1))
-    # A constant series gives std ~ 1e-19, not 0, when its mean is not exact in
-    # binary: treat dispersion below 1e-12 of the level as none.
-    return std if std > 1e-12 * abs(float(arr.mean())) else 0.0
-
-
 # --- per-day ratios ----------------------------------------------------------
 
 
@@ -60,8 +52,10 @@ def sharpe(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
     arr = _as_returns(daily_returns)
     if arr.size < 2:
         return 0.0
-    std = _std(arr)
-    return float(arr.mean() / std * math.sqrt(periods)) if std > 0 else 0.0
+    std = float(arr.std(ddof=1))
+    # A constant series gives std ~ 1e-19, not 0, when its mean is not exact in binary:
+    # dispersion below 1e-12 of the level is none.
+    return float(arr.mean() / std * math.sqrt(periods)) if std > 1e-12 * abs(float(arr.mean())) else 0.0
 
 
 def sortino(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
