@@ -129,6 +129,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(10, 4.2))
     width = min(0.8 / len(sums), 0.3)
     values, points = [], []  # points: (x, value, colour) of every marker and bar
+    label = {"textcoords": "offset points", "ha": "center", "fontsize": 8}  # a value's text beside its point
     for i, s in enumerate(sums):
         rows = s["best"]["folds"]
         x = np.array([r["fold"] for r in rows]) + (i - (len(sums) - 1) / 2) * width
@@ -141,7 +142,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
         ax.bar(x, test, width, color=c, alpha=0.85, label=f"{s['experiment']} test")
         for xi, v in zip(x, test):  # undefined (a flat window, < 2 days): said, not drawn as 0
             if not np.isfinite(v):
-                ax.annotate("n/a", (xi, 0), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
+                ax.annotate("n/a", (xi, 0), xytext=(0, 3), **label)
         ax.plot(x, val, "o", color=c, mec="k", label=f"{s['experiment']} val")
         ax.plot(x, bh, "_", color=c, ms=14, mew=2.5, label=f"{s['experiment']} buy & hold (test)")
     limits = robust_limits(values)
@@ -152,15 +153,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
         for x, v, c in clipped:
             edge = limits[1] if v > limits[1] else limits[0]
             ax.plot(x, edge, "^" if v > 0 else "v", color=c, mec="k", ms=9, clip_on=False, zorder=5)
-            ax.annotate(
-                f"{v:+.0f}",
-                (x, edge),
-                xytext=(0, -18 if v > 0 else 9),
-                textcoords="offset points",
-                ha="center",
-                fontsize=8,
-                fontweight="bold",
-            )
+            ax.annotate(f"{v:+.0f}", (x, edge), xytext=(0, -18 if v > 0 else 9), fontweight="bold", **label)
         if clipped:
             ax.annotate(
                 f"{len(clipped)} value(s) beyond the axis, marked at its edge (the axis keeps the 5-95 % range)",
@@ -323,8 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     from mlflow.exceptions import MlflowException
 
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fxray.eval import snooping
-from fxray.track.results import REFERENCES, chosen, judge, pooled_stats, trial_label
+from fxray.track.results import chosen, judge, trial_label
 from fxray.track.runs import RETURNS_DIR
 from fxray.track.verdict import KEYS, add_placebo
 
@@ -146,16 +146,14 @@ def summarize(exp: dict) -> dict:
     cost = float(trials[0]["params"].get("cost", 0.0))
     ppy = float(metrics.get("periods_per_year", DEFAULT_PPY))
     n_started = int(metrics.get("n_trials_counted", len(trials)))
-    stats = {t["trial_id"]: pooled_stats(t, cost, ppy) for t in trials}
     best = chosen(trials, exp["n_folds"])
     if best is None:
         raise CompareError(
             f"experiment {exp['name']!r}: all {len(trials)} trials of sweep run {parent.info.run_id} diverged: "
             "no best trial to judge"
         )
+    stats, deflated, walk, verdict = judge(trials, best, exp["n_folds"], cost, ppy, max(n_started, len(trials)))
     b = stats[best["trial_id"]]
-    by_id = {t["trial_id"]: t for t in trials}
-    deflated, walk, verdict = judge(by_id, stats, best, exp["n_folds"], cost, ppy, max(n_started, len(trials)))
     if exp.get("placebo_best_test_sharpe"):
         add_placebo(verdict, snooping.placebo_pvalue(b["test"]["sharpe"], exp["placebo_best_test_sharpe"]))
     pf = best["per_fold"]
@@ -183,9 +181,7 @@ def summarize(exp: dict) -> dict:
             "trial_id": best["trial_id"],
             "folds_done": best["folds_done"],
             "score": best["score"],
-            "val": b["val"],
-            "test": b["test"],
-            "baselines": {k: b["baselines"][k] for k in REFERENCES if k in b["baselines"]},
+            **b,  # val, test and the references' (baselines) pooled statistics
             **deflated,
             "walk_forward": walk,
             "folds": rows,

@@ -44,9 +44,7 @@ def fold_checkpoints(folder: Path, k: int) -> list[Path]:
 def _f(default=None, *, metric=False, csv=True, factory=None):
     """A FoldRecord field: `metric` -> an MLflow metric of the child run; `csv` -> a folds.csv column."""
     meta = {"metric": metric, "csv": csv}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
+    return field(default_factory=factory, metadata=meta) if factory else field(default=default, metadata=meta)
 
 
 def seed_fields(spread: dict) -> dict:
@@ -160,14 +158,9 @@ class FoldRecord:
     # --- the other forms -----------------------------------------------------------------------
     def results_json(self) -> dict:
         """A fold of results.json: val/test metric dicts and the timings grouped."""
-        running = ("folds_done", "score", "mean_val_sharpe", "mean_test_sharpe")
-        out = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in TIMINGS and f.name not in running
-        }
-        out["timings"] = {k: getattr(self, k) for k in TIMINGS}
-        return out
+        left = (*TIMINGS, "folds_done", "score", "mean_val_sharpe", "mean_test_sharpe")  # the trial's running numbers
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in left}
+        return {**out, "timings": {k: getattr(self, k) for k in TIMINGS}}
 
     def csv_row(self) -> list:
         flat = self.flat()

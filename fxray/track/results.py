@@ -110,17 +110,18 @@ def fold_windows(trial: dict) -> dict:
     return {f.fold: {"val": f.val_periods, "test": f.test_periods} for f in folds if f.ok}
 
 
-def judge(trials: dict, stats: dict, best: dict, n_folds: int, cost: float, ppy: float, n_started: int):
-    """The chosen trial out of sample: its test Sharpe deflated by the N trials started, the
-    walk-forward selection (each test window's trial chosen on the val windows before it) and
-    the verdict in one answer (docs/metrics.md). `trials`: {trial id: trial}, `stats`: their
-    pooled_stats. Returns (deflated, walk, verdict)."""
+def judge(trials: list, best: dict, n_folds: int, cost: float, ppy: float, n_started: int):
+    """The trials' pooled statistics, and the chosen trial out of sample: its test Sharpe
+    deflated by the N trials started, the walk-forward selection (each test window's trial
+    chosen on the val windows before it) and the verdict in one answer (docs/metrics.md).
+    Returns (stats {trial id: pooled_stats}, deflated, walk, verdict)."""
+    stats = {t["trial_id"]: pooled_stats(t, cost, ppy) for t in trials}
     b = stats[best["trial_id"]]
     deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], n_started)
-    ok = [{"trial_id": tid, "folds": fold_windows(t)} for tid, t in trials.items() if t["status"] == "ok"]
+    ok = [{"trial_id": t["trial_id"], "folds": fold_windows(t)} for t in trials if t["status"] == "ok"]
     walk = selection.walk_forward(ok, n_folds, cost, ppy)
     chosen_one = {**deflated, "trial_id": best["trial_id"], "test": b["test"]}
-    return deflated, walk, snooping_verdict(list(trials.values()), n_folds, ppy, chosen_one)
+    return stats, deflated, walk, snooping_verdict(trials, n_folds, ppy, chosen_one)
 
 
 def write_results(
@@ -130,7 +131,6 @@ def write_results(
     worker_stats: list,
     wall_s: float,
     json_path=None,
-    top: int = 10,
     started: float | None = None,
     phases: dict | None = None,
     periods_per_year: float | None = None,
@@ -177,7 +177,6 @@ def write_results(
         write_json(storage, json_path, results)
         print(f"\nno best trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
         return {"mlflow_summary": {"n_trials": len(trials)}, "artifacts": [(None, storage / "experiment.yaml")]}
-    stats = {tid: pooled_stats(t, cost, ppy) for tid, t in trials.items()}
     names = sorted({k for t in trials.values() for k in t["config"]})
     # --- fold table: one row per trial x fold -------------------------------------
     with open(storage / "folds.csv", "w", newline="") as f:
@@ -189,8 +188,8 @@ def write_results(
                 w.writerow([trial_label(t["trial_id"]), *row, *(t["config"].get(n, "") for n in names)])
     # --- the verdict: the best trial out of sample, deflated, and choosing in real time ----
     n_started = max(n_trials_started or 0, len(trials))
+    stats, deflated, walk, verdict = judge(list(trials.values()), best, n_folds, cost, ppy, n_started)
     b = stats[best["trial_id"]]
-    deflated, walk, verdict = judge(trials, stats, best, n_folds, cost, ppy, n_started)
     best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
     equity = equity_png(
         storage / "equity.png",
@@ -207,9 +206,7 @@ def write_results(
         "config": {**sweep["base"], **best["config"]},
         "sampled": best["config"],
         **{k: best[k] for k in ("trial_id", "folds_done", "score", "mean_val_sharpe", "mean_test_sharpe")},
-        "val": b["val"],
-        "test": b["test"],
-        "baselines": b["baselines"],
+        **b,  # val, test and the references' (baselines) pooled statistics
         **deflated,
         "walk_forward": walk,
     }
@@ -220,7 +217,7 @@ def write_results(
         if "test" in results["ensemble"]:  # its members came from the same trials as the best one
             results["ensemble"].update(vote_deflated(results["ensemble"]["test"], stats, n_started))
     write_json(storage, json_path, results)
-    print_last_screen(results, names, n_folds, top)
+    print_last_screen(results, names, n_folds)
     print(verdict_text(verdict))
     ckpt = max((f for f in best_folds if f.ok and f.checkpoint), key=lambda f: f.val_score, default=None)
     artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]

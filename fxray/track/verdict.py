@@ -66,10 +66,9 @@ def snooping_verdict(trials: list[dict], n_folds: int, periods_per_year: float, 
     for k in ks:
         test = snooping.rung_matrix(ev, k, "test", bh)
         flat = snooping.superior_ability(test.returns, None, test.trial_ids)
-        val = snooping.rung_matrix(ev, k, "val")
-        p = cscv.pbo(val.returns, periods_per_year=periods_per_year)
+        p = cscv.pbo(snooping.rung_matrix(ev, k, "val").returns, periods_per_year=periods_per_year)
         if p is not None:
-            pbo_rung = (k, val, p)
+            pbo_rung = (k, p)
         v["rungs"].append(
             {
                 "k": k,
@@ -81,9 +80,8 @@ def snooping_verdict(trials: list[dict], n_folds: int, periods_per_year: float, 
                 "pbo": p["pbo"] if p else None,
             }
         )
-    top = ks[-1]
-    test = snooping.rung_matrix(ev, top, "test", bh)
-    v["spa"] = {"k": top, **snooping.superior_ability(test.returns, None, test.trial_ids)}
+    top = ks[-1]  # the headline: the deepest rung, whose matrix and test against flat are the loop's last
+    v["spa"] = {"k": top, **flat}
     v["spa_buy_and_hold"] = (
         {"k": top, **snooping.superior_ability(test.returns, test.benchmark, test.trial_ids)}
         if test.benchmark is not None
@@ -91,18 +89,15 @@ def snooping_verdict(trials: list[dict], n_folds: int, periods_per_year: float, 
     )
     v.update({k: v["spa"][k] for k in ("spa_pvalue", "reality_check_pvalue", "stepm_kept")})
     if pbo_rung is not None:
-        k, val, p = pbo_rung
-        v["cscv"] = {"k": k, **cscv.json_safe(p)}
-        v["pbo"] = p["pbo"]
-        v["_cscv_logits"] = p["logits"]
+        k, p = pbo_rung
+        v.update(cscv={"k": k, **cscv.json_safe(p)}, pbo=p["pbo"], _cscv_logits=p["logits"])
     return answer(v)
 
 
 def add_placebo(v: dict, placebo: dict) -> dict:
     """The placebo sweeps' result (fxray.eval.snooping.placebo_pvalue) into the verdict, and the
     answer decided again with it."""
-    v["placebo"] = placebo
-    v["placebo_pvalue"] = placebo.get("pvalue")
+    v.update(placebo=placebo, placebo_pvalue=placebo.get("pvalue"))
     return answer(v)
 
 

@@ -156,15 +156,11 @@ class Writer:
         if self.proc.poll() is not None and self.failed is None:
             self.opened.clear()
             self._restart(self.proc.returncode)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        self.close(timeout)  # it writes what the log holds, its sweep_end last, then exits
         self.reader.join(timeout=5)
-        self.close()
         return self.failed if self.failed is not None else 1
 
-    def close(self) -> None:
+    def close(self, timeout: float = 60) -> None:
         """Close the writer's stdin (it drains the log and exits); kill it if it hangs."""
         if self.proc.stdin and not self.proc.stdin.closed:
             try:
@@ -172,7 +168,7 @@ class Writer:
             except OSError:
                 pass
         try:
-            self.proc.wait(timeout=60)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
@@ -186,11 +182,8 @@ class Writer:
 def last_line(e: BaseException) -> str:
     """The line of an error that says what is wrong (Ray and MLflow put it last; SQLAlchemy
     adds a line of its own after it, skipped)."""
-    lines = [
-        line
-        for line in str(e).strip().splitlines()
-        if line.strip() and not line.startswith(("(Background on this error", "[SQL:"))
-    ]
+    skip = ("(Background on this error", "[SQL:")
+    lines = [line for line in str(e).strip().splitlines() if line.strip() and not line.startswith(skip)]
     return lines[-1] if lines else type(e).__name__
 
 
@@ -272,25 +265,14 @@ def serve(storage: str, uri: str, session: str, wait: str = "") -> int:
         new_events = events.lines()
         for line in folds.lines():
             rec = json.loads(line)
-            write(
-                tracker.log_fold,
-                rec["trial_id"],
-                trial_label(rec["trial_id"]),
-                {**base, **rec["config"]},
-                FoldRecord.from_flat(rec),
-            )
+            tid = rec["trial_id"]
+            write(tracker.log_fold, tid, trial_label(tid), {**base, **rec["config"]}, FoldRecord.from_flat(rec))
         for line in new_events:
             ev = json.loads(line)
             if ev["kind"] == "trial_end":
                 write(tracker.end_trial, ev["trial_id"], ev["folds_done"], n_folds, ev["status"], ev.get("outcome"))
             elif ev["kind"] == "sweep_end" and ev["session"] == session:
-                ended = write(
-                    tracker.end_sweep,
-                    ev["status"],
-                    ev["summary"],
-                    [tuple(a) for a in ev["artifacts"]],
-                    ev.get("report"),
-                )
+                ended = write(tracker.end_sweep, ev["status"], ev["summary"], ev["artifacts"], ev.get("report"))
                 if ended:
                     top[:] = ended[0]
                     if ended[1]:
