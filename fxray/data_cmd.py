@@ -111,14 +111,11 @@ def book_reader(flag: str):
 def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) -> dict:
     """Rows, span, spacing, per-column stats and the folds `spec` makes on this cache."""
     ts = market.ts
-    gaps = np.diff(ts)
-    spacing = bar_spacing(ts)
     columns = []
     for names, values in ((market.feature_names, market.features), (market.ofi_names, market.ofi)):
         mean = values.mean(0, dtype=np.float64)
         std = values.std(0, dtype=np.float64)
         columns += [{"name": n, "mean": float(m), "std": float(s)} for n, m, s in zip(names, mean, std)]
-    book_rows = np.any(market.ofi != 0, axis=1)
     try:
         folds = [f.as_dict() for f in make_folds(ts, spec)]
         folds_error = None
@@ -136,9 +133,9 @@ def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) ->
         "first": _iso(ts[0]),
         "last": _iso(ts[-1]),
         "span_days": float((ts[-1] - ts[0]) / 86400e9),
-        "bar_spacing_s": spacing / 1e9,
-        "gaps_over_1h": int(np.count_nonzero(gaps > 3600 * 10**9)),
-        "book_coverage": float(book_rows.mean()),
+        "bar_spacing_s": bar_spacing(ts) / 1e9,
+        "gaps_over_1h": int(np.count_nonzero(np.diff(ts) > 3600 * 10**9)),
+        "book_coverage": float(np.any(market.ofi != 0, axis=1).mean()),  # rows with order-book data
         "columns": columns,
         "fold_spec": spec.__dict__,
         "folds": folds,

@@ -204,7 +204,18 @@ class _Sync:
     def _apply(self, lineno: int, ts: int, d: Diff) -> None:
         if self.last_u is None and d.u < self.last_id:
             return  # older than the snapshot: Binance says drop it
-        self.last_u = _check_diff(self.path, lineno, d, self.last_u, self.last_id)
+        if self.last_u is None and not d.U <= self.last_id <= d.u:  # Binance's continuity rules, the first diff
+            raise BookError(
+                f"{self.path}: line {lineno}: first diff after the snapshot has "
+                f"U={d.U} u={d.u}, which does not bridge lastUpdateId={self.last_id} "
+                "(diffs missing between snapshot and stream)"
+            )
+        elif self.last_u is not None and d.pu != self.last_u:  # and every next one
+            raise BookError(
+                f"{self.path}: line {lineno}: depth diff pu={d.pu} does not continue the "
+                f"previous diff's u={self.last_u} (sequence gap); recapture or split the file here"
+            )
+        self.last_u = d.u
         self.batch.add_event(ts, d.n_bid, d.bids, d.n_ask, d.asks)
 
 
@@ -230,23 +241,6 @@ def iter_book(path: str, st: dict, stats: dict, out_rows: int = 1 << 16):
             "in the file; cannot build a book from diffs alone"
         )
     yield from _run(path, sync.batch, st, out_rows)
-
-
-def _check_diff(path: str, lineno: int, d: Diff, last_u, last_id: int) -> int:
-    """Binance's continuity rules; returns the diff's final update id."""
-    if last_u is None:
-        if not d.U <= last_id <= d.u:
-            raise BookError(
-                f"{path}: line {lineno}: first diff after the snapshot has "
-                f"U={d.U} u={d.u}, which does not bridge lastUpdateId={last_id} "
-                "(diffs missing between snapshot and stream)"
-            )
-    elif d.pu != last_u:
-        raise BookError(
-            f"{path}: line {lineno}: depth diff pu={d.pu} does not continue the "
-            f"previous diff's u={last_u} (sequence gap); recapture or split the file here"
-        )
-    return d.u
 
 
 def _run(path: str, batch: _Levels, st: dict, out_rows: int):

@@ -132,7 +132,18 @@ class DbnFile:
                     f"(rtype 0x{rtype:02x}, {size} bytes)"
                 )
             ts = rec["ts_recv"].view(np.int64)
-            _check_sorted(self.path, ts, index, last_ts)
+            if last_ts is not None and len(ts) and ts[0] < last_ts:  # in receive-time order across chunks
+                raise BookError(
+                    f"{self.path}: record {index} (ts_recv {ts[0]}) is earlier than the record "
+                    f"before it ({last_ts}); events must be sorted by ts_recv"
+                )
+            bad = np.flatnonzero(ts[1:] < ts[:-1])  # and within
+            if len(bad):
+                i = int(bad[0]) + 1
+                raise BookError(
+                    f"{self.path}: record {index + i} (ts_recv {ts[i]}) is earlier than record "
+                    f"{index + i - 1} ({ts[i - 1]}); events must be sorted by ts_recv"
+                )
             last_ts = int(ts[-1])
             ids = rec["instrument_id"]
             if instrument_id is not None:
@@ -147,22 +158,6 @@ class DbnFile:
             index += n_full
             if n_full < chunk_records:
                 return
-
-
-def _check_sorted(path: str, ts: np.ndarray, index: int, last_ts: int | None) -> None:
-    """Events must be in receive-time order, within and across chunks."""
-    if last_ts is not None and len(ts) and ts[0] < last_ts:
-        raise BookError(
-            f"{path}: record {index} (ts_recv {ts[0]}) is earlier than the record "
-            f"before it ({last_ts}); events must be sorted by ts_recv"
-        )
-    bad = np.flatnonzero(ts[1:] < ts[:-1])
-    if len(bad):
-        i = int(bad[0]) + 1
-        raise BookError(
-            f"{path}: record {index + i} (ts_recv {ts[i]}) is earlier than record "
-            f"{index + i - 1} ({ts[i - 1]}); events must be sorted by ts_recv"
-        )
 
 
 # --- book ----------------------------------------------------------------------------------

@@ -62,14 +62,7 @@ def book_arrays(st: dict) -> tuple:
 
 def new_output(rows: int) -> tuple:
     """Output buffers for up to `rows` emitted book states."""
-    return (
-        np.empty(rows, np.int64),
-        np.empty((rows, N_LEVELS)),
-        np.empty((rows, N_LEVELS)),
-        np.empty((rows, N_LEVELS)),
-        np.empty((rows, N_LEVELS)),
-        np.empty(rows, np.bool_),
-    )
+    return (np.empty(rows, np.int64), *(np.empty((rows, N_LEVELS)) for _ in range(4)), np.empty(rows, np.bool_))
 
 
 def run(kernel, inputs: tuple, n: int, st: dict, out_rows: int, slack: int):

@@ -127,12 +127,9 @@ def close_features(s: BookSnapshots, p: OfiParams) -> np.ndarray:
     ok = np.isfinite(best_b) & np.isfinite(best_a) & (best_b + best_a > 0)
     mid = np.where(ok, (best_b + best_a) / 2, 1.0)[:, None]
     Ls = p.slope_levels
-    bid = _slope(
-        np.where(np.isfinite(s.bid_px[:, :Ls]), (mid - s.bid_px[:, :Ls]) / mid * BPS, 0.0), s.bid_sz[:, :Ls], ok
-    )
-    ask = _slope(
-        np.where(np.isfinite(s.ask_px[:, :Ls]), (s.ask_px[:, :Ls] - mid) / mid * BPS, 0.0), s.ask_sz[:, :Ls], ok
-    )
+    bid_dist, ask_dist = (mid - s.bid_px[:, :Ls]) / mid * BPS, (s.ask_px[:, :Ls] - mid) / mid * BPS
+    bid = _slope(np.where(np.isfinite(s.bid_px[:, :Ls]), bid_dist, 0.0), s.bid_sz[:, :Ls], ok)
+    ask = _slope(np.where(np.isfinite(s.ask_px[:, :Ls]), ask_dist, 0.0), s.ask_sz[:, :Ls], ok)
     return np.stack([imb, bid, ask], axis=1)
 
 

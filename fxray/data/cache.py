@@ -204,7 +204,7 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
     except (pa.ArrowException, OSError) as e:
         raise CacheError(f"{path}: truncated or corrupt record batch ({_first_line(e)})") from None
     cols = {}
-    for name, (_, width) in COLUMNS.items():
+    for name, (dtype, width) in COLUMNS.items():
         col = batch.column(name)
         values = col if width is None else col.values.slice(col.offset * width, len(col) * width)
         nulls = col.null_count or values.null_count
@@ -222,7 +222,6 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
             )
         # np.frombuffer, not Array.to_numpy: the same zero-copy view, without the pandas import
         # (150 ms) that pyarrow's to_numpy pays on its first call in a process
-        dtype = COLUMNS[name][0]
         flat = (
             np.frombuffer(data, dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
             if data is not None and len(values)

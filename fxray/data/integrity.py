@@ -155,7 +155,6 @@ class Verification:
         self.market = market
         self.report: dict | None = None
         self.error: BaseException | None = None
-        self.started = time.time()
         self.thread = threading.Thread(target=self._run, name="fxray-verify-data", daemon=True)
         self.thread.start()
 

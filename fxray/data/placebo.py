@@ -83,16 +83,6 @@ def write_placebo(market: cache.Market, out, index: int, seed: int) -> str:
         "of": meta["content_hash"],
         "of_path": str(market.path),
     }
-    return cache.write(
-        out,
-        market.ts,
-        market.features,
-        market.ofi,
-        targets,
-        feature_names=meta["feature_names"],
-        ofi_names=meta["ofi_names"],
-        instrument=meta["instrument"],
-        bar=meta["bar"],
-        source=f"{meta['source']} (placebo {index})",
-        extra_meta=extra,
-    )
+    names = {k: meta[k] for k in ("feature_names", "ofi_names", "instrument", "bar")}  # the original's
+    source = f"{meta['source']} (placebo {index})"
+    return cache.write(out, market.ts, market.features, market.ofi, targets, **names, source=source, extra_meta=extra)

@@ -136,7 +136,8 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
         edge, planted_cols = planted(spec, n)
         gate = np.zeros(n)
     else:
-        gate = np.ones(n) if spec.structure == "flow" else session_gate(ts, spec.session_hours)
+        start, end = spec.session_hours  # "session": on for bars whose close hour (UTC) is in [start, end)
+        gate = np.ones(n) if spec.structure == "flow" else ((hour >= start) & (hour < end)).astype(np.float64)
         edge = None
 
     # --- returns: bar t's return is predicted by z at t-1 (where the gate is on) ------
@@ -248,12 +249,6 @@ def ofi_names(spec: SynthSpec) -> tuple:
 
 STRUCTURES = ("flow", "session", *NONLINEAR)
 ORACLE_INPUTS = ("ofi:flow_imbalance", "features:close_loc")  # where the views of z live
-
-
-def session_gate(ts: np.ndarray, hours: tuple) -> np.ndarray:
-    """1.0 for bars whose close hour (UTC) is in [hours[0], hours[1]), else 0.0."""
-    hour = (ts // (3600 * 10**9)) % 24
-    return ((hour >= hours[0]) & (hour < hours[1])).astype(np.float64)
 
 
 def oracle_meta(spec: SynthSpec) -> dict | None:
