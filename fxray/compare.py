@@ -113,13 +113,10 @@ def robust_limits(values) -> tuple[float, float] | None:
 
 
 def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from fxray.track.records import FoldRecord
-    from fxray.track.report import plot_equity
+    from fxray.track.report import plot_equity, pyplot, save
+
+    plt = pyplot()
 
     out.mkdir(parents=True, exist_ok=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -170,9 +167,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
         title="best trial of each sweep, per fold (one window is noise: see the pooled numbers)",
     )
     ax.legend(fontsize=8.5, ncol=len(sums), loc="upper center", bbox_to_anchor=(0.5, -0.15))
-    fig.tight_layout()
-    fig.savefig(paths[0], dpi=110)
-    plt.close(fig)
+    save(fig, paths[0], 110)
     # equity of each best trial over its test windows, dated, beside the references
     fig, axes = plt.subplots(len(exps), 1, figsize=(10, 4.2 * len(exps)), squeeze=False)
     for ax, e, s in zip(axes[:, 0], exps, sums):
@@ -184,9 +179,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
         )
     for ax in axes[:, 0]:  # each panel its own dates (sweeps may cover other data): labels on all
         ax.tick_params(axis="x", labelrotation=30)
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=110)
-    plt.close(fig)
+    save(fig, paths[1], 110)
     # Optuna's fANOVA importance of the searched hyperparameters for the score
     fig, axes = plt.subplots(1, len(exps), figsize=(4.8 * len(exps), 3.2), squeeze=False)
     for i, (ax, e) in enumerate(zip(axes[0], exps)):
@@ -199,9 +192,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
             ax.text(0.5, 0.5, "n/a: needs >= 2 trials\nand a searched parameter", ha="center", va="center")
         n_ok = sum(t["status"] == "ok" for t in e["trials"])
         ax.set_title(f"{e['name']}: importance for the score\n(Optuna fANOVA over {n_ok} trials)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=100)
-    plt.close(fig)
+    save(fig, paths[2], 100)
     # is it real: the placebo sweeps with the real best marked, the CSCV logits (fxray.track.verdict)
     verdict_png(paths[3], [(s["experiment"], s["verdict"]) for s in sums])
     return paths

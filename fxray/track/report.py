@@ -165,21 +165,31 @@ def fmt_value(v) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def equity_png(path, folds: list, title: str) -> Path:
-    """Equity (start 1) of the best trial over its test windows, hour by hour on a dated axis,
-    beside the reference rules on the same windows; each test window shaded."""
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: fxray's figures are files, never windows."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 4.2))
+    return plt
+
+
+def save(fig, path, dpi: int) -> Path:
+    """`fig` laid out and written to `path` (a PNG), then closed."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return Path(path)
+
+
+def equity_png(path, folds: list, title: str) -> Path:
+    """Equity (start 1) of the best trial over its test windows, hour by hour on a dated axis,
+    beside the reference rules on the same windows; each test window shaded."""
+    fig, ax = pyplot().subplots(figsize=(10, 4.2))
     plot_equity(ax, folds, title)
     fig.autofmt_xdate()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save(fig, path, 110)
 
 
 def plot_equity(ax, folds: list, title: str) -> None:

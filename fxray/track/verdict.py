@@ -325,13 +325,11 @@ def text(v: dict, indent: str = "   ") -> str:
 def verdict_png(path, rows: list[tuple[str, dict]]):
     """One row per experiment: the placebo sweeps' best test Sharpe with the real one marked,
     and the CSCV logit histogram (the PBO is the mass at or left of 0)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.4 * len(rows)), squeeze=False)
+    from fxray.track.report import pyplot, save
+
+    fig, axes = pyplot().subplots(len(rows), 2, figsize=(11, 3.4 * len(rows)), squeeze=False)
     for (name, v), (ax_p, ax_c) in zip(rows, axes):
         pl = v.get("placebo")
         if pl and pl.get("placebos"):
@@ -360,7 +358,4 @@ def verdict_png(path, rows: list[tuple[str, dict]]):
             why = "PBO n/a: needs two trials with the\nsame val hours whose returns differ"
             ax_c.text(0.5, 0.5, why, ha="center", va="center")
         ax_c.set_xlabel("logit of the pick's out-of-sample relative rank")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path, 100)

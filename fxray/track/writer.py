@@ -19,6 +19,7 @@ session is written or the driver closes its stdin.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -116,12 +117,10 @@ class Writer:
     def go(self) -> None:
         """Let the process open the store (sweep.json is written)."""
         self.went = True
-        if self.proc.stdin and not self.proc.stdin.closed:
-            try:
+        if not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):  # it died: finish() starts it again
                 self.proc.stdin.write("go\n")
                 self.proc.stdin.flush()
-            except OSError:  # it died: finish() starts it again
-                pass
 
     def wait_open(self, timeout: float | None = None) -> bool:
         """True once the store and the parent run are open; False if they cannot be."""
@@ -162,11 +161,8 @@ class Writer:
 
     def close(self, timeout: float = 60) -> None:
         """Close the writer's stdin (it drains the log and exits); kill it if it hangs."""
-        if self.proc.stdin and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
+        with contextlib.suppress(OSError):  # it died: nothing to tell it
+            self.proc.stdin.close()
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
