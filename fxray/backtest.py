@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fxray.cli import Parser, atomic_open, check_file_out, fail, write_json
+from fxray.cli import Parser, atomic_open, check_file_out, run_command
 from fxray.data import cache
 from fxray.policy.bundle import check_inputs, load
 from fxray.policy.frozen import ENGINES, q_values, score
@@ -66,6 +66,7 @@ def choose_window(args, bundle, market) -> tuple[int, int]:
     return start, end
 
 
+@torch.no_grad()
 def run(args) -> dict:
     check_file_out(args.json, "--json")  # before the work, not after it
     check_file_out(args.positions, "--positions")
@@ -157,15 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        with torch.no_grad():
-            out = run(args)
-    except (ValueError, OSError) as e:  # BundleError is a ValueError
-        return fail(e)
-    write_json(args.json, out)
-    if args.json:
+    code = run_command(run, args)
+    if code == 0 and args.json:
         print(f"wrote {args.json}")
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -83,6 +83,18 @@ def fail(e: BaseException) -> int:
     return 2
 
 
+def run_command(work, args) -> int:
+    """A command's main after its flags: `work(args)`; its ValueError or OSError as one line, exit
+    status 2 (nothing else written: outputs are checked before the work and written atomically),
+    else its result dict to --json, exit status 0."""
+    try:
+        result = work(args)
+    except (ValueError, OSError) as e:  # BundleError, ExportError, StreamError are ValueErrors
+        return fail(e)
+    write_json(args.json, result)
+    return 0
+
+
 def write_json(path: Path | None, result: dict) -> None:
     """A command's --json: `result` at `path` (its folder made; numpy scalars as floats), if given."""
     if path is not None:

@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from fxray.cli import Parser, check_file_out, fail, write_json
+from fxray.cli import Parser, check_file_out, run_command
 from fxray.data import cache
 from fxray.policy.export import MODELS, ExportError, check_out, choose, export_bundle, load_candidate, load_folder
 
@@ -78,13 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        manifest = export(args)
-    except (ValueError, OSError) as e:
-        return fail(e)
-    write_json(args.json, manifest)
-    return 0
+    return run_command(export, build_parser().parse_args(argv))
 
 
 def export(args) -> dict:

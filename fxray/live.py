@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fxray.cli import Parser, atomic_open, check_file_out, fail, write_json
+from fxray.cli import Parser, atomic_open, check_file_out, run_command
 from fxray.data.stream import StreamError
 from fxray.policy.live import ENGINES, WARMING_UP, Policy, to_ns
 
@@ -161,20 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        check_file_out(args.out, "--out")  # before the feed, not after it
-        check_file_out(args.json, "--json")
-        tz = time_zone(args.tz)
-        policy = Policy(args.policy, engine=args.engine)
-        if args.out:
-            with atomic_open(args.out) as out:
-                summary = stream(args, policy, out, tz)
-        else:
-            summary = stream(args, policy, sys.stdout, tz)
-    except (ValueError, OSError) as e:  # BundleError and StreamError are ValueErrors
-        return fail(e)
+def live(args) -> dict:
+    """Bars in, positions out (--out, or stdout), the loop's summary on stderr; the summary."""
+    check_file_out(args.out, "--out")  # before the feed, not after it
+    check_file_out(args.json, "--json")
+    tz = time_zone(args.tz)
+    policy = Policy(args.policy, engine=args.engine)
+    if args.out:
+        with atomic_open(args.out) as out:
+            summary = stream(args, policy, out, tz)
+    else:
+        summary = stream(args, policy, sys.stdout, tz)
     lat = summary["on_bar_us"]
     print(
         f"fxray.live: {summary['bars']} bars ({summary['warmup_bars']} warm-up), {summary['positions']} positions, "
@@ -182,8 +179,11 @@ def main(argv=None) -> int:
         f"p99 {lat['p99'] or 0:.1f} us",
         file=sys.stderr,
     )
-    write_json(args.json, summary)
-    return 0
+    return summary
+
+
+def main(argv=None) -> int:
+    return run_command(live, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":
