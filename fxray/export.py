@@ -92,14 +92,12 @@ def export(args) -> dict:
         if not candidates and not abstained:
             raise ExportError(f"{source_path}: no fold<k>.safetensors checkpoints in this directory")
         source = {"kind": "checkpoint", "path": str(source_path)}
-        expected_hash = None
         if args.data is None:
             raise ExportError(
                 f"{source_path}: a checkpoint does not name its data; pass --data with the fxcache it was trained on"
             )
     elif re.fullmatch(r"[0-9a-f]{32}", args.source):
         candidates, source, abstained = run_candidates(args.source, args.tracking_uri)
-        expected_hash = source["dataset_hash"]
         if args.data is None and not (source["data_path"] and Path(source["data_path"]).is_file()):
             raise ExportError(
                 f"{args.source}: its data file {source['data_path'] or '(not recorded)'} is not here; "
@@ -111,6 +109,7 @@ def export(args) -> dict:
         )
     data_path = args.data or Path(source["data_path"])
     market = cache.open(data_path)
+    expected_hash = source.get("dataset_hash")  # a run's; a checkpoint names no data
     if expected_hash is not None and market.content_hash != expected_hash:
         raise ExportError(
             f"{data_path}: content hash {market.content_hash} differs from the data run {args.source} trained on "

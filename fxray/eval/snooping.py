@@ -165,14 +165,12 @@ def superior_ability(
         return out
     zeros = np.zeros(d.shape[0])
     studentized = d / omega  # arch's losses are benchmark - model: pass -d / omega against 0
-    spa = SPA(zeros, -studentized, block_size=b, reps=reps, bootstrap="stationary", seed=seed)
+    options = {"block_size": b, "reps": reps, "bootstrap": "stationary", "seed": seed}
+    spa = SPA(zeros, -studentized, **options)
     spa.compute()
-    rc = RealityCheck(zeros, -d, block_size=b, reps=reps, bootstrap="stationary", studentize=False, seed=seed)
+    rc = RealityCheck(zeros, -d, studentize=False, **options)
     rc.compute()
-    # StepM's steps on an SPA of their own (arch's StepM builds the same one)
-    superior = stepm_superior(
-        SPA(zeros, -studentized, block_size=b, reps=reps, bootstrap="stationary", seed=seed), size
-    )
+    superior = stepm_superior(SPA(zeros, -studentized, **options), size)  # on an SPA of its own, as arch's StepM
     p = {k: float(v) for k, v in spa.pvalues.items()}
     if d.mean(axis=0).max() <= 0:
         # Hansen's statistic is max(max_k t_k, 0): 0 when no trial's mean beats the benchmark,

@@ -135,8 +135,7 @@ class Policy:
                 raise StreamError("ofi=None, but this policy was trained with order-flow inputs: pass its 8 values")
             return np.zeros(N_OFI, np.float32)
         if isinstance(ofi, Mapping):
-            unknown = sorted(set(ofi) - set(self.ofi_names))
-            if unknown or len(ofi) != N_OFI:
+            if set(ofi) != set(self.ofi_names):
                 raise StreamError(f"ofi keys {sorted(ofi)}: give exactly {', '.join(self.ofi_names)}")
             ofi = [ofi[name] for name in self.ofi_names]
         values = np.asarray(ofi if isinstance(ofi, Sequence | np.ndarray) else [ofi], np.float64)
