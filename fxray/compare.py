@@ -125,16 +125,16 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
     # per-fold Sharpe of each best trial: test bars, val dots, buy-and-hold dashes (one colour each)
     fig, ax = plt.subplots(figsize=(10, 4.2))
     width = min(0.8 / len(sums), 0.3)
-    values, points = [], []  # points: (x, value, colour) of every marker and bar
+    points = []  # (x, value, colour) of every marker and bar
     label = {"textcoords": "offset points", "ha": "center", "fontsize": 8}  # a value's text beside its point
     for i, s in enumerate(sums):
         rows = s["best"]["folds"]
         x = np.array([r["fold"] for r in rows]) + (i - (len(sums) - 1) / 2) * width
         c = colors[i % len(colors)]
-        test = [r["test_sharpe"] if r["test_sharpe"] is not None else np.nan for r in rows]
-        val = [r["val_sharpe"] if r["val_sharpe"] is not None else np.nan for r in rows]
-        bh = [r["bh_test_sharpe"] if r["bh_test_sharpe"] is not None else np.nan for r in rows]
-        values += test + val + bh
+        # None (undefined) -> NaN
+        test, val, bh = (
+            np.array([r[k] for r in rows], dtype=float) for k in ("test_sharpe", "val_sharpe", "bh_test_sharpe")
+        )
         points += [(xi, v, c) for series in (test, val, bh) for xi, v in zip(x, series)]
         ax.bar(x, test, width, color=c, alpha=0.85, label=f"{s['experiment']} test")
         for xi, v in zip(x, test):  # undefined (a flat window, < 2 days): said, not drawn as 0
@@ -142,7 +142,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
                 ax.annotate("n/a", (xi, 0), xytext=(0, 3), **label)
         ax.plot(x, val, "o", color=c, mec="k", label=f"{s['experiment']} val")
         ax.plot(x, bh, "_", color=c, ms=14, mew=2.5, label=f"{s['experiment']} buy & hold (test)")
-    limits = robust_limits(values)
+    limits = robust_limits([v for _, v, _ in points])
     if limits:
         ax.set_ylim(*limits)
         # every value beyond the axis: a marker at the edge with its value, so none is hidden
@@ -311,8 +311,7 @@ def main(argv=None) -> int:
     from mlflow.exceptions import MlflowException
 
     try:
-        for flag, path in (("--out", args.out), ("--json", args.json)):
-            kind = "directory" if flag == "--out" else "file"
+        for flag, path, kind in (("--out", args.out, "directory"), ("--json", args.json, "file")):
             if path and Path(path).exists() and Path(path).is_dir() != (kind == "directory"):
                 raise CompareError(f"{flag} {path}: is not a {kind}; name a {kind} to write")
         run(args)

@@ -161,8 +161,7 @@ def decide(c: dict | None, spa: dict | None, pbo: float | None, placebo: dict | 
     reasons = out["reasons"]
     s, se, days, n = c["sharpe"], c.get("sharpe_se"), c.get("n_days") or 0, c.get("n_trials_counted")
     record = f"{s:+.2f} ± {_p(se, '.2f')} over {days} test days"
-    kept = list((spa or {}).get("stepm_kept") or [])
-    spa_p = (spa or {}).get("spa_pvalue")
+    kept, spa_p = list((spa or {}).get("stepm_kept") or []), (spa or {}).get("spa_pvalue")
     by_stepm = c.get("trial_id") in kept
     dsr = c.get("dsr")
     if dsr is not None:
@@ -213,22 +212,21 @@ def decide(c: dict | None, spa: dict | None, pbo: float | None, placebo: dict | 
             "edge", f"edge: the chosen trial earns {record} out of sample, more than luck explains ({why}){caveat}"
         )
     more = days_to_decide(c)
-    if more is not None and math.isfinite(more) and more <= HORIZON * days:
+    more = more if more is not None and math.isfinite(more) else None  # None: no number of days would do
+    if more is not None and more <= HORIZON * days:
         return done(
             "inconclusive",
             f"inconclusive: about {more} more test days would decide it (the chosen trial's {record}; "
             f"DSR {_p(dsr)} < {DSR_LEVEL})",
             more,
         )
-    tell = (
-        f"; at this Sharpe about {more} more test days would tell" if more is not None and math.isfinite(more) else ""
-    )
+    tell = f"; at this Sharpe about {more} more test days would tell" if more is not None else ""
     if kept and spa_p is not None and spa_p <= ALPHA:
         return done(
             "inconclusive",
             f"inconclusive: StepM finds {len(kept)} trial(s) that beat flat out of sample, but not the chosen "
             f"trial ({record}; DSR {_p(dsr)}){tell}",
-            more if more is not None and math.isfinite(more) else None,
+            more,
         )
     return done(
         "no_edge",
@@ -251,8 +249,7 @@ def metrics(v: dict) -> dict:
     """The verdict's numbers for the parent run's summary (MLflow gets no point for None)."""
     out = {k: v.get(k) for k in ("spa_pvalue", "reality_check_pvalue", "pbo", "placebo_pvalue")}
     out["stepm_kept"] = len(v.get("stepm_kept") or [])
-    bh = v.get("spa_buy_and_hold") or {}
-    out["spa_pvalue_vs_buy_and_hold"] = bh.get("spa_pvalue")
+    out["spa_pvalue_vs_buy_and_hold"] = (v.get("spa_buy_and_hold") or {}).get("spa_pvalue")
     return {k: x for k, x in out.items() if x is not None}
 
 
