@@ -26,7 +26,6 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 _T_IMPORT = time.time()
 import ray  # noqa: E402, F401  (before the clock: Ray and Tune's import is not the run's)
@@ -36,10 +35,11 @@ from fxray.data.cache import CacheError  # noqa: E402
 from fxray.data.folds import FoldError  # noqa: E402
 from fxray.rl import experiment as expmod  # noqa: E402
 from fxray.rl.config import ConfigError  # noqa: E402
+from fxray.sweep import driver  # noqa: E402
 from fxray.sweep.cluster import ClusterError, ObjectStoreError  # noqa: E402
-from fxray.sweep.driver import sweep_run  # noqa: E402
 from fxray.sweep.logs import quiet  # noqa: E402
 from fxray.sweep.rundir import NothingToResume, UsageError  # noqa: E402
+from fxray.track.runs import sqlite_path  # noqa: E402
 
 IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
 USER_ERRORS = (expmod.ExperimentError, UsageError, CacheError, FoldError, ConfigError, ObjectStoreError, ClusterError)
@@ -123,10 +123,8 @@ def apply_flags(args) -> None:
     """--tracking-uri and --verbose become the environment the driver, the MLflow writer
     and Ray's processes read (a relative sqlite path is made absolute: Tune moves cwd)."""
     if args.tracking_uri:
-        uri = args.tracking_uri
-        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-            uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).absolute())
-        os.environ["MLFLOW_TRACKING_URI"] = uri
+        path = sqlite_path(args.tracking_uri)
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{path.absolute()}" if path else args.tracking_uri
     quiet(args.verbose)
 
 
@@ -138,7 +136,7 @@ def main(argv=None) -> int:
             from fxray.sweep.placebo import sweep_with_placebos
 
             return sweep_with_placebos(args, IMPORT_S)
-        return sweep_run(args, IMPORT_S)
+        return driver.run_sweep(driver.validate(args, IMPORT_S))
     except NothingToResume as e:
         print(e)
         return 0

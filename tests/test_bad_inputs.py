@@ -45,7 +45,9 @@ def golden(tmp_path_factory):
     from fxray.data import cache
     from fxray.data.synth import SynthSpec, to_cache
     from fxray.rl import experiment as expmod
+    from fxray.sweep.driver import validate
     from fxray.sweep.rundir import make_fold_dicts, prepare_storage
+    from fxray.tune import parse_args
 
     g = tmp_path_factory.mktemp("golden")
     cwd = os.getcwd()
@@ -62,8 +64,8 @@ def golden(tmp_path_factory):
         exp = expmod.load(g / "tiny.yaml", "cpu")
         folds = make_fold_dicts("tiny.yaml", exp, market)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{g / 'mlflow.db'}"
-        args = type("A", (), {"resume": False})()
-        prepare_storage(g / "runs/t", None, exp, g / "tiny.yaml", "cpu", market, g / "m.fxcache", folds, args)
+        plan = validate(parse_args(["--experiment", "tiny.yaml", "--data", "m.fxcache", "--storage", "runs/t"]))
+        prepare_storage(plan, exp, "cpu", folds)
         rec = {"trial_id": "0000", "fold": 0, "status": "ok", "score": 0.1, "round": "tune", "config": {"lr": 1e-3}}
         (g / "runs/t/folds.jsonl").write_text(json.dumps(rec) + "\n")
         (g / "runs/t/events.jsonl").write_text("")

@@ -21,14 +21,7 @@ from ray.cluster_utils import Cluster
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, make_folds
 from fxray.data.synth import SynthSpec, to_cache
-from fxray.sweep.cluster import (
-    HEAD_RESOURCE,
-    ObjectStoreError,
-    check_object_store,
-    object_nodes,
-    plan_workers,
-    trial_resources,
-)
+from fxray.sweep.cluster import HEAD_RESOURCE, ObjectStoreError, check_object_store, plan_workers, trial_resources
 from fxray.sweep.workers import put_market, start_workers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +39,14 @@ TINY = {
 
 
 # --- cluster.yaml, offline -----------------------------------------------------------
+
+
+def object_nodes(ref) -> list[str]:
+    """Ids of the nodes whose object store holds a copy of `ref` (objects < 100 KiB
+    live in the owner's memory, not in a store, and report none)."""
+    from ray.experimental import get_object_locations
+
+    return list(get_object_locations([ref], timeout_ms=10_000).get(ref, {}).get("node_ids", []))
 
 
 def load_cluster_yaml() -> dict:
@@ -129,7 +130,7 @@ def test_data_reaches_each_node_once_and_each_worker_loads_once(two_nodes, synth
     assert sorted(object_nodes(ref)) == sorted([head_id, worker_id])
     # Each worker trains from its node's copy; nothing is loaded again.
     fold = make_folds(market.ts, FoldSpec("6d", "2d", "2d", max_folds=1))[0].as_dict()
-    results = [workers.train_fold(i, TINY, fold, 0) for i in range(plan.n_workers)]
+    results = [next(workers.run_folds(i, TINY, [fold], 0)) for i in range(plan.n_workers)]
     assert {r["worker"] for r in results} == {0, 1}
     assert [s["n_loads"] for s in workers.stats()] == [1, 1]
     assert sorted(object_nodes(ref)) == sorted([head_id, worker_id])

@@ -372,8 +372,7 @@ def test_item1_resume_keeps_search_overrides(work, monkeypatch):
     first = tune_args("--experiment", "tiny.yaml", "--data", "m.fxcache", "--storage", "s", *sets)
     plan = validate(first)
     exp = expmod.load(plan.file, "cpu", plan.overrides)
-    prepare_storage(plan.storage, None, exp, plan.file, "cpu", plan.market, plan.data_path, [], first,
-                    overrides=plan.overrides)  # fmt: skip
+    prepare_storage(plan, exp, "cpu", [])
     resumed = validate(tune_args("--storage", "s", "--resume"))
     again = expmod.load(resumed.file, "cpu", resumed.overrides)
     assert [p.high for p in again.search if p.name == "lr"] == [2e-4]

@@ -244,7 +244,7 @@ def test_asha_stops_waste_no_fold(tmp_path):
     pair = sweep_report().speedup(str(tmp_path / "out.json"), str(tmp_path / "again.json"))
     assert pair["same_work"] and pair["folds_a"] == pair["folds_b"] == sum(done)
     assert pair["val_sharpe_max_abs_diff"] == 0.0 and pair["speedup"] > 0
-    from fxray.sweep.tuner import read_same_trials
+    from fxray.sweep.rundir import read_same_trials
 
     started = [sampled for sampled, _ in read_same_trials(str(tmp_path / "out.json"))["trials"]]
     replayed = optuna.load_study(study_name="fxray", storage=f"sqlite:///{tmp_path / 'again/optuna.db'}")

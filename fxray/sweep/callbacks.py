@@ -19,10 +19,11 @@ import ray
 from ray.tune import Callback
 
 from fxray.sweep.leases import pool_name
+from fxray.sweep.rounds import trial_ends
 from fxray.sweep.search import split_config
 from fxray.track.records import FoldRecord
 from fxray.track.results import best_trial, fmt_s, load_records, trial_label
-from fxray.track.writer import EVENTS, FOLDS, append_event
+from fxray.track.writer import FOLDS, append_event
 
 
 class SweepLog(Callback):
@@ -47,11 +48,8 @@ class SweepLog(Callback):
     def __init__(self, storage: str, stops: list[int] | None = None, reduction_factor: float = 2.0):
         self.storage, self.stops, self.rf = storage, stops, reduction_factor
 
-    def __getstate__(self):
+    def __getstate__(self):  # what `setup` rebuilds stays out of Tune's files
         return {"storage": self.storage, "stops": self.stops, "rf": self.rf}
-
-    def __setstate__(self, state):
-        self.storage, self.stops, self.rf = state["storage"], state.get("stops"), state.get("rf", 2.0)
 
     def setup(self, **info):
         self.sweep = json.loads((Path(self.storage) / "sweep.json").read_text())
@@ -60,7 +58,8 @@ class SweepLog(Callback):
         self.n_folds = len(self.sweep["folds"])
         self.same = rnd.get("same_trials")  # its trials' lengths are known: the total is exact
         self.planned = sum(n for _, n in self.same["trials"]) if self.same else rnd["trials"] * self.n_folds
-        self.ended = ended_trials(Path(self.storage))  # {trial id: folds done}, earlier sessions too
+        # {trial id: folds done} of the trials ended FINISHED, earlier sessions too (an errored one is retried)
+        self.ended = {t: e["folds_done"] for t, e in trial_ends(self.storage).items() if e["status"] == "FINISHED"}
         self.session_folds, self.t0, self.t_first, self.round = 0, time.time(), None, rnd["name"]
         self.pool = ray.get_actor(pool_name(Path(self.storage)))
 
@@ -133,18 +132,6 @@ class SweepLog(Callback):
             folds_done=len(folds),
             outcome="diverged" if diverged else "ok",
         )
-
-
-def ended_trials(storage: Path) -> dict[str, int]:
-    """{trial id: folds done} of the trials events.jsonl says FINISHED (an errored one is retried)."""
-    path, out = storage / EVENTS, {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                ev = json.loads(line)
-                if ev.get("kind") == "trial_end" and ev.get("status") == "FINISHED":
-                    out[ev["trial_id"]] = ev["folds_done"]
-    return out
 
 
 def expected_folds(done: int, n_folds: int, stops: list[int] | None, rf: float) -> float:

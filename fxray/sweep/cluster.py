@@ -6,7 +6,6 @@ driver's node.
              check_object_store(arrays, path)     before ray.put: one-line error, exit 2, not a hang
              plan_workers(resources, ...)         how many FoldWorkers, trials in flight, CPUs each
              trial_resources(cpu_per_trial)       what each Tune trial asks for
-    tests:   object_nodes(ref)                    the nodes holding a copy of an object
 
 Why per node: `ray.put` writes the arrays into the driver node's object store once;
 a node whose FoldWorker `ray.get`s them pulls one copy into ITS store (objects are
@@ -44,24 +43,19 @@ def node_stores() -> dict[str, float]:
     return {n["NodeID"]: float(n["Resources"].get("object_store_memory", 0.0)) for n in ray.nodes() if n["Alive"]}
 
 
-def nbytes(arrays: dict) -> int:
-    """Bytes of a dict of numpy arrays (what ray.put will store, give or take a header)."""
-    return int(sum(a.nbytes for a in arrays.values()))
-
-
-def check_object_store(arrays: dict, path: str, headroom: float = HEADROOM) -> dict[str, float]:
+def check_object_store(arrays: dict, path: str) -> dict[str, float]:
     """Refuse, before `ray.put`, a dataset that the smallest node's store cannot hold.
 
     Without this a too-big put falls back to disk-backed allocation or waits on
     spilling: minutes of silence instead of an error. Returns the per-node capacities.
     """
     stores = node_stores()
-    size = nbytes(arrays)
+    size = sum(a.nbytes for a in arrays.values())  # what ray.put stores, give or take a header
     smallest = min(stores.values(), default=0.0)
-    if size * headroom > smallest:
+    if size * HEADROOM > smallest:
         raise ObjectStoreError(
-            f"{path}: its arrays ({mib(size)}) need {mib(size * headroom)} of object store with "
-            f"{headroom:g}x headroom, but the smallest node's store is {mib(smallest)} "
+            f"{path}: its arrays ({mib(size)}) need {mib(size * HEADROOM)} of object store with "
+            f"{HEADROOM:g}x headroom, but the smallest node's store is {mib(smallest)} "
             f"({len(stores)} node(s)); give every node a bigger store (`ray start "
             f"--object-store-memory BYTES`, default 30% of RAM) or sweep a shorter fxcache "
             f"(fxray data ... --bars)"
@@ -88,14 +82,6 @@ def trial_resources(cpu_per_trial: float) -> dict:
     if len(node_stores()) > 1:
         res[HEAD_RESOURCE] = 0.001  # 1000 concurrent trials per head, far more than workers
     return res
-
-
-def object_nodes(ref: ray.ObjectRef) -> list[str]:
-    """Ids of the nodes whose object store holds a copy of `ref` (objects < 100 KiB
-    live in the owner's memory, not in a store, and report none)."""
-    from ray.experimental import get_object_locations
-
-    return list(get_object_locations([ref], timeout_ms=10_000).get(ref, {}).get("node_ids", []))
 
 
 LOCAL_IP = "127.0.0.1"

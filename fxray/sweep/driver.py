@@ -33,6 +33,8 @@ from fxray.sweep.logs import capture_stdout, known_ray_lines
 from fxray.sweep.rounds import close_orphans, resume_plan, round_state, trials_started
 from fxray.sweep.rundir import (
     UsageError,
+    check_same_work,
+    hold,
     locate,
     make_fold_dicts,
     prepare_storage,
@@ -40,8 +42,7 @@ from fxray.sweep.rundir import (
     same_trials,
     write_sweep,
 )
-from fxray.sweep.trial import config_key
-from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, check_same_work, debug_log, fold_limits, make_tuner
+from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, debug_log, make_tuner
 from fxray.track.links import next_steps
 
 
@@ -74,7 +75,7 @@ class Run:
     writer: object
     arrays_ref: object  # held for the whole sweep: a restarted worker loads it again
     calendar: object  # fxray.data.calendar.Calendar of the data: what the pooled statistics annualise by
-    warmups: list = field(default_factory=list)  # the workers' warm-up calls (ObjectRefs)
+    warmups: list  # the workers' warm-up calls (ObjectRefs), one per worker
 
 
 def validate(args, import_s: float = 0.0) -> Plan:
@@ -82,17 +83,9 @@ def validate(args, import_s: float = 0.0) -> Plan:
     from fxray.data import cache
     from fxray.track import runs as mlruns
 
-    overrides = {
-        k: v
-        for k, v in (
-            ("sweep.trials", args.trials),
-            ("sweep.seed", args.seed),
-            ("sweep.workers_per_gpu", args.workers_per_gpu),
-            ("sweep.population", getattr(args, "population", None)),
-            ("name", args.name),
-        )
-        if v is not None
-    }
+    flags = {"sweep.trials": args.trials, "sweep.seed": args.seed, "sweep.workers_per_gpu": args.workers_per_gpu}
+    flags.update({"sweep.population": args.population, "name": args.name})
+    overrides = {k: v for k, v in flags.items() if v is not None}
     if args.address and (args.num_cpus or args.num_gpus is not None):
         raise UsageError(
             "--num-cpus/--num-gpus size a local Ray; with --address the cluster's own "
@@ -106,14 +99,9 @@ def validate(args, import_s: float = 0.0) -> Plan:
         except ValueError as e:
             raise UsageError(str(e)) from None
     file, storage, sweep = locate(args, overrides)
-    sets = getattr(args, "set", None)
-    if (
-        sweep
-        and getattr(args, "tracking_uri", None)
-        and os.environ.get("MLFLOW_TRACKING_URI") != sweep["mlflow"]["uri"]
-    ):
+    if sweep and args.tracking_uri and os.environ.get("MLFLOW_TRACKING_URI") != sweep["mlflow"]["uri"]:
         raise UsageError(f"--tracking-uri: this sweep logs to {sweep['mlflow']['uri']}; drop --tracking-uri")
-    overrides.update(set_overrides(sets, file) if sets else {})
+    overrides.update(set_overrides(args.set, file) if args.set else {})
     if sweep:  # a resumed or extended sweep is the same sweep: its stored overrides, none changed
         overrides = reuse_overrides(storage, sweep, overrides, args.resume)
     same = same_trials(args, storage, sweep, overrides)
@@ -153,10 +141,7 @@ def validate(args, import_s: float = 0.0) -> Plan:
             )
         if same:
             same_exp = expmod.load(file, same["profile"], overrides)
-            try:
-                check_same_work(same, same_exp, make_fold_dicts(file, same_exp, market), market.content_hash, data_path)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+            check_same_work(same, same_exp, make_fold_dicts(file, same_exp, market), market.content_hash, data_path)
     uri = sweep["mlflow"]["uri"] if sweep else mlruns.tracking_uri()
     try:
         mlruns.check_uri(uri)
@@ -175,12 +160,9 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     from fxray.track.writer import Writer
 
     args, phases, storage = plan.args, plan.phases, plan.storage
-    holder: dict = {}
-    prepared = threading.Event()  # set once the Run exists (a resumed sweep's store may open sooner)
 
-    def opened(parent_id: str) -> None:  # in the writer's reader thread; the main thread is in Tune
-        prepared.wait()
-        sweep = holder["run"].sweep
+    def opened(parent_id: str) -> None:  # in the writer's reader thread, after go(): `run` exists
+        sweep = run.sweep
         if sweep["mlflow"].get("parent_run_id") is None:
             sweep["mlflow"]["parent_run_id"] = parent_id
             write_sweep(storage, sweep)
@@ -197,23 +179,20 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
         args.profile if args.profile != "auto" else ("gpu" if gpus >= 1 else "cpu")
     )
     exp = expmod.load(plan.file, profile, plan.overrides)
-    market, data_path = plan.market, plan.data_path
-    if market is None:
-        data_path = str(synth.ensure_default(exp.synth, log=print))
-        market = cache.open(data_path, verify="background")
-    folds = make_fold_dicts(plan.file, exp, market)
-    try:
-        wplan = plan_workers(
-            ray.cluster_resources(),
-            exp.sweep.workers_per_gpu,
-            exp.sweep.cpu_per_trial,
-            args.cpu_workers,
-            exp.sweep.trials_per_worker,
-            exp.sweep.population,
-            plan.sweep["rounds"][-1]["trials"] if args.resume else exp.sweep.trials,
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    if plan.market is None:  # the embedded market, now that the profile is known
+        plan.data_path = str(synth.ensure_default(exp.synth, log=print))
+        plan.market = cache.open(plan.data_path, verify="background")
+    market, folds = plan.market, make_fold_dicts(plan.file, exp, plan.market)
+    trials = plan.sweep["rounds"][-1]["trials"] if args.resume else exp.sweep.trials
+    wplan = plan_workers(
+        ray.cluster_resources(),
+        exp.sweep.workers_per_gpu,
+        exp.sweep.cpu_per_trial,
+        args.cpu_workers,
+        exp.sweep.trials_per_worker,
+        exp.sweep.population,
+        trials,
+    )
     if wplan.kind == "gpu" and wplan.population > 1:
         print(
             "fxray.tune: note: --population on a GPU: each step is the one-config step to float rounding, "
@@ -222,12 +201,11 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
             file=sys.stderr,
             flush=True,
         )
-    trials = plan.sweep["rounds"][-1]["trials"] if args.resume else exp.sweep.trials
     cfg = exp.config
     print(
         f"{profile.upper()} profile: {trials} trials x {len(folds)} folds x {cfg.epochs} epochs "
         f"x {cfg.steps_per_epoch} steps ({cfg.num_envs} envs, batch {getattr(cfg, 'batch_size', '-')}) "
-        f"on {wplan.describe()}; data {data_path} ({market.n_bars:,} bars)"
+        f"on {wplan.describe()}; data {plan.data_path} ({market.n_bars:,} bars)"
         + (" -- resuming" if args.resume else "")
         + (f" -- the trials of {plan.same['from']}, each for as many folds as there" if plan.same else ""),
         flush=True,
@@ -235,9 +213,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     t0 = time.time()
     arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
     with known_ray_lines():  # Ray's false alarm about the constructor's ref (fxray.sweep.logs)
-        workers = start_workers(
-            arrays_ref, wplan, cfg.dtype, pool_name(storage), worker_class=os.environ.get("FXRAY_WORKER_CLASS")
-        )
+        workers = start_workers(arrays_ref, wplan, cfg.dtype, pool_name(storage))
     # pays a device process's one-time costs while Tune starts (unordered with the trials' folds)
     warmups = [handle.warmup.remote(cfg.as_dict(), folds[0]) for handle in workers.handles]
     phases["workers_created"] = time.time()
@@ -247,23 +223,8 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     phases.update(data_verified=time.time(), data_verify_wait_s=proof["waited_s"], data_hash_s=proof["hash_s"])
     # while the workers import torch and load the data: the run directory (then the writer
     # opens the store), then Tune starts its trial processes; a first fold waits on its worker
-    sweep = prepare_storage(
-        storage,
-        plan.sweep,
-        exp,
-        plan.file,
-        profile,
-        market,
-        data_path,
-        folds,
-        args,
-        plan.same,
-        plan.mlflow_extra,
-        device=wplan.kind,
-        overrides=plan.overrides,
-    )
-    run = holder["run"] = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts), warmups)
-    prepared.set()
+    sweep = prepare_storage(plan, exp, profile, folds, device=wplan.kind)
+    run = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts), warmups)
     writer.go()  # the sweep is checked and recorded: the store may be opened now
     watch_workers(workers, t0, phases)
     return run
@@ -279,18 +240,8 @@ def fit(run: Run) -> int | None:
 
     if sqlite_path(plan.uri) is None and not run.writer.wait_open():
         return start_failed(f"MLflow store {plan.uri} could not be opened: {MLFLOW_FAILURE[0]}", storage)
-    # what a resumed round trains with is what it started with, whatever the flags say now
-    job = {
-        "folds": sweep["folds"],
-        "base": sweep["base"],
-        "seed": sweep["rounds"][-1]["seed"],
-        "periods_per_year": run.calendar.periods_per_year,
-        "checkpoints": str(storage / "checkpoints"),
-    }
     debug_log(os.environ.get("FXRAY_TUNE_DEBUG_LOG"))
-    # what is left of the round, from fxray's records (the study, folds.jsonl, events.jsonl)
-    limits, n_folds = fold_limits(sweep["rounds"][-1].get("same_trials")), len(sweep["folds"])
-    left = resume_plan(storage, sweep, lambda sampled: (limits or {}).get(config_key(sampled), n_folds))
+    left = resume_plan(storage, sweep)  # what is left of the round, from fxray's records
     if left.orphans:
         print(f"{left.orphans} Optuna trial(s) asked for just before a hard kill marked FAIL (none ran)")
     if left.resumed or left.ended:
@@ -302,7 +253,7 @@ def fit(run: Run) -> int | None:
     try:
         plan.phases["tune_started"] = time.time()
         if left.resumed or left.n_new:
-            make_tuner(storage, sweep, run.exp, job, run.workers, left).fit()
+            make_tuner(storage, sweep, run.exp, run.workers, left, run.calendar.periods_per_year).fit()
         plan.phases["tune_done"] = time.time()
     except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
         run.writer.finish("FAILED")
@@ -326,16 +277,14 @@ def finish(run: Run) -> int:
     from fxray.track import results
 
     plan, storage, sweep = run.plan, run.plan.storage, run.sweep
-    state = round_state(storage, sweep)
-    unfinished, errors = state.unfinished, len(state.errored)
+    unfinished, errors = round_state(storage, sweep)
     records = results.load_records(storage)
     # the store opens while Tune runs; on a loaded box a short sweep can end first. The end is
     # written through it anyway: wait for it, so that results.json's phases say when it opened
     run.writer.wait_open(timeout=120)
     # Ray orders a worker's calls per caller only: a warm-up that reached its worker after the
     # trials' folds may still be queued; the workers' stats account for it once it has run
-    if run.warmups:
-        ray.wait(run.warmups, num_returns=len(run.warmups), timeout=120)
+    ray.wait(run.warmups, num_returns=len(run.warmups), timeout=120)
     with capture_stdout() as screen:  # the last screen, also the parent run's summary.md
         summary = results.write_results(
             storage,
@@ -396,16 +345,16 @@ def ranking(storage: Path, n_folds: int) -> list[str]:
     return [t["trial_id"] for t in ranked(json.loads(path.read_text())["trials"], n_folds)] if path.exists() else []
 
 
-def sweep_run(args, import_s: float = 0.0) -> int:
-    """validate, start, fit, finish; whatever was started ends with the run, however it ends."""
-    from fxray.sweep.rundir import hold
-
-    plan = validate(args, import_s)
+def run_sweep(plan: Plan) -> int:
+    """start, fit, finish; whatever was started ends with the run, however it ends, and its
+    FoldWorkers and their pool when it ends (their devices go to the next sweep: a placebo's)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(hold(plan.storage, plan.sweep))  # one sweep at a time in a run directory
         run = start(plan, stack)
         stopped = fit(run)
-        return stopped if stopped is not None else finish(run)
+        code = stopped if stopped is not None else finish(run)
+    run.workers.stop()
+    return code
 
 
 def start_failed(error: str, storage: Path) -> int:
@@ -417,11 +366,6 @@ def start_failed(error: str, storage: Path) -> int:
     return 1
 
 
-def last_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[-1] if text else type(e).__name__
-
-
 def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
     """In a thread: wait until every worker has loaded the data, then say so; on a load
     error remember its last line, where Ray puts the cause (StartFailed then stops the sweep)."""
@@ -430,7 +374,7 @@ def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
         try:
             workers.stats(timeout=600)
         except Exception as e:  # noqa: BLE001 (any failure to start is reported the same way)
-            WORKER_FAILURE.append(last_line(e))
+            WORKER_FAILURE.append(str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
             return
         phases["workers_ready"] = time.time()
         print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)

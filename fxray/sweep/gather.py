@@ -24,7 +24,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fxray.data.folds import Fold
 from fxray.rl.config import make_config
@@ -37,7 +37,6 @@ TRAINER_CACHE = 2  # Trainers (stacked networks + graph) kept, by shape and size
 
 @dataclass
 class Request:
-    config: dict
     fold: dict
     seed: int
     checkpoint_dir: str | None
@@ -48,7 +47,6 @@ class Request:
     result: dict | None = None
     error: BaseException | None = None
     done: bool = False
-    t_queued: float = field(default_factory=time.time)
 
 
 class Gatherer:
@@ -70,23 +68,15 @@ class Gatherer:
         # per population: [start, end (unix s), size, "warmup" | "training" | "cancelled"]; a
         # request's own call spans its wait in the queue too, so the report counts these
         self.runs: list[list] = []
-        self.thread: threading.Thread | None = None
         self.capture_retries = 0  # populations trained again on a fresh trainer after a failed capture
         self.built = 0  # trainers built (each one's networks, replay and graph)
-
-    def _start(self) -> None:
-        """The device thread, started by the first request (the lock held)."""
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._loop, name="fxray-population", daemon=True)
-            self.thread.start()
+        threading.Thread(target=self._loop, name="fxray-population", daemon=True).start()  # the device thread
 
     def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False) -> dict:
         cfg = make_config(config)
-        shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
-        key = (shape, json.dumps(fold, sort_keys=True), warmup)
-        req = Request(config, fold, seed, checkpoint_dir, stop, warmup, key, cfg)
+        key = (shape_of(cfg), json.dumps(fold, sort_keys=True), warmup)
+        req = Request(fold, seed, checkpoint_dir, stop, warmup, key, cfg)
         with self.cond:
-            self._start()
             self.queue.append(req)
             self.cond.notify_all()
             while not req.done:
@@ -195,11 +185,13 @@ class Gatherer:
     def forget(self, config: dict) -> None:
         """Drop the cached trainers of `config`'s shape (a warm-up's, never used again), in the
         device thread; returns when they are dropped."""
-        cfg = make_config(config)
-        shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
         done = threading.Event()
         with self.cond:
-            self._start()
-            self.forgets.append([shape, done])
+            self.forgets.append([shape_of(make_config(config)), done])
             self.cond.notify_all()
         done.wait()
+
+
+def shape_of(cfg) -> str:
+    """The fields a population's members share (fxray.rl.dqn.SHAPE_FIELDS), as a key."""
+    return json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)

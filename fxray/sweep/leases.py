@@ -48,16 +48,13 @@ class WorkerPool:
         self.changed = asyncio.Condition()
         self.waiting = 0  # acquire() calls waiting for a worker
 
-    def _held(self, owner: str) -> int | None:
-        return next((i for i, o in enumerate(self.owner) if owner in o), None)
-
     async def acquire(self, owner: str, prefer: int | None = None) -> int:
         """The index of a worker now leased to `owner`; waits while all are full.
         `prefer` (the worker the owner used last: its Trainer is there) wins if it has room;
         else the least held one."""
         async with self.changed:
             while True:
-                held = self._held(owner)
+                held = next((i for i, o in enumerate(self.owner) if owner in o), None)
                 if held is not None:  # a retried call from the same trial keeps its worker
                     return held
                 room = [i for i, o in enumerate(self.owner) if len(o) < self.capacity]
@@ -95,12 +92,6 @@ class WorkerPool:
             self.changed.notify_all()
             return n
 
-    async def owners(self) -> list:
-        """Per worker: its owner or None (capacity 1), or the list of its owners."""
-        if self.capacity == 1:
-            return [o[0] if o else None for o in self.owner]
-        return [list(o) for o in self.owner]
-
 
 @dataclass
 class Workers:
@@ -124,10 +115,6 @@ class Workers:
         with contextlib.suppress(Exception):
             ray.get(self.pool.release.remote(owner), timeout=30)
 
-    def train_fold(self, index: int, config: dict, fold: dict, seed: int, checkpoint_dir=None) -> dict:
-        """Run one fold on worker `index` (see run_folds)."""
-        return next(self.run_folds(index, config, [fold], seed, checkpoint_dir))
-
     def run_folds(
         self, index: int, config: dict, folds: list, seed: int, checkpoint_dir=None, owner: str | None = None
     ) -> FoldStream:
@@ -144,6 +131,12 @@ class Workers:
 
     def stats(self, timeout: float = 60) -> list[dict]:
         return ray.get([h.stats.remote() for h in self.handles], timeout=timeout)
+
+    def stop(self) -> None:
+        """End the FoldWorkers and their pool (their devices go to the next sweep)."""
+        for handle in [*self.handles, self.pool]:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
 
 
 class FoldStream:

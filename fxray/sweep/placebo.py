@@ -28,14 +28,11 @@ interrupted one, and extends one that ran fewer trials than the real sweep has n
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import sys
 import time
 from pathlib import Path
-
-import ray
 
 from fxray.sweep import driver
 from fxray.sweep.rundir import UsageError, read_sweep
@@ -52,12 +49,12 @@ def sweep_with_placebos(args, import_s: float = 0.0) -> int:
     if args.same_trials:
         raise UsageError("--placebo: a --same-trials replay has no search to account for; drop one of them")
     plan = driver.validate(args, import_s)
-    code = run_sweep(plan)
+    code = driver.run_sweep(plan)
     if code != 0:
         print("fxray.tune: the placebo sweeps wait for a sweep that finished", file=sys.stderr)
         return code
     storage, sweep = plan.storage, read_sweep(plan.storage)
-    bests, sweeps = [], []
+    sweeps = []
     for i in range(1, args.placebo + 1):
         t0 = time.time()
         print(f"\n== placebo {i}/{args.placebo}: {placebo_dir(storage, i)} (returns sign-randomised, features kept)")
@@ -70,20 +67,18 @@ def sweep_with_placebos(args, import_s: float = 0.0) -> int:
             )
             return code
         res = json.loads((pdir / "results.json").read_text())
-        best = res["best"]["test"]["sharpe"]
-        bests.append(best)
         sweeps.append(
             {
                 "index": i,
                 "storage": str(pdir),
                 "parent_run_id": read_sweep(pdir)["mlflow"].get("parent_run_id"),
-                "best_test_sharpe": best,
+                "best_test_sharpe": res["best"]["test"]["sharpe"],
                 "best_trial_id": res["best"]["trial_id"],
                 "n_trials": res["n_trials"],
                 "wall_s": time.time() - t0,
             }
         )
-    return conclude(args, storage, sweep, bests, sweeps)
+    return conclude(args, storage, sweep, sweeps)
 
 
 def run_placebo(args, storage: Path, real: dict, i: int, import_s: float) -> tuple[int, Path]:
@@ -108,7 +103,7 @@ def run_placebo(args, storage: Path, real: dict, i: int, import_s: float) -> tup
     }
     for failures in (driver.WORKER_FAILURE, driver.MLFLOW_FAILURE):  # module state of the last sweep's stopper
         failures.clear()
-    return run_sweep(plan), pdir
+    return driver.run_sweep(plan), pdir
 
 
 def placebo_args(args, storage: Path, real: dict, pdir: Path):
@@ -157,25 +152,7 @@ def ensure_data(path: Path, real: dict, i: int) -> None:
     write_placebo(cache.open(market_path), path, index=i, seed=seed)
 
 
-def run_sweep(plan) -> int:
-    """One sweep start to finish, then its FoldWorkers and pool ended (their devices go to
-    the next sweep; its data's object-store copy goes with them: each placebo puts its own)."""
-    with contextlib.ExitStack() as stack:
-        run = driver.start(plan, stack)
-        stopped = driver.fit(run)
-        code = stopped if stopped is not None else driver.finish(run)
-    stop_workers(run.workers)
-    return code
-
-
-def stop_workers(workers) -> None:
-    """End a finished sweep's FoldWorkers and their pool (their devices go to the next sweep)."""
-    for handle in [*workers.handles, workers.pool]:
-        with contextlib.suppress(Exception):
-            ray.kill(handle, no_restart=True)
-
-
-def conclude(args, storage: Path, real: dict, bests: list, sweeps: list) -> int:
+def conclude(args, storage: Path, real: dict, sweeps: list) -> int:
     """The placebo p-value into the real sweep's results.json (and --json), its verdict
     printed, and both logged to its MLflow parent run (placebo_pvalue, verdict/verdict.png)."""
     from fxray.eval.snooping import placebo_pvalue
@@ -184,6 +161,7 @@ def conclude(args, storage: Path, real: dict, bests: list, sweeps: list) -> int:
 
     path = storage / "results.json"
     results = json.loads(path.read_text())
+    bests = [s["best_test_sharpe"] for s in sweeps]
     placebo = {**placebo_pvalue(results["best"]["test"]["sharpe"], bests), "sweeps": sweeps}
     # recomputed from results.json's trials (the same numbers as its verdict) for the CSCV logits of the plot
     verdict = snooping_verdict(results["trials"], len(results["folds"]), results["periods_per_year"], results["best"])

@@ -1,6 +1,6 @@
 """A round's state from fxray's own records, never from Tune's pickles.
 
-    state = round_state(storage, sweep)        # what the round's trials did: ended, errored, unfinished
+    unfinished, errored = round_state(storage, sweep)   # counts of the round's trials
     plan = resume_plan(storage, sweep, limits) # what a resumed round runs again, and what it ends at once
 
 The records (all written by fxray, all plain text or sqlite, nothing that executes):
@@ -21,7 +21,7 @@ then the rest of the round's budget is sampled from the study. Tune's own direct
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 STUDY = "fxray"  # the Optuna study name inside <storage>/optuna.db
@@ -53,6 +53,21 @@ def _rdb(path: Path):
     import optuna
 
     return optuna.storages.RDBStorage(f"sqlite:///{path}")
+
+
+def config_key(config: dict) -> str:
+    """A sampled config as text, to find it again in --same-trials' fold limits."""
+    return json.dumps(config, sort_keys=True)
+
+
+def fold_limits(same: dict | None) -> dict[str, int] | None:
+    """{config key: folds to train} for fold_trial, from read_same_trials' list."""
+    if same is None:
+        return None
+    limits: dict[str, int] = {}
+    for sampled, n in same["trials"]:
+        limits.setdefault(config_key(sampled), n)  # an exact duplicate config: its first length
+    return limits
 
 
 def trial_id_of(number: int) -> str:
@@ -102,45 +117,28 @@ def done_folds(storage: Path, trial_id: str) -> list[dict]:
     return out
 
 
-@dataclass
-class RoundState:
-    """The trials of one round, as the records have them."""
-
-    budget: int  # trials the round runs (sweep.json)
-    started: int = 0  # trials the study holds for this round
-    finished: list[str] = field(default_factory=list)  # told a value and ended (FINISHED event)
-    errored: list[str] = field(default_factory=list)  # RUNNING, last event FAILED: --resume retries
-    running: list[str] = field(default_factory=list)  # RUNNING, no end: interrupted
-
-    @property
-    def unfinished(self) -> int:
-        """Trials of the budget not finished, errored ones aside."""
-        return self.budget - len(self.finished) - len(self.errored)
-
-
 def round_trials(study, name: str) -> list:
     return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(ROUND_ATTR) == name]
 
 
-def round_state(storage: Path, sweep: dict) -> RoundState:
+def round_state(storage: Path, sweep: dict) -> tuple[int, int]:
+    """(unfinished, errored) trials of the round: errored ones are RUNNING in the study with a
+    FAILED last event (--resume retries them); the unfinished are the rest of the budget but
+    those that ended FINISHED (a told trial whose end event a kill lost is unfinished:
+    resume_plan writes it)."""
     import optuna
 
     rnd = sweep["rounds"][-1]
-    state = RoundState(budget=rnd["trials"])
-    if not (Path(storage) / "optuna.db").exists():
-        return state
-    ends = trial_ends(storage)
-    for t in round_trials(load_study(storage), rnd["name"]):
-        state.started += 1
-        tid = t.user_attrs[TRIAL_ATTR]
-        end = ends.get(tid, {}).get("status")
-        if t.state == optuna.trial.TrialState.RUNNING:
-            (state.errored if end == "FAILED" else state.running).append(tid)
-        elif end == "FINISHED":
-            state.finished.append(tid)
-        else:  # told, but its end event was lost to a kill: resume_plan writes it
-            state.running.append(tid)
-    return state
+    finished = errored = 0
+    if (Path(storage) / "optuna.db").exists():
+        ends = trial_ends(storage)
+        for t in round_trials(load_study(storage), rnd["name"]):
+            end = ends.get(t.user_attrs[TRIAL_ATTR], {}).get("status")
+            if t.state == optuna.trial.TrialState.RUNNING:
+                errored += end == "FAILED"
+            else:
+                finished += end == "FINISHED"
+    return rnd["trials"] - finished - errored, errored
 
 
 @dataclass
@@ -151,18 +149,18 @@ class ResumePlan:
     orphans: int  # RUNNING trials with no fxray id (asked, then a kill): marked FAIL
 
 
-def resume_plan(storage: Path, sweep: dict, planned_folds) -> ResumePlan:
+def resume_plan(storage: Path, sweep: dict) -> ResumePlan:
     """Make the study and the event log agree about the round, and say what is left to run.
 
-    `planned_folds(config) -> int`: the folds a trial of that sampled config trains (all of
-    them, or its --same-trials length). A RUNNING trial whose folds.jsonl shows it done (every
-    planned fold, or a diverged last fold) is told its last score; a told trial without its
-    trial_end event gets one; both are then ended (the MLflow writer closes their runs)."""
+    A RUNNING trial whose folds.jsonl shows it done (every fold it trains: all of them, or its
+    --same-trials length; or a diverged last fold) is told its last score; a told trial without
+    its trial_end event gets one; both are then ended (the MLflow writer closes their runs)."""
     import optuna
 
     from fxray.track.writer import append_event
 
-    rnd = sweep["rounds"][-1]
+    rnd, n_folds = sweep["rounds"][-1], len(sweep["folds"])
+    limits = fold_limits(rnd.get("same_trials")) or {}
     plan = ResumePlan([], [], 0, 0)
     if not (Path(storage) / "optuna.db").exists():
         plan.n_new = rnd["trials"]
@@ -175,7 +173,9 @@ def resume_plan(storage: Path, sweep: dict, planned_folds) -> ResumePlan:
         tid = t.user_attrs[TRIAL_ATTR]
         folds = done_folds(storage, tid)
         if t.state == optuna.trial.TrialState.RUNNING:
-            over = folds and (folds[-1]["status"] == "diverged" or len(folds) >= planned_folds(t.params))
+            over = folds and (
+                folds[-1]["status"] == "diverged" or len(folds) >= limits.get(config_key(t.params), n_folds)
+            )
             if not over:
                 plan.resumed.append((t.number, tid, dict(t.params)))
                 continue

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from fxray.data.folds import FoldError
 from fxray.rl import experiment as expmod
-from fxray.sweep.tuner import read_same_trials
 
 
 class UsageError(ValueError):
@@ -90,10 +89,7 @@ def same_trials(args, storage: Path, sweep: dict | None, overrides: dict) -> dic
         raise UsageError("--same-trials: drop it with --resume (a resumed sweep runs what it started with)")
     if sweep is not None:
         raise UsageError(f"--same-trials starts a new sweep and {storage} holds one: pass --storage DIR")
-    try:
-        same = read_same_trials(args.same_trials)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    same = read_same_trials(args.same_trials)
     n = len(same["trials"])
     if args.trials not in (None, n):
         raise UsageError(
@@ -106,6 +102,56 @@ def same_trials(args, storage: Path, sweep: dict | None, overrides: dict) -> dic
     overrides["sweep.trials"] = n
     overrides.setdefault("sweep.seed", same["seed"])
     return same
+
+
+def read_same_trials(path: str) -> dict:
+    """What `--same-trials RESULTS` replays: a finished one-round sweep's trials, in the
+    order they started there, each with the folds it trained there (ASHA's stops become
+    fixed lengths), and what the new sweep must match to do the same work (profile,
+    data, folds, base config). UsageError with one line naming the file otherwise."""
+    try:
+        res = json.loads(Path(path).read_text())
+        trials, rounds = res["trials"], res["rounds"]
+        order = sorted(trials, key=lambda t: (t["folds"][0]["timings"]["trial_start"] or 0, t["trial_id"]))
+        same = [[t["sampled"], t["folds_done"]] for t in order]
+        out = {
+            "from": str(Path(path).absolute()),
+            "trials": same,
+            "profile": res["profile"],
+            "seed": rounds[-1]["seed"],
+            "data": res["data"],
+            "folds": res["folds"],
+            "base": res["base_config"],
+        }
+    except FileNotFoundError:
+        raise UsageError(f"--same-trials {path}: no such file (a sweep's results.json)") from None
+    except (ValueError, KeyError, IndexError, TypeError) as e:  # JSON errors are ValueErrors
+        raise UsageError(f"--same-trials {path}: not a sweep's results.json ({type(e).__name__}: {e})") from None
+    if len(rounds) != 1:
+        raise UsageError(
+            f"--same-trials {path}: that sweep ran {len(rounds)} rounds with their own seeds; replay a one-round sweep"
+        )
+    if not same:
+        raise UsageError(f"--same-trials {path}: no trial finished a fold there")
+    return out
+
+
+def check_same_work(same: dict, exp, folds: list[dict], content_hash: str, data_path) -> None:
+    """--same-trials: the new sweep must train on what that sweep trained on (UsageError)."""
+    where = f"--same-trials {same['from']}"
+    if content_hash != same["data"]["content_hash"]:
+        raise UsageError(
+            f"{where}: ran on other data ({same['data']['path']}), not {data_path}: pass that file as --data"
+        )
+    for what, mine, theirs in (
+        ("folds", folds, same["folds"]),
+        ("dqn config", exp.config.as_dict(), same["base"]),
+        ("search space", sorted(exp.space()), sorted(same["trials"][0][0])),
+    ):
+        if mine != theirs:
+            raise UsageError(
+                f"{where}: not the same {what} as {exp.name} here ({exp.profile} profile): pass the --experiment it ran"
+            )
 
 
 ROUND_KEYS = ("sweep.trials", "sweep.seed")  # what an extension round may set anew (--trials, --seed)
@@ -289,30 +335,17 @@ def make_fold_dicts(file, exp, market) -> list[dict]:
         raise UsageError(f"{file}: folds: {e} ({market.path})") from None
 
 
-def prepare_storage(
-    storage: Path,
-    sweep,
-    exp,
-    file,
-    profile,
-    market,
-    data_path,
-    folds,
-    args,
-    same=None,
-    mlflow_extra=None,
-    device: str | None = None,
-    overrides: dict | None = None,
-) -> dict:
+def prepare_storage(plan, exp, profile: str, folds: list[dict], device: str | None = None) -> dict:
     """Create the run directory (first run) or open a new round (an extension) or keep
-    the last one (a resume). Everything here is validated already: nothing is half-written.
-    `mlflow_extra` (a new sweep only): {"tags": more parent tags, "run_name": the parent's
-    name, "sweep": more sweep.json keys}, what a placebo sweep says it is (fxray.sweep.placebo).
-    `device`: "gpu" or "cpu", what the FoldWorkers train on (a new sweep records it).
-    `overrides` (a new sweep): the command line's, stored so that a resume reuses them."""
+    the last one (a resume) of `plan` (fxray.sweep.driver.Plan, its market and data path
+    known). Everything here is validated already: nothing is half-written. A new sweep
+    records `plan.mlflow_extra` ({"tags": more parent tags, "run_name": the parent's name,
+    "sweep": more sweep.json keys}: what a placebo sweep says it is, fxray.sweep.placebo),
+    `device` ("gpu" or "cpu": what the FoldWorkers train on) and the command line's
+    overrides (a resume reuses them)."""
     from fxray.track import runs as mlruns
 
-    round_names = [r["name"] for r in sweep["rounds"]] if sweep else []
+    storage, sweep, file, market, same = plan.storage, plan.sweep, plan.file, plan.market, plan.same
     if sweep is None:
         storage.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(file, storage / "experiment.yaml")
@@ -336,7 +369,7 @@ def prepare_storage(
             "device": device,
             "experiment_file": str(Path(file).absolute()),
             "data": {
-                "path": str(Path(data_path).absolute()),
+                "path": str(Path(plan.data_path).absolute()),
                 "content_hash": market.content_hash,
                 "n_bars": market.n_bars,
             },
@@ -346,15 +379,14 @@ def prepare_storage(
             "mlflow": {"uri": mlruns.tracking_uri(), "experiment": exp.name, "tags": tags},
             # every override of the experiment file (--set, --population, ...): a resume or an
             # extension runs with them (reuse_overrides); the round keys live in the rounds
-            "overrides": {k: v for k, v in (overrides or {}).items() if k not in ROUND_KEYS},
+            "overrides": {k: v for k, v in plan.overrides.items() if k not in ROUND_KEYS},
         }
-        extra = mlflow_extra or {}
-        tags.update(extra.get("tags", {}))
-        if extra.get("run_name"):
-            sweep["mlflow"]["run_name"] = extra["run_name"]
-        sweep.update(extra.get("sweep", {}))
-    if not args.resume:
-        name = "tune" if not round_names else f"tune-{len(round_names) + 1}"
+        tags.update(plan.mlflow_extra.get("tags", {}))
+        if plan.mlflow_extra.get("run_name"):
+            sweep["mlflow"]["run_name"] = plan.mlflow_extra["run_name"]
+        sweep.update(plan.mlflow_extra.get("sweep", {}))
+    if not plan.args.resume:
+        name = f"tune-{len(sweep['rounds']) + 1}" if sweep["rounds"] else "tune"
         sweep["rounds"].append(
             {"name": name, "trials": exp.sweep.trials, "seed": exp.sweep.seed, "done": False, "started": time.time()}
         )
@@ -383,11 +415,17 @@ def held_by(storage: Path) -> str | None:
     except OSError:
         return None
     try:
+        return lock(fd)
+    finally:
+        os.close(fd)  # (releases our probe's lock, if it got it)
+
+
+def lock(fd: int) -> str | None:
+    """Take the flock of the lock file `fd`: None, or the pid (as written) of the driver holding it."""
+    try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-    finally:
-        os.close(fd)  # (releases our probe's lock, if it got it)
     return None
 
 
@@ -404,8 +442,6 @@ def hold(storage: Path, expected: dict | None):
     (None: no sweep there): if another driver changed it before we got the lock, refuse."""
     storage = Path(storage)
     created = [p for p in (storage, *storage.parents) if not p.exists()]
-    if storage.exists() and not storage.is_dir():
-        raise UsageError(f"--storage {storage}: is a file, not a run directory; pass a directory")
     try:
         storage.mkdir(parents=True, exist_ok=True)
         fd = os.open(storage / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -414,12 +450,10 @@ def hold(storage: Path, expected: dict | None):
             f"--storage {storage}: cannot be written ({e.strerror}); a sweep keeps its records there: "
             "make it writable, or pass --storage DIR"
         ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+    holder = lock(fd)
+    if holder is not None:
         os.close(fd)
-        raise UsageError(refusal(storage, holder)) from None
+        raise UsageError(refusal(storage, holder))
     try:
         if read_sweep(storage) != expected:
             raise UsageError(f"{storage}: its sweep.json changed while this sweep was being checked; run it again")

@@ -15,6 +15,7 @@ A trial that errors stays RUNNING (not told): `--resume` runs it again under its
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from ray.tune.search import Searcher
@@ -44,18 +45,15 @@ class StudySearch(Searcher):
         self.resumed = list(resumed)  # (study number, trial id, sampled config), run first
         self.n_new = n_new
         self.live: dict[str, int] = {}  # Tune trial id -> study number
-        self._study = None
 
-    @property
+    @functools.cached_property
     def study(self):
-        if self._study is None:
-            import optuna
+        import optuna
 
-            self._study = load_study(self.storage, optuna.samplers.TPESampler(seed=self.seed))
-        return self._study
+        return load_study(self.storage, optuna.samplers.TPESampler(seed=self.seed))
 
     def __getstate__(self):  # Tune pickles its searcher into its own files: no live database handle
-        return {**self.__dict__, "_study": None}
+        return {k: v for k, v in self.__dict__.items() if k != "study"}
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return True  # metric and mode are fixed ("score", "max"); the space is ours
@@ -75,16 +73,6 @@ class StudySearch(Searcher):
         self.live[trial_id] = number
         return {**params, TRIAL_KEY: tid}
 
-    def on_trial_result(self, trial_id: str, result: dict) -> None:
-        # the running score after each fold, as OptunaSearch reported it (a pruner could read it)
-        number, step = self.live.get(trial_id), result.get("folds_done")
-        if number is not None and step is not None and result.get("score") is not None:
-            study_trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
-            try:
-                self.study._storage.set_trial_intermediate_value(study_trial_id, step, float(result["score"]))
-            except RuntimeError:  # a step reported before a resume; harmless
-                pass
-
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         number = self.live.pop(trial_id, None)
         if number is None or error:  # an errored trial stays RUNNING: --resume runs it again
@@ -96,10 +84,5 @@ class StudySearch(Searcher):
 
     def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
         """Nothing: the study is the searcher's state, and Tune's copy would never be read back
-        (Tune's default tries save(), fails, and warns on every sweep)."""
-
-    def save(self, checkpoint_path: str):  # Tune's checkpoints of a searcher are never read back
-        raise NotImplementedError
-
-    def restore(self, checkpoint_path: str):
-        raise NotImplementedError("fxray resumes from the Optuna study, not from Tune's searcher state")
+        (Tune's default tries save(), which a Searcher does not implement, and warns on every
+        sweep); save() and restore() stay Searcher's (NotImplementedError)."""

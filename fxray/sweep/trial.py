@@ -19,7 +19,6 @@ Reports carry no Tune checkpoint (nothing of Tune's is read back).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -31,7 +30,7 @@ from ray import tune
 from fxray.eval import pooled
 from fxray.rl.config import make_config
 from fxray.sweep.leases import Workers
-from fxray.sweep.rounds import done_folds
+from fxray.sweep.rounds import config_key, done_folds
 from fxray.sweep.search import split_config
 from fxray.track.records import FoldRecord
 
@@ -103,11 +102,6 @@ def objective(done: list[dict], cost: float, periods_per_year: float) -> float:
 def mean(values) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
-
-
-def config_key(config: dict) -> str:
-    """A sampled config as text, to find it again in --same-trials' fold limits."""
-    return json.dumps(config, sort_keys=True)
 
 
 def asha_stops(n_folds: int, grace: int, rf: float) -> list[int]:

@@ -6,8 +6,8 @@ says what is left to run). fxray.sweep.driver drives it; fxray.sweep.trial is wh
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import json
 import sys
 from pathlib import Path
 
@@ -15,7 +15,8 @@ from ray import tune
 
 from fxray.sweep.cluster import trial_resources
 from fxray.sweep.leases import Workers
-from fxray.sweep.trial import asha_stops, config_key, fold_trial
+from fxray.sweep.rounds import fold_limits
+from fxray.sweep.trial import asha_stops, fold_trial
 
 WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by StartFailed
 MLFLOW_FAILURE: list[str] = []  # set by the MLflow writer's reader thread; read by StartFailed
@@ -46,66 +47,6 @@ def debug_log(path: str | None) -> None:
             logger.addHandler(handler)
 
 
-def read_same_trials(path: str) -> dict:
-    """What `--same-trials RESULTS` replays: a finished one-round sweep's trials, in the
-    order they started there, each with the folds it trained there (ASHA's stops become
-    fixed lengths), and what the new sweep must match to do the same work (profile,
-    data, folds, base config). ValueError with one line naming the file otherwise."""
-    try:
-        res = json.loads(Path(path).read_text())
-        trials, rounds = res["trials"], res["rounds"]
-        order = sorted(trials, key=lambda t: (t["folds"][0]["timings"]["trial_start"] or 0, t["trial_id"]))
-        same = [[t["sampled"], t["folds_done"]] for t in order]
-        out = {
-            "from": str(Path(path).absolute()),
-            "trials": same,
-            "profile": res["profile"],
-            "seed": rounds[-1]["seed"],
-            "data": res["data"],
-            "folds": res["folds"],
-            "base": res["base_config"],
-        }
-    except FileNotFoundError:
-        raise ValueError(f"--same-trials {path}: no such file (a sweep's results.json)") from None
-    except (ValueError, KeyError, IndexError, TypeError) as e:  # JSON errors are ValueErrors
-        raise ValueError(f"--same-trials {path}: not a sweep's results.json ({type(e).__name__}: {e})") from None
-    if len(rounds) != 1:
-        raise ValueError(
-            f"--same-trials {path}: that sweep ran {len(rounds)} rounds with their own seeds; replay a one-round sweep"
-        )
-    if not same:
-        raise ValueError(f"--same-trials {path}: no trial finished a fold there")
-    return out
-
-
-def check_same_work(same: dict, exp, folds: list[dict], content_hash: str, data_path) -> None:
-    """--same-trials: the new sweep must train on what that sweep trained on (ValueError)."""
-    where = f"--same-trials {same['from']}"
-    if content_hash != same["data"]["content_hash"]:
-        raise ValueError(
-            f"{where}: ran on other data ({same['data']['path']}), not {data_path}: pass that file as --data"
-        )
-    for what, mine, theirs in (
-        ("folds", folds, same["folds"]),
-        ("dqn config", exp.config.as_dict(), same["base"]),
-        ("search space", sorted(exp.space()), sorted(same["trials"][0][0])),
-    ):
-        if mine != theirs:
-            raise ValueError(
-                f"{where}: not the same {what} as {exp.name} here ({exp.profile} profile): pass the --experiment it ran"
-            )
-
-
-def fold_limits(same: dict | None) -> dict[str, int] | None:
-    """{config key: folds to train} for fold_trial, from read_same_trials' list."""
-    if same is None:
-        return None
-    limits: dict[str, int] = {}
-    for sampled, n in same["trials"]:
-        limits.setdefault(config_key(sampled), n)  # an exact duplicate config: its first length
-    return limits
-
-
 def keep_mlflow_out_of_tune() -> None:
     """Tuner.fit records which callbacks a run uses (Ray's usage telemetry), importing
     ray.air.integrations.mlflow for its class name, and that module imports mlflow if
@@ -118,23 +59,20 @@ def keep_mlflow_out_of_tune() -> None:
         return
     saved = sys.modules.get("mlflow")
     sys.modules["mlflow"] = None  # `import mlflow` raises ImportError, which that module expects
-    try:
+    with contextlib.suppress(ImportError):
         importlib.import_module("ray.air.integrations.mlflow")
-    except ImportError:
-        pass
-    finally:
-        if saved is None:
-            del sys.modules["mlflow"]
-        else:
-            sys.modules["mlflow"] = saved
+    del sys.modules["mlflow"]
+    if saved is not None:
+        sys.modules["mlflow"] = saved
 
 
-def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, plan) -> tune.Tuner:
+def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_per_year: float) -> tune.Tuner:
     """A fresh Tuner over the round: StudySearch (seeded TPE on the RDB study; first the trials
     `plan` resumes, then `plan.n_new` new ones) + ASHA over folds (its time is `folds_done`, so a
     resumed trial meets its rungs where it left them). A --same-trials round enqueues its configs
     in the study (once) and trains each for its fixed number of folds (fold_trial's `limits`),
-    with no scheduler stopping anything."""
+    with no scheduler stopping anything. A resumed round trains with what it started with
+    (sweep.json's folds, base config and seed), whatever the flags say now."""
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -142,12 +80,16 @@ def make_tuner(storage: Path, sweep: dict, exp, job: dict, workers: Workers, pla
     from fxray.sweep.search import StudySearch
 
     keep_mlflow_out_of_tune()  # before Tuner.fit
-    n_folds = len(job["folds"])
+    n_folds = len(sweep["folds"])
     grace = min(exp.sweep.grace_folds, n_folds)
     rnd = sweep["rounds"][-1]
     same = rnd.get("same_trials")  # --same-trials: given configs and lengths, no ASHA
     job = {
-        **job,
+        "folds": sweep["folds"],
+        "base": sweep["base"],
+        "seed": rnd["seed"],
+        "periods_per_year": periods_per_year,
+        "checkpoints": str(storage / "checkpoints"),
         "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor),
         "limits": fold_limits(same),
         "storage": str(storage),

@@ -92,18 +92,12 @@ class DeviceWorker:
         "cancelled" (at once if not started, else at its next step)."""
         t0 = time.time()
         self.n_calls += 1
-        if token is not None and token in self.cancelled:
+        if token in self.cancelled:
             result = {"status": "cancelled", "fold": fold, "epochs_run": 0, "timings": {"total_s": 0.0}}
         else:
             self.running = [t0, token, fold["k"]]
             try:
-                result = self._train(
-                    config,
-                    fold,
-                    seed,
-                    checkpoint_dir,
-                    stop=(lambda: token in self.cancelled) if token is not None else None,
-                )
+                result = self._train(config, fold, seed, checkpoint_dir, stop=lambda: token in self.cancelled)
             finally:
                 self.running = None
         result["worker"] = self.index
@@ -189,12 +183,10 @@ def worker_actor(path: str | None):
     return ray.remote(**ACTOR_OPTIONS)(cls)
 
 
-def start_workers(
-    arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: str | None = None, worker_class: str | None = None
-) -> Workers:
+def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: str | None = None) -> Workers:
     """Create the pool and its FoldWorkers (they load the data in the background:
-    `workers.stats()` waits for them). `worker_class`: see worker_actor."""
-    actor = worker_actor(worker_class)
+    `workers.stats()` waits for them), of the class FXRAY_WORKER_CLASS names (see worker_actor)."""
+    actor = worker_actor(os.environ.get("FXRAY_WORKER_CLASS"))
     # The ref travels inside a list so that the actor's own ray.get is the one load we count.
     # a population's trials queue up to two folds each: their calls must run at once (threads) for
     # the worker to gather them (fxray.sweep.gather); one at a time otherwise, as always
