@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from fxray.cli import check_file_out, command_parser, positive_int, seed
+from fxray.cli import check_file_out, command_parser, fail, positive_int, seed, write_json
 from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
@@ -249,14 +249,12 @@ def config_from_params(params: dict, run_id: str):
         kind = types.get(key, "str")  # an unknown key: from_dict names it
         try:
             if kind == "bool":
-                if text.lower() not in ("true", "false"):
-                    raise ValueError(text)
-                values[key] = text.lower() == "true"
+                values[key] = {"true": True, "false": False}[text.lower()]
             elif kind == "int" or (kind == "float" and text.lstrip("-").isdigit()):
                 values[key] = int(text)
             else:
                 values[key] = float(text) if kind == "float" else text
-        except ValueError:
+        except (KeyError, ValueError):
             raise ValueError(f"--from-run {run_id}: param {key}={text!r} is not a valid {kind}") from None
     return cls.from_dict(values, where=f"--from-run {run_id}: params")
 
@@ -340,30 +338,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if args.from_run and (args.set or args.epochs is not None or args.experiment or args.synth_bars):
-        print(
-            "error: --from-run takes its config from the run: drop --set/--epochs/--experiment/--synth-bars",
-            file=sys.stderr,
-        )
-        return 2
+    args = build_parser().parse_args(argv)
     if not args.from_run and args.seed is None:
         args.seed = 0
-    for flag, path, want_dir in (("--json", args.json, False), ("--checkpoint-dir", args.checkpoint_dir, True)):
-        if path is not None and path.exists() and path.is_dir() != want_dir:  # found now, not after training
-            print(f"error: {flag} {path}: is {'not ' if want_dir else ''}a directory", file=sys.stderr)
-            return 2
     try:
-        if args.json is not None:
-            check_file_out(args.json, "--json")
+        if args.from_run and (args.set or args.epochs is not None or args.experiment or args.synth_bars):
+            raise ValueError("--from-run takes its config from the run: drop --set/--epochs/--experiment/--synth-bars")
+        for flag, path, want_dir in (("--json", args.json, False), ("--checkpoint-dir", args.checkpoint_dir, True)):
+            if path is not None and path.exists() and path.is_dir() != want_dir:  # found now, not after training
+                raise ValueError(f"{flag} {path}: is {'not ' if want_dir else ''}a directory")
+        check_file_out(args.json, "--json")
         result = run(args)
     except (ValueError, OSError) as e:
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
+        return fail(e)
+    write_json(args.json, result)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=float))
         print(f"wrote {args.json}")
     return 1 if "from_run" in result and not result["from_run"]["reproduced"] else 0
 

@@ -105,15 +105,11 @@ class TrainConfig:
         self._in_range(("eps_start", "eps_end", "eps_decay"))
         if not _is_number(self.cost) or not 0 <= self.cost < 0.1:
             self._fail("cost", "must be in [0, 0.1) (return units)")
-        sf = self.select_from
+        sf, rule = self.select_from, f"must be an integer in [0, epochs) = [0, {self.epochs})"
         if not isinstance(sf, int) or isinstance(sf, bool) or sf < 0:
-            self._fail("select_from", f"must be an integer in [0, epochs) = [0, {self.epochs})")
+            self._fail("select_from", rule)
         if sf >= self.epochs:
-            self._fail(
-                "select_from",
-                f"must be an integer in [0, epochs) = [0, {self.epochs}): "
-                "lower it (--set select_from=0) or train more epochs",
-            )
+            self._fail("select_from", f"{rule}: lower it (--set select_from=0) or train more epochs")
         for key, allowed in self.CHOICES.items():
             if getattr(self, key) not in allowed:
                 self._fail(key, "must be " + " or ".join(map(repr, allowed)))

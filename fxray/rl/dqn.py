@@ -48,8 +48,6 @@ def check_members(cfgs: list[DQNConfig]) -> None:
     if not cfgs:
         raise ConfigError("population: no members")
     for k, cfg in enumerate(cfgs):
-        if not isinstance(cfg, DQNConfig):
-            raise ConfigError(f"population: member {k} is a {type(cfg).__name__}, not a DQNConfig")
         for key in SHAPE_FIELDS:
             if getattr(cfg, key) != getattr(cfgs[0], key):
                 raise ConfigError(
@@ -327,11 +325,13 @@ class DQN:
             fresh = initial_weights(self.q_network.width, self.cfg.hidden, self.cfg.depth, seed)
             self.q_network.load_member(k, fresh)
             self.target_network.load_member(k, fresh)
-        if self.q_network.front:
-            front = frontend.fit(
+        if self.q_network.front:  # the fold's, in place (a captured CUDA graph keeps reading the same tensors)
+            weight, bias = frontend.fit(
                 self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t, cost=self.cfg.cost
             )
-            frontend.load((self.q_network, self.target_network), *front)
+            for net in (self.q_network, self.target_network):
+                net.front_w.copy_(weight)
+                net.front_b.copy_(bias)
         if self.demo_table is not None:  # each member's demonstrations (the rule depends on its cost)
             for k, c in enumerate(self.cfgs):
                 if c.demo > 0:

@@ -83,12 +83,3 @@ def clock_mask(n_inputs: int, device) -> torch.Tensor:
     mask = torch.zeros(n_inputs, device=device)
     mask[list(CALENDAR_INDICES)] = 1.0
     return mask
-
-
-@torch.no_grad()
-def load(networks, weight: torch.Tensor, bias: torch.Tensor) -> None:
-    """The fold's front end (`fit`'s A and c) into each network's front_w and front_b, in place
-    (a captured CUDA graph keeps reading the same tensors)."""
-    for net in networks:
-        net.front_w.copy_(weight)
-        net.front_b.copy_(bias)

@@ -58,7 +58,7 @@ class QNetwork:
 
     def __init__(self, k: int, n_inputs: int, hidden: int, depth: int, device, front: int | None = None):
         # front (dqn.inputs: ridge): the fold's affine map of the inputs to `front` features,
-        # shared by every member (one fold, one train slice), set in place by fxray.rl.frontend.load
+        # shared by every member (one fold, one train slice), set in place by fxray.rl.dqn.DQN.begin
         width = n_inputs if front is None else front
         self.front = front is not None
         if self.front:

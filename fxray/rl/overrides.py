@@ -9,7 +9,7 @@ import dataclasses
 import yaml
 
 from fxray.rl.config import ALGORITHMS
-from fxray.rl.experiment import CONFIG_SECTIONS, SECTIONS, ExperimentError, read_yaml, yaml_value
+from fxray.rl.experiment import SECTIONS, ExperimentError, read_yaml, yaml_value
 
 
 def parse_sets(pairs: list[str], flag: str = "--set") -> dict:
@@ -33,10 +33,9 @@ def set_overrides(pairs: list[str], file) -> dict:
     """--set pairs as load()'s dotted overrides: a bare KEY is a field of the file's algorithm
     config (lr -> dqn.lr), a dotted one any key of the file (sweep.grace_folds, folds.max_folds).
     Values are then validated by load() like the file's own; unknown names fail here."""
-    algo = read_yaml(file).get("algo", "dqn")
-    cls = ALGORITHMS.get(algo) if isinstance(algo, str) else None
-    section = cls.SECTION if cls else CONFIG_SECTIONS[0]
-    fields = {f.name for f in dataclasses.fields(cls or ALGORITHMS["dqn"])} - {"algo"}
+    algo = read_yaml(file).get("algo", "dqn")  # an unknown one: load() names it
+    cls = ALGORITHMS.get(algo, ALGORITHMS["dqn"]) if isinstance(algo, str) else ALGORITHMS["dqn"]
+    fields = {f.name for f in dataclasses.fields(cls)} - {"algo"}
     out = {}
     for key, value in parse_sets(pairs).items():
         top = key.split(".")[0]
@@ -46,5 +45,5 @@ def set_overrides(pairs: list[str], file) -> dict:
             raise ExperimentError(f"--set {key}: {top} is not a section; known: {', '.join(SECTIONS)}")
         if top in ("name", "cpu"):
             raise ExperimentError(f"--set {key}: use --name / --profile for that")
-        out[key if "." in key else f"{section}.{key}"] = value
+        out[key if "." in key else f"{cls.SECTION}.{key}"] = value
     return out

@@ -260,7 +260,10 @@ class Trainer:
                 (loss, q_max, eps), val = stats[k], vals[k]
                 score = selection_score(self.data, val, cfgs[k].cost)
                 train_s[k], eval_s[k] = train_s[k] + (t1 - t0), eval_s[k] + (t2 - t1)
-                curves[k].append(epoch_record(epoch, loss, q_max, val, score, eps, (t0, t1, t2)))
+                curves[k].append(  # one epoch of the fold's curve (FoldResult.curve)
+                    {"epoch": epoch, "loss": loss, "q_max": q_max, "val_sharpe": val.metrics.sharpe, "val_score": score}
+                    | {"epoch_s": t2 - t0, "train_s": t1 - t0, "val_s": t2 - t1, "eps": eps}
+                )
                 if log:
                     log(f"{tag(k)}fold {fold.k} epoch {epoch}: loss {loss:.4f}  val score {score:+.2f}  eps {eps:.2f}")
                 if epoch < cfgs[k].select_from:  # scored, never kept; patience counts from select_from
@@ -383,22 +386,6 @@ def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHU
     data's device, `chunk` at a time: what every evaluation feeds its Q-network."""
     start, end = window[0], window[1] - 1
     return [torch.arange(s, min(s + chunk, end), device=data.device) for s in range(start, end, chunk)]
-
-
-def epoch_record(epoch: int, loss: float, q_max: float, val, score: float, eps: float, times) -> dict:
-    """One epoch of a fold's curve (FoldResult.curve); `times`: (start, trained, evaluated)."""
-    t0, t1, t2 = times
-    return {
-        "epoch": epoch,
-        "loss": loss,
-        "q_max": q_max,
-        "val_sharpe": val.metrics.sharpe,
-        "val_score": score,
-        "epoch_s": t2 - t0,
-        "train_s": t1 - t0,
-        "val_s": t2 - t1,
-        "eps": eps,
-    }
 
 
 # --- the fold's references and abstention ------------------------------------------------
