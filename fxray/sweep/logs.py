@@ -27,7 +27,12 @@ What each piece was, and why this is the way to silence it (Ray 2.60, Optuna 5.0
   driver's stderr while the actors are created; anything else written there meanwhile is
   passed on.
 
---verbose (FXRAY_VERBOSE=1) keeps all of it.
+- Tune's "Experiment has been interrupted ... Resume experiment with: Tuner.restore(...)" is a
+  warning of the "ray.tune.tune" logger after Ctrl+C. It is wrong here: fxray never restores
+  Tune's pickled state (`fxray tune --resume` rebuilds the round from its own files, and the
+  driver prints that command), so `quiet` drops that one record, --verbose or not.
+
+--verbose (FXRAY_VERBOSE=1) keeps the rest.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ def quiet(verbose_flag: bool = False) -> None:
     """Set the levels and the environment of this process and the ones it starts."""
     if verbose_flag:
         os.environ["FXRAY_VERBOSE"] = "1"
+    logging.getLogger("ray.tune.tune").addFilter(lambda record: "Tuner.restore" not in record.getMessage())
     if verbose():
         return
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # the writer process reads it
