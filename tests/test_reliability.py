@@ -323,7 +323,7 @@ def test_csv_errors_quote_the_bad_value(tmp_path):
 
     path = Path(tmp_path / "b.csv")
     path.write_text("timestamp,open,high,low,close\n2024-01-01 00:00:00,1,1,1,1.5\n2024-01-01 00:01:00,1,1,1,oops\n")
-    with pytest.raises(BarsError, match="'oops' at data row 1"):
+    with pytest.raises(BarsError, match=r"'oops' at data row 2 \(1 = the first after the header\)"):
         load_bars(path)
 
 

@@ -29,8 +29,13 @@ TIMESTAMP_FORMATS = (
 )
 
 
+def data_row(i: int) -> str:
+    """Index i of the data (0 = the first row after any header) as a person counts rows."""
+    return f"data row {i + 1} (1 = the first after the header)"
+
+
 def _first_bad(col: pa.Array, parse) -> tuple[int, object]:
-    """(row, value) of the first non-empty value `parse` refuses (row 0 = the first data row)."""
+    """(index, value) of the first non-empty value `parse` refuses (0 = the first data row)."""
     for i, v in enumerate(col.to_pylist()):
         if v in (None, ""):
             continue
@@ -46,7 +51,7 @@ def _numeric(path, table: pa.Table, name: str) -> np.ndarray:
     t = col.type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)):
         row, bad = _first_bad(col, lambda v: float(v))
-        _fail(path, f"column {name!r} is not numeric: {bad!r} at data row {row}; fix or remove those rows")
+        _fail(path, f"column {name!r} is not numeric: {bad!r} at {data_row(row)}; fix or remove those rows")
     return col.cast(pa.float64()).to_numpy(zero_copy_only=False)  # nulls -> NaN
 
 
@@ -69,7 +74,7 @@ def _to_utc_ns(path, col: pa.Array, name: str, tz: str) -> np.ndarray:
             row = next((i for i, (v, p) in enumerate(zip(values, best.to_pylist())) if v and p is None), 0)
             _fail(
                 path,
-                f"unparseable timestamp {values[row]!r} at data row {row} in column {name!r}; use ISO 8601 "
+                f"unparseable timestamp {values[row]!r} at {data_row(row)} in column {name!r}; use ISO 8601 "
                 "(YYYY-MM-DD HH:MM:SS[Z]) or epoch seconds/ms/us/ns",
             )
     if col.null_count:

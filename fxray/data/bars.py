@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from fxray.data import cache
-from fxray.data.barcols import BarsError, _bar_ns, _fail, _localize, _numeric, _to_utc_ns
+from fxray.data.barcols import BarsError, _bar_ns, _fail, _localize, _numeric, _to_utc_ns, data_row
 from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK, compute_features
 from fxray.data.schema import OFI_NAMES
 
@@ -116,7 +116,7 @@ def _positive_prices(path, raw: dict) -> dict:
             row = int(bad[0])
             _fail(
                 path,
-                f"{k} {float(v[row])!r} at data row {row} (and {len(bad) - 1} more) is not a positive price; "
+                f"{k} {float(v[row])!r} at {data_row(row)} (and {len(bad) - 1} more) is not a positive price; "
                 "fix or remove those rows",
             )
     return raw
