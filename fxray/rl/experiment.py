@@ -294,9 +294,6 @@ def _build(file, profile, d, where) -> Experiment:
         fail("algo", f"{algo!r} is not an algorithm; known: {', '.join(sorted(ALGORITHMS))}")
     config_cls = ALGORITHMS[algo]
     section = config_cls.SECTION
-    for other in CONFIG_SECTIONS:
-        if other != section and d.get(other) is not None:
-            fail(other, f"configures another algorithm than algo: {algo} (use a {section}: section)")
     fields = {f.name for f in dataclasses.fields(config_cls)} - {"algo"}
     config = config_cls(algo=algo, **_typed_section(file, d, section, config_cls, where, fail))
 
