@@ -291,14 +291,8 @@ class Tracker:
 def open_sweep(sweep: dict) -> Tracker:
     """The Tracker of a sweep described by its sweep.json (parent run created on first use)."""
     m = sweep["mlflow"]
-    tracker = Tracker(
-        m["uri"],
-        m["experiment"],
-        m.get("parent_run_id"),
-        m.get("tags"),
-        run_name=m.get("run_name") or f"sweep {sweep['experiment']}",
-        sweep_id=sweep.get("id"),
-    )
+    name = m.get("run_name") or f"sweep {sweep['experiment']}"
+    tracker = Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"), name, sweep.get("id"))
     # what `python -m fxray.train --from-run` needs to retrain a trial: its round's training
     # seed (an extension round may have another) and the data file the sweep read
     tracker.trial_tags = {"fxray.seed": str(sweep["rounds"][-1]["seed"]), "fxray.data_path": sweep["data"]["path"]}
