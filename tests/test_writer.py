@@ -3,6 +3,8 @@
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -132,6 +134,26 @@ def test_a_writer_that_died_is_started_again_by_finish(tmp_path, capsys):
         assert writer.finish("FINISHED") == 0
     assert "starting it again" in capsys.readouterr().err
     assert val_points(uri, child_runs(uri, writer.parent_id)["t1"]) == [(0, 0.5), (1, 1.5)]
+
+
+def test_a_writer_whose_driver_was_killed_writes_the_log_and_exits_quietly(tmp_path):
+    """kill -9 of the driver closes both pipes: the writer's first line to it meets a broken pipe
+    (issue 51 item 6: a BrokenPipe traceback, the log never written). It writes what the log
+    holds, without a traceback, and ends at the EOF."""
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    make_sweep(storage, uri)
+    for k in range(2):
+        log_fold(storage, "t1", k, k + 0.5)
+    cmd = [sys.executable, "-m", "fxray.track.writer", str(storage), uri, "s"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the driver is gone: nobody reads
+    proc.stdin.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("m").experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert val_points(uri, child_runs(uri, parent.info.run_id)["t1"]) == [(0, 0.5), (1, 1.5)]
 
 
 def test_the_writer_ignores_ctrl_c_and_reports_a_bad_store(tmp_path):

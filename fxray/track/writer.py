@@ -205,7 +205,12 @@ class Tail:
 
 
 def say(**msg) -> None:
-    print(json.dumps(msg), flush=True)
+    """One line to the driver. A driver that is gone (kill -9) is no reason to stop: what the
+    log holds is still written, then the process ends at its stdin's EOF."""
+    try:
+        print(json.dumps(msg), flush=True)
+    except BrokenPipeError:  # Python's advice: point stdout at devnull, or the exit flush raises again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def serve(storage: str, uri: str, session: str, wait: str = "") -> int:
