@@ -441,4 +441,3 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
     if not np.isfinite(out.sum()):  # float32 pairwise sum: one cheap pass
         np.nan_to_num(out, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
     return np.ascontiguousarray(out.T)  # (N, 42) row-major, what fxcache stores
-
