@@ -23,6 +23,7 @@ command and the MLflow URLs that open on its runs.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import time
@@ -147,6 +148,16 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("fxray.tune: interrupted (if it had made its run directory, --resume continues it)", file=sys.stderr)
         return 130
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        print(
+            f"fxray.tune: error: no space left on the device{where}; free some, then run the command again "
+            "(--resume continues a sweep that had started: every fold logged so far is kept)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
     FXRAY_WORKER_CLASS=faults:FaultyWorker  FXRAY_FAULT=W:N     worker W's first incarnation exits
                                                                   hard on its N-th fold
                                             FXRAY_FAULT=W:load  worker W's constructor raises
+                                            FXRAY_FAULT=disk:N  every worker's N-th and later folds
+                                                                  raise ENOSPC, as a checkpoint written
+                                                                  to a full disk does
                                             FXRAY_FAULT=diverge:G  every fold of a config with
                                                                   gamma >= G comes back diverged,
                                                                   as the Trainer returns one
@@ -11,6 +14,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 from fxray.sweep.workers import DeviceWorker
@@ -29,8 +33,11 @@ class FaultyWorker(DeviceWorker):
     def train_fold(self, config, *args, **kwargs):
         if self.n_calls + 1 == self.exit_on_call:
             os._exit(1)
-        result = super().train_fold(config, *args, **kwargs)
         kind, _, threshold = os.environ.get("FXRAY_FAULT", "").partition(":")
+        if kind == "disk" and self.n_calls + 1 >= int(threshold):
+            self.n_calls += 1
+            raise OSError(errno.ENOSPC, "No space left on device (injected: FXRAY_FAULT)", "/run/best.safetensors")
+        result = super().train_fold(config, *args, **kwargs)
         if kind == "diverge" and config["gamma"] >= float(threshold) and result["status"] == "ok":
             # what rl/trainer.py returns for a fold whose loss or |Q| blew up: no val/test result
             result.update(

@@ -121,9 +121,9 @@ def plant_payloads(run_dir: Path, marker: Path) -> int:
     return len(targets)
 
 
-POINTS = {  # when the driver is killed: a condition on the run directory
+POINTS = {  # when the driver is killed: a condition on the run directory (lab/drills.py kills it at
+    # ten random moments of a sweep and checks the same; these two points are the CI's share)
     "tune started, no fold yet": lambda tmp: (tmp / "runs/t/optuna.db").exists() and not fold_lines(tmp),
-    "after the first fold": lambda tmp: len(fold_lines(tmp)) >= 1,
     "mid-sweep": lambda tmp: len(fold_lines(tmp)) >= 4,
 }
 

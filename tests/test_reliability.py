@@ -484,6 +484,24 @@ def test_item6_a_read_only_run_directory_is_one_line(tmp_path):
         os.chmod(tmp_path / "s", 0o755)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a full disk needs a tmpfs mount (root)")
+def test_a_full_disk_is_one_line(work):
+    """No space left where the run directory goes: one line saying so and how to go on, exit 1
+    (lab/drills.py fills the disk mid-sweep too: the same line, and --resume finishes the sweep)."""
+    full = work / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
+    try:
+        subprocess.run(["dd", "if=/dev/zero", f"of={full / 'fill'}", "bs=4k"], capture_output=True)
+        out = run("fxray.tune", "--experiment", "tiny.yaml", "--storage", full / "t", cwd=work)
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fxray.tune: error: no space left on the device"), lines
+    assert "--resume continues a sweep that had started" in lines[0]
+
+
 def test_item6_a_tracking_server_that_does_not_answer_is_refused_in_seconds(work):
     """fxray compare used to hang ~250 s in MLflow's retries."""
     t0 = time.time()

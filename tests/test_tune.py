@@ -318,6 +318,7 @@ def test_worker_crash_then_extend(tmp_path):
     fault_env(env, "0:2")  # worker 0 exits hard in the middle of its 2nd fold
     out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "Unhandled error" not in out.stderr, out.stderr[-3000:]
     assert "CPU profile: 3 trials x 2 folds" in out.stdout
     results = check_complete_sweep(tmp_path, 3)
     crashed = results["workers"][0]
@@ -346,6 +347,22 @@ def test_a_worker_that_cannot_load_stops_the_sweep(tmp_path):
     fault_env(env, "1:load")  # worker 1's constructor raises
     error = failed_sweep(tmp_path, env, exp)
     assert "could not load the data" in error and "injected load failure" in error
+
+
+@pytest.mark.slow
+def test_a_trial_that_fails_is_one_line_not_a_traceback(tmp_path):
+    """A fold that raises (here ENOSPC, as a checkpoint on a full disk): each failure of the trial
+    is one line naming the cause (Tune's ~80-line traceback and Ray's 'Unhandled error' dump at
+    exit are off), the sweep ends exit 1 saying --resume retries it."""
+    exp, env = setup(tmp_path, trials=1)
+    fault_env(env, "disk:1")
+    out = cli(["--experiment", exp, "--num-cpus", 2], env, tmp_path, timeout=240)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr + out.stdout and "Unhandled error" not in out.stderr, out.stderr[-3000:]
+    failed = [line for line in out.stdout.splitlines() if " failed: " in line]
+    assert len(failed) == 3 and all("No space left on device (injected" in line for line in failed), failed
+    assert failed[0].endswith("Tune starts it again") and failed[-1].endswith("--resume retries it")
+    assert "1 trial(s) failed" in out.stderr and "--resume retries them" in out.stderr
 
 
 def refused_before_ray(tmp_path, env, exp) -> str:

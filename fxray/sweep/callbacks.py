@@ -26,6 +26,17 @@ from fxray.track.results import best_trial, fmt_s, load_records, trial_label
 from fxray.track.writer import FOLDS, append_event
 
 
+def say_failed(trial, then: str) -> None:
+    """One line for a failed trial in place of Tune's traceback (logs.quiet turns that off): the
+    error's last line, where Ray puts the cause; the whole of it is in the trial's error file."""
+    try:
+        lines = [line for line in Path(trial.error_file).read_text().splitlines() if line.strip()]
+    except (OSError, TypeError):  # no file (none written: e.g. a full disk)
+        lines = []
+    cause = lines[-1].strip() if lines else "see its error file"
+    print(f"{trial_label(split_config(trial.config)[0])} failed: {cause}; {then}", flush=True)
+
+
 class SweepLog(Callback):
     """A progress line per finished fold, every fold appended to folds.jsonl, every ended
     trial to events.jsonl.
@@ -112,9 +123,11 @@ class SweepLog(Callback):
         self._end(trial, "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        say_failed(trial, "--resume retries it")
         self._end(trial, "FAILED")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
+        say_failed(trial, "Tune starts it again")
         self.pool.release.remote(split_config(trial.config)[0])  # a dead trial process cannot return its lease
 
     def _end(self, trial, status: str) -> None:

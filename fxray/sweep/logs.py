@@ -32,6 +32,13 @@ What each piece was, and why this is the way to silence it (Ray 2.60, Optuna 5.0
   Tune's pickled state (`fxray tune --resume` rebuilds the round from its own files, and the
   driver prints that command), so `quiet` drops that one record, --verbose or not.
 
+- Tune's "Trial task failed for trial ..." prints each failed trial's whole traceback (Ray's
+  and the worker's frames, ~80 lines); TUNE_PRINT_ALL_TRIAL_ERRORS=0 turns it off and fxray
+  prints the error's last line for the trial instead (callbacks.say_failed). The whole of it
+  stays in the trial's error file under the run directory. The same error is printed once more
+  when Ray's processes end ("Unhandled error ...": a failed trial's result, never fetched since
+  the trial failed): RAY_IGNORE_UNHANDLED_ERRORS=1, read by the processes ray.init starts.
+
 --verbose (FXRAY_VERBOSE=1) keeps the rest.
 """
 
@@ -59,6 +66,8 @@ def quiet(verbose_flag: bool = False) -> None:
     if verbose():
         return
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # the writer process reads it
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # a trial's traceback: one line (callbacks)
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # the same error again, at exit, from its ref
     import optuna  # the driver imports it anyway (OptunaSearch); its logger exists once imported
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
