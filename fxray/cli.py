@@ -20,11 +20,11 @@ import json
 import math
 import os
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 from fxray import __version__
+from fxray.rl.checkpoint import atomic_path
 
 # name -> (module with main(argv), one line of help); listed in this order
 COMMANDS = {
@@ -96,24 +96,18 @@ def run_command(work, args) -> int:
 
 
 def write_json(path: Path | None, result: dict) -> None:
-    """A command's --json: `result` at `path` (its folder made; numpy scalars as floats), if given."""
+    """A command's --json: `result` at `path` (its folder made; numpy scalars as floats), if given,
+    written whole or not at all (atomic_open)."""
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1, default=float))
+        with atomic_open(Path(path)) as f:
+            f.write(json.dumps(result, indent=1, default=float))
 
 
 @contextmanager
 def atomic_open(path: Path):
     """A text file for writing at `path` that appears there only whole: nothing if the block fails."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            yield f
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(Path(path)) as tmp, open(tmp, "w") as f:
+        yield f
 
 
 def check_file_out(path, flag: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 ABSTAINED = ".abstained.json"
@@ -37,17 +38,25 @@ def abstained_folds(folder) -> tuple[int, ...]:
     return tuple(sorted(int(p.name[4 : -len(ABSTAINED)]) for p in Path(folder).glob(f"fold*{ABSTAINED}")))
 
 
-def write_atomically(path: Path, write) -> None:
-    """`write(tmp)` to a temporary file beside `path`, then renamed to it: never half a file."""
+@contextmanager
+def atomic_path(path: Path):
+    """A temporary path beside `path` to write; renamed to `path` when the block ends without an
+    error, removed otherwise: a reader never sees half a file (the one way fxray writes one whole)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        write(tmp)
+        yield tmp
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_atomically(path: Path, write) -> None:
+    """`write(tmp)`, then the file appears at `path` whole (atomic_path)."""
+    with atomic_path(path) as tmp:
+        write(tmp)
 
 
 def write_marker(folder, k: int, meta: dict) -> None:
