@@ -181,12 +181,12 @@ def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data, monk
 
 
 def test_the_screened_reference_is_the_demonstrators_rule(market_data):
-    """With screen_t > 0 the references beside the policy (fxray.rl.trainer.references) carry
+    """With screen_t > 0 the references beside the policy (fxray.rl.references) carry
     "screened": the ridge rule on the checked screen's inputs, fitted on the train slice, the
     rule the demonstrator's table moves as, scored on val and test as the other rules are;
     without a screen there is none."""
     from fxray.eval.backtest import evaluate
-    from fxray.rl.trainer import references
+    from fxray.rl.references import references
 
     data, fold, x, train, market, kept, rule = screened_rule(market_data)
     cfg = BASE

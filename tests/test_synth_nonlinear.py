@@ -106,7 +106,7 @@ def test_a_fold_on_a_nonlinear_market_reports_its_oracle_beside_the_ridge_rule(t
     form, fitted on the fold's train slice, and out of sample it earns more than the ridge rule."""
     from fxray.data.folds import FoldSpec, make_folds
     from fxray.rl.device import DeviceData
-    from fxray.rl.trainer import references
+    from fxray.rl.references import references
 
     path = tmp_path / "interaction.fxcache"
     to_cache(SynthSpec(n_bars=N_BARS, seed=SEED, structure="interaction", beta=BETA), path)

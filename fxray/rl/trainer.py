@@ -34,13 +34,13 @@ import numpy as np
 import torch
 
 from fxray.data.folds import Fold
-from fxray.eval import baselines, pooled
-from fxray.eval.backtest import BacktestResult, backtest, backtest_many, buy_and_hold, evaluate
-from fxray.eval.metrics import summarize
-from fxray.rl import checkpoint, frontend
+from fxray.eval import pooled
+from fxray.eval.backtest import BacktestResult, backtest, backtest_many, evaluate
+from fxray.rl import checkpoint
 from fxray.rl.config import ConfigError, TrainConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.dqn import DQN
+from fxray.rl.references import abstains, references
 
 EVAL_CHUNK = 262_144  # member-bars per Q-network forward in evaluation (bounds activation memory)
 SEED_STRIDE = 7919  # member i > 0 trains with seed + i x SEED_STRIDE (a prime: no overlap with fold seeds k)
@@ -388,52 +388,7 @@ def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHU
     return [torch.arange(s, min(s + chunk, end), device=data.device) for s in range(start, end, chunk)]
 
 
-# --- the fold's references and abstention ------------------------------------------------
-
-
-def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> tuple[dict, dict]:
-    """buy_and_hold and flat; the supervised rule ("ridge": all the inputs), with `screen_t` > 0
-    the same rule on the inputs of the learner's checked screen ("screened": its demonstrator's
-    rule, fxray.rl.demo), and, on a planted market, the oracle (the same rule on the columns that
-    carry the signal, in the hours it is on; fxray.eval.baselines), all fitted on the train
-    slice only. Returns (test metrics by name, hourly returns by name and window), computed once
-    per (fold, cost, fill, screen_t) on `data` and kept there."""
-    key = (repr(fold.as_dict()), cost, fill, screen_t)
-    if key in data.references:
-        return data.references[key]
-    windows = {w: data.window(getattr(fold, w), fill) for w in ("val", "test")}
-    runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cost) for w in windows}}
-    a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
-    train = data.window(fold.train, fill)
-    rules = {"ridge": (None, None, None)}
-    if screen_t > 0:
-        rules["screened"] = (frontend.screened_inputs(data, fold, cost, fill, screen_t), None, None)
-    if data.oracle is not None:
-        rules["oracle"] = data.oracle  # (columns, hours, form: a nonlinear market's, else None)
-    for name, (columns, hours, form) in rules.items():
-        x = data.states(torch.arange(a, b, device=data.device))
-        gate = data.hour_gate(a, b, hours)
-        rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry, columns=columns, gate=gate, form=form)
-        runs[name] = {}
-        for w in windows:
-            s, e = getattr(fold, w)[0], getattr(fold, w)[1] - 1
-            x = data.states(torch.arange(s, e, device=data.device))
-            runs[name][w] = evaluate(rule.positions(x, data.hour_gate(s, e, hours)), windows[w], cost)
-    table = {name: asdict(run["test"].metrics) for name, run in runs.items()}
-    table["flat"] = asdict(summarize(np.zeros(runs["buy_and_hold"]["test"].metrics.n_days)))
-    periods = {name: {w: r.periods.as_dict() for w, r in run.items()} for name, run in runs.items()}
-    data.references[key] = table, periods
-    return table, periods
-
-
-def abstains(data: DeviceData, fold: Fold, cfg: TrainConfig) -> bool:
-    """`cfg.abstain` and the checked screen keeps no input on `fold`'s train slice. Leaves `fold`
-    active on `data`."""
-    if not cfg.abstain:
-        return False
-    if data.fold != fold:
-        data.set_fold(fold)
-    return frontend.screened_inputs(data, fold, cfg.cost, cfg.fill, cfg.screen_t).numel() == 0
+# --- a fold the learner abstains on ----------------------------------------------------
 
 
 def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, checkpoint_dir=None) -> FoldResult:
