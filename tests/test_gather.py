@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from test_learner import MEMBERS, SEEDS, alone, assert_same_fold, market_data  # noqa: F401 (a fixture)
 
@@ -22,6 +23,7 @@ def submit_all(gatherer: Gatherer, requests: list[tuple]) -> list[dict]:
         t.start()
     for t in threads:
         t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a request was never trained"
     return results
 
 
@@ -65,6 +67,22 @@ def test_populations_hold_at_most_k_and_one_fold_each(market_data):  # noqa: F81
     assert sorted(gatherer.sizes) == [1, 1, 2] and results[1]["status"] == "cancelled"
     assert [r["fold"]["k"] for r in results] == [fold.k, fold.k + 1, fold.k, fold.k]
     assert all(r["status"] == "ok" for i, r in enumerate(results) if i != 1)
+
+
+def test_equal_requests_are_each_trained(market_data):  # noqa: F811
+    """Two trials may ask for the same fold with the same config and seed (Optuna can suggest a
+    config twice): three equal requests queued together, two per population, are three results."""
+    data, fold = market_data
+    other = type(fold)(fold.k + 1, fold.train, fold.val, fold.test)
+    gatherer = Gatherer(data, k_max=2, wait_s=2.0, pad=False)
+    small = MEMBERS[0].replace(epochs=1, steps_per_epoch=2).as_dict()
+    first = threading.Thread(target=gatherer.train, args=(small, other.as_dict(), 0))
+    first.start()  # the device thread waits up to 2 s for its population: the equal three queue meanwhile
+    time.sleep(0.3)
+    results = submit_all(gatherer, [(small, fold.as_dict(), 1, None)] * 3)
+    first.join()
+    assert sorted(gatherer.sizes) == [1, 1, 2] and [r["status"] for r in results] == ["ok"] * 3
+    assert results[0]["val"] == results[1]["val"] == results[2]["val"]
 
 
 def test_a_failed_population_gets_its_error_and_its_trainer_is_not_reused(market_data, monkeypatch):  # noqa: F811

@@ -35,7 +35,7 @@ WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7
 TRAINER_CACHE = 2  # Trainers (stacked networks + graph) kept, by shape and size
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: two trials may send equal requests, and each is trained
 class Request:
     fold: dict
     seed: int
