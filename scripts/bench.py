@@ -3,6 +3,7 @@
     python scripts/bench.py                          # everything, sized to the device (see below)
     python scripts/bench.py --sections trainer --device cuda --json bench.json
     python scripts/bench.py --device cpu --size tiny                 # every section in seconds (CI runs it)
+    python scripts/bench.py --sweep runs/default                     # where a sweep's wall time went
 
 Sizes (--size): gpu, the goals' sizes (4M bars, batch 8192, 4096 envs, ...); cpu, ~a minute on 2
 cores; tiny, seconds. Default: gpu on a GPU, else cpu. A size given as a flag wins. Each result
@@ -15,6 +16,10 @@ Rows (goals from the issues, for one H200):
           `batch` + one env step of `envs` agents per learner step + greedy backtest over `val-bars`
           (<= 0.3 s), env steps/s, gradient samples/s, host syncs inside an epoch (0);
           with CUDA graphs and without (a solo trial: fxray.rl.trainer.Trainer of one member).
+  sweep   (--sweep RUN_DIR or its results.json) the time_breakdown of a sweep that ran: start-up,
+          fold setup, learner steps, backtests, overhead and idle, each part's named parts below it
+          (docs/tune.md, "Where the time goes"); a results.json from before the breakdown gets it
+          computed from its phases and workers.
 """
 
 from __future__ import annotations
@@ -244,9 +249,45 @@ def profile_step(trainer: Trainer, out: Path) -> None:
     out.write_text(prof.key_averages().table(sort_by=key, row_limit=40))
 
 
+SWEEP_PARTS = (  # time_breakdown's parts as the table names them, and each one's named parts
+    ("startup", "start-up: Ray, workers, data, Tune's first trials", "startup_parts"),
+    ("fold_setup", "fold setup", "fold_setup_parts"),
+    ("learner", "learner steps", None),
+    ("backtest", "val/test backtests and references", None),
+    ("overhead", "overhead: Tune, Optuna, MLflow, the driver", "overhead_parts"),
+    ("idle", "idle: no fold for a worker", None),
+)
+
+
+def sweep_results(path: Path) -> Path:
+    return path / "results.json" if path.is_dir() else path
+
+
+def bench_sweep(rows, path: Path) -> None:
+    """The time_breakdown of the sweep at `path` (a run directory or its results.json) as rows."""
+    from fxray.track.timing import time_breakdown
+
+    r = json.loads(sweep_results(path).read_text())
+    tb = r.get("time_breakdown") or time_breakdown(r["started"], r["wall_s"], r["phases"], r["workers"])
+    wall = r["wall_s"]
+    folds = sum(len(t["folds"]) for t in r["trials"])
+    rows.append(
+        ("sweep", f"wall: {r['n_trials']} trials, {folds} trial-folds, {tb['workers']} worker(s)", wall, "s", "")
+    )
+    for key, label, named in SWEEP_PARTS:
+        rows.append(("sweep", f"{label} ({tb[key + '_s'] / wall:.0%})", tb[key + "_s"], "s", ""))
+        for name, seconds in (tb.get(named) or {}).items():
+            rows.append(("sweep", f"  {name}", seconds, "s", ""))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", default="data,trainer", metavar="LIST", help="data, upload, trainer (comma-separated)")
+    p.add_argument(
+        "--sections",
+        metavar="LIST",
+        help="data, upload, trainer (comma-separated; default data,trainer without --sweep)",
+    )
+    p.add_argument("--sweep", type=Path, metavar="RUN_DIR", help="print where this sweep's wall time went")
     p.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", metavar="DEVICE", help="cpu or cuda"
     )
@@ -269,19 +310,26 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.sweep and not sweep_results(args.sweep).is_file():
+        print(
+            f"bench: error: --sweep {args.sweep}: no results.json there; give a sweep's run directory", file=sys.stderr
+        )
+        return 2
     size = args.size or ("gpu" if args.device.startswith("cuda") else "cpu")
     for k, v in SIZES[size].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     say(f"device {args.device}: {size} sizes " + ", ".join(f"{k}={getattr(args, k):,}" for k in SIZES[size]))
-    sections = set(args.sections.split(","))
+    sections = set((args.sections or ("" if args.sweep else "data,trainer")).split(","))
     rows: list[tuple] = ProgressRows()
+    if args.sweep:
+        bench_sweep(rows, args.sweep)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.cache
         if "data" in sections:
             say("data: synth 1M bars, features, fxcache write and open")
             path = bench_data(args, rows, Path(tmp))
-        if path is None:
+        if path is None and sections & {"upload", "trainer"}:
             from fxray.data.synth import SynthSpec, to_cache
 
             path = Path(tmp) / "bench.fxcache"

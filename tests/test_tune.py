@@ -188,6 +188,9 @@ def test_sweep_on_logical_gpus(tmp_path):
     assert sum(shares) == pytest.approx(1.0) and split["training_share"] > 0
     assert {"t_tune_started", "t_mlflow_ready", "t_worker_loaded", "t_workers_warm"} <= split.keys()
     assert split["t_worker_init"] <= split["t_worker_imported"] <= split["t_worker_loaded"] < split["t_workers_warm"]
+    tb = results["time_breakdown"]  # where the wall went (docs/tune.md): six parts adding up to it
+    parts = [tb[f"{k}_s"] for k in ("startup", "fold_setup", "learner", "backtest", "overhead", "idle")]
+    assert min(parts) >= 0 and tb["learner_s"] > 0 and sum(parts) == pytest.approx(results["wall_s"], rel=0.05)
     # the same folds trained by a plain loop (no Ray, no Tune, no MLflow) give the same val Sharpe
     plain = plain_replay(tmp_path, env)
     assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
@@ -207,6 +210,9 @@ def test_asha_stops_waste_no_fold(tmp_path):
     results = json.loads((tmp_path / "out.json").read_text())
     done = [t["folds_done"] for t in results["trials"]]
     assert len(done) == 8 and 2 in done and 3 in done, done  # some stopped at the rung, some went on
+    stopped = sum(t["stopped_early"] for t in results["trials"])
+    assert results["asha"]["rungs"] == [2] and results["asha"]["stopped_per_rung"] == [stopped]
+    assert f"ASHA stopped trials at its rungs: {stopped} at fold 2; {done.count(3)} of 8 ran all 3 folds" in out.stdout
     calls = [c for w in results["workers"] for c in w["calls"] if c[4] != "warmup"]
     assert [c[4] for c in calls].count("cancelled") == 0
     assert len(calls) == sum(done)  # every fold a worker started was one a trial reported

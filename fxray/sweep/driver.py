@@ -298,6 +298,7 @@ def finish(run: Run) -> int:
             periods_per_year=run.calendar.periods_per_year,
             n_trials_started=trials_started(storage),
             ensemble=vote.on_worker(run.workers),
+            asha=None if sweep["rounds"][-1].get("same_trials") else asha_rungs(run.exp, len(sweep["folds"])),
         )
     if unfinished:
         run.writer.finish("KILLED")
@@ -330,6 +331,16 @@ def finish(run: Run) -> int:
     if errors:
         print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
     return 1 if errors or lost else 0
+
+
+def asha_rungs(exp, n_folds: int) -> dict:
+    """results.json's asha block (less its counts): ASHA's settings and the folds done at each
+    rung it may stop a trial at (fxray.sweep.trial.asha_stops, less the last fold)."""
+    from fxray.sweep.trial import asha_stops
+
+    grace, rf = min(exp.sweep.grace_folds, n_folds), exp.sweep.reduction_factor
+    rungs = [s for s in asha_stops(n_folds, grace, rf) if s < n_folds]
+    return {"grace_folds": grace, "reduction_factor": rf, "rungs": rungs}
 
 
 TOP_LINKED = 5  # best trials the sweep's last lines and summary.md link to

@@ -20,6 +20,7 @@ from pathlib import Path
 from fxray.eval import pooled, selection
 from fxray.track.records import CSV_COLUMNS, FoldRecord, fold_checkpoints
 from fxray.track.report import equity_png, print_last_screen, seed_spread
+from fxray.track.timing import time_breakdown
 from fxray.track.verdict import json_ready, snooping_verdict
 from fxray.track.verdict import metrics as verdict_metrics
 from fxray.track.verdict import text as verdict_text
@@ -136,10 +137,13 @@ def write_results(
     periods_per_year: float | None = None,
     n_trials_started: int | None = None,
     ensemble=None,
+    asha: dict | None = None,
 ) -> dict:
     """folds.csv, equity.png and results.json in the run directory (and --json), the last
     screen on stdout; returns the parent run's summary metrics and artifacts.
-    `ensemble(results) -> dict`, if given, fills results["ensemble"] (fxray.sweep.vote)."""
+    `ensemble(results) -> dict`, if given, fills results["ensemble"] (fxray.sweep.vote).
+    `asha` ({"grace_folds", "reduction_factor", "rungs": folds done at each rung}, None where no
+    scheduler stopped trials) fills results["asha"] with the trials stopped at each rung."""
     storage, n_folds = Path(storage), len(sweep["folds"])
     trials = trials_table(records)
     if not trials:
@@ -159,6 +163,7 @@ def write_results(
         "started": started,
         "phases": phases or {},
         "wall_s": wall_s,
+        "time_breakdown": time_breakdown(started, wall_s, phases or {}, worker_stats) if started else None,
         "workers": worker_stats,
         "n_trials": len(trials),
         "trials": [
@@ -202,6 +207,8 @@ def write_results(
         row["stopped_early"] = t["folds_done"] < n_folds and t["status"] == "ok"
         row.update({k: t[k] for k in ("mean_val_sharpe", "mean_test_sharpe")}, val=stats[tid]["val"])
         row["test"] = stats[tid]["test"]
+    if asha is not None:
+        results["asha"] = {**asha, "stopped_per_rung": stopped_per_rung(results["trials"], asha["rungs"])}
     results["best"] = {
         "config": {**sweep["base"], **best["config"]},
         "sampled": best["config"],
@@ -217,6 +224,8 @@ def write_results(
         if "test" in results["ensemble"]:  # its members came from the same trials as the best one
             results["ensemble"].update(vote_deflated(results["ensemble"]["test"], stats, n_started))
     write_json(storage, json_path, results)
+    if asha is not None:
+        print(asha_line(results["asha"], results["trials"], n_folds))
     print_last_screen(results, names, n_folds)
     print(verdict_text(verdict))
     ckpt = max((f for f in best_folds if f.ok and f.checkpoint), key=lambda f: f.val_score, default=None)
@@ -244,6 +253,18 @@ def write_results(
         summary.update(ensemble_test_dsr=vote.get("dsr"), ensemble_members=vote["n_members"])
     summary.update(verdict_metrics(verdict))
     return {"mlflow_summary": {k: v for k, v in summary.items() if v is not None}, "artifacts": artifacts}
+
+
+def stopped_per_rung(trials: list, rungs: list) -> list[int]:
+    """The trials stopped early (results.json's `stopped_early`) at each rung (folds done)."""
+    return [sum(t.get("stopped_early", False) and t["folds_done"] == r for t in trials) for r in rungs]
+
+
+def asha_line(asha: dict, trials: list, n_folds: int) -> str:
+    """The last screen's line on ASHA: how many trials each rung stopped."""
+    stops = ", ".join(f"{n} at fold {r}" for n, r in zip(asha["stopped_per_rung"], asha["rungs"])) or "none: no rung"
+    full = sum(t["folds_done"] == n_folds for t in trials)
+    return f"ASHA stopped trials at its rungs: {stops}; {full} of {len(trials)} ran all {n_folds} folds"
 
 
 def vote_deflated(test: dict, stats: dict, n_started: int) -> dict:
