@@ -268,7 +268,7 @@ def bench_sweep(rows, path: Path) -> None:
     from fxray.track.timing import time_breakdown
 
     r = json.loads(sweep_results(path).read_text())
-    tb = r.get("time_breakdown") or time_breakdown(r["started"], r["wall_s"], r["phases"], r["workers"])
+    tb = r.get("time_breakdown") or time_breakdown(r["started"], r["wall_s"], r["phases"], r["workers"], r["trials"])
     wall = r["wall_s"]
     folds = sum(len(t["folds"]) for t in r["trials"])
     rows.append(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from fxray.data.folds import Fold
@@ -68,12 +68,8 @@ class Gatherer:
         # per population: [start, end (unix s), size, "warmup" | "training" | "cancelled"]; a
         # request's own call spans its wait in the queue too, so the report counts these
         self.runs: list[list] = []
-        # seconds of the training and cancelled populations by part (`run_parts`): what
-        # fxray.track.timing splits a worker's fold work into
-        self.parts: Counter = Counter()
         self.capture_retries = 0  # populations trained again on a fresh trainer after a failed capture
         self.built = 0  # trainers built (each one's networks, replay and graph)
-        self.build_s = 0.0  # the last population's trainer built or configured (s)
         threading.Thread(target=self._loop, name="fxray-population", daemon=True).start()  # the device thread
 
     def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False) -> dict:
@@ -145,12 +141,7 @@ class Gatherer:
             kind = "warmup" if first.warmup else "training"
             if all(r.status == "cancelled" for r in results):
                 kind = "cancelled"
-            t1 = time.time()
-            self.runs.append([t0, t1, n, kind])
-            if kind == "cancelled":  # learner steps no trial wanted (their results carry no timings)
-                self.parts["cancelled"] += t1 - t0
-            elif kind == "training":
-                self.parts.update(run_parts(results, t1 - t0, self.build_s))
+            self.runs.append([t0, time.time(), n, kind])
             for r, result in zip(batch, results):
                 r.result = {**result.as_dict(), "population": n}
         except BaseException as e:  # noqa: BLE001 - handed to every caller of the batch
@@ -170,10 +161,7 @@ class Gatherer:
         n, first = len(batch), batch[0]
         slots = min(self.k_max, 1 << (n - 1).bit_length()) if self.pad else n
         cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)
-        t0 = time.time()
-        trainer = self._trainer((first.key[0], slots), cfgs)
-        self.build_s = time.time() - t0
-        return trainer.run_fold(
+        return self._trainer((first.key[0], slots), cfgs).run_fold(
             Fold.from_dict(first.fold),
             [r.seed for r in batch] + [first.seed] * (slots - n),
             checkpoint_dirs=[r.checkpoint_dir for r in batch] + [None] * (slots - n),
@@ -202,28 +190,6 @@ class Gatherer:
             self.forgets.append([shape_of(make_config(config)), done])
             self.cond.notify_all()
         done.wait()
-
-
-def run_parts(results: list, run_s: float, build_s: float) -> dict:
-    """A trained population's `run_s` seconds by part, from its FoldResults' timings (the members
-    share the run: a part is its longest member's). trainer: built or configured for the run;
-    fold_switch: normalisation (set_fold), the front end, the demonstrator, fresh weights and
-    replay; learner: the epochs' steps; backtest: the val backtests, the references and the test
-    backtest; abstained: a fold the learner abstains on, whole (the screen, the references, the
-    flat policy scored); other: the rest (the abstain check, a CUDA graph capture, a seed
-    ensemble's mean-Q backtests, checkpoints)."""
-    timings = [r.timings for r in results]
-
-    def longest(key: str) -> float:
-        return max((t.get(key, 0.0) for t in timings), default=0.0)
-
-    if any(r.abstained for r in results):  # decided once for the population's fold
-        parts = {"abstained": longest("total_s")}
-    else:
-        parts = {"fold_switch": longest("fold_switch_s"), "learner": longest("train_s"), "backtest": longest("eval_s")}
-    parts["trainer"] = build_s
-    parts["other"] = max(run_s - sum(parts.values()), 0.0)
-    return parts
 
 
 def shape_of(cfg) -> str:

@@ -153,7 +153,6 @@ class DeviceWorker:
             "n_trainers": self.gatherer.built,
             "populations": list(self.gatherer.sizes),
             "population_runs": list(self.gatherer.runs),
-            "run_parts": dict(self.gatherer.parts),  # seconds of those runs by part (fxray.sweep.gather.run_parts)
             "capture_retries": self.gatherer.capture_retries,
             "calls": list(self.calls),
             "running": self.running,

@@ -163,7 +163,7 @@ def write_results(
         "started": started,
         "phases": phases or {},
         "wall_s": wall_s,
-        "time_breakdown": time_breakdown(started, wall_s, phases or {}, worker_stats) if started else None,
+        "time_breakdown": None,  # below, from the trials' folds
         "workers": worker_stats,
         "n_trials": len(trials),
         "trials": [
@@ -178,6 +178,8 @@ def write_results(
         ],
         "best": None,
     }
+    if started is not None:
+        results["time_breakdown"] = time_breakdown(started, wall_s, phases or {}, worker_stats, results["trials"])
     if best is None:  # every trial diverged: results.json says so (no best trial, no verdict)
         write_json(storage, json_path, results)
         print(f"\nno best trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")

@@ -1,20 +1,22 @@
 """Where a sweep's wall time went: results.json's `time_breakdown` (docs/tune.md, "Where the time goes").
 
-    breakdown = time_breakdown(started, wall_s, phases, workers)
+    breakdown = time_breakdown(started, wall_s, phases, workers, trials)
 
     wall_s = startup_s + fold_setup_s + learner_s + backtest_s + overhead_s + idle_s
 
-Built from what the sweep records: the driver's start-up milestones (`phases`, unix times) and
-each FoldWorker's stats (fxray.sweep.workers): the populations its device thread ran
-(`population_runs`: start, end, size, kind) and their seconds by part (`run_parts`, from each
-fold's timings: fxray.sweep.gather.run_parts). The driver's clock runs from `started` to
-`started + wall_s`; the sweep's first fold starts at `lo`, its last fold ends at `hi`:
+Built from what the sweep records: the driver's start-up milestones (`phases`, unix times),
+each FoldWorker's stats (fxray.sweep.workers: the populations its device thread ran,
+`population_runs` [start, end, size, kind]; a results.json from before them has its `calls`,
+one at a time then), and each fold's timings (`trials[].folds[].timings`: fold_switch_s,
+train_s, eval_s, fold_time_s, and the worker and population it ran in). The driver's clock
+runs from `started` to `started + wall_s`; the sweep's first fold starts at `lo`, its last fold
+ends at `hi`:
 
     [started, lo)   start-up, for every worker
-    [lo, hi)        each worker's own time: its fold runs split by part, the gaps between its
-                    runs (overhead: the trial's report, Tune, Optuna, the lease and Ray's call),
-                    the gaps before its first fold and after its last (idle: no trial had a fold
-                    for it), a warm-up run (start-up)
+    [lo, hi)        each worker's own time: its fold runs split by part (its folds' timings), the
+                    gaps between its runs (overhead: the trial's report, Tune, Optuna, the lease
+                    and Ray's call), the gaps before its first fold and after its last (idle: no
+                    trial had a fold for it), a warm-up run (start-up)
     [hi, end)       overhead: Tune ending, then the driver's results
 
 A worker's seconds add up to wall_s; each part is the mean over the workers (one worker of
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-SETUP = ("trainer", "fold_switch", "abstained", "other")  # fxray.sweep.gather.run_parts's setup parts
+SETUP = ("fold_switch", "abstained", "other")  # fold_setup_s's parts (worker_time)
 # the driver's start-up milestones in the order it reaches them (fxray.sweep.driver), each part
 # named for what ends at it
 STARTUP = (
@@ -38,17 +40,18 @@ STARTUP = (
 )
 
 
-def time_breakdown(started: float, wall_s: float, phases: dict, workers: list) -> dict:
-    """results.json's time_breakdown (seconds; see the module's docstring)."""
+def time_breakdown(started: float, wall_s: float, phases: dict, workers: list, trials: list) -> dict:
+    """results.json's time_breakdown (seconds; see the module's docstring). `trials`: results.json's."""
     end = started + wall_s
-    logs = [w.get("population_runs") or [] for w in workers]
+    logs = [device_runs(w) for w in workers]
     folds = [r for log in logs for r in log if r[3] != "warmup"]
     lo = min(max(min((r[0] for r in folds), default=end), started), end)
     hi = min(max(max((r[1] for r in folds), default=lo), lo), end)
+    timings = fold_timings(trials, started, len(workers))
     total: Counter = Counter()
     busy = []
-    for w, log in zip(workers, logs):
-        mine = worker_time(log, w.get("run_parts") or {}, lo, hi)
+    for log, parts in zip(logs, timings):
+        mine = worker_time(log, parts, lo, hi)
         busy.append(sum(v for k, v in mine.items() if k not in ("warmup", "between", "idle")) / max(wall_s, 1e-9))
         total.update(mine)
     n = max(len(workers), 1)
@@ -72,10 +75,41 @@ def time_breakdown(started: float, wall_s: float, phases: dict, workers: list) -
     return out
 
 
-def worker_time(log: list, parts: dict, lo: float, hi: float) -> Counter:
-    """One worker's seconds in [lo, hi): its fold runs by part (`parts` scaled to the runs'
-    length), warm-up runs, the gaps between fold runs ("between") and before its first and after
-    its last ("idle"). Its runs never overlap (one device thread)."""
+def device_runs(worker: dict) -> list:
+    """[start, end, size, kind] of each population the worker ran; from a results.json before
+    population_runs, its calls (one fold at a time then; status "warmup", "cancelled" or a fold's)."""
+    if "population_runs" in worker:
+        return worker["population_runs"]
+    kinds = ("warmup", "cancelled")
+    return [
+        [a, b, 1, status if status in kinds else "training"] for a, b, _token, _k, status in worker.get("calls", [])
+    ]
+
+
+def fold_timings(trials: list, started: float, n_workers: int) -> list[Counter]:
+    """Per worker, the seconds its folds of this session report by part: fold_switch, learner
+    (train_s), backtest (eval_s), abstained (a fold not trained: its whole fold_time_s). A
+    population's members share its run and each reports it: each counts 1/size of it."""
+    out = [Counter() for _ in range(n_workers)]
+    for fold in (f for t in trials for f in t["folds"]):
+        timings, worker = fold.get("timings") or {}, fold.get("worker", -1)
+        if not 0 <= worker < n_workers or (timings.get("trial_start") or 0.0) < started:
+            continue  # logged by an earlier session of the sweep (its trial started before this one)
+        share = 1.0 / max(fold.get("population") or 1, 1)
+        if fold.get("epochs", 0) == 0 and fold.get("status") == "ok":  # abstained: nothing trained
+            out[worker]["abstained"] += share * timings.get("fold_time_s", 0.0)
+            continue
+        out[worker]["fold_switch"] += share * timings.get("fold_switch_s", 0.0)
+        out[worker]["learner"] += share * timings.get("train_s", 0.0)
+        out[worker]["backtest"] += share * timings.get("eval_s", 0.0)
+    return out
+
+
+def worker_time(log: list, parts: Counter, lo: float, hi: float) -> Counter:
+    """One worker's seconds in [lo, hi): its fold runs by part (`parts`, what its folds report;
+    "other" the rest of the runs: trainers built, CUDA graphs captured, seed ensembles' mean-Q
+    backtests, checkpoints), cancelled and warm-up runs, the gaps between fold runs ("between")
+    and before its first and after its last ("idle"). Its runs never overlap (one device thread)."""
     runs = sorted((max(a, lo), min(b, hi), kind) for a, b, _size, kind in log if b > lo and a < hi)
     fold = [(a, b) for a, b, kind in runs if kind != "warmup"]
     first, last = (fold[0][0], max(b for _, b in fold)) if fold else (hi, hi)
@@ -84,15 +118,15 @@ def worker_time(log: list, parts: dict, lo: float, hi: float) -> Counter:
     for a, b, kind in runs:
         if a > t:
             out["idle" if a <= first or t >= last else "between"] += a - t
-        if kind == "warmup":
-            out["warmup"] += b - max(a, t)
+        if kind in ("warmup", "cancelled"):  # cancelled: a population no trial wanted (no fold logged)
+            out[kind] += b - a
         t = max(t, b)
     out["idle"] += hi - t
-    fold_s = sum(b - a for a, b in fold)
-    scale = fold_s / sum(parts.values()) if sum(parts.values()) > 0 else 0.0
+    fold_s = sum(b - a for a, b, kind in runs if kind not in ("warmup", "cancelled"))
+    measured = sum(parts.values())
+    scale = min(1.0, fold_s / measured) if measured > 0 else 0.0  # a population's mean member is < its run
     out.update({k: v * scale for k, v in parts.items()})
-    if not scale:  # runs without parts (a results.json from before them): all setup
-        out["other"] += fold_s
+    out["other"] += fold_s - measured * scale
     return out
 
 
