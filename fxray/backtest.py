@@ -9,8 +9,10 @@ The greedy policy from flat over the window (fxray.eval.backtest), filled as the
 says (next open or close), at the bundle's cost (or --cost), with the inputs normalised by
 the bundle's train-slice statistics, never by the new data's. Reported: the window's
 metrics, the pooled hourly Sharpe with its standard error and PSR, break-even cost, and
-buy-and-hold and flat beside it (docs/policy.md). Data whose feature names or order differ
-from the bundle's is refused. Every failure is one line on stderr and exit 2.
+buy-and-hold and flat beside it (docs/policy.md). Any market will do whose inputs the policy
+can read: its features (built by this fxray) and the order-flow columns the policy reads, by
+name (a policy trained on bars alone reads none; the data's others are fed 0, as in training).
+Every failure is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import torch
 
 from fxray.cli import Parser, atomic_open, check_file_out, run_command
 from fxray.data import cache
-from fxray.policy.bundle import check_inputs, load
+from fxray.data.arrays import host_arrays
+from fxray.policy.bundle import check_features, load, need_export_extra, ofi_inputs
 from fxray.policy.frozen import ENGINES, q_values, score
 from fxray.rl.device import DeviceData
 from fxray.track.report import bp, fmt, sharpe_line
@@ -72,14 +75,17 @@ def run(args) -> dict:
     check_file_out(args.positions, "--positions")
     bundle = load(args.policy)
     market = cache.open(args.data)
-    check_inputs(bundle, market.feature_names, market.ofi_names, str(args.data))
+    check_features(bundle, market.feature_names, str(args.data))
+    ofi = ofi_inputs(bundle, market.ofi_names, market.ofi, str(args.data))  # BundleError: what it lacks
     if args.engine not in ENGINES:
         raise ValueError(f"--engine {args.engine!r}: use one of {', '.join(ENGINES)}")
+    if args.engine == "onnxruntime":
+        need_export_extra("--engine onnxruntime", ("onnxruntime",))
     if args.cost is not None and not 0 <= args.cost < 0.1:
         raise ValueError(f"--cost {args.cost}: must be in [0, 0.1) (return units per unit of position change)")
     device = resolve_device(args.device)
     window = choose_window(args, bundle, market)
-    data = DeviceData(market, device, dtype=bundle.input_dtype)
+    data = DeviceData({**host_arrays(market), "ofi": ofi}, device, dtype=bundle.input_dtype)
     q = q_values(bundle, data, window, args.engine)
     report, result = score(bundle, data, window, q, args.cost)
     start, end = window
@@ -96,12 +102,16 @@ def run(args) -> dict:
             "n_bars": market.n_bars,
             "same_as_training": market.content_hash == bundle.content_hash,
         },
+        "ofi_read": bundle.ofi_read,  # the order flow the policy reads; the data's other columns it is fed as 0
         "window": {"start": start, "end": end, "first": iso(market.ts[start]), "last": iso(market.ts[end - 1])},
         "engine": args.engine,
         "device": device,
         **report,
     }
     print_report(out, bundle)
+    unread = [n for j, n in enumerate(market.ofi_names) if n not in bundle.ofi_read and np.any(market.ofi[:, j])]
+    if unread:
+        print(f"  note: this policy does not read the data's order flow {', '.join(unread)}")
     if args.positions:  # ts (ns, bar close), position: the decision at each bar's close
         with atomic_open(args.positions) as f:
             f.write("ts,position\n")

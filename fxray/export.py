@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fxray.cli import Parser, check_file_out, run_command
 from fxray.data import cache
+from fxray.policy.bundle import need_export_extra
 from fxray.policy.export import MODELS, ExportError, check_out, choose, export_bundle, load_candidate, load_folder
 
 
@@ -82,6 +83,7 @@ def main(argv=None) -> int:
 
 
 def export(args) -> dict:
+    need_export_extra("fxray export")  # it writes ONNX (onnx) and checks it (onnxruntime)
     check_out(args.out, args.force)  # before any work: what is at --out is replaced only if a bundle
     check_file_out(args.json, "--json")
     source_path = Path(args.source)
@@ -119,11 +121,12 @@ def export(args) -> dict:
     manifest = export_bundle(members, market, args.out, model=args.model, source=source, force=args.force)
     scores = {m["name"]: "n/a" if m["val_score"] is None else f"{m['val_score']:+.2f}" for m in manifest["members"]}
     names = ", ".join(f"{name} (val score {score})" for name, score in scores.items())
-    net, graph = manifest["network"], manifest["onnx"]
+    net, graph, read = manifest["network"], manifest["onnx"], manifest["inputs"]["ofi_read"]
     print(
         f"wrote {args.out}: {args.model} = {names}; {net['hidden']}x{net['depth']} QNetwork, ONNX opset "
         f"{graph['opset']} (max |ONNX - torch| {graph['max_abs_diff_vs_torch']:.2g}), "
-        f"cost {manifest['trading']['cost']:g}, fill {manifest['trading']['fill']}, data {market.content_hash}"
+        f"cost {manifest['trading']['cost']:g}, fill {manifest['trading']['fill']}, data {market.content_hash}; "
+        f"reads {'order flow ' + ', '.join(read) if read else 'bars alone (no order flow)'}"
     )
     return manifest
 

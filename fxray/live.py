@@ -9,10 +9,11 @@ has an adapter for an event-driven engine's bar callback).
 
 --format csv (the default, for files and stdin): a header line, then one bar per line:
 ts (or timestamp / timestamp_utc / time / datetime: the bar CLOSE time, as int ns since
-epoch or ISO 8601; naive times are UTC unless --tz), open, high, low, close, and
-optionally volume and the bundle's ofi columns by name. Read strictly: a bar out of time
-order or with a NaN / non-positive price is an error, not skipped. Other formats
-(histdata, lean, parquet) are read and cleaned by fxray.data.bars.load_bars first.
+epoch or ISO 8601; naive times are UTC unless --tz), open, high, low, close, optionally
+volume, and the order-flow columns the policy reads, by name (none for a policy trained on
+bars alone: an OHLCV file will do; other columns are not read). Read strictly: a bar out of
+time order or with a NaN / non-positive price is an error, not skipped. Other formats
+(histdata, lean, parquet; no order flow) are read and cleaned by fxray.data.bars.load_bars first.
 Output: `ts,position` per bar, position -1 / 0 / 1, or `warmup` for the first
 MAX_LOOKBACK bars. Errors: one line on stderr naming the line, exit 2; --out is
 written atomically (nothing on error).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gzip
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ import numpy as np
 
 from fxray.cli import Parser, atomic_open, check_file_out, run_command
 from fxray.data.stream import StreamError
+from fxray.policy.bundle import missing_ofi
 from fxray.policy.live import ENGINES, WARMING_UP, Policy, to_ns
 
 __all__ = ["Policy", "WARMING_UP", "main"]
@@ -60,8 +63,9 @@ def parse_ts(text: str, tz) -> int:
     return to_ns(t)
 
 
-def csv_bars(lines, where: str, ofi_names: list[str], tz):
-    """(line number, ts text, ts ns, open, high, low, close, volume, ofi or None) per data line."""
+def csv_bars(lines, where: str, bundle, tz):
+    """(line number, ts text, ts ns, open, high, low, close, volume, ofi or None) per data line;
+    ofi: {name: value} of the columns `bundle` reads (its other ofi columns are not read)."""
     header = next(lines, None)
     if header is None:
         raise ValueError(f"{where}: empty; the first line must be a header (ts,open,high,low,close[,volume])")
@@ -71,9 +75,8 @@ def csv_bars(lines, where: str, ofi_names: list[str], tz):
     if missing:
         raise ValueError(f"{where}: header {header.strip()!r} lacks {', '.join(missing)}")
     at = {c: cols.index(c) for c in cols}
-    ofi_at = [at[n] for n in ofi_names if n in at]
-    if ofi_at and len(ofi_at) != len(ofi_names):
-        raise ValueError(f"{where}: give all ofi columns ({', '.join(ofi_names)}) or none")
+    ofi_at = {n: at[n.lower()] for n in bundle.ofi_read if n.lower() in at}  # the header read lower-cased
+    missing_ofi(bundle, ofi_at, where, f"its header: {header.strip()}", feed=True)
     for number, line in enumerate(lines, start=2):
         if not line.strip():
             continue
@@ -84,7 +87,7 @@ def csv_bars(lines, where: str, ofi_names: list[str], tz):
             ts_text = cells[at[ts_col]].strip()
             values = [float(cells[at[c]]) for c in ("open", "high", "low", "close")]
             volume = float(cells[at["volume"]]) if "volume" in at else None
-            ofi = [float(cells[j]) for j in ofi_at] or None
+            ofi = {n: float(cells[j]) for n, j in ofi_at.items()} or None
             ts = parse_ts(ts_text, tz)
         except ValueError as e:
             raise ValueError(f"{where} line {number}: {e}") from None
@@ -109,9 +112,12 @@ def stream(args, policy: Policy, out, tz) -> dict:
     where = "stdin" if live else str(args.bars)
     if args.format == "csv":
         source = sys.stdin if live else (gzip.open if where.endswith(".gz") else open)(args.bars, "rt")
-        bars = csv_bars(iter(source), where, policy.ofi_names, tz)
+        bars = csv_bars(iter(source), where, policy.bundle, tz)
     else:
         bars = loaded_bars(args.bars, args.format, args.tz)
+        first = next(bars, None)  # the file read and cleaned (its errors first), then what it lacks
+        missing_ofi(policy.bundle, (), where, f"--format {args.format} bars carry no order flow", feed=True)
+        bars = itertools.chain([] if first is None else [first], bars)
     latency, positions, changes, last = [], 0, 0, 0
     out.write("ts,position\n")
     for number, ts_text, ts, o, h, l, c, v, ofi in bars:

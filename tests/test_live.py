@@ -88,7 +88,7 @@ def test_bad_bars_are_refused_and_leave_the_policy_as_it_was(bundle_dirs, eurusd
         ((bars.ts[150], o, h, l, c), {}, "is not after the previous bar's"),
         ((ts, o, h, l, float("nan")), {}, "close = nan"),
         ((ts, o, h, l, c), {"ofi": [0.0] * 7}, "ofi must be 8 finite values"),
-        ((ts, o, h, l, c), {"ofi": {"vpin": 1.0}}, "give exactly ofi_l1"),
+        ((ts, o, h, l, c), {"ofi": {"vpin": 1.0, "ofi": 2.0}}, r"ofi keys \['ofi', 'vpin'\]: ofi not among ofi_l1"),
         ((float(ts), o, h, l, c), {}, "give int ns since epoch"),
     ]:
         with pytest.raises(StreamError, match=needle):
@@ -98,6 +98,22 @@ def test_bad_bars_are_refused_and_leave_the_policy_as_it_was(bundle_dirs, eurusd
         positions.append(policy.on_bar(bars.ts[i], bars.open[i], bars.high[i], bars.low[i], bars.close[i]))
     again = Policy(bundle_dirs["last"])
     assert stream_positions(again, bars, 400)[199:] == positions
+
+
+def test_a_policy_trained_on_bars_is_not_moved_by_order_flow(bundle_dirs, eurusd_trained):
+    """It reads none (its ofi columns were zeros in training: bundle.ofi_read is empty): the
+    order flow it is given, in order or by name, is not read (fed 0, as in training): the
+    positions and Q-values it has without any."""
+    bars, n = eurusd_trained["bars"], 400
+    flow = np.random.default_rng(0).normal(0, 3, (n, 8))
+    plain, given, named = (Policy(bundle_dirs["last"]) for _ in range(3))
+    assert plain.bundle.ofi_read == []
+    for i in range(n):
+        bar = bars.ts[i], bars.open[i], bars.high[i], bars.low[i], bars.close[i]
+        want = plain.on_bar(*bar)
+        assert given.on_bar(*bar, None, flow[i]) == want == named.on_bar(*bar, ofi=dict(zip(named.ofi_names, flow[i])))
+        assert np.array_equal(given.q, plain.q, equal_nan=True) and np.array_equal(named.q, plain.q, equal_nan=True)
+    assert not plain.warming_up and not np.isnan(plain.q).any()
 
 
 def test_timestamps_as_datetimes_and_numpy():

@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from fxray import backtest, export, live
 from fxray.data import cache
+from fxray.data.schema import OFI_NAMES
+from fxray.live import WARMING_UP, Policy
 from fxray.policy import onnx
-from fxray.policy.bundle import BundleError, load
+from fxray.policy.bundle import BundleError, load, reads_ofi
 from fxray.policy.export import ExportError, choose, export_bundle, load_candidate
 from fxray.policy.frozen import q_network, q_values
 from fxray.rl.checkpoint import load_checkpoint
@@ -28,6 +31,21 @@ ROOT = Path(__file__).resolve().parents[1]
 def cli(module, args, cwd, timeout=300):
     cmd = [sys.executable, "-m", module, *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def synth_bundle(synth_cache, tmp_path_factory):
+    """A policy trained on the synthetic market (whose order-flow columns carry its signal): one
+    fold of experiments/smoke.yaml, one epoch (~1 s), exported as `last`."""
+    from fxray import train
+
+    d = tmp_path_factory.mktemp("synth_policy")
+    argv = ["--data", synth_cache, "--experiment", ROOT / "experiments/smoke.yaml", "--device", "cpu"]
+    argv += ["--folds", "0", "--epochs", "1", "--checkpoint-dir", d / "ckpt"]
+    assert train.main([str(a) for a in argv]) == 0
+    cand = load_candidate(d / "ckpt/seed0/fold0.safetensors")
+    export_bundle([cand], cache.open(synth_cache), d / "policy", model="last", source={"kind": "test"})
+    return d / "policy"
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +174,95 @@ def test_export_refuses_data_the_checkpoint_was_not_trained_on(eurusd_trained, s
     assert not (tmp_path / "b").exists() and not list(tmp_path.iterdir())  # nothing half-written
 
 
+# --- on another market: the inputs the policy reads -----------------------------------------
+
+SYNTH_FLOW = ["flow_imbalance", "depth_imbalance", "trade_imbalance", "flow_intensity"]  # the views of its signal
+
+
+def bars_csv(path: Path, bars, n: int, ofi: dict | None = None) -> Path:
+    """The first n bars as the live CLI's CSV (ts as int ns; floats round-trip), with `ofi` columns."""
+    cols = {"ts": bars.ts, "open": bars.open, "high": bars.high, "low": bars.low, "close": bars.close}
+    cols.update(ofi or {})
+    rows = (",".join(str(int(c[i])) if k == "ts" else repr(float(c[i])) for k, c in cols.items()) for i in range(n))
+    path.write_text(",".join(cols) + "\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_which_order_flow_a_policy_reads():
+    """reads_ofi: an ofi column is read where some member weighs it and saw it other than 0 in
+    training; one of zeros in training (bars alone: mean 0, inv_std 1) or of zero weight (a
+    ridge front end's screen dropped it) is fed 0 and needed nowhere."""
+    w = np.ones((4, 5), np.float32)
+    w[:, 3] = 0  # 2 features, then ofi a, b, c: b has no weight
+    mean, inv_std = np.array([1, 2, 0.5, 0.3, 0], np.float32), np.array([1, 1, 2, 4, 1], np.float32)
+    assert reads_ofi([(w, mean, inv_std)], 2, ["a", "b", "c"]) == ["a"]  # c: zeros in training
+    varied = inv_std.copy()
+    varied[4] = 3.0  # another member saw c vary
+    assert reads_ofi([(w, mean, inv_std), (w, mean, varied)], 2, ["a", "b", "c"]) == ["a", "c"]
+
+
+def test_a_policy_trained_on_bars_runs_on_a_market_with_other_order_flow(bundles, synth_cache, tmp_path, capsys):
+    """The policy of the real EURUSD bars reads no order flow (its ofi columns were zeros in
+    training). On the synthetic market, whose ofi columns have other names and carry its signal,
+    it runs, fed 0 there as in training: the positions and numbers it has on the same bars
+    without order flow (zeros under fxray's own ofi names, as a cache built from bars)."""
+    assert load(bundles["last"]).ofi_read == []
+    m = cache.open(synth_cache)
+    bare = tmp_path / "bare.fxcache"
+    cache.write(bare, m.ts, m.features, None, m.targets, feature_names=list(m.feature_names),
+                ofi_names=list(OFI_NAMES), instrument="SYNTH", bar="1min", source="test")  # fmt: skip
+    out = {}
+    for name, data in (("synth", synth_cache), ("bare", bare)):
+        args = ["--policy", bundles["last"], "--data", data, "--device", "cpu", "--json", tmp_path / f"{name}.json"]
+        assert backtest.main([str(a) for a in [*args, "--positions", tmp_path / f"{name}.csv"]]) == 0
+        out[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    assert f"does not read the data's order flow {', '.join(SYNTH_FLOW)}" in capsys.readouterr().out
+    assert out["synth"]["policy"] == out["bare"]["policy"] and out["synth"]["policy"]["metrics"]["n_trades"] > 0
+    assert (tmp_path / "synth.csv").read_text() == (tmp_path / "bare.csv").read_text()
+
+
+def test_a_policy_that_reads_order_flow_is_refused_where_it_is_missing(
+    synth_bundle, synth_cache, eurusd_trained, tmp_path, capsys
+):
+    """The synthetic market's policy reads its 4 order-flow views (not the 4 unused columns,
+    zeros in training). On real bars, which have none: one line naming them and what to do,
+    exit 2, nothing written, from the backtest and from the live CLI fed an OHLCV CSV (its
+    header tells). Where they are, it runs: a CSV that carries them (the unused ones need not
+    be there: what it is given in them is not read), and a synthetic market (the message's fix)."""
+    from fxray.data.synth import GENERATOR_VERSION
+
+    bundle = load(synth_bundle)
+    assert bundle.ofi_read == SYNTH_FLOW and bundle.manifest["inputs"]["ofi_read"] == SYNTH_FLOW
+    jan, bars = eurusd_trained["cache"], eurusd_trained["bars"]
+    trained = f"it was trained on SYNTH from fxray.synth v{GENERATOR_VERSION}"
+    argv = ["--policy", str(synth_bundle), "--data", str(jan), "--json", str(tmp_path / "bt.json")]
+    assert backtest.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {jan}: lacks the order flow this policy reads: {', '.join(SYNTH_FLOW)} ({trained}; its ofi columns "
+        "are all zeros: bars only); only fxray's synthetic markets have these columns: backtest it on one (fxray "
+        f"data synth), or train a policy on this data (fxray tune --experiment EXPERIMENT.yaml --data {jan})"
+    ]
+    ohlc = bars_csv(tmp_path / "ohlc.csv", bars, 300)
+    assert live.main(["--policy", str(synth_bundle), "--bars", str(ohlc), "--out", str(tmp_path / "pos.csv")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {ohlc}: lacks the order flow this policy reads: {', '.join(SYNTH_FLOW)} ({trained}; its header: "
+        "ts,open,high,low,close); only fxray's synthetic markets have these columns, no feed of real bars does: run "
+        "a policy trained on bars (fxray tune --experiment EXPERIMENT.yaml --data BARS.fxcache)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ohlc.csv"]
+    rng = np.random.default_rng(0)
+    flow = rng.normal(0, 1, (300, 8))
+    given = bars_csv(tmp_path / "flow.csv", bars, 300, dict(zip(SYNTH_FLOW, flow.T)))
+    assert live.main(["--policy", str(synth_bundle), "--bars", str(given), "--out", str(tmp_path / "pos.csv")]) == 0
+    streamed = [line.split(",")[1] for line in (tmp_path / "pos.csv").read_text().splitlines()[1:]]
+    policy = Policy(bundle)  # all 8 columns given, the unused ones random: the same positions
+    want = [policy.on_bar(bars.ts[i], bars.open[i], bars.high[i], bars.low[i], bars.close[i], None, flow[i])
+            for i in range(300)]  # fmt: skip
+    assert streamed == [("warmup" if p is WARMING_UP else str(p)) for p in want] and len(set(streamed)) > 2
+    capsys.readouterr()
+    assert backtest.main(["--policy", str(synth_bundle), "--data", str(synth_cache), "--device", "cpu"]) == 0
+
+
 # --- bad input: one line, exit 2, nothing written ------------------------------------------
 
 
@@ -240,6 +347,30 @@ def test_backtest_bad_input_is_one_line(case, needle, bundles, eurusd_trained, t
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert not (tmp_path / "bt.json").exists()
+
+
+def test_without_the_export_extra_it_is_one_line_naming_it(eurusd_trained, bundles, tmp_path, monkeypatch, capsys):
+    """As after the quick start's `pip install -c constraints.txt -e .` (no extras): onnx and
+    onnxruntime are not importable. `fxray export` (it writes ONNX and checks it with onnxruntime):
+    one line naming the extra and its command, exit 2, nothing written; `backtest --engine
+    onnxruntime` the same; the default engine (torch) needs neither."""
+    monkeypatch.setitem(sys.modules, "onnx", None)  # what `import onnx` does where it is not installed
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    out = tmp_path / "out"
+    argv = [eurusd_trained["checkpoints"], "--data", eurusd_trained["cache"], "--out", out / "policy"]
+    assert export.main([str(a) for a in [*argv, "--json", out / "export.json"]]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: fxray export needs the `export` extra (onnx, onnxruntime not installed): "
+        "pip install -c constraints.txt -e '.[export]'"
+    ]
+    assert not out.exists()
+    bt = ["--policy", str(bundles["last"]), "--data", str(eurusd_trained["cache"]), "--device", "cpu"]
+    assert backtest.main([*bt, "--engine", "onnxruntime"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --engine onnxruntime needs the `export` extra (onnxruntime not installed): "
+        "pip install -c constraints.txt -e '.[export]'"
+    ]
+    assert backtest.main(bt) == 0
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@
     bundle = load("policy/")       # BundleError (one line naming the file and the fix)
     bundle.members                 # [Member]: name, fold, weights (numpy), mean, inv_std, onnx path
     bundle.feature_names, bundle.ofi_names, bundle.cost, bundle.fill, bundle.warmup_bars
+    bundle.ofi_read                # the order-flow columns the policy reads (reads_ofi)
+    ofi = ofi_inputs(bundle, market.ofi_names, market.ofi, "new.fxcache")  # the policy's view of them
 
     policy/
       manifest.json                format "fxray.policy", version, and every fact below
@@ -15,6 +17,12 @@ member.q_all((x_t - member.mean) * member.inv_std), x_t = features ++ ofi (float
 greedy policy is p_t = argmax_a Q[t, p_{t-1} + 1, a] - 1 from flat (docs/policy.md).
 Every file's sha256 is in the manifest: a changed or missing file is refused, not used.
 
+Which inputs a policy needs: the 42 features, which every fxray computes from bars, and the
+order-flow columns it reads (`reads_ofi`); every other ofi column is fed 0, its value in every
+bar the policy trained on. So a policy trained on bars alone runs on any bars (an OHLCV feed,
+another market's fxcache, with or without order flow), and one that reads order flow runs only
+where those columns are, by name (`ofi_inputs`, `missing_ofi`).
+
 numpy and safetensors only: a live process needs no torch (fxray.policy.live).
 """
 
@@ -26,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from fxray.data.schema import OFI_NAMES
 
 FORMAT = "fxray.policy"
 VERSION = 1
@@ -64,6 +74,7 @@ class Bundle:
     warmup_bars: int
     input_dtype: str  # float32 | bfloat16: the inputs' precision in training
     content_hash: str  # the training data's
+    ofi_read: list[str]  # the ofi columns the policy reads (reads_ofi), in ofi_names order
 
 
 def sha256(path: Path) -> str:
@@ -72,6 +83,19 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+EXPORT_EXTRA = "pip install -c constraints.txt -e '.[export]'"  # onnx, onnxruntime (pyproject.toml)
+
+
+def need_export_extra(who: str, modules=("onnx", "onnxruntime")) -> None:
+    """ValueError, one line naming the extra and its install command, unless `modules` are
+    installed (the quick start's `pip install -e .` leaves them out)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]  # None: not importable
+    if missing:
+        raise ValueError(f"{who} needs the `export` extra ({', '.join(missing)} not installed): {EXPORT_EXTRA}")
 
 
 FILLS = ("next_open", "close")
@@ -138,7 +162,28 @@ def load(path) -> Bundle:
     names = inputs["feature_names"], inputs["ofi_names"]
     dtype = manifest["network"].get("input_dtype", "float32")
     facts = float(trading["cost"]), trading["fill"], int(inputs["warmup_bars"]), dtype, manifest["data"]["content_hash"]
-    return Bundle(root, manifest, members, *names, *facts)
+    read = reads_ofi([(m.weights["market_in.weight"], m.mean, m.inv_std) for m in members], len(names[0]), names[1])
+    if inputs.get("ofi_read", read) != read:
+        raise BundleError(
+            f"{manifest_path}: inputs.ofi_read differs from the members' weights'; export the bundle again"
+        )
+    return Bundle(root, manifest, members, *names, *facts, read)
+
+
+def reads_ofi(members, n_features: int, ofi_names) -> list[str]:
+    """The ofi columns a policy reads: those that some member weighs (a nonzero column of its
+    first layer) and saw other than 0 in training (a column that was 0 on every bar of the
+    train slice has mean 0 and inv_std 1, fxray.rl.device.DeviceData.set_fold). Every other
+    column the policy is fed 0, its value in training: a policy trained on bars alone (whose
+    ofi columns are zeros) reads no order flow, and a column its front end dropped (dqn.inputs:
+    ridge with a screen) none at all. `members`: (first-layer weight (H, n_inputs), mean,
+    inv_std) per member."""
+    read = []
+    for j, name in enumerate(ofi_names):
+        col = n_features + j
+        if any(np.any(w[:, col] != 0) and not (mean[col] == 0 and inv_std[col] == 1) for w, mean, inv_std in members):
+            read.append(name)
+    return read
 
 
 def _says(e: Exception) -> str:
@@ -206,16 +251,57 @@ def check_files(root: Path, files: dict) -> None:
             raise BundleError(f"{file}: sha256 differs from {MANIFEST}'s: changed after export; export it again")
 
 
-def check_inputs(bundle: Bundle, feature_names, ofi_names, where: str) -> None:
-    """BundleError unless `where`'s feature and ofi names are the bundle's, in its order."""
-    for kind, ours, theirs in (("feature", bundle.feature_names, feature_names), ("ofi", bundle.ofi_names, ofi_names)):
-        theirs = list(theirs)
-        if theirs == ours:
-            continue
-        if len(theirs) != len(ours):
-            raise BundleError(f"{where}: {len(theirs)} {kind} columns, the policy reads {len(ours)} ({bundle.path})")
-        j = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-        raise BundleError(
-            f"{where}: {kind} names differ from the policy's at column {j} (data {theirs[j]!r}, policy {ours[j]!r}); "
-            "build the data with the fxray that made the policy"
+def check_features(bundle: Bundle, feature_names, where: str) -> None:
+    """BundleError unless `where`'s feature names are the bundle's, in its order."""
+    theirs, ours = list(feature_names), list(bundle.feature_names)
+    if theirs == ours:
+        return
+    if len(theirs) != len(ours):
+        raise BundleError(f"{where}: {len(theirs)} feature columns, the policy reads {len(ours)} ({bundle.path})")
+    j = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    raise BundleError(
+        f"{where}: feature names differ from the policy's at column {j} (data {theirs[j]!r}, policy {ours[j]!r}); "
+        "build the data with the fxray that made the policy"
+    )
+
+
+def ofi_inputs(bundle: Bundle, ofi_names, ofi: np.ndarray, where: str) -> np.ndarray:
+    """(N, len(bundle.ofi_names)) float32: the order flow as the policy reads it: the columns it
+    reads taken by name from `ofi` (N, len(ofi_names)), 0 in the others (reads_ofi); `ofi`
+    itself when that is what it already is. BundleError (missing_ofi) naming the columns it
+    reads that `where` lacks, absent or all zeros (no order flow)."""
+    names = list(ofi_names)
+    flowing = [n for j, n in enumerate(names) if np.any(ofi[:, j])]  # the columns not all zeros
+    has = f"its order flow: {', '.join(flowing)}" if flowing else "its ofi columns are all zeros: bars only"
+    missing_ofi(bundle, flowing, where, has)
+    if names == list(bundle.ofi_names) and set(flowing) <= set(bundle.ofi_read):
+        return ofi
+    out = np.zeros((len(ofi), len(bundle.ofi_names)), np.float32)
+    for n in bundle.ofi_read:
+        out[:, bundle.ofi_names.index(n)] = ofi[:, names.index(n)]
+    return out
+
+
+def missing_ofi(bundle: Bundle, have, where: str, what: str, feed: bool = False) -> None:
+    """BundleError, one line, if `have` (column names) lacks order flow the policy reads: which
+    columns, what `where` has (`what`), and what to do, for an fxcache or (`feed`) a feed of bars."""
+    lacks = [n for n in bundle.ofi_read if n not in have]
+    if not lacks:
+        return
+    data = bundle.manifest["data"]
+    train_here = "fxray tune --experiment EXPERIMENT.yaml --data " + ("BARS.fxcache" if feed else where)
+    if not set(lacks) <= set(OFI_NAMES):  # not fxray's order flow from books (docs/ofi.md): the synthetic market's
+        fix = "only fxray's synthetic markets have these columns" + (
+            f", no feed of real bars does: run a policy trained on bars ({train_here})"
+            if feed
+            else f": backtest it on one (fxray data synth), or train a policy on this data ({train_here})"
         )
+    elif feed:
+        fix = f"give them as CSV columns by name (docs/ofi.md), or run a policy trained on bars alone ({train_here})"
+    else:
+        fix = "build the data with its book or trades (fxray data build --book/--trades), or train a policy on it "
+        fix += f"({train_here})"
+    raise BundleError(
+        f"{where}: lacks the order flow this policy reads: {', '.join(lacks)} (it was trained on "
+        f"{data.get('instrument')} from {data.get('source')}; {what}); {fix}"
+    )

@@ -50,7 +50,7 @@ from fxray.data.calendar import Calendar
 from fxray.data.features import MAX_LOOKBACK
 from fxray.data.folds import Fold
 from fxray.policy import onnx
-from fxray.policy.bundle import FORMAT, MANIFEST, NORMALISATION, VERSION, sha256
+from fxray.policy.bundle import FORMAT, MANIFEST, NORMALISATION, VERSION, reads_ofi, sha256
 from fxray.policy.frozen import q_network
 from fxray.rl.checkpoint import abstained_folds, load_checkpoint
 from fxray.rl.config import make_config
@@ -221,11 +221,12 @@ def export_bundle(
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         (tmp / "members").mkdir()
-        norm, entries, worst = {}, [], 0.0
+        norm, entries, worst, read_by = {}, [], 0.0, []
         for i, c in enumerate(members):
             name = f"fold{c.k}" if sum(m.k == c.k for m in members) == 1 else f"fold{c.k}_{i}"
             mean, inv_std, origin = _statistics(c, data)
             norm[f"{name}.mean"], norm[f"{name}.inv_std"] = mean, inv_std
+            read_by.append((c.tensors["market_in.weight"].numpy(), mean, inv_std))
             weights, graph = f"members/{name}.safetensors", f"members/{name}.onnx"
             shutil.copyfile(c.path, tmp / weights)
             net = q_network({k: v.numpy() for k, v in c.tensors.items()})
@@ -277,7 +278,7 @@ def export_bundle(
             "inputs": {
                 "feature_names": list(market.feature_names),
                 "ofi_names": list(market.ofi_names),
-                "ofi_in_training": any(bool(np.any(market.ofi[slice(*c.meta["fold"]["train"])])) for c in members),
+                "ofi_read": reads_ofi(read_by, market.features.shape[1], market.ofi_names),
                 "state": "(x - mean) * inv_std, x = features ++ ofi (float32), per member",
                 "normalisation": NORMALISATION,
                 "warmup_bars": MAX_LOOKBACK,

@@ -5,10 +5,12 @@
     if pos is WARMING_UP: ...                           # the first MAX_LOOKBACK bars
     else: target = pos                                  # -1 short, 0 flat, +1 long
 
-Per bar: fxray.data.stream.FeatureStream's update (exactly the batch features), the
-bundle's normalisation, each member's Q for the position it holds (numpy, or the
-bundle's ONNX graphs with engine="onnxruntime"), then p_t = argmax_a Q(s_t, p_{t-1}) - 1
-from flat: the automaton fxray.eval.backtest.greedy_positions runs over a window.
+Per bar: fxray.data.stream.FeatureStream's update (exactly the batch features), the order
+flow the policy reads (`ofi=`: required only for the columns bundle.ofi_read names; the
+others are fed 0, as in training), the bundle's normalisation, each member's Q for the
+position it holds (numpy, or the bundle's ONNX graphs with engine="onnxruntime"), then
+p_t = argmax_a Q(s_t, p_{t-1}) - 1 from flat: the automaton fxray.eval.backtest.greedy_positions
+runs over a window.
 
 Warm-up is enforced: until MAX_LOOKBACK bars are behind it (every feature past its
 lookback, as the fxcache builder drops them) `on_bar` returns WARMING_UP, a sentinel that
@@ -30,9 +32,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK
-from fxray.data.schema import N_OFI
 from fxray.data.stream import FeatureStream, StreamError
-from fxray.policy.bundle import Bundle, BundleError, load
+from fxray.policy.bundle import Bundle, BundleError, load, need_export_extra
 
 ENGINES = ("numpy", "onnxruntime")
 
@@ -97,6 +98,8 @@ class Policy:
         self.bundle = bundle if isinstance(bundle, Bundle) else load(bundle)
         if engine not in ENGINES:
             raise BundleError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
+        if engine == "onnxruntime":
+            need_export_extra("engine onnxruntime", ("onnxruntime",))
         if list(self.bundle.feature_names) != list(FEATURE_NAMES):
             j = next((i for i, (a, b) in enumerate(zip(self.bundle.feature_names, FEATURE_NAMES)) if a != b), None)
             raise BundleError(
@@ -113,10 +116,11 @@ class Policy:
             for m in self.bundle.members
         ]
         self.bfloat16 = self.bundle.input_dtype == "bfloat16"
-        self.ofi_required = bool(self.bundle.manifest["inputs"]["ofi_in_training"])
         self.ofi_names = list(self.bundle.ofi_names)
+        self.ofi_read = list(self.bundle.ofi_read)  # the order flow it reads; the other columns are fed 0
+        self.read_mask = np.isin(self.ofi_names, self.ofi_read)  # (8,) bool
         self.features = FeatureStream()
-        self.market = np.zeros(len(FEATURE_NAMES) + N_OFI, np.float32)  # (50,) the raw inputs of a bar
+        self.market = np.zeros(len(FEATURE_NAMES) + len(self.ofi_names), np.float32)  # (50,) a bar's raw inputs
         self.position = 0  # the position held: flat before the first decision
         self.q = np.full(3, np.nan, np.float32)  # the last bar's Q (3 actions) for the held position
 
@@ -130,18 +134,30 @@ class Policy:
         return max(0, MAX_LOOKBACK + 1 - self.features.n_bars)
 
     def _ofi(self, ofi) -> np.ndarray:
+        """(8,) float32: the columns the policy reads, 0 in the others (their value in training)."""
+        n = len(self.ofi_names)
         if ofi is None:
-            if self.ofi_required:
-                raise StreamError("ofi=None, but this policy was trained with order-flow inputs: pass its 8 values")
-            return np.zeros(N_OFI, np.float32)
+            if self.ofi_read:
+                raise StreamError(
+                    f"ofi=None, but this policy reads order flow: pass {', '.join(self.ofi_read)} "
+                    f"(a dict by name, or {n} values in policy.ofi_names order)"
+                )
+            return np.zeros(n, np.float32)
         if isinstance(ofi, Mapping):
-            if set(ofi) != set(self.ofi_names):
-                raise StreamError(f"ofi keys {sorted(ofi)}: give exactly {', '.join(self.ofi_names)}")
-            ofi = [ofi[name] for name in self.ofi_names]
+            unknown = sorted(set(ofi) - set(self.ofi_names))
+            lacks = [name for name in self.ofi_read if name not in ofi]
+            if unknown or lacks:
+                raise StreamError(
+                    f"ofi keys {sorted(ofi)}: "
+                    + (f"{', '.join(unknown)} not among {', '.join(self.ofi_names)}" if unknown else "")
+                    + ("; " if unknown and lacks else "")
+                    + (f"lacks {', '.join(lacks)}, which this policy reads" if lacks else "")
+                )
+            ofi = [ofi.get(name, 0.0) for name in self.ofi_names]
         values = np.asarray(ofi if isinstance(ofi, Sequence | np.ndarray) else [ofi], np.float64)
-        if values.shape != (N_OFI,) or not np.isfinite(values).all():
-            raise StreamError(f"ofi must be {N_OFI} finite values ({', '.join(self.ofi_names)}), got {ofi!r}")
-        return values.astype(np.float32)
+        if values.shape != (n,) or not np.isfinite(values).all():
+            raise StreamError(f"ofi must be {n} finite values ({', '.join(self.ofi_names)}), got {ofi!r}")
+        return np.where(self.read_mask, values, 0.0).astype(np.float32)
 
     def on_bar(self, ts, open, high, low, close, volume=None, ofi=None):  # noqa: A002
         """The position (-1, 0, +1) decided at this bar's close, or WARMING_UP.
