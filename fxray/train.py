@@ -36,7 +36,7 @@ from fxray.rl.overrides import parse_sets
 from fxray.rl.trainer import Trainer
 from fxray.track.records import FoldRecord
 from fxray.track.report import bp, flat_text, fmt, share_text, sharpe_line
-from fxray.track.results import pooled_stats
+from fxray.track.results import fmt_s, pooled_stats
 
 
 def resolve_device(name: str) -> str:
@@ -146,10 +146,13 @@ def run(args) -> dict:
         chosen = parse_folds(args.folds, len(folds))
     data = DeviceData(market, device, dtype=cfg.dtype)
     t_load = time.perf_counter() - t0
+    took = ""  # a logged trial's folds: how long the sweep took for them, an estimate before the first fold ends
+    if origin:
+        took = f"; the sweep trained them in {fmt_s(sum(origin['logged']['fold_time_s'][k] for k in chosen))}"
     print(
         f"fxray.train: {name} on {data_path} ({market.n_bars:,} bars), {len(chosen)}/{len(folds)} folds, "
         f"device {device}, {cfg.epochs} epochs x {cfg.steps_per_epoch} steps, batch {cfg.batch_size}, "
-        f"{cfg.num_envs} envs (load {t_load:.2f}s)",
+        f"{cfg.num_envs} envs (load {t_load:.2f}s){took}",
         flush=True,
     )
     trainer = Trainer(data, [cfg])  # built once, reused fold after fold
@@ -161,8 +164,8 @@ def run(args) -> dict:
         (r,) = trainer.run_fold(folds[k], [seed], log=lambda s: print(s, flush=True), checkpoint_dirs=[ckpt])
         results.append(r.as_dict())
         done, spent = i + 1, time.perf_counter() - t_folds
-        eta = f"; ETA {spent / done * (len(chosen) - done):.0f}s" if done < len(chosen) else ""
-        print(f"fxray.train: fold {k} {r.status} ({done}/{len(chosen)} folds, {spent:.0f}s{eta})", flush=True)
+        eta = f"; ETA ~{fmt_s(spent / done * (len(chosen) - done))}" if done < len(chosen) else ""
+        print(f"fxray.train: fold {k} {r.status} ({done}/{len(chosen)} folds, {fmt_s(spent)}{eta})", flush=True)
     print(fold_table(results))
     records = [FoldRecord.from_result(r).flat() for r in results]
     pooled = pooled_stats({"folds": records}, cfg.cost, data.calendar.periods_per_year)

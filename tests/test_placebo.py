@@ -6,6 +6,7 @@ on one CPU worker with one trial in flight, so that they are deterministic."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -149,6 +150,10 @@ def placebo_sweep(tmp_path, name: str, shuffle: bool, compare: bool = True) -> d
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"== {name}: the real sweep against {N_PLACEBO} placebo sweep(s)" in out.stdout
+    # a line per placebo sweep, with an estimate of the time the ones left take (the first: the real sweep's)
+    heads = [line for line in out.stdout.splitlines() if line.startswith("== placebo ")]
+    eta = [re.fullmatch(rf"== placebo (\d)/{N_PLACEBO}: .*; ETA ~\d+m\d\ds for the (\d) left", h) for h in heads]
+    assert [m and m.groups() for m in eta] == [(str(i), str(N_PLACEBO + 1 - i)) for i in range(1, N_PLACEBO + 1)], heads
     results = json.loads((tmp_path / f"runs/{name}/results.json").read_text())
     assert json.loads((tmp_path / "out.json").read_text()) == results
     placebo = results["verdict"]["placebo"]

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from fxray.sweep import driver
 from fxray.sweep.rundir import UsageError, read_sweep
+from fxray.track.results import fmt_s
 
 DATA = "market.fxcache"  # a placebo sweep's data, in its run directory
 
@@ -54,11 +55,18 @@ def sweep_with_placebos(args, import_s: float = 0.0) -> int:
         print("fxray.tune: the placebo sweeps wait for a sweep that finished", file=sys.stderr)
         return code
     storage, sweep = plan.storage, read_sweep(plan.storage)
+    # a placebo sweep is the real one's search again: its time, until placebos of this session have one
+    walls, real_s = [], json.loads((storage / "results.json").read_text()).get("wall_s")
     sweeps = []
     for i in range(1, args.placebo + 1):
-        t0 = time.time()
-        print(f"\n== placebo {i}/{args.placebo}: {placebo_dir(storage, i)} (returns sign-randomised, features kept)")
-        code, pdir = run_placebo(args, storage, sweep, i, import_s)
+        t0, left = time.time(), args.placebo - i + 1
+        each = sum(walls) / len(walls) if walls else real_s
+        eta = f"; ETA ~{fmt_s(each * left)} for the {left} left" if each else ""
+        print(
+            f"\n== placebo {i}/{args.placebo}: {placebo_dir(storage, i)} (returns sign-randomised, features kept){eta}",
+            flush=True,
+        )
+        code, pdir, ran = run_placebo(args, storage, sweep, i, import_s)
         if code != 0:
             print(
                 f"fxray.tune: placebo {i} stopped; continue with the same command plus --resume "
@@ -78,17 +86,20 @@ def sweep_with_placebos(args, import_s: float = 0.0) -> int:
                 "wall_s": time.time() - t0,
             }
         )
+        if ran:
+            walls.append(time.time() - t0)
     return conclude(args, storage, sweep, sweeps)
 
 
-def run_placebo(args, storage: Path, real: dict, i: int, import_s: float) -> tuple[int, Path]:
+def run_placebo(args, storage: Path, real: dict, i: int, import_s: float) -> tuple[int, Path, bool]:
     """Placebo sweep i of the real sweep in `storage` (its sweep.json `real`): made, resumed,
-    extended, or (finished with the same budget) reused."""
+    extended, or (finished with the same budget) reused. (exit code, its run directory, whether
+    it ran here)."""
     pdir = placebo_dir(storage, i)
     pargs = placebo_args(args, storage, real, pdir)
     if pargs is None:
         print(f"placebo {i}: finished earlier with the same trials, kept")
-        return 0, pdir
+        return 0, pdir, False
     data = pdir / DATA
     ensure_data(data, real, i)
     plan = driver.validate(pargs, import_s)
@@ -103,7 +114,7 @@ def run_placebo(args, storage: Path, real: dict, i: int, import_s: float) -> tup
     }
     for failures in (driver.WORKER_FAILURE, driver.MLFLOW_FAILURE):  # module state of the last sweep's stopper
         failures.clear()
-    return driver.run_sweep(plan), pdir
+    return driver.run_sweep(plan), pdir, True
 
 
 def placebo_args(args, storage: Path, real: dict, pdir: Path):
