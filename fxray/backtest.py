@@ -109,7 +109,8 @@ def run(args) -> dict:
         **report,
     }
     print_report(out, bundle)
-    unread = [n for j, n in enumerate(market.ofi_names) if n not in bundle.ofi_read and np.any(market.ofi[:, j])]
+    flowing = np.any(market.ofi != 0, axis=0)  # (8,) the data's columns not all zeros
+    unread = [n for n, f in zip(market.ofi_names, flowing) if f and n not in bundle.ofi_read]
     if unread:
         print(f"  note: this policy does not read the data's order flow {', '.join(unread)}")
     if args.positions:  # ts (ns, bar close), position: the decision at each bar's close

@@ -271,7 +271,7 @@ def ofi_inputs(bundle: Bundle, ofi_names, ofi: np.ndarray, where: str) -> np.nda
     itself when that is what it already is. BundleError (missing_ofi) naming the columns it
     reads that `where` lacks, absent or all zeros (no order flow)."""
     names = list(ofi_names)
-    flowing = [n for j, n in enumerate(names) if np.any(ofi[:, j])]  # the columns not all zeros
+    flowing = [n for n, f in zip(names, np.any(ofi != 0, axis=0)) if f]  # the columns not all zeros (one pass)
     has = f"its order flow: {', '.join(flowing)}" if flowing else "its ofi columns are all zeros: bars only"
     missing_ofi(bundle, flowing, where, has)
     if names == list(bundle.ofi_names) and set(flowing) <= set(bundle.ofi_read):
