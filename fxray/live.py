@@ -64,8 +64,10 @@ def parse_ts(text: str, tz) -> int:
 
 
 def csv_bars(lines, where: str, bundle, tz):
-    """(line number, ts text, ts ns, open, high, low, close, volume, ofi or None) per data line;
-    ofi: {name: value} of the columns `bundle` reads (its other ofi columns are not read)."""
+    """The header read and checked now (before any output: a header that lacks the order flow
+    the policy reads fails at once), then per data line as it comes: (line number, ts text,
+    ts ns, open, high, low, close, volume, ofi or None); ofi: {name: value} of the columns
+    `bundle` reads (its other ofi columns are not read)."""
     header = next(lines, None)
     if header is None:
         raise ValueError(f"{where}: empty; the first line must be a header (ts,open,high,low,close[,volume])")
@@ -77,21 +79,25 @@ def csv_bars(lines, where: str, bundle, tz):
     at = {c: cols.index(c) for c in cols}
     ofi_at = {n: at[n.lower()] for n in bundle.ofi_read if n.lower() in at}  # the header read lower-cased
     missing_ofi(bundle, ofi_at, where, f"its header: {header.strip()}", feed=True)
-    for number, line in enumerate(lines, start=2):
-        if not line.strip():
-            continue
-        cells = line.strip().split(",")
-        try:
-            if len(cells) != len(cols):
-                raise ValueError(f"{len(cells)} fields, the header has {len(cols)}")
-            ts_text = cells[at[ts_col]].strip()
-            values = [float(cells[at[c]]) for c in ("open", "high", "low", "close")]
-            volume = float(cells[at["volume"]]) if "volume" in at else None
-            ofi = {n: float(cells[j]) for n, j in ofi_at.items()} or None
-            ts = parse_ts(ts_text, tz)
-        except ValueError as e:
-            raise ValueError(f"{where} line {number}: {e}") from None
-        yield number, ts_text, ts, *values, volume, ofi
+
+    def rows():
+        for number, line in enumerate(lines, start=2):
+            if not line.strip():
+                continue
+            cells = line.strip().split(",")
+            try:
+                if len(cells) != len(cols):
+                    raise ValueError(f"{len(cells)} fields, the header has {len(cols)}")
+                ts_text = cells[at[ts_col]].strip()
+                values = [float(cells[at[c]]) for c in ("open", "high", "low", "close")]
+                volume = float(cells[at["volume"]]) if "volume" in at else None
+                ofi = {n: float(cells[j]) for n, j in ofi_at.items()} or None
+                ts = parse_ts(ts_text, tz)
+            except ValueError as e:
+                raise ValueError(f"{where} line {number}: {e}") from None
+            yield number, ts_text, ts, *values, volume, ofi
+
+    return rows()
 
 
 def loaded_bars(path: Path, fmt: str, tz: str | None):

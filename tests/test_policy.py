@@ -243,12 +243,14 @@ def test_a_policy_that_reads_order_flow_is_refused_where_it_is_missing(
         f"data synth), or train a policy on this data (fxray tune --experiment EXPERIMENT.yaml --data {jan})"
     ]
     ohlc = bars_csv(tmp_path / "ohlc.csv", bars, 300)
-    assert live.main(["--policy", str(synth_bundle), "--bars", str(ohlc), "--out", str(tmp_path / "pos.csv")]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [
-        f"error: {ohlc}: lacks the order flow this policy reads: {', '.join(SYNTH_FLOW)} ({trained}; its header: "
-        "ts,open,high,low,close); only fxray's synthetic markets have these columns, no feed of real bars does: run "
-        "a policy trained on bars (fxray tune --experiment EXPERIMENT.yaml --data BARS.fxcache)"
-    ]
+    for out in (["--out", str(tmp_path / "pos.csv")], []):  # positions to a file, or to stdout
+        assert live.main(["--policy", str(synth_bundle), "--bars", str(ohlc), *out]) == 2
+        printed = capsys.readouterr()
+        assert printed.out == "" and printed.err.strip().splitlines() == [
+            f"error: {ohlc}: lacks the order flow this policy reads: {', '.join(SYNTH_FLOW)} ({trained}; its header: "
+            "ts,open,high,low,close); only fxray's synthetic markets have these columns, no feed of real bars does: "
+            "run a policy trained on bars (fxray tune --experiment EXPERIMENT.yaml --data BARS.fxcache)"
+        ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ohlc.csv"]
     rng = np.random.default_rng(0)
     flow = rng.normal(0, 1, (300, 8))
