@@ -13,7 +13,10 @@ Q = V + A - mean(A). The position one-hot enters the first layer as three column
 weight (`position_embed`, (3, H)), so Q for all three positions of a bar costs one market
 projection plus three cheap adds (`q_all`, used by the backtest). With dqn.inputs: ridge a
 fixed affine map (the fold's front end, fxray.rl.frontend) comes before the first layer; a
-checkpoint stores the plain network that computes the same Q (the map folded in).
+checkpoint stores the plain network that computes the same Q (the map folded in), and `q_all`,
+the evaluation's forward, runs that plain network: a fold's scores are those of the policy it
+checkpoints, bit for bit on the CPU (the two forms differ by float32 rounding, ~1e-7 of Q,
+enough to flip a near-tie between two actions).
 
 A member's weights are named as a checkpoint names them (`names`): position_embed,
 market_in.{weight,bias}, body.{2i}.{weight,bias}, head.{weight,bias}.
@@ -104,10 +107,18 @@ class QNetwork:
         """Member k's weights as a plain network's, by checkpoint name: with a front end, the map
         folded into the first layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1)."""
         state = {name: p[k].detach().clone() for name, p in zip(names(self.depth), self.params)}
-        if self.front:
-            w1, b1 = state["market_in.weight"], state["market_in.bias"]
-            state["market_in.weight"], state["market_in.bias"] = w1 @ self.front_w, w1 @ self.front_b + b1
+        state["market_in.weight"], state["market_in.bias"] = self._plain_first(
+            state["market_in.weight"], state["market_in.bias"]
+        )
         return state
+
+    def _plain_first(self, w1: torch.Tensor, b1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One member's first layer (H, width), (H,) as the plain network's: with a front end,
+        (W1 A, W1 c + b1). The one place the map is folded: `state` and `q_all` both call it, so
+        the evaluation and the checkpoint hold the same float32 numbers."""
+        if not self.front:
+            return w1, b1
+        return w1 @ self.front_w, w1 @ self.front_b + b1
 
     # --- the forward ---------------------------------------------------------------------
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -156,10 +167,13 @@ class QNetwork:
 
     def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
         """market (M, T, n_inputs) -> (M, T, 3 previous positions, 3 actions) of `members` (M of
-        them; default all K)."""
+        them; default all K), by the plain network each member checkpoints (`state`)."""
         params = self.params if members is None else [p[members] for p in self.params]
         k, t = market.shape[:2]
-        h = self._linear(self._front(market), params[1], params[2])  # (M, T, H)
+        if self.front:  # the plain network the checkpoint stores (module doc), not the training's two maps
+            firsts = [self._plain_first(w, b) for w, b in zip(params[1], params[2])]
+            params = [params[0], torch.stack([w for w, _ in firsts]), torch.stack([b for _, b in firsts]), *params[3:]]
+        h = self._linear(market, params[1], params[2])  # (M, T, H)
         h = (h.unsqueeze(2) + params[0].unsqueeze(1)).reshape(k, 3 * t, -1)  # (M, 3T, H)
         return self._q(h, params).view(k, t, 3, -1)
 
