@@ -264,9 +264,12 @@ def stopped_per_rung(trials: list, rungs: list) -> list[int]:
 
 def asha_line(asha: dict, trials: list, n_folds: int) -> str:
     """The last screen's line on ASHA: how many trials each rung stopped."""
-    stops = ", ".join(f"{n} at fold {r}" for n, r in zip(asha["stopped_per_rung"], asha["rungs"])) or "none: no rung"
     full = sum(t["folds_done"] == n_folds for t in trials)
-    return f"ASHA stopped trials at its rungs: {stops}; {full} of {len(trials)} ran all {n_folds} folds"
+    ran = f"{full} of {len(trials)} ran all {n_folds} folds"
+    if not asha["rungs"]:
+        return f"ASHA off (grace_folds {asha['grace_folds']} of {n_folds} folds): {ran}"
+    stops = ", ".join(f"{n} at fold {r}" for n, r in zip(asha["stopped_per_rung"], asha["rungs"]))
+    return f"ASHA stopped trials at its rungs: {stops}; {ran}"
 
 
 def vote_deflated(test: dict, stats: dict, n_started: int) -> dict:
