@@ -450,8 +450,8 @@ def test_interrupt_then_resume(tmp_path):
 
 @pytest.mark.slow
 def test_same_trials_interrupted_then_resumed(tmp_path):
-    """A --same-trials sweep stopped by Ctrl+C resumes with what it started with: the
-    given configs, each for its given folds, none trained twice."""
+    """A --same-trials sweep of populations (two trials a worker) stopped by Ctrl+C resumes with
+    what it started with: the given configs, each for its given folds, none trained twice."""
     exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
     given = [
         ({"lr": 1e-3, "gamma": 0.9}, 2),
@@ -460,9 +460,12 @@ def test_same_trials_interrupted_then_resumed(tmp_path):
         ({"lr": 3e-3, "gamma": 0.8}, 1),
     ]
     (tmp_path / "given.json").write_text(json.dumps(hand_made_results(tmp_path, exp, given)))
-    interrupt_after_a_fold(["--experiment", exp, "--num-cpus", 2, "--same-trials", "given.json"], env, tmp_path)
+    given_run = ["--experiment", exp, "--num-cpus", 2, "--population", 2, "--same-trials", "given.json"]
+    interrupt_after_a_fold(given_run, env, tmp_path)
     folds = tmp_path / "runs/t/folds.jsonl"
-    out = cli(["--storage", "runs/t", "--num-cpus", 2, "--resume", "--json", "out.json"], env, tmp_path)
+    out = cli(
+        ["--storage", "runs/t", "--num-cpus", 2, "--population", 2, "--resume", "--json", "out.json"], env, tmp_path
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "out.json").read_text())
     assert sorted((json.dumps(t["sampled"], sort_keys=True), t["folds_done"]) for t in results["trials"]) == sorted(
@@ -698,13 +701,3 @@ def test_a_population_sweep_logs_every_config_once_with_what_it_trains_alone(tmp
     assert sum(split["population_sizes"]) == 4 * 2
     plain = plain_replay(tmp_path, env)  # each config trained alone by a plain loop: the same val Sharpe
     assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
-
-
-@pytest.mark.slow
-def test_a_population_sweep_interrupted_then_resumed(tmp_path):
-    exp, env = setup(tmp_path, trials=4, steps=60)  # folds of ~1 s: Ctrl+C lands mid-sweep
-    interrupt_after_a_fold(["--experiment", exp, "--num-cpus", 2, "--population", 2], env, tmp_path)
-    out = cli(["--experiment", exp, "--num-cpus", 2, "--population", 2, "--resume"], env, tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    check_complete_sweep(tmp_path, 4)
-    assert (tmp_path / "runs/t/folds.jsonl").read_text().count("\n") == 4 * 2  # no fold trained twice
