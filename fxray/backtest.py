@@ -28,7 +28,7 @@ from fxray.cli import Parser, atomic_open, check_file_out, run_command
 from fxray.data import cache
 from fxray.data.arrays import host_arrays
 from fxray.policy.bundle import check_features, load, need_export_extra, ofi_inputs
-from fxray.policy.frozen import ENGINES, q_values, score
+from fxray.policy.frozen import ENGINES, as_trained, q_values, score
 from fxray.rl.device import DeviceData
 from fxray.track.report import bp, fmt, sharpe_line
 from fxray.train import resolve_device
@@ -108,6 +108,8 @@ def run(args) -> dict:
         "device": device,
         **report,
     }
+    if args.window in ("val", "test"):  # the fold's own window: beside the number training logged for it
+        out["as_trained"] = as_trained(bundle, args.window, out["policy"]["metrics"], changes(args, bundle, device))
     print_report(out, bundle)
     flowing = np.any(market.ofi != 0, axis=0)  # (8,) the data's columns not all zeros
     unread = [n for n, f in zip(market.ofi_names, flowing) if f and n not in bundle.ofi_read]
@@ -118,6 +120,20 @@ def run(args) -> dict:
             f.write("ts,position\n")
             f.writelines(f"{t},{p}\n" for t, p in zip(market.ts[start : end - 1].tolist(), result.position.tolist()))
     return out
+
+
+def changes(args, bundle, device: str) -> list[str]:
+    """What this run does otherwise than training scored its fold (fxray.policy.frozen.as_trained)."""
+    return [
+        text
+        for differs, text in (
+            (args.cost is not None and args.cost != bundle.cost, f"--cost {args.cost}"),
+            (bool(args.start or args.end), "--from/--to cut the window"),
+            (args.engine != "torch", f"--engine {args.engine}"),
+            (device != "cpu", f"--device {device}"),
+        )
+        if differs
+    ]
 
 
 def print_report(out: dict, bundle) -> None:
@@ -136,6 +152,13 @@ def print_report(out: dict, bundle) -> None:
         print(
             f"  {name:<13} pooled Sharpe {sharpe_line(s)} over {s['n_periods']} hours; {extra}"
             f"total {m['total_return']:+.4f} log, max DD {m['max_drawdown']:.4f} log, {m['n_trades']} trades"
+        )
+    if "as_trained" in out:  # the per-fold number of the sweep's tables and MLflow: another Sharpe than the pooled
+        a, got = out["as_trained"], out["policy"]["metrics"]["sharpe"]
+        trained = fmt((a["trained"] or {}).get("sharpe"))
+        print(
+            f"  fold {a['fold']} {a['window']} window Sharpe {got:+.2f} (daily: the sweep's per-fold number, MLflow's "
+            f"{a['window']}_sharpe at step {a['fold']}); training's {trained}: {a['why']}"
         )
 
 

@@ -55,9 +55,9 @@ def test_train_cli_with_seeds_reports_the_ensemble_and_its_seeds(tmp_path, synth
     run += ["--window", "test", "--engine", "torch", "--device", "cpu", "--json", str(bt)]
     p = subprocess.run(run, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    got = json.loads(bt.read_text())["policy"]["metrics"]
-    assert got["n_trades"] == fold["test"]["n_trades"] > 0
-    assert got["sharpe"] == pytest.approx(fold["test"]["sharpe"], rel=1e-6)
+    out = json.loads(bt.read_text())
+    assert out["policy"]["metrics"] == fold["test"] and fold["test"]["n_trades"] > 0  # bit for bit (CPU)
+    assert out["as_trained"]["equal"] and out["as_trained"]["trained"] == fold["test"]  # the ensemble's, not a member's
 
 
 def test_export_of_an_ensemble_run_says_why_in_one_line(tmp_path):

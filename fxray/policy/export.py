@@ -241,8 +241,9 @@ def export_bundle(
                     "checkpoint": str(c.path),
                     "best_epoch": c.meta.get("best_epoch"),
                     "val_score": c.val_score,
-                    "val": c.meta.get("val", {}),
-                    "test": c.meta.get("test", {}),
+                    # the fold's policy's, as val_score: a seed ensemble's member holds the ensemble's
+                    "val": c.meta.get("ensemble", c.meta).get("val", {}),
+                    "test": c.meta.get("ensemble", c.meta).get("test", {}),
                     "normalisation_from": origin,
                 }
             )

@@ -3,13 +3,15 @@
     data = DeviceData(market, "cuda")               # or "cpu": one upload, as in training
     q = q_values(bundle, data, (start, end))        # (T, 3, 3): bars [start, end - 1)
     report = score(bundle, data, (start, end), q)   # metrics, pooled statistics, baselines
+    as_trained(bundle, "test", report["policy"]["metrics"], changes=[])   # beside training's own
 
 The inputs are normalised with each member's own train-slice statistics from the bundle,
 never with statistics of the new data (no look-ahead). With engine "torch" the Q-values
 are computed by the network training used (fxray.rl.network, same normalisation code, same
 chunks), so on the training data and device the backtest
-of a fold's test window gives back the sweep's test metrics bit for bit. Engine
-"onnxruntime" runs the bundle's ONNX graphs (CPU) instead.
+of a fold's test window gives back the sweep's test metrics bit for bit (the sweep's Q-values
+are the checkpointed plain network's, fxray.rl.network.QNetwork.q_all, so its float32 numbers are
+these). Engine "onnxruntime" runs the bundle's ONNX graphs (CPU) instead.
 """
 
 from __future__ import annotations
@@ -80,3 +82,38 @@ def score(bundle: Bundle, data: DeviceData, window: tuple[int, int], q: torch.Te
         "baselines": {name: entry(r) for name, r in runs.items()},
     }
     return report, result
+
+
+def as_trained(bundle: Bundle, window: str, metrics: dict, changes: list[str]) -> dict:
+    """This backtest's `metrics` of `window` ("val" | "test": the last member's fold's) beside
+    the ones training logged for that fold, i.e. the sweep's fold Sharpe (folds.csv, MLflow's
+    `<window>_sharpe` at step = fold) and `fxray train`'s fold table: {"fold", "trained" (the
+    manifest's metrics of the fold, or None), "equal", "why": one sentence}.
+
+    They are equal, every metric bit for bit, where the bundle is the fold's own policy (every
+    member of that one fold: --model last, fold:K, best) and the backtest runs it as training
+    ran it: `changes` empty (the CLI lists what it runs otherwise: --cost, --from/--to, the ONNX
+    engine, a GPU). They differ by design where the policy is not the one the fold scored
+    (--model ensemble: several folds' networks) or is run another way."""
+    members = bundle.manifest["members"]
+    k = members[-1]["fold"]["k"]
+    trained = members[-1].get(window) or None
+    folds = sorted({m["fold"]["k"] for m in members})
+    equal = trained is not None and all(metrics[name] == trained.get(name) for name in metrics)
+    choice = bundle.manifest["model"]["choice"]
+    if len(folds) > 1:
+        why = (
+            f"differs by design: --model {choice} is the mean Q of folds {', '.join(map(str, folds))}'s networks, "
+            f"the sweep scored fold {k}'s alone"
+        )
+    elif trained is None:
+        why = f"the bundle holds no {window} metrics of fold {k} to compare with"
+    elif equal:
+        why = "equal to training's, every metric bit for bit"
+        if choice == "best":
+            why += f" (--model best chose fold {k} by its val score: its test window no longer checks that choice)"
+    elif changes:
+        why = f"differs by design: {', '.join(changes)}, not as training ran it"
+    else:  # a GPU-trained policy: training's float rounding (TF32, reduction order) can flip a near tie
+        why = "differs from training's: expected equal where training ran on the CPU (docs/policy.md)"
+    return {"fold": k, "window": window, "trained": trained, "equal": equal, "why": why}
