@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from pathlib import Path
 
 from fxray.cli import Parser, check_file_out, run_command
 from fxray.data import cache
 from fxray.policy.bundle import need_export_extra
 from fxray.policy.export import MODELS, ExportError, check_out, choose, export_bundle, load_candidate, load_folder
+from fxray.track.results import fmt_s
 
 
 def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
@@ -117,8 +119,17 @@ def export(args) -> dict:
             f"{data_path}: content hash {market.content_hash} differs from the data run {args.source} trained on "
             f"({expected_hash}); pass --data with that file"
         )
-    members = choose(candidates, args.model, abstained)
-    manifest = export_bundle(members, market, args.out, model=args.model, source=source, force=args.force)
+    members, t0 = choose(candidates, args.model, abstained), time.time()
+
+    def progress(done: int, n: int) -> None:  # an ensemble (12 folds x 3 seeds on the GPU profile) takes a while
+        if n > 1:
+            spent = time.time() - t0
+            eta = f"; ETA ~{fmt_s(spent / done * (n - done))}" if done < n else ""
+            print(f"fxray.export: member {done}/{n} written and checked ({fmt_s(spent)}{eta})", flush=True)
+
+    manifest = export_bundle(
+        members, market, args.out, model=args.model, source=source, force=args.force, progress=progress
+    )
     scores = {m["name"]: "n/a" if m["val_score"] is None else f"{m['val_score']:+.2f}" for m in manifest["members"]}
     names = ", ".join(f"{name} (val score {score})" for name, score in scores.items())
     net, graph, read = manifest["network"], manifest["onnx"], manifest["inputs"]["ofi_read"]

@@ -205,10 +205,11 @@ def _agree(members: list[Candidate]) -> dict:
 
 
 def export_bundle(
-    members: list[Candidate], market: Market, out, *, model: str, source: dict, force: bool = False
+    members: list[Candidate], market: Market, out, *, model: str, source: dict, force: bool = False, progress=None
 ) -> dict:
     """Write the bundle of `members` (trained on `market`) at `out`; returns its manifest.
-    Nothing is left at `out` if anything fails; an existing `out` is replaced only with `force`."""
+    Nothing is left at `out` if anything fails; an existing `out` is replaced only with `force`.
+    `progress(done, n)`, if given, is called as each member is written and checked."""
     out = Path(out)
     check_out(out, force)
     config = _agree(members)
@@ -247,6 +248,8 @@ def export_bundle(
                     "normalisation_from": origin,
                 }
             )
+            if progress is not None:
+                progress(i + 1, len(members))
         from safetensors.numpy import save_file
 
         save_file(norm, str(tmp / NORMALISATION))
