@@ -38,6 +38,7 @@ XDIST_GROUPS = {
     "tests/test_cluster.py": "a two-node Ray",  # two_nodes
     "tests/test_book_features.py": "an ES day of book and trades",  # es
     "tests/test_cache.py": "a million-row fxcache",  # big
+    "tests/test_tour.py": "the README's commands, one sweep",  # tour: its steps share the sweep
 }
 
 
