@@ -60,6 +60,7 @@ def golden(tmp_path_factory):
         assert train.main(["--data", "m.fxcache", "--experiment", "tiny.yaml", "--checkpoint-dir", "ck",
                            "--set", "epochs=1"]) == 0  # fmt: skip
         assert export.main(["ck/seed0", "--data", "m.fxcache", "--out", "bundle"]) == 0
+        write_bars_policy(g, market)
         # an interrupted sweep's run directory, as the driver writes it (no Ray needed for that)
         exp = expmod.load(g / "tiny.yaml", "cpu")
         folds = make_fold_dicts("tiny.yaml", exp, market)
@@ -86,6 +87,25 @@ def write_bars(g: Path, market) -> None:
     df = pd.DataFrame({"timestamp": ts, "open": close, "high": close * 1.0001, "low": close * 0.9999, "close": close})
     df.to_csv(g / "bars.csv", index=False)
     df.to_parquet(g / "bars.parquet")
+
+
+def write_bars_policy(g: Path, market) -> None:
+    """bars-bundle: a policy trained on the market's bars without their order flow (ofi zeros, as
+    a cache built from bars), so it reads none and `fxray live` takes a plain OHLCV CSV: a bad CSV
+    is refused for its own fault, not at its header for lacking the synthetic order flow that
+    `bundle` reads. One fold, one epoch."""
+    from fxray import export, train
+    from fxray.data import cache
+    from fxray.data.schema import OFI_NAMES
+    from fxray.policy.bundle import load
+
+    cache.write(g / "bars.fxcache", market.ts, market.features, None, market.targets,
+                feature_names=list(market.feature_names), ofi_names=list(OFI_NAMES), instrument="SYNTH",
+                bar="1min", source="bars of m.fxcache")  # fmt: skip
+    assert train.main(["--data", "bars.fxcache", "--experiment", "tiny.yaml", "--checkpoint-dir", "ck-bars",
+                       "--set", "epochs=1", "--folds", "1"]) == 0  # fmt: skip
+    assert export.main(["ck-bars/seed0", "--data", "bars.fxcache", "--out", "bars-bundle"]) == 0
+    assert load(g / "bars-bundle").ofi_read == []
 
 
 # --- one case ----------------------------------------------------------------------------------
@@ -117,7 +137,7 @@ def snapshot(root: Path) -> dict:
 
 def workspace(golden: Path, ws: Path) -> None:
     """Links to the big good inputs, copies of what a command might be tempted to touch."""
-    for name in ("m.fxcache", "ck", "bars.csv", "bars.parquet", "results.json"):
+    for name in ("m.fxcache", "ck", "bars.csv", "bars.parquet", "results.json", "bars-bundle"):
         (ws / name).symlink_to(golden / name)
     for name in ("tiny.yaml",):
         shutil.copy(golden / name, ws / name)
@@ -503,28 +523,53 @@ def csv_corruptions() -> dict:
     }
 
 
+# what live's one line names for each CSV fault: the line (1 = the header) and what is wrong there.
+# one-row is a feed shorter than the warm-up, not a bad one: live prints `warmup` for it, exit 0.
+LIVE_CSV_FAULTS = {
+    "empty": "bad.csv: empty; the first line must be a header",
+    "no-close-column": "bad.csv: header 'timestamp,open,high,low' lacks close",
+    "no-timestamp": "bad.csv: header 'open,high,low,close' lacks ts",
+    "text-close": "bad.csv line 32: could not convert string to float: 'x1'",
+    "zero-close": "bad.csv line 32: bar 30 (ts 1704155460000000000): close = 0.0; prices must be finite and > 0",
+    "negative-close": "bad.csv line 32: bar 30 (ts 1704155460000000000): close = -1.5; prices must be finite",
+    "bad-timestamp": "bad.csv line 32: month must be in 1..12",
+    "ragged-row": "bad.csv line 32: 3 fields, the header has 5",
+    "binary": "lacks open, high, low, close, ts",
+    "all-nan": "bad.csv line 2: bar 0 (ts 1704153600000000000): open = nan; prices must be finite and > 0",
+    "tab-separated": r"bad.csv: header 'timestamp\topen\thigh\tlow\tclose' lacks open",
+    "latin1": "'utf-8' codec can't decode byte 0xe4",
+}
+
+
 def bars_cases() -> list[Case]:
+    """Bar files x corruptions, for `data build` and `live`. live runs bars-bundle, which reads no
+    order flow: `bundle` reads the synthetic order flow, so a plain OHLCV file is refused at its
+    header, before the fault a case plants (live-csv[no-order-flow] is about that)."""
     cases = []
+    live = ["--policy", "bars-bundle", "--bars"]
     for name, text in csv_corruptions().items():
         setup = write("bad.csv", text.encode("latin-1") if name == "latin1" else text)
         cases.append(
             Case(f"data-build-csv[{name}]", "data", ["build", "--bars", "bad.csv", "--out", "o.fxcache"], setup)
         )
-        cases.append(Case(f"live-csv[{name}]", "live", ["--policy", "bundle", "--bars", "bad.csv"], setup))
-    cases.append(Case("live-csv[out-of-order]", "live", ["--policy", "bundle", "--bars", "bad.csv"],
+        if name in LIVE_CSV_FAULTS:
+            cases.append(Case(f"live-csv[{name}]", "live", [*live, "bad.csv"], setup, LIVE_CSV_FAULTS[name]))
+    cases.append(Case("live-csv[out-of-order]", "live", [*live, "bad.csv"],
                       write("bad.csv", "ts,open,high,low,close\n2024-01-02 00:01:00,1,1,1,1\n"
-                                       "2024-01-02 00:00:00,1,1,1,1\n")))  # fmt: skip
+                                       "2024-01-02 00:00:00,1,1,1,1\n"),
+                      "bad.csv line 3: bar 1: ts 1704153600000000000 is not after the previous bar's"))  # fmt: skip
+    cases.append(Case("live-csv[no-order-flow]", "live", ["--policy", "bundle", "--bars", "bad.csv"],
+                      write("bad.csv", GOOD_CSV), "bad.csv: lacks the order flow this policy reads"))  # fmt: skip
     for name, setup in parquet_corruptions().items():
         cases.append(Case(f"data-build-parquet[{name}]", "data",
                           ["build", "--bars", "bad.parquet", "--format", "parquet", "--out", "o.fxcache"],
                           setup))  # fmt: skip
-        cases.append(Case(f"live-parquet[{name}]", "live",
-                          ["--policy", "bundle", "--bars", "bad.parquet", "--format", "parquet"], setup))  # fmt: skip
+        cases.append(Case(f"live-parquet[{name}]", "live", [*live, "bad.parquet", "--format", "parquet"], setup))
     for what, setup in (("missing", None), ("a-directory-of-nothing", mkdir("bad.csv"))):
         cases.append(
             Case(f"data-build-bars[{what}]", "data", ["build", "--bars", "bad.csv", "--out", "o.fxcache"], setup)
         )
-        cases.append(Case(f"live-bars[{what}]", "live", ["--policy", "bundle", "--bars", "bad.csv"], setup))
+        cases.append(Case(f"live-bars[{what}]", "live", [*live, "bad.csv"], setup))
     return cases
 
 
