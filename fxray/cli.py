@@ -83,12 +83,22 @@ def fail(e: BaseException) -> int:
     return 2
 
 
+def stdout_closed() -> int:
+    """The end of a command whose stdout its reader closed (`fxray backtest ... | head -1`): exit
+    status 1 and nothing on stderr. Python's advice (docs, sys, "Note on SIGPIPE"): point stdout at
+    devnull, or the exit's flush of what is still buffered raises BrokenPipeError again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
+
+
 def run_command(work, args) -> int:
     """A command's main after its flags: `work(args)`; its ValueError or OSError as one line, exit
     status 2 (nothing else written: outputs are checked before the work and written atomically),
-    else its result dict to --json, exit status 0."""
+    else its result dict to --json, exit status 0. A stdout closed by its reader: stdout_closed."""
     try:
         result = work(args)
+    except BrokenPipeError:  # an OSError, but not the command's: its reader has gone
+        return stdout_closed()
     except (ValueError, OSError) as e:  # BundleError, ExportError, StreamError are ValueErrors
         return fail(e)
     write_json(args.json, result)
@@ -168,6 +178,18 @@ def usage(commands: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`fxray ARGS`; a stdout its reader closed (`fxray backtest ... | head -1`, any command): exit
+    status 1, nothing on stderr (stdout_closed), as `head` readers expect of a Unix command."""
+    try:
+        try:
+            return dispatch(argv)
+        finally:  # not at exit (nor past argparse's --help, a SystemExit): here, a closed pipe is caught
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return stdout_closed()
+
+
+def dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = available()
     if not argv or argv[0] in ("-h", "--help"):

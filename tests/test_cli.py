@@ -140,6 +140,48 @@ def test_too_few_bars_is_one_line(tmp_path):
     assert not (tmp_path / "o.fxcache").exists()
 
 
+# --- a stdout closed by its reader (`fxray backtest ... | head -1`) ----------------------
+
+
+@pytest.mark.parametrize("buffering", [1, -1], ids=["line-buffered", "block-buffered"])
+def test_a_stdout_closed_by_its_reader_ends_quietly(buffering, synth_cache, monkeypatch, capsys):
+    """Any command (here `fxray data info`) and run_command (backtest, live, export) end with exit
+    status 1 and nothing on stderr, not a BrokenPipeError traceback (or 'error: [Errno 32] Broken
+    pipe'). The pipe is real, its read end closed as `head` leaves it: line-buffered, the command's
+    first print raises; block-buffered, the flush of what is buffered."""
+    from argparse import Namespace
+
+    from fxray.cli import main, run_command
+
+    commands = {
+        "fxray data info": lambda: main(["data", "info", str(synth_cache)]),
+        "run_command": lambda: run_command(lambda args: print("ts,position\n" * 5000) or {}, Namespace(json=None)),
+    }
+    for name, command in commands.items():
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        with open(write_end, "w", buffering=buffering) as stdout:
+            monkeypatch.setattr(sys, "stdout", stdout)
+            assert command() == 1, name
+            monkeypatch.undo()
+    assert capsys.readouterr().err == ""
+
+
+def test_fxray_into_head_has_no_traceback(synth_cache):
+    """The real command into a real `| head -c1`, once head has read its byte and gone (given first,
+    so that no race decides whether fxray writes after it): `fxray data info`, its output
+    block-buffered (a pipe's default), ends with exit 1 and an empty stderr."""
+    head = subprocess.Popen(["head", "-c1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    head.stdin.write(b"x")
+    head.stdin.flush()
+    assert head.wait(timeout=10) == 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    cmd = [sys.executable, "-m", "fxray.cli", "data", "info", str(synth_cache)]
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=head.stdin, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    head.stdin.close()
+    assert (proc.returncode, proc.stderr) == (1, "")
+
+
 # --- fxray.train --------------------------------------------------------------------
 
 
