@@ -205,6 +205,8 @@ def test_train_cli_writes_per_fold_json(tmp_path, synth_cache, short_folds_exper
         "hidden=32",
         "--set",  # a policy that trades: with the profile's demonstrations 60 steps leave it flat,
         "demo=0",  # and a flat policy's share of the oracle has no error to check
+        "--set",  # and 60 steps lose on val, where the profile (keep: won) would keep nothing
+        "keep=best",
         "--json",
         str(j),
         "--checkpoint-dir",

@@ -22,6 +22,7 @@ def test_train_cli_with_seeds_reports_the_ensemble_and_its_seeds(tmp_path, synth
     cmd = [sys.executable, "-m", "fxray.train", "--experiment", str(short_folds_experiment), "--data", str(synth_cache)]
     cmd += ["--device", "cpu", "--epochs", "2"]
     cmd += ["--folds", "1", "--set", "steps_per_epoch=20", "--set", "hidden=16", "--set", "seeds=2"]
+    cmd += ["--set", "keep=best"]  # weights to export: 20 steps lose on val, and the profile keeps only a win
     ckpt = tmp_path / "ckpt"
     p = subprocess.run(
         [*cmd, "--json", str(j), "--checkpoint-dir", str(ckpt)], capture_output=True, text=True, timeout=300

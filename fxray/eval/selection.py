@@ -1,8 +1,11 @@
-"""What choosing among trials does to a number: walk-forward selection, and the Deflated
-Sharpe Ratio with every trial's Sharpe on a common footing.
+"""What choosing does to a number: what a fold may keep, walk-forward selection, the Deflated
+Sharpe Ratio with every trial's Sharpe on a common footing, and whether val ranked the trials
+as test did.
 
+    keeps(result, score)                            # a fold's policy beat flat behind enough evidence
     wf = walk_forward(trials, n_folds, cost, ppy)   # the returns of choosing in real time
     d = deflated(best_test_stats, [trial test stats...], n_trials_started)
+    rho = spearman(val_scores, test_sharpes)        # did the val windows rank the trials as test did
 
 `trials`: [{"trial_id", "folds": {k: {"val": periods, "test": periods}}}], the windows'
 hourly returns (fxray.eval.backtest.PeriodReturns.as_dict()) of each fold a trial ran.
@@ -11,9 +14,31 @@ hourly returns (fxray.eval.backtest.PeriodReturns.as_dict()) of each fold a tria
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from fxray.eval import pooled
 from fxray.eval.metrics import expected_max_sharpe
+
+if TYPE_CHECKING:  # no torch for the readers of results (fxray.track)
+    from fxray.eval.backtest import BacktestResult
+
+# A fold's chooser window (its val window, or its holdout) is five days. The score's standard
+# error counts its hours as independent observations, but the hours a position is held share
+# the one decision that opened it: the independent outcomes a policy shows are at most its
+# position changes, and at most its days (docs/metrics.md, "What a fold keeps").
+MIN_TRADES = 10  # position changes below which a window's score is no evidence
+MIN_DAYS = 2  # session days with a return below which it is one day's luck
+
+
+def keeps(result: BacktestResult, score: float) -> bool:
+    """Whether a fold keeps a policy (an epoch's weights, a seed ensemble) that scored `score`
+    (fxray.eval.pooled.score) on the fold's chooser window, `result` its backtest there: it beat
+    the flat policy (score > 0, flat's score) behind at least MIN_TRADES position changes on at
+    least MIN_DAYS session days with a return. A fold that keeps nothing is flat."""
+    days = int(np.count_nonzero(result.daily_returns))
+    return score > 0.0 and result.metrics.n_trades >= MIN_TRADES and days >= MIN_DAYS
 
 
 def walk_forward(trials: list[dict], n_folds: int, cost: float, periods_per_year: float) -> dict | None:
@@ -68,3 +93,26 @@ def deflated(best: dict, trials: list[dict], n_trials: int) -> dict:
         "z0": z0,
         "significant": pooled.normal_cdf(z_best - z0) >= 0.95 if math.isfinite(z0) else None,
     }
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Spearman's rank correlation of two paired lists (ties: average ranks), what
+    scipy.stats.spearmanr computes; None with fewer than 3 pairs or a list of equal values."""
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} values against {len(y)}")
+    if len(x) < 3:
+        return None
+    rx, ry = (_ranks(np.asarray(v, dtype=np.float64)) for v in (x, y))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    norm = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    return float(rx @ ry) / norm if norm > 0 else None
+
+
+def _ranks(v: np.ndarray) -> np.ndarray:
+    """1-based ranks of `v`, ties given the mean of the ranks they span."""
+    order = np.argsort(v, kind="stable")
+    ranks = np.empty(v.size)
+    ranks[order] = np.arange(1, v.size + 1)
+    _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return sums[inverse] / counts[inverse]

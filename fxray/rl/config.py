@@ -56,6 +56,9 @@ class TrainConfig:
     """stop a fold after this many epochs without a better val score (the best one's weights are kept)"""
     select_from: int = 0
     """the first epoch (0-based) whose weights a fold may keep; patience counts from it"""
+    keep: str = "best"
+    """which epoch a fold keeps: best (the best-scoring one) or won (the best of those that beat
+    flat on the chooser window behind >= 10 trades on >= 2 days; none: the fold is flat)"""
     seeds: int = 1
     """seeds trained per fold; > 1: the fold's policy is their mean Q, each seed's Sharpe beside it"""
     # --- execution -----------------------------------------------------------------
@@ -67,7 +70,12 @@ class TrainConfig:
     """float32 matmuls on CUDA: tf32 (tensor cores, ~1e-3 relative error) or fp32 (exact)"""
 
     SECTION = "train"  # the experiment-file section (and error prefix) of these fields
-    CHOICES = {"fill": ("next_open", "close"), "dtype": ("float32", "bfloat16"), "matmul": ("tf32", "fp32")}
+    CHOICES = {
+        "fill": ("next_open", "close"),
+        "keep": ("best", "won"),
+        "dtype": ("float32", "bfloat16"),
+        "matmul": ("tf32", "fp32"),
+    }
 
     def __post_init__(self):
         self.validate()

@@ -7,9 +7,11 @@ a sweep's population of trials.
 A trial of `seeds: S` is S members of fxray.rl.dqn.DQN (member i trains with
 `member_seeds(seed, S)[i]`; member 0 with the trial's seed), and every trial of a Trainer is
 in one DQN: K = the trials' seeds added up, one step (one CUDA graph) for all. Each member
-keeps its own best epoch (select_from, patience). A trial of one seed is its member's result;
-a seed ensemble's policy is the mean of its "ok" members' Q-values, scored on val (the fold's
-score) and test, with each member's Sharpe in `seed_spread`.
+keeps its own best epoch (select_from, patience; with `keep: won` only one that beat flat on
+the fold's chooser window behind enough trades and days, fxray.eval.selection.keeps). A trial
+of one seed is its member's result; a seed ensemble's policy is the mean of the Q-values of its
+members that kept an epoch (with `keep: won` kept only if it too passes `keeps`), scored on val
+(the fold's score) and test, with each member's Sharpe in `seed_spread`.
 
 Inside an epoch nothing talks to the host: `steps_per_epoch` replays of the captured (or
 eager) collect+learn step. At the epoch end one read of the (K, 3) loss accumulators and one
@@ -20,7 +22,8 @@ on the test window once. A member whose loss or |Q| leaves the bound its rewards
 
 Where the learner abstains (dqn.abstain and a checked screen that keeps no input on the
 fold's train slice: decided here, once per fold) nothing is trained: each trial's policy is
-flat, scored as any policy (`flat_fold`).
+flat, scored as any policy (`flat_fold`). A trained fold that keeps no epoch is flat the same
+way: `abstained`, best_epoch -1, the flat policy scored, a marker for its checkpoint.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from fxray.data.folds import Fold
 from fxray.eval import pooled
 from fxray.eval.backtest import BacktestResult, backtest, backtest_many, evaluate
+from fxray.eval.selection import keeps
 from fxray.rl import checkpoint
 from fxray.rl.config import ConfigError, TrainConfig
 from fxray.rl.device import DeviceData
@@ -67,7 +71,7 @@ class FoldResult:
     test_periods: dict = field(default_factory=dict)
     baseline_periods: dict = field(default_factory=dict)  # {"ridge": {"val": ..., "test": ...}, ...}
     seed_spread: dict = field(default_factory=dict)  # seeds > 1: the members' seeds, statuses, Sharpes
-    abstained: bool = False  # not trained: the checked screen kept nothing (dqn.abstain)
+    abstained: bool = False  # flat: not trained (dqn.abstain), or no epoch kept (selection.keeps)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -178,8 +182,10 @@ class Trainer:
 
         A member keeps the weights of its best-scoring epoch on the fold's chooser window from
         select_from on (hourly pooled Sharpe, shrunk for thin evidence; patience epochs without
-        a better one stop it). The chooser is the val window, or the fold's holdout window where
-        it has one: then val scores the kept weights once, as test does."""
+        a better one stop it); with `keep: won` only one that beat flat there behind enough
+        trades and days (fxray.eval.selection.keeps), and with none its policy is flat. The chooser is the val window,
+        or the fold's holdout window where it has one: then val scores the kept weights once,
+        as test does."""
         if len(seeds) != len(self.cfgs):
             raise ValueError(f"{len(self.cfgs)} trials but {len(seeds)} seeds")
         dirs = checkpoint_dirs or [None] * len(self.cfgs)
@@ -268,7 +274,7 @@ class Trainer:
                     log(f"{tag(k)}fold {fold.k} epoch {epoch}: loss {loss:.4f}  val score {score:+.2f}  eps {eps:.2f}")
                 if epoch < cfgs[k].select_from:  # scored, never kept; patience counts from select_from
                     continue
-                if score > best_score[k]:
+                if score > best_score[k] and (cfgs[k].keep == "best" or keeps(val, score)):
                     best_score[k], best_epoch[k], best_val[k], bad_epochs[k] = score, epoch, val, 0
                     for b, p in zip(self.best_params, self.dqn.params):
                         b[k].copy_(p[k])
@@ -310,6 +316,12 @@ class Trainer:
                 best_val[k], best_score[k] = vals[k], selection_score(self.data, vals[k], self.members[k].cost)
         for k in kept:
             results[k].scored(best_val[k], tests[k], best_score[k])
+        flat = [k for k in range(len(self.members)) if best_val[k] is None and status[k] == "ok"]
+        if flat:  # no epoch won on the chooser: the flat policy
+            val, test = flat_windows(self.data, fold, cfg)
+            for k in flat:
+                results[k].scored(val, test, selection_score(self.data, val, cfg.cost))
+                results[k].abstained = True
         t4 = time.perf_counter()
         for k, result in enumerate(results):
             if result.status != "cancelled":
@@ -331,24 +343,32 @@ class Trainer:
             "test_sharpe": [m.test.get("sharpe") for m in members],
         }
         ok = [i for i, m in enumerate(members) if m.status == "ok"]
-        first = members[ok[0] if ok else 0]
+        kept = [i for i in ok if not members[i].abstained]
+        first = members[(kept or ok or [0])[0]]
         result = FoldResult(**{**first.as_dict(), "seed_spread": spread, "checkpoint": None})
-        if not ok:  # every member diverged or was cancelled: the fold is what member 0's was
+        if not kept:  # no member kept an epoch (flat), or none is "ok": the fold is what that member's was
             return result
-        slots = [lo + i for i in ok]
-        val, test = (
-            backtest(self.q_all(w, slots).mean(0), self.data.window(w, cfg.fill), cfg.cost)
-            for w in (fold.val, fold.test)
-        )
-        result.status = "ok"
-        result.scored(val, test, selection_score(self.data, val, cfg.cost))
         result.epochs_run = max(m.epochs_run for m in members)
+        slots = [lo + i for i in kept]
+
+        def mean_q(window) -> BacktestResult:
+            return backtest(self.q_all(window, slots).mean(0), self.data.window(window, cfg.fill), cfg.cost)
+
+        chosen = mean_q(fold.chooser)
+        if cfg.keep == "best" or keeps(chosen, selection_score(self.data, chosen, cfg.cost)):
+            val = chosen if fold.holdout is None else mean_q(fold.val)
+            test = mean_q(fold.test)
+        else:  # its members won there, their mean did not: flat
+            (val, test), result.best_epoch, result.abstained = flat_windows(self.data, fold, cfg), -1, True
+        result.scored(val, test, selection_score(self.data, val, cfg.cost))
         result.timings = {**first.timings, "total_s": time.perf_counter() - t0}
         return result
 
     def _save_trial(self, folder, fold: Fold, cfg, lo: int, result: FoldResult, members, seeds) -> str | None:
         """A trial's kept weights: fold<k> of a single seed, or each "ok" member's as fold<k>.m<i>
         with the ensemble's scores (fxray export takes them together: its policy is their mean Q)."""
+        if result.abstained:  # flat: no weights
+            return write_flat(folder, fold, cfg, result)
         if cfg.seeds == 1:
             ok = result.status == "ok" and result.best_epoch >= 0
             return str(self._save(folder, f"fold{fold.k}", lo, fold, result)) if ok else None
@@ -356,7 +376,7 @@ class Trainer:
         paths = [
             self._save(folder, f"fold{fold.k}.m{i}", lo + i, fold, m, {**scores, "member": i, "member_seed": seed})
             for i, (m, seed) in enumerate(zip(members, seeds))
-            if m.status == "ok"
+            if m.status == "ok" and not m.abstained
         ]
         return str(paths[0]) if paths else None
 
@@ -392,19 +412,30 @@ def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHU
 
 
 def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, checkpoint_dir=None) -> FoldResult:
-    """The FoldResult of a fold the learner abstains on: no epoch (best_epoch -1, epochs_run 0,
+    """The FoldResult of a fold the learner abstains on (not trained): no epoch (best_epoch -1, epochs_run 0,
     no weights), the flat policy scored on val and test as any policy is (its hourly returns,
     all 0, enter the pooled statistics), the fold's references beside it; with `checkpoint_dir`,
     the fold's marker there (fxray.rl.checkpoint)."""
     result = FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {}, adx=data.adx_mean(fold.train), abstained=True)
     result.baselines, result.baseline_periods = references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
+    val, test = flat_windows(data, fold, cfg)
+    result.scored(val, test, selection_score(data, val, cfg.cost))
+    result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
+    if checkpoint_dir is not None:
+        write_flat(checkpoint_dir, fold, cfg, result)
+    return result
+
+
+def write_flat(folder, fold: Fold, cfg: TrainConfig, result: FoldResult) -> None:
+    """The marker of a flat fold (fxray.rl.checkpoint), where its weights would be."""
+    meta = {"config": cfg.as_dict(), "fold": fold.as_dict(), "val": result.val, "test": result.test}
+    checkpoint.write_marker(folder, fold.k, meta)
+
+
+def flat_windows(data: DeviceData, fold: Fold, cfg: TrainConfig) -> tuple[BacktestResult, BacktestResult]:
+    """The flat policy's backtests on the fold's val and test windows (all its returns 0)."""
     val, test = (
         evaluate(torch.zeros(w[1] - 1 - w[0], dtype=torch.int8, device=data.device), data.window(w, cfg.fill), cfg.cost)
         for w in (fold.val, fold.test)
     )
-    result.scored(val, test, selection_score(data, val, cfg.cost))
-    result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
-    if checkpoint_dir is not None:
-        meta = {"config": cfg.as_dict(), "fold": fold.as_dict(), "val": result.val, "test": result.test}
-        checkpoint.write_marker(checkpoint_dir, fold.k, meta)
-    return result
+    return val, test

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -220,6 +221,7 @@ def write_results(
         "walk_forward": walk,
     }
     results["verdict"] = json_ready(verdict)  # fxray.sweep.placebo adds the placebo sweeps' p-value
+    results["selection"] = val_test_ranks(results["trials"], n_folds)
     results["best"]["seed_spread"] = seed_spread(results, best["trial_id"])  # None unless seeds > 1
     if ensemble is not None:
         results["ensemble"] = run_ensemble(ensemble, results)
@@ -228,6 +230,7 @@ def write_results(
     write_json(storage, json_path, results)
     if asha is not None:
         print(asha_line(results["asha"], results["trials"], n_folds))
+    print(selection_line(results["selection"]))
     print_last_screen(results, names, n_folds)
     print(verdict_text(verdict))
     ckpt = max((f for f in best_folds if f.ok and f.checkpoint), key=lambda f: f.val_score, default=None)
@@ -253,8 +256,28 @@ def write_results(
     if "test" in vote:
         summary.update({f"ensemble_test_{k}": vote["test"][k] for k in ("sharpe", "sharpe_se", "oracle_share")})
         summary.update(ensemble_test_dsr=vote.get("dsr"), ensemble_members=vote["n_members"])
-    summary.update(verdict_metrics(verdict))
+    summary.update(verdict_metrics(verdict), spearman_val_test=results["selection"]["spearman_val_test"])
     return {"mlflow_summary": {k: v for k, v in summary.items() if v is not None}, "artifacts": artifacts}
+
+
+def val_test_ranks(trials: list, n_folds: int) -> dict:
+    """Whether choosing on val carried information: Spearman's rank correlation between the
+    score that chose (the pooled val score) and the pooled test Sharpe, over the trials that
+    ran every fold (results.json's trials, with their pooled `test`); None below 3 of them."""
+    full = [t for t in trials if t["status"] == "ok" and t["folds_done"] >= n_folds and t["score"] is not None]
+    rho = selection.spearman([t["score"] for t in full], [t["test"]["sharpe"] for t in full])
+    return {"spearman_val_test": rho, "n_trials": len(full)}
+
+
+def selection_line(ranks: dict) -> str:
+    """The last screen's line on it, with the spread a rank correlation of n unrelated pairs has."""
+    n, rho = ranks["n_trials"], ranks["spearman_val_test"]
+    if rho is None:
+        return f"selection: Spearman(val score, test Sharpe) needs 3 trials that ran every fold ({n} did)"
+    return (
+        f"selection: Spearman(val score, test Sharpe) over the {n} trials that ran every fold {rho:+.2f} "
+        f"(0 ± {1 / math.sqrt(n - 1):.2f} by chance: near 0 or below, val did not rank the trials as test did)"
+    )
 
 
 def stopped_per_rung(trials: list, rungs: list) -> list[int]:
