@@ -11,10 +11,11 @@ its Sharpe with the standard error, PSR(0), the Deflated Sharpe Ratio with N = e
 the sweep started, the same positions at 2x and 3x the cost, the break-even cost, the
 reference rules on the same windows (the oracle when the market carries one, the ridge
 rule, buy-and-hold, flat), the share of the oracle and what it adds over the linear rule;
-walk-forward selection; and the sweep's verdict in words (fxray.track.verdict). Per-fold values are shown for the table
-only: a Sharpe of a 5-day window is noise. PNGs (per-fold Sharpe, the best trials' equity
-on their test windows beside the references, Optuna's hyperparameter importance) go to
---out and to each sweep's parent run under compare/.
+walk-forward selection; and the sweep's verdict in words (fxray.track.verdict). Per-fold
+values are shown for the table only: a Sharpe of a 5-day window is noise. PNGs (per-fold
+Sharpe, the chosen trials' equity on their test windows beside the references, Optuna's
+hyperparameter importance, the verdict) go to --out and to each sweep's parent run under
+compare/.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def report(s: dict) -> str:
         f"== {s['experiment']}: sweep run {s['parent_run_id']}"
         + (f" (latest of {s['n_sweeps']} sweeps)" if s["n_sweeps"] > 1 else ""),
         f"   {s['n_trials']} trials x {s['n_folds']} folds ({s['n_trials_counted']} started); score (pooled val "
-        f"Sharpe of the folds run): best {s['best_score']:+.2f}, median {fmt(s['median_score'])}",
+        f"Sharpe of the folds run): the chosen trial's {s['best_score']:+.2f}, the median {fmt(s['median_score'])}",
         f"   chosen {b['run_name']} (run {b['run_id']}), {b['folds_done']} folds: pooled val Sharpe "
         f"{sharpe_line(b['val'])}",
         f"   {'fold':>4} {'val SR':>7} {'test SR':>7} {'B&H SR':>7} {'flat SR':>7} {'turnover':>8}   "
@@ -60,8 +61,8 @@ def report(s: dict) -> str:
     lines += [
         f"   out of sample, pooled over {test['n_days']} test days ({test['n_periods']} hours) at "
         f"{bp(s['cost'])}: Sharpe {sharpe_line(test)}  PSR(0) {fmt(test['psr'], '.3f')}  DSR {fmt(b['dsr'], '.3f')}",
-        f"     (DSR: N = {b['n_trials_counted']} trials started; the best of N by luck would reach "
-        f"{fmt(b['sr0'], '+.2f')} here)",
+        f"     (DSR: N = {b['n_trials_counted']} trials started; the luckiest of N skill-less trials would "
+        f"reach {fmt(b['sr0'], '+.2f')} here)",
         f"     at 2x cost {test['sharpe_2x']:+.2f}, at 3x {test['sharpe_3x']:+.2f}; break-even cost "
         f"{bp(test['break_even_cost'])}; {test['n_trades']} trades" + flat_text(test),
         *("     " + line for line in beside_lines(test, refs, b.get("walk_forward"))),
@@ -80,7 +81,8 @@ def report(s: dict) -> str:
 
 
 def summary_table(sums: list[dict]) -> str:
-    """One row per experiment; pooled test Sharpe of the best trial, its SE, PSR, DSR, oracle share."""
+    """One row per experiment: the chosen trial's score, pooled test Sharpe, its SE, PSR, DSR, the
+    oracle's test Sharpe and the chosen trial's share of it."""
     head = (
         f"{'experiment':<20} {'trials':>6} {'score':>7} {'test SR':>8} {'± se':>6} {'PSR':>6} {'DSR':>6} "
         f"{'oracle':>7} {'share':>6} {'± se':>5}"
@@ -122,7 +124,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     paths = [out / name for name in PLOTS]
     plt.rcParams.update({"font.size": 10})
-    # per-fold Sharpe of each best trial: test bars, val dots, buy-and-hold dashes (one colour each)
+    # per-fold Sharpe of each chosen trial: test bars, val dots, buy-and-hold dashes (one colour each)
     fig, ax = plt.subplots(figsize=(10, 4.2))
     width = min(0.8 / len(sums), 0.3)
     points = []  # (x, value, colour) of every marker and bar
@@ -164,18 +166,18 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
     ax.set(
         xlabel="fold",
         ylabel="Sharpe of one window (annualised)",
-        title="best trial of each sweep, per fold (one window is noise: see the pooled numbers)",
+        title="the chosen trial of each sweep, per fold (one window is noise: see the pooled numbers)",
     )
     ax.legend(fontsize=8.5, ncol=len(sums), loc="upper center", bbox_to_anchor=(0.5, -0.15))
     save(fig, paths[0], 110)
-    # equity of each best trial over its test windows, dated, beside the references
+    # equity of each chosen trial over its test windows, dated, beside the references
     fig, axes = plt.subplots(len(exps), 1, figsize=(10, 4.2 * len(exps)), squeeze=False)
     for ax, e, s in zip(axes[:, 0], exps, sums):
         best = next(t for t in e["trials"] if t["trial_id"] == s["best"]["trial_id"])
         plot_equity(
             ax,
             [FoldRecord.from_flat(f) for f in best["folds"]],
-            f"{e['name']}: best {s['best']['run_name']}, test windows (out of sample)",
+            f"{e['name']}: chosen {s['best']['run_name']}, test windows (out of sample)",
         )
     for ax in axes[:, 0]:  # each panel its own dates (sweeps may cover other data): labels on all
         ax.tick_params(axis="x", labelrotation=30)
@@ -193,7 +195,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
         n_ok = sum(t["status"] == "ok" for t in e["trials"])
         ax.set_title(f"{e['name']}: importance for the score\n(Optuna fANOVA over {n_ok} trials)", fontsize=10)
     save(fig, paths[2], 100)
-    # is it real: the placebo sweeps with the real best marked, the CSCV logits (fxray.track.verdict)
+    # is it real: the placebo sweeps with the real sweep marked, the CSCV logits (fxray.track.verdict)
     verdict_png(paths[3], [(s["experiment"], s["verdict"]) for s in sums])
     return paths
 

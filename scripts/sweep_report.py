@@ -58,9 +58,10 @@ def report(path: str) -> dict:
         "gpu_workers": sum(1 for w in workers if "cuda" in str(w.get("device", ""))),
         "wall_s": wall,
         "trials_per_hour": 3600 * r["n_trials"] / wall,
-        "best_mean_val_sharpe": r["best"]["mean_val_sharpe"],
-        "best_mean_test_sharpe": r["best"]["mean_test_sharpe"],
     }
+    chosen = r.get("best") or {}  # the chosen trial (results.json keeps the key `best`): the last screen's numbers
+    out.update(chosen_trial=chosen.get("trial_id"), chosen_score=chosen.get("score"))
+    out["chosen_pooled_test_sharpe"] = (chosen.get("test") or {}).get("sharpe")
     calls = [w.get("calls") or [] for w in workers]
     if not any(calls) or r.get("started") is None:  # results.json from before the call log
         # a population's members share its wall: count it once

@@ -221,6 +221,7 @@ def test_compare_table_matches_the_runs(store, sweep_t):
 
     # the report says it in words; the PNGs, and the PNGs on each sweep's parent run
     assert "== b: sweep run" in out.stdout and "chosen trial-good" in out.stdout
+    assert "best" not in out.stdout.lower()  # one word for one thing: the chosen trial (as fxray tune says)
     assert f"DSR {b['best']['dsr']:.3f}" in out.stdout and "verdict: " in out.stdout
     assert "at 2x cost" in out.stdout and "break-even cost" in out.stdout and "share of the oracle" in out.stdout
     client = MlflowClient(uri)

@@ -1,6 +1,7 @@
 """What MLflow shows of a sweep: undefined metrics left out, units in the names, the trials
-ranked, the parent's summary and the URLs that open on them (real sqlite store, real writer);
-and the sweep's progress line (its denominator and ETA under ASHA)."""
+ranked in a saved view with their key metrics as columns, the parent's summary and the URLs
+that open on them, at the address `mlflow ui` listens on (real sqlite store, real writer); and
+the sweep's progress line (its denominator and ETA under ASHA)."""
 
 import json
 import urllib.parse
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:D
 
 WINDOW = dict(sharpe=1.2, sortino=2.5, max_drawdown=-0.02, calmar=3.0, total_return=0.01)
 WINDOW.update(turnover=0.1, n_trades=5, hit_rate=0.55, n_days=5)
+V = {"t1": 1.0, "t2": 3.0, "t3": 2.0}  # each trial's val Sharpe
 
 
 def test_undefined_metrics_are_not_logged_and_log_units_are_named():
@@ -39,52 +41,74 @@ def test_urls_open_the_runs_view_on_the_sweeps_trials():
     url = links.runs_url("http://127.0.0.1:5000", "7", "abc")
     path, _, query = url.partition("?")
     assert path == "http://127.0.0.1:5000/#/experiments/7/runs"
-    q = dict(urllib.parse.parse_qsl(query))
-    assert q == {
-        "workflowType": "machine_learning",
-        "searchFilter": "tags.mlflow.parentRunId = 'abc'",
-        "orderByKey": "tags.`fxray.rank`",
-        "orderByAsc": "true",
-    }
+    # only the saved view's key: a searchFilter in the URL would make MLflow ignore the view
+    assert dict(urllib.parse.parse_qsl(query)) == {"viewStateShareKey": "abc", "workflowType": "machine_learning"}
     m = dict(urllib.parse.parse_qsl(links.metric_url("", "7", ["r1", "r2"], "val_sharpe").partition("?")[2]))
     assert json.loads(m["runs"]) == ["r1", "r2"] and m["x_axis"] == "step" and json.loads(m["metric"]) == "val_sharpe"
-    assert links.ui_base("sqlite:////x/mlflow.db") == "http://127.0.0.1:5000"
-    assert links.ui_base("http://tracking:8080/") == "http://tracking:8080"
-    assert links.ui_command("http://tracking:8080") is None
     assert links.rank_tags(["a", "b", "c"]) == {"a": "01", "b": "02", "c": "03"}
     assert list(links.rank_tags([str(i) for i in range(120)]).values())[:2] == ["001", "002"]
 
 
+def test_the_ui_address_is_where_mlflow_ui_listens():
+    """A local store's UI is where `mlflow ui` listens: its own MLFLOW_HOST / MLFLOW_PORT /
+    MLFLOW_STATIC_PREFIX (the printed command spells them out); a tracking server is its own UI."""
+    store = "sqlite:////x/mlflow.db"
+    assert links.ui_base(store, {}) == "http://127.0.0.1:5000"
+    assert links.ui_command(store, {}) == f"mlflow ui --backend-store-uri {store}"
+    env = {"MLFLOW_PORT": "8123", "MLFLOW_HOST": "0.0.0.0", "MLFLOW_STATIC_PREFIX": "/ml"}
+    assert links.ui_base(store, env) == "http://127.0.0.1:8123/ml"  # bound to every interface: open it here
+    assert links.ui_command(store, env).endswith(" --host 0.0.0.0 --port 8123 --static-prefix /ml")
+    assert links.ui_base(store, {"MLFLOW_HOST": "::1"}) == "http://[::1]:5000"
+    assert links.ui_base("http://tracking:8080/", env) == "http://tracking:8080"
+    assert links.ui_command("https://tracking", env) is None
+
+
 def test_the_end_of_a_sweep_ranks_its_trials_and_summarises_it(tmp_path):
-    """The writer ends the sweep with the last screen: children ranked (tag fxray.rank), the parent
-    holding summary.md (artifact and description) and the best child's id; CPU sweeps do not log
-    CUDA-only switches as params."""
+    """The writer ends the sweep with the last screen: children ranked (tag fxray.rank) with their
+    pooled Sharpes, the experiment's saved view of them, the parent holding summary.md (artifact
+    and description) and the chosen child's id; CPU sweeps do not log CUDA-only switches as params."""
     uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
     make_sweep(storage, uri, device="cpu", base={"gamma": 0.9, "graphs": True, "matmul": "tf32", "compile": False})
-    for tid, v in (("t1", 1.0), ("t2", 3.0), ("t3", 2.0)):
+    for tid, v in V.items():
         log_fold(storage, tid, 0, v)
         append_event(storage, kind="trial_end", trial_id=tid, status="FINISHED", folds_done=1)
-    screen = "top 3 of 3 trials ...\n  verdict: not significant (DSR 0.10 < 0.95)\n"
+    screen = "top 3 of 3 trials ...\nverdict: no edge: ...\n"
+    pooled = {
+        t: {"pooled_val_sharpe": v, "pooled_test_sharpe": -v, "pooled_test_sharpe_se": None} for t, v in V.items()
+    }
     with Writer(storage, uri) as writer:
         assert writer.wait_open(timeout=120), writer.error
-        report = {"screen": screen, "ranking": ["t2", "t3", "t1"], "top": 2}
+        report = {"screen": screen, "ranking": ["t2", "t3", "t1"], "top": 2, "pooled": pooled, "params": ["lr"]}
         assert writer.finish("FINISHED", {"best_test_dsr": 0.1}, report=report) == 0
     children = child_runs(uri, writer.parent_id)
     assert {t: r.data.tags[links.RANK_TAG] for t, r in children.items()} == {"t2": "01", "t3": "02", "t1": "03"}
+    # the last screen's numbers on each trial (an undefined one is left out, not logged as 0)
+    for t, r in children.items():
+        assert r.data.metrics["pooled_val_sharpe"] == V[t] and r.data.metrics["pooled_test_sharpe"] == -V[t]
+        assert "pooled_test_sharpe_se" not in r.data.metrics
+    # the saved view its runs URL opens: these trials, ranked, the metrics as columns
+    client = MlflowClient(uri)
+    view = json.loads(client.get_experiment(writer.experiment_id).tags[links.VIEW_TAG + writer.parent_id])
+    state = json.loads(view["state"])
+    assert state["searchFilter"] == f"tags.mlflow.parentRunId = '{writer.parent_id}'"
+    assert state["orderByKey"] == f"tags.`{links.RANK_TAG}`" and state["orderByAsc"] is True
+    expected = [f"tags.`{links.RANK_TAG}`", *(f"metrics.`{m}`" for m in links.VIEW_METRICS), "params.`lr`"]
+    assert state["selectedColumns"] == state["columnOrder"] == expected
+    assert view["name"].startswith("m: sweep ") and isinstance(view["createdAt"], int)
     assert writer.top == [(children["t2"].info.run_id, "trial-t2"), (children["t3"].info.run_id, "trial-t3")]
     assert writer.experiment_id == children["t2"].info.experiment_id
     assert children["t1"].data.params == {"lr": "0.001", "gamma": "0.9", "compile": "False"}
-    client = MlflowClient(uri)
     parent = client.get_run(writer.parent_id)
     assert parent.data.tags["fxray.best_run_id"] == children["t2"].info.run_id
     md = (storage / "summary.md").read_text()
-    assert parent.data.tags["mlflow.note.content"] == md and "verdict: not significant" in md
+    assert parent.data.tags["mlflow.note.content"] == md and "verdict: no edge" in md
     assert f"/#/experiments/{writer.experiment_id}/runs/{children['t2'].info.run_id}" in md
     assert "summary.md" in {a.path for a in client.list_artifacts(writer.parent_id)}
-    lines = links.next_steps(uri, writer.experiment_id, writer.parent_id, writer.top).splitlines()
+    lines = links.next_steps(uri, writer.experiment_id, writer.parent_id, writer.top, ["fxray compare m"]).splitlines()
     assert lines[0].startswith(f"MLflow:  mlflow ui --backend-store-uri {uri}")
-    assert links.runs_url(links.DEFAULT_UI, writer.experiment_id, writer.parent_id) in lines[1]
+    assert links.runs_url(links.ui_base(uri), writer.experiment_id, writer.parent_id) in lines[1]
     assert "val Sharpe per fold, top 2" in lines[2] and children["t3"].info.run_id in lines[2]
+    assert lines[-1] == "next:    fxray compare m"
 
 
 # --- the progress line ---------------------------------------------------------------------------

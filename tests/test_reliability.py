@@ -315,7 +315,7 @@ def test_results_of_a_sweep_where_every_trial_diverged(tmp_path, capsys):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["best"] is None and results["trials"][0]["status"] == "diverged"
     assert results["trials"][0]["score"] is None and "best_score" not in summary["mlflow_summary"]
-    assert "no best trial: all 1 trials diverged" in capsys.readouterr().out
+    assert "no chosen trial: all 1 trials diverged" in capsys.readouterr().out
 
 
 def test_csv_errors_quote_the_bad_value(tmp_path):

@@ -1,4 +1,5 @@
-"""scripts/sweep_report.py: the wall-time split of a sweep from its workers' call logs."""
+"""scripts/sweep_report.py: the wall-time split of a sweep from its workers' call logs, and its
+chosen trial in the last screen's words."""
 
 import importlib.util
 import json
@@ -30,7 +31,7 @@ def test_split_of_a_hand_made_sweep(tmp_path):
         "wall_s": 20.0,
         "started": 100.0,
         "trials": [{"folds": [{}]}] * 3 + [{"folds": [{"timings": {"trial_start": 104.5}}]}],
-        "best": {"mean_val_sharpe": 1.0, "mean_test_sharpe": 0.5},
+        "best": {"trial_id": "c", "score": 1.0, "mean_test_sharpe": 0.9, "test": {"sharpe": 0.5}},
         "workers": [{"device": "cuda:0", "calls": calls0}, {"device": "cuda:0", "calls": calls1}],
     }
     path = tmp_path / "results.json"
@@ -51,6 +52,9 @@ def test_split_of_a_hand_made_sweep(tmp_path):
     assert r["gpu_workers"] == 2 and r["trials_per_hour"] == pytest.approx(4 * 3600 / 20)
     assert r["t_first_trial_started"] == pytest.approx(4.5) and r["t_first_trial_fold"] == pytest.approx(5.0)
     assert r["t_last_fold_end"] == pytest.approx(19.0)
+    # the chosen trial's numbers are the last screen's: its score and pooled test Sharpe
+    assert (r["chosen_trial"], r["chosen_score"], r["chosen_pooled_test_sharpe"]) == ("c", 1.0, 0.5)
+    assert not any("best" in k for k in r)
 
 
 def test_speedup_of_two_hand_made_sweeps(tmp_path):

@@ -119,6 +119,13 @@ def check_complete_sweep(tmp_path, n_trials):
     assert ranks["01"].data.tags["fxray.trial_id"] == results["best"]["trial_id"]
     assert parents[0].data.tags["fxray.best_run_id"] == ranks["01"].info.run_id
     assert "verdict:" in parents[0].data.tags["mlflow.note.content"]
+    # the runs table's columns (the sweep's saved view) hold the last screen's numbers
+    for t in results["trials"]:
+        m = by_id[t["trial_id"]].data.metrics
+        for w in ("val", "test"):  # a window with no trade has no Sharpe: no point (not a 0 that ranks)
+            assert m.get(f"pooled_{w}_sharpe") == (None if t[w]["evidence"] == "none" else t[w]["sharpe"])
+    view = client.get_experiment(parents[0].info.experiment_id).tags[f"mlflow.sharedViewState.{parent_id}"]
+    assert "metrics.`pooled_test_sharpe`" in json.loads(json.loads(view)["state"])["selectedColumns"]
     return results
 
 
@@ -161,14 +168,29 @@ def test_sweep_on_logical_gpus(tmp_path):
     assert "Actor STARTED" not in out.stdout + out.stderr
     assert out.stdout.count(" fold 2/2: ") == 4 and "top 4 of 4 trials" in out.stdout
     assert "mlflow ui --backend-store-uri" in out.stdout
-    assert f"judge it further: fxray compare t --tracking-uri {env['MLFLOW_TRACKING_URI']}" in out.stdout
-    assert "the trials, best first:" in out.stdout and "#/experiments/" in out.stdout
+    assert "the trials, ranked:" in out.stdout and "#/experiments/" in out.stdout
     # the libraries' noise is kept out without --verbose (fxray/sweep/logs.py)
     noises = ("Token authentication", "core_worker.cc", "A new study created", "Creating initial MLflow")
     for noise in (*noises, "save not implemented for Searcher"):
         assert noise not in out.stderr and noise not in out.stdout, noise
     results = check_complete_sweep(tmp_path, 4)
     assert json.loads((tmp_path / "out.json").read_text()) == results
+    # the screen ends with the market, the chosen trial beside the oracle and the ridge rule, the
+    # verdict's sentence, then where MLflow shows it and the command to run next; "best" nowhere
+    b, lines = results["best"], out.stdout.splitlines()
+    assert results["data"]["embedded"] and results["data"]["synth"]["seed"] == 0
+    end = lines.index(next(line for line in lines if line.startswith("results: ")))
+    assert lines[end - 3] == "market:  the embedded synthetic market (seed 0, 20,000 1min bars; a planted flow edge)"
+    test, refs = b["test"], b["baselines"]
+    assert lines[end - 2] == (
+        f"chosen:  trial-{b['trial_id']}, pooled test Sharpe {test['sharpe']:+.2f} ± {test['sharpe_se']:.2f} over "
+        f"{test['n_days']} test days; oracle {refs['oracle']['sharpe']:+.2f} ± {refs['oracle']['sharpe_se']:.2f}, "
+        f"ridge rule {refs['ridge']['sharpe']:+.2f} ± {refs['ridge']['sharpe_se']:.2f} on the same days"
+    )
+    assert lines[end - 1] == "verdict: " + results["verdict"]["sentence"]
+    assert out.stdout.count(results["verdict"]["sentence"]) == 1
+    assert lines[-1].startswith(f"next:    fxray compare t --tracking-uri {env['MLFLOW_TRACKING_URI']}   # ")
+    assert "best" not in out.stdout.lower()
     workers = results["workers"]
     assert len(workers) == 2 and all(w["n_loads"] == 1 and not w["restarted"] for w in workers)
     assert sorted(w["gpu_ids"][0] for w in workers) == ["0", "1"]

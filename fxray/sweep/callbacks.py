@@ -109,13 +109,13 @@ class SweepLog(Callback):
         if self.session_folds > 1:
             eta = f"ETA ~{fmt_s(expected * (now - self.t_first) / (self.session_folds - 1))}"
         score = "diverged" if rec["status"] != "ok" else f"{rec['score']:+.2f}"
-        best_score = (
-            "none (every trial diverged)" if best is None else f"{best['score']:+.2f} ({trial_label(best['trial_id'])})"
+        chosen = (  # the trial the sweep would choose now (fxray.track.results.chosen)
+            "none (every trial diverged)" if best is None else f"{trial_label(best['trial_id'])} {best['score']:+.2f}"
         )
         print(
             f"[{done:>4}/{total} folds {fmt_s(now - self.t0)}, {eta}] "
             f"{trial_label(tid)} fold {rec['fold'] + 1}/{self.n_folds}: score {score} "
-            f"(pooled val Sharpe of its folds)  | best {best_score}",
+            f"(pooled val Sharpe of its folds)  | chosen so far: {chosen}",
             flush=True,
         )
 

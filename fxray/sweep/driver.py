@@ -14,6 +14,7 @@ cannot load or a store that cannot open stops the sweep (StartFailed).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import threading
@@ -44,6 +45,7 @@ from fxray.sweep.rundir import (
 )
 from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, debug_log, make_tuner
 from fxray.track.links import next_steps
+from fxray.track.report import mlflow_report, next_commands
 
 
 @dataclass
@@ -314,14 +316,16 @@ def finish(run: Run) -> int:
     sweep["rounds"][-1]["done"] = errors == 0
     sweep["rounds"][-1]["finished"] = time.time()  # what a later --resume says ("nothing to resume")
     write_sweep(storage, sweep)
-    report = {"screen": screen.getvalue(), "ranking": ranking(storage, len(sweep["folds"])), "top": TOP_LINKED}
+    path = storage / "results.json"
+    results_json = json.loads(path.read_text()) if path.exists() else None
+    report = {"screen": screen.getvalue(), **mlflow_report(results_json, len(sweep["folds"])), "top": TOP_LINKED}
     lost = run.writer.finish(
         "FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"], summary["artifacts"], report=report
     )
     w = run.writer
     files = [f for f in ("results.json", "folds.csv", "equity.png", "summary.md") if (storage / f).exists()]
     print(f"results: {storage} ({', '.join(files)})")
-    print(next_steps(sweep["mlflow"]["uri"], w.experiment_id, w.parent_id, w.top))
+    print(next_steps(sweep["mlflow"]["uri"], w.experiment_id, w.parent_id, w.top, next_commands(results_json, w.top)))
     if lost:
         print(
             f"{lost} MLflow write(s) failed (the fxray.track.writer lines above say why); "
@@ -343,17 +347,7 @@ def asha_rungs(exp, n_folds: int) -> dict:
     return {"grace_folds": grace, "reduction_factor": rf, "rungs": rungs}
 
 
-TOP_LINKED = 5  # best trials the sweep's last lines and summary.md link to
-
-
-def ranking(storage: Path, n_folds: int) -> list[str]:
-    """Trial ids best first, as the last screen lists them (from results.json)."""
-    import json
-
-    from fxray.track.report import ranked
-
-    path = storage / "results.json"
-    return [t["trial_id"] for t in ranked(json.loads(path.read_text())["trials"], n_folds)] if path.exists() else []
+TOP_LINKED = 5  # top trials the sweep's last lines and summary.md link to
 
 
 def run_sweep(plan: Plan) -> int:

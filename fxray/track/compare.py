@@ -150,7 +150,7 @@ def summarize(exp: dict) -> dict:
     if best is None:
         raise CompareError(
             f"experiment {exp['name']!r}: all {len(trials)} trials of sweep run {parent.info.run_id} diverged: "
-            "no best trial to judge"
+            "no chosen trial to judge"
         )
     stats, deflated, walk, verdict = judge(trials, best, exp["n_folds"], cost, ppy, max(n_started, len(trials)))
     b = stats[best["trial_id"]]

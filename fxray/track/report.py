@@ -1,7 +1,14 @@
 """What a person sees of a sweep: its last screen (the top trials and the chosen trial's
-pooled out-of-sample line with its baselines, DSR and what it adds over the linear rule;
-the verdict in words follows it, fxray.track.verdict), and the equity plot of the chosen
-trial's test windows beside the reference rules."""
+pooled out-of-sample line with its baselines, DSR and what it adds over the linear rule; the
+verdict's evidence follows it, fxray.track.verdict; then `closing_lines`: the market, the chosen
+trial beside the oracle and the ridge rule, the verdict in one sentence), the commands to run
+next, what MLflow is told at the end, and the equity plot of the chosen trial's test windows
+beside the reference rules.
+
+One word for each thing on every screen: the "chosen trial" is the one the sweep picks (the
+highest score among the trials that ran every fold; fxray.track.results.chosen), "top" trials
+are the first rows by score. results.json's `best` block and the MLflow keys `best_*` hold the
+chosen trial's numbers (names kept for the scripts that read them)."""
 
 from __future__ import annotations
 
@@ -67,8 +74,9 @@ def beside_lines(test: dict, refs: dict, walk: dict | None) -> list[str]:
 
 
 def ranked(trials: list, n_folds: int) -> list:
-    """results.json's trials, best first: the order of the last screen (and of the MLflow
-    rank tags): trials that did not diverge, then those that ran every fold, by score."""
+    """results.json's trials, ranked: the order of the last screen (and of the MLflow rank
+    tags): trials that did not diverge, then those that ran every fold, by score; the chosen
+    trial first."""
 
     def key(t):
         score = t["score"] if t["score"] is not None else float("-inf")  # a diverged trial has none
@@ -96,8 +104,9 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
         )
     b = results["best"]
     test, refs, cost = b["test"], b["baselines"], results["base_config"]["cost"]
+    which = "of the trials that ran every fold" if b["folds_done"] >= n_folds else "(no trial ran every fold)"
     print(
-        f"\nchosen trial-{b['trial_id']} (the highest score) out of sample: {b['folds_done']} test windows, "
+        f"\nchosen trial-{b['trial_id']} (the highest score {which}) out of sample: {b['folds_done']} test windows, "
         f"{test['n_days']} days, {test['n_periods']} hours; cost {bp(cost)} per unit traded, "
         f"fill {results['base_config'].get('fill')}"
     )
@@ -121,8 +130,102 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
     vote = results.get("ensemble")
     if vote:
         print("  " + vote_line(vote))
+
+
+def market_info(path) -> dict:
+    """What results.json's data block says of the market beside its path and hash: the
+    fxcache header's instrument, bar and source, the synthetic market's seed and structure,
+    and `embedded`: whether it is the market `fxray tune` generates when the experiment names
+    no data (fxray.data.synth's default file for its spec). {} when the file cannot be read."""
+    from pathlib import Path
+
+    from fxray.data import cache, synth
+
+    if not path:
+        return {}
+    try:
+        meta = cache.open(path, verify="no").meta
+    except cache.CacheError:
+        return {}
+    out = {k: meta.get(k) for k in ("instrument", "bar", "source")}
+    spec = meta.get("synth")
+    if spec:
+        out["synth"] = {k: spec.get(k) for k in ("seed", "structure", "shuffle")}
+        try:
+            out["embedded"] = synth.default_path(synth.SynthSpec(**spec)) == Path(path)
+        except TypeError:  # a spec of another generator version
+            out["embedded"] = False
+    return out
+
+
+def market_line(data: dict) -> str:
+    """Which market: 'the embedded synthetic market (...)' or the file's path and what it holds."""
+    bars = f"{data['n_bars']:,} {data.get('bar') or ''} bars".replace("  ", " ") if data.get("n_bars") else None
+    s = data.get("synth")
+    if s:
+        planted = "no signal: the shuffled twin" if s.get("shuffle") else f"a planted {s.get('structure')} edge"
+        what = f"seed {s.get('seed')}, {bars}; {planted}"
+        return (
+            f"the embedded synthetic market ({what})" if data.get("embedded") else f"{data['path']} (synthetic: {what})"
+        )
+    source = data.get("source") and f"from {data['source']}"
+    return f"{data.get('path')} ({', '.join(v for v in (data.get('instrument'), bars, source) if v)})"
+
+
+def closing_lines(results: dict, verdict_sentence: str) -> list[str]:
+    """The end of the last screen: the market, the chosen trial's pooled test Sharpe beside
+    the oracle (where the market has one) and the ridge rule on the same days, the verdict."""
+    b = results["best"]
+    test, refs = b["test"], b["baselines"]
+    beside = [f"oracle {sharpe_line(refs['oracle'])}" if "oracle" in refs else "oracle unknown (not a planted market)"]
+    beside += [f"ridge rule {sharpe_line(refs['ridge'])}"] if "ridge" in refs else []
+    days = f"{test['n_days']} test days"
+    record = (
+        f"no trade in its {days}"
+        if test["evidence"] == "none"
+        else f"pooled test Sharpe {sharpe_line(test)} over {days}"
+    )
+    return [
+        f"market:  {market_line(results['data'])}",
+        f"chosen:  trial-{b['trial_id']}, {record}; " + ", ".join(beside) + " on the same days",
+        verdict_sentence,
+    ]
+
+
+def next_commands(results: dict | None, top: list) -> list[str]:
+    """The commands a sweep's last line suggests: `fxray compare` of it, and where the verdict
+    is an edge, the export of the chosen trial's policy (`top`: [(run id, name)], ranked)."""
+    if not results:
+        return []
     uri = results.get("tracking_uri")
-    print(f"  judge it further: fxray compare {results['experiment']}" + (f" --tracking-uri {uri}" if uri else ""))
+    store = f" --tracking-uri {uri}" if uri else ""
+    cmds = [f"fxray compare {results['experiment']}{store}   # the verdict's evidence, plotted"]
+    if (results.get("verdict") or {}).get("answer") == "edge" and top:
+        cmds.append(f"fxray export {top[0][0]} --out policy/{store}   # the chosen trial's policy, to backtest")
+    return cmds
+
+
+def mlflow_report(results: dict | None, n_folds: int) -> dict:
+    """What MLflow is told at the end of a sweep besides its screen (fxray.track.runs.end_sweep):
+    the trial ids ranked as the last screen lists them, each one's pooled Sharpes (the last
+    screen's numbers, not the running means of per-window values) and the searched names."""
+    if not results:
+        return {"ranking": [], "pooled": {}, "params": []}
+    trials = ranked(results["trials"], n_folds)
+
+    def defined(s: dict | None, key: str):  # a window with no trade has no Sharpe: no point, not a 0 that ranks
+        return None if not s or s.get("evidence") == "none" else s.get(key)
+
+    pooled = {
+        t["trial_id"]: {
+            "pooled_val_sharpe": defined(t.get("val"), "sharpe"),
+            "pooled_test_sharpe": defined(t.get("test"), "sharpe"),
+            "pooled_test_sharpe_se": defined(t.get("test"), "sharpe_se"),
+        }
+        for t in trials
+    }
+    params = sorted({k for t in trials for k in t.get("sampled", {})})
+    return {"ranking": [t["trial_id"] for t in trials], "pooled": pooled, "params": params}
 
 
 def flat_text(test: dict) -> str:
@@ -184,7 +287,7 @@ def save(fig, path, dpi: int) -> Path:
 
 
 def equity_png(path, folds: list, title: str) -> Path:
-    """Equity (start 1) of the best trial over its test windows, hour by hour on a dated axis,
+    """Equity (start 1) of the chosen trial over its test windows, hour by hour on a dated axis,
     beside the reference rules on the same windows; each test window shaded."""
     fig, ax = pyplot().subplots(figsize=(10, 4.2))
     plot_equity(ax, folds, title)

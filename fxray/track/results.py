@@ -1,4 +1,4 @@
-"""A sweep's results from its fold log: the trials table, the best trial, the pooled
+"""A sweep's results from its fold log: the trials table, the chosen trial, the pooled
 out-of-sample verdict, and the files written at the end of a run (folds.csv,
 equity.png, results.json, the last screen).
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from fxray.eval import pooled, selection
 from fxray.track.records import CSV_COLUMNS, FoldRecord, fold_checkpoints
-from fxray.track.report import equity_png, print_last_screen, seed_spread
+from fxray.track.report import closing_lines, equity_png, market_info, print_last_screen, seed_spread
 from fxray.track.timing import time_breakdown
-from fxray.track.verdict import json_ready, snooping_verdict
+from fxray.track.verdict import json_ready, sentence, snooping_verdict
 from fxray.track.verdict import metrics as verdict_metrics
 from fxray.track.verdict import text as verdict_text
 
@@ -157,7 +157,7 @@ def write_results(
         "profile": sweep["profile"],
         "storage": str(storage),
         "tracking_uri": sweep.get("mlflow", {}).get("uri"),
-        "data": sweep["data"],
+        "data": {**sweep["data"], **market_info(sweep["data"].get("path"))},
         "folds": sweep["folds"],
         "base_config": sweep["base"],
         "rounds": sweep["rounds"],
@@ -181,9 +181,9 @@ def write_results(
     }
     if started is not None:
         results["time_breakdown"] = time_breakdown(started, wall_s, phases or {}, worker_stats, results["trials"])
-    if best is None:  # every trial diverged: results.json says so (no best trial, no verdict)
+    if best is None:  # every trial diverged: results.json says so (no chosen trial, no verdict)
         write_json(storage, json_path, results)
-        print(f"\nno best trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
+        print(f"\nno chosen trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
         return {"mlflow_summary": {"n_trials": len(trials)}, "artifacts": [(None, storage / "experiment.yaml")]}
     names = sorted({k for t in trials.values() for k in t["config"]})
     # --- fold table: one row per trial x fold -------------------------------------
@@ -202,7 +202,7 @@ def write_results(
     equity = equity_png(
         storage / "equity.png",
         best_folds,
-        f"{sweep['experiment']}: best {trial_label(best['trial_id'])}, test windows (out of sample)",
+        f"{sweep['experiment']}: chosen {trial_label(best['trial_id'])}, test windows (out of sample)",
     )
     # --- results.json -------------------------------------------------------------------
     results.update(n_trials_started=n_started, periods_per_year=ppy)
@@ -232,7 +232,8 @@ def write_results(
         print(asha_line(results["asha"], results["trials"], n_folds))
     print(selection_line(results["selection"]))
     print_last_screen(results, names, n_folds)
-    print(verdict_text(verdict))
+    print(verdict_text(verdict, with_sentence=False))  # the evidence; the sentence closes the screen
+    print("\n" + "\n".join(closing_lines(results, sentence(verdict))))
     ckpt = max((f for f in best_folds if f.ok and f.checkpoint), key=lambda f: f.val_score, default=None)
     artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
     if ckpt is not None:  # a seed ensemble's fold: every member's

@@ -256,11 +256,13 @@ class Tracker:
     ) -> tuple[list, str | None]:
         """Summary metrics and artifacts [(dir in the run or None, local file)] on the parent; end it.
 
-        `report` {"screen": the last screen's text, "ranking": trial ids best first, "top": N}:
-        each child gets its rank (tag fxray.rank, "01" = the sweep's pick), the parent the best
-        child's run id (tag fxray.best_run_id) and summary.md (artifact, and its description
-        on the run page). Returns ([(run id, name)] of the top N, summary.md's text)."""
-        from fxray.track.links import RANK_TAG, rank_tags, summary_markdown
+        `report` {"screen": the last screen's text, "ranking": trial ids ranked, "top": N,
+        "pooled": {trial id: {metric: value}}, "params": the searched names}: each child gets its
+        rank (tag fxray.rank, "01" = the chosen trial) and its pooled Sharpes (the last screen's),
+        the parent the chosen child's run id (tag fxray.best_run_id) and summary.md (artifact, and
+        its description on the run page), the experiment the sweep's saved view (links.saved_view).
+        Returns ([(run id, name)] of the top N, summary.md's text)."""
+        from fxray.track.links import RANK_TAG, rank_tags, saved_view, summary_markdown
         from fxray.track.results import trial_label
 
         run_id, top, md = self.parent_run_id, [], None
@@ -273,8 +275,13 @@ class Tracker:
             )
         if report:
             ranking = [tid for tid in report.get("ranking", []) if tid in self.children]
+            now = int(time.time() * 1000)
+            pooled = report.get("pooled", {})
             for tid, rank in rank_tags(ranking).items():
-                self.client.set_tag(self.children[tid], RANK_TAG, rank)
+                metrics = [Metric(k, float(v), now, 0) for k, v in pooled.get(tid, {}).items() if v is not None]
+                self.client.log_batch(self.children[tid], metrics=metrics, tags=[RunTag(RANK_TAG, rank)])
+            name = f"{self.experiment_name}: sweep {run_id[:8]}, trials ranked"
+            self.client.set_experiment_tag(self.experiment_id, *saved_view(run_id, name, report.get("params", []), now))
             top = [(self.children[tid], trial_label(tid)) for tid in ranking[: report.get("top", 5)]]
             if top:
                 self.client.set_tag(run_id, "fxray.best_run_id", top[0][0])

@@ -262,11 +262,12 @@ def sentence(v: dict | None) -> str:
     return "verdict: " + ((v or {}).get("sentence") or "n/a")
 
 
-def text(v: dict, indent: str = "   ") -> str:
-    """The verdict's sentence, then the evidence: one statistic a line, with the question it answers."""
+def text(v: dict, indent: str = "   ", with_sentence: bool = True) -> str:
+    """The verdict's sentence (unless the caller shows it elsewhere: the sweep's last screen ends
+    with it), then the evidence: one statistic a line, with the question it answers."""
     n = v.get("n_trials_counted")
-    lines = [
-        f"{indent}{sentence(v)}",
+    lines = [f"{indent}{sentence(v)}"] if with_sentence else []
+    lines += [
         f"{indent}is it real? the evidence, each for the question it answers (docs/metrics.md, 'One verdict'):",
         f"{indent}  DSR        {_p(v.get('dsr'))}  is the chosen trial's pooled test Sharpe above what the luckiest of "
         f"{n if n is not None else 'N'} skill-less trials would show? (yes at >= {DSR_LEVEL})",
@@ -293,10 +294,10 @@ def text(v: dict, indent: str = "   ") -> str:
     if c:
         d = c["degradation"]
         lines.append(
-            f"{indent}  PBO        {_p(c['pbo'])}  does the val windows' choice carry over? P(the in-sample best lands "
-            f"at or below the median out of sample) (CSCV: {c['n_trials']} trials' val hours, {c['n_blocks']} blocks, "
-            f"{c['n_splits']} splits); its OOS Sharpe = {_p(d['intercept'], '+.2f')} + {_p(d['slope'], '.2f')} x IS, "
-            f"loses OOS in {c['prob_oos_loss']:.0%} of splits"
+            f"{indent}  PBO        {_p(c['pbo'])}  does the val windows' choice carry over? P(a split's top val "
+            f"trial lands at or below the median out of sample) (CSCV: {c['n_trials']} trials' val hours, "
+            f"{c['n_blocks']} blocks, {c['n_splits']} splits); its OOS Sharpe = {_p(d['intercept'], '+.2f')} + "
+            f"{_p(d['slope'], '.2f')} x IS, loses OOS in {c['prob_oos_loss']:.0%} of splits"
         )
     else:
         lines.append(f"{indent}  PBO        n/a  needs two trials with the same val hours whose returns differ")
@@ -336,12 +337,12 @@ def verdict_png(path, rows: list[tuple[str, dict]]):
             ax_p.hist(vals, bins=30, range=(lo - pad, hi + pad), color="0.6", label=f"{len(vals)} placebo sweeps")
             ax_p.plot(vals, np.zeros_like(vals), "|", color="k", ms=18)  # each one, when they are few
             ax_p.axvline(pl["real"], color="tab:red", lw=2, label=f"real {pl['real']:+.2f}")
-            ax_p.set_title(f"{name}: best pooled test Sharpe, placebo p = {pl['pvalue']:.3f}", fontsize=9)
+            ax_p.set_title(f"{name}: the chosen trial's pooled test Sharpe, placebo p = {pl['pvalue']:.3f}", fontsize=9)
             ax_p.legend(fontsize=8)
         else:
             ax_p.text(0.5, 0.5, "no placebo sweeps\n(python -m fxray.tune --placebo N)", ha="center", va="center")
             ax_p.set_title(f"{name}: placebo sweeps", fontsize=9)
-        ax_p.set_xlabel("best trial's pooled test Sharpe (annualised)")
+        ax_p.set_xlabel("each sweep's chosen trial: pooled test Sharpe (annualised)")
         logits = v.get("_cscv_logits")
         if logits is not None and len(logits):
             finite = np.clip(np.asarray(logits), -8, 8)
@@ -349,7 +350,7 @@ def verdict_png(path, rows: list[tuple[str, dict]]):
             ax_c.hist(finite[finite > 0], bins=edges, color="tab:blue", label="above the median OOS")
             ax_c.hist(finite[finite <= 0], bins=edges, color="tab:orange", label="at or below: overfit")
             ax_c.axvline(0, color="k", lw=0.8)
-            ax_c.set_title(f"{name}: CSCV logits of the in-sample best, PBO = {v['pbo']:.2f}", fontsize=9)
+            ax_c.set_title(f"{name}: CSCV logits of each split's top val trial, PBO = {v['pbo']:.2f}", fontsize=9)
             ax_c.legend(fontsize=8)
         else:
             why = "PBO n/a: needs two trials with the\nsame val hours whose returns differ"
