@@ -4,19 +4,21 @@
     python lab/mlflow_screenshot.py --tracking-uri sqlite:///$PWD/mlflow.db --experiment smoke
     python lab/mlflow_screenshot.py --sweep experiments/smoke.yaml   # sweep into a temp store first
 
-Starts `mlflow ui` on 127.0.0.1 (a free port) over the sqlite store, drives headless
-Chromium over the DevTools protocol (aiohttp's websocket client, a dependency of Ray),
-and saves, under --out-dir (default docs/):
+Starts `mlflow ui` on 127.0.0.1 on a free port, told by MLFLOW_PORT as a user would
+(the URLs are fxray.track.links' for that address), drives headless Chromium over the
+DevTools protocol (aiohttp's websocket client, a dependency of Ray), and saves, under
+--out-dir (default docs/):
 
     mlflow_landing.png   the experiment URL with workflowType=machine_learning: the runs view
-                         (not the GenAI traces dashboard MLflow 3.17 opens on), the sweep's parent
-    mlflow_runs.png      the sweep's trials, best first (fxray.track.links.runs_url: children of the
-                         parent, ordered by the fxray.rank tag), with the score / Sharpe columns
+                         (not the GenAI overview MLflow 3.17 opens on), the sweep's parent
+    mlflow_runs.png      the sweep's trials, ranked (fxray.track.links.runs_url: the sweep's saved
+                         view), with the columns the saved view names: nothing is clicked
     mlflow_fold_chart.png  val Sharpe per fold (step = fold k) of the top trials (metric_url)
     mlflow_summary.png   the parent run's page: its description is the sweep's last screen
 
 Each page is checked in the rendered DOM (the runs and the metric it must show) before its
-shot; MLflow's assistant side panel is closed first (it takes a quarter of the screen).
+shot. MLflow opens its Assistant side panel by itself on a browser's first visit from
+localhost (a quarter of the screen; it remembers the close): it is closed before each shot.
 Needs Debian's chromium: `apt-get update && apt-get install -y chromium`.
 """
 
@@ -39,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fxray.track.links import RANK_TAG, compare_url, metric_url, run_url, runs_url  # noqa: E402
+from fxray.track.links import RANK_TAG, VIEW_METRICS, metric_url, run_url, runs_url, ui_base  # noqa: E402
 
 MAX_BYTES = 300_000  # keep each committed PNG small
 CHROMIUM_FLAGS = [
@@ -54,9 +56,6 @@ CHROMIUM_FLAGS = [
     "--hide-scrollbars",
     "--remote-debugging-port=0",
 ]
-# the table columns a quant reads first (clicked on in MLflow's column selector, as a user would)
-# (and the empty attribute columns of a sweep's trials unticked: clicking a ticked one hides it)
-RUN_COLUMNS = ("Dataset", "Source", "Models", "score", "mean_val_sharpe", "mean_test_sharpe", "folds_done", RANK_TAG)
 
 
 def pick_sweep(uri: str, experiment: str | None, top: int) -> tuple[str, str, str, list]:
@@ -91,10 +90,11 @@ def free_port() -> int:
 
 
 def start_ui(uri: str, port: int, log) -> subprocess.Popen:
-    """`mlflow ui` bound to 127.0.0.1 in its own process group; returns once /health answers."""
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    """`mlflow ui` on 127.0.0.1:`port` (MLFLOW_PORT) in its own process group; returns once
+    /health answers."""
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--workers", "1"]
+    env = {**os.environ, "MLFLOW_PORT": str(port)}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -174,28 +174,6 @@ class Page:
         path.write_bytes(base64.b64decode(data["data"]))
 
 
-async def choose_columns(page: Page, names: tuple) -> list[str]:
-    """Toggle `names` in the runs table's column selector (the "Columns" button); the names found."""
-    if not await page.click_text("button", "Columns"):
-        return []
-    await asyncio.sleep(1.5)
-    chosen = []
-    for name in names:
-        # each entry of the selector is a tree node: a checkbox, then a span titled with the key
-        ok = await page.js(
-            f"(() => {{ const t = document.querySelector('span[title={json.dumps(name)}]'); if (!t) return false; "
-            "const node = t.closest('[class*=\"-tree-treenode\"]'); "
-            "const box = node && node.querySelector('[class*=\"-tree-checkbox\"]'); "
-            "(box || t).click(); return true; })()"
-        )
-        if ok:
-            chosen.append(name)
-        await asyncio.sleep(0.3)
-    await page("Input.dispatchKeyEvent", type="keyDown", key="Escape", code="Escape", windowsVirtualKeyCode=27)
-    await asyncio.sleep(1.0)
-    return chosen
-
-
 async def take(shots: list[dict], profile: Path, size: tuple[int, int]) -> list[str]:
     """Open each shot's URL in one headless Chromium tab and save its PNG; returns notes."""
     import aiohttp
@@ -239,10 +217,6 @@ async def take(shots: list[dict], profile: Path, size: tuple[int, int]) -> list[
                     for text in s.get("click", ()):  # e.g. the description's "Show more"
                         await page.click_text("button, a, span", text)
                         await asyncio.sleep(1.0)
-                    if s.get("columns"):
-                        chosen = await choose_columns(page, s["columns"])
-                        notes.append(f"{s['out'].name}: columns toggled: {', '.join(chosen) or 'none found'}")
-                        await page.wait_text(s["needles"])
                     await asyncio.sleep(1.5)
                     await page.shot(s["out"])
                     shrink(s["out"])
@@ -267,7 +241,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--experiment", metavar="NAME", help="MLflow experiment (default: the one with the latest sweep)")
     p.add_argument("--sweep", metavar="YAML", help="first run `fxray tune --experiment YAML` into a temp store")
-    p.add_argument("--top", type=int, default=5, metavar="N", help="trials on the per-fold chart, best first")
+    p.add_argument("--top", type=int, default=5, metavar="N", help="trials on the per-fold chart, ranked")
     p.add_argument("--metric", default="val_sharpe", metavar="NAME", help="the per-fold metric to chart")
     p.add_argument("--out-dir", default="docs", metavar="DIR", help="where the PNGs go (default docs/)")
     p.add_argument("--size", default="1600x1000", metavar="WxH", help="browser window in pixels")
@@ -286,7 +260,7 @@ def main(argv=None) -> int:
         eid, parent_id, parent_name, top = pick_sweep(uri, args.experiment, args.top)
         names, ids = [n for _, n in top], [r for r, _ in top]
         port = free_port()
-        base = f"http://127.0.0.1:{port}"
+        base = ui_base(uri, {"MLFLOW_PORT": str(port)})
         out.mkdir(parents=True, exist_ok=True)
         shots = [
             {
@@ -297,10 +271,9 @@ def main(argv=None) -> int:
             },
             {
                 "url": runs_url(base, eid, parent_id),
-                "needles": names[:3],
-                "columns": RUN_COLUMNS,
+                "needles": [*names[:3], *VIEW_METRICS, RANK_TAG],
                 "out": out / "mlflow_runs.png",
-                "what": "the sweep's trials, best first",
+                "what": "the sweep's trials, ranked, in its saved view",
             },
             {
                 "url": metric_url(base, eid, ids, args.metric),
@@ -319,7 +292,7 @@ def main(argv=None) -> int:
         with open(tmp / "mlflow-ui.log", "w") as log:
             proc = start_ui(uri, port, log)
             try:
-                print(f"sweep run {parent_id}: top {', '.join(names)}; compare: {compare_url(base, eid, ids)}")
+                print(f"sweep run {parent_id}: top {', '.join(names)}")
                 notes = asyncio.run(take(shots, tmp / "profile", size))
             finally:
                 stop(proc)
