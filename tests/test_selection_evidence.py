@@ -53,18 +53,22 @@ def judged(position: torch.Tensor, window: Window) -> tuple[bool, float]:
 
 def test_selection_refuses_a_one_trade_fold():
     """One trade held for days earns a score no thin-evidence shrink touches (it is active for
-    ~100 hours); the fold refuses it, as it refuses ten trades on one day and ten trades that lost,
-    and keeps the same edge taken ten times over five days."""
+    ~100 hours); the fold refuses it, as it refuses two positions (4 trades) over two days, ten
+    trades on one day and twenty that lost, and keeps the same edge taken ten times over five days."""
     up, n = five_days(2e-5), DAYS * HOURS_PER_DAY * BARS_PER_HOUR
     day = HOURS_PER_DAY * BARS_PER_HOUR
     one_trade = positions(n, [(n // 5, n)])
     assert evaluate(one_trade, up, COST).metrics.n_trades == 1
     kept, score = judged(one_trade, up)
     assert not kept and score > 5.0  # what won selection before: a high score on one decision
+    two = [(d * day + 10, d * day + 130) for d in (1, 3)]  # 2 round trips, 4 trades, 2 days
+    assert evaluate(positions(n, two), up, COST).metrics.n_trades == 4
+    kept, score = judged(positions(n, two), up)
+    assert not kept and score > 0
     spread = [(d * day + h * 40, d * day + h * 40 + 30) for d in range(DAYS) for h in (0, 1)]  # 10 round trips
     assert judged(positions(n, spread), up)[0]
     one_day = [(2 * day + h * 25, 2 * day + h * 25 + 20) for h in range(5)]  # 5 round trips (10 trades), one day
-    assert evaluate(positions(n, one_day), up, COST).metrics.n_trades == selection.MIN_TRADES
+    assert evaluate(positions(n, one_day), up, COST).metrics.n_trades > selection.MIN_TRADES
     assert not judged(positions(n, one_day), up)[0]
     kept, score = judged(positions(n, spread), five_days(-2e-5))
     assert not kept and score < 0

@@ -24,12 +24,13 @@ from fxray.eval.metrics import expected_max_sharpe
 if TYPE_CHECKING:  # no torch for the readers of results (fxray.track)
     from fxray.eval.backtest import BacktestResult
 
-# A fold's chooser window (its val window, or its holdout) is five days. The score's standard
-# error counts its hours as independent observations, but the hours a position is held share
-# the one decision that opened it: the independent outcomes a policy shows are at most its
-# position changes, and at most its days (docs/metrics.md, "What a fold keeps").
-MIN_TRADES = 10  # position changes below which a window's score is no evidence
-MIN_DAYS = 2  # session days with a return below which it is one day's luck
+# The score's standard error counts a window's hours as independent draws, but the hours of
+# one position share the decision that opened it: a window won with one or two positions (up
+# to 4 position changes) or on one day is a coin or two, whatever its hours say. The lowest
+# counts that refuse those, since higher ones flatten real low-turnover edges (docs/metrics.md,
+# "What a fold keeps").
+MIN_TRADES = 5  # position changes (>= 3 positions) below which a window's score is no evidence
+MIN_DAYS = 2  # session days with a return below which it is one day's draw
 
 
 def keeps(result: BacktestResult, score: float) -> bool:

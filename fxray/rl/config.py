@@ -58,7 +58,8 @@ class TrainConfig:
     """the first epoch (0-based) whose weights a fold may keep; patience counts from it"""
     keep: str = "best"
     """which epoch a fold keeps: best (the best-scoring one) or won (the best of those that beat
-    flat on the chooser window behind >= 10 trades on >= 2 days; none: the fold is flat)"""
+    flat on the chooser window behind enough trades and days, fxray.eval.selection.keeps; none:
+    the fold is flat)"""
     seeds: int = 1
     """seeds trained per fold; > 1: the fold's policy is their mean Q, each seed's Sharpe beside it"""
     # --- execution -----------------------------------------------------------------
