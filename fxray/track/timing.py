@@ -54,8 +54,7 @@ def time_breakdown(started: float, wall_s: float, phases: dict, workers: list, t
         mine = worker_time(log, parts, lo, hi)
         busy.append(sum(v for k, v in mine.items() if k not in ("warmup", "between", "idle")) / max(wall_s, 1e-9))
         total.update(mine)
-    n = max(len(workers), 1)
-    mean = {k: v / n for k, v in total.items()}
+    mean = {k: v / max(len(workers), 1) for k, v in total.items()}
     done = phases.get("tune_done")
     tune_end = min(max(done - hi, 0.0), end - hi) if done else 0.0
     out = {
@@ -99,9 +98,8 @@ def fold_timings(trials: list, started: float, n_workers: int) -> list[Counter]:
         if fold.get("epochs", 0) == 0 and fold.get("status") == "ok":  # abstained: nothing trained
             out[worker]["abstained"] += share * timings.get("fold_time_s", 0.0)
             continue
-        out[worker]["fold_switch"] += share * timings.get("fold_switch_s", 0.0)
-        out[worker]["learner"] += share * timings.get("train_s", 0.0)
-        out[worker]["backtest"] += share * timings.get("eval_s", 0.0)
+        for part, key in (("fold_switch", "fold_switch_s"), ("learner", "train_s"), ("backtest", "eval_s")):
+            out[worker][part] += share * timings.get(key, 0.0)
     return out
 
 
