@@ -115,6 +115,6 @@ def test_spearman_is_scipys_and_ranks_the_full_trials():
     ranks = val_test_ranks(trials, 4)
     assert ranks == {"spearman_val_test": selection.spearman(val, test), "n_trials": 7}
     line = selection_line(ranks)
-    assert f"over the 7 trials that ran every fold {ranks['spearman_val_test']:+.2f}" in line
-    assert f"0 ± {1 / math.sqrt(6):.2f} by chance" in line
+    assert f"Spearman(val score, test Sharpe) {ranks['spearman_val_test']:+.2f} over the 7 trials" in line
+    assert f"(unrelated trials: 0 ± {1 / math.sqrt(6):.2f})" in line
     assert "needs 3 trials" in selection_line(val_test_ranks(trials[:2], 4))

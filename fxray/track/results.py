@@ -274,10 +274,10 @@ def selection_line(ranks: dict) -> str:
     """The last screen's line on it, with the spread a rank correlation of n unrelated pairs has."""
     n, rho = ranks["n_trials"], ranks["spearman_val_test"]
     if rho is None:
-        return f"selection: Spearman(val score, test Sharpe) needs 3 trials that ran every fold ({n} did)"
+        return f"selection: did val rank the trials as test did? needs 3 trials that ran every fold ({n} did)"
     return (
-        f"selection: Spearman(val score, test Sharpe) over the {n} trials that ran every fold {rho:+.2f} "
-        f"(0 ± {1 / math.sqrt(n - 1):.2f} by chance: near 0 or below, val did not rank the trials as test did)"
+        f"selection: did val rank the trials as test did? Spearman(val score, test Sharpe) {rho:+.2f} "
+        f"over the {n} trials that ran every fold (unrelated trials: 0 ± {1 / math.sqrt(n - 1):.2f})"
     )
 
 
