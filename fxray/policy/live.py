@@ -117,8 +117,7 @@ class Policy:
         ]
         self.bfloat16 = self.bundle.input_dtype == "bfloat16"
         self.ofi_names = list(self.bundle.ofi_names)
-        self.ofi_read = list(self.bundle.ofi_read)  # the order flow it reads; the other columns are fed 0
-        self.read_mask = np.isin(self.ofi_names, self.ofi_read)  # (8,) bool
+        self.read_mask = np.isin(self.ofi_names, self.bundle.ofi_read)  # (8,) the order flow it reads; others fed 0
         self.features = FeatureStream()
         self.market = np.zeros(len(FEATURE_NAMES) + len(self.ofi_names), np.float32)  # (50,) a bar's raw inputs
         self.position = 0  # the position held: flat before the first decision
@@ -137,22 +136,19 @@ class Policy:
         """(8,) float32: the columns the policy reads, 0 in the others (their value in training)."""
         n = len(self.ofi_names)
         if ofi is None:
-            if self.ofi_read:
+            if self.bundle.ofi_read:
                 raise StreamError(
-                    f"ofi=None, but this policy reads order flow: pass {', '.join(self.ofi_read)} "
+                    f"ofi=None, but this policy reads order flow: pass {', '.join(self.bundle.ofi_read)} "
                     f"(a dict by name, or {n} values in policy.ofi_names order)"
                 )
             return np.zeros(n, np.float32)
         if isinstance(ofi, Mapping):
             unknown = sorted(set(ofi) - set(self.ofi_names))
-            lacks = [name for name in self.ofi_read if name not in ofi]
-            if unknown or lacks:
-                raise StreamError(
-                    f"ofi keys {sorted(ofi)}: "
-                    + (f"{', '.join(unknown)} not among {', '.join(self.ofi_names)}" if unknown else "")
-                    + ("; " if unknown and lacks else "")
-                    + (f"lacks {', '.join(lacks)}, which this policy reads" if lacks else "")
-                )
+            lacks = [name for name in self.bundle.ofi_read if name not in ofi]
+            faults = [f"{', '.join(unknown)} not among {', '.join(self.ofi_names)}"] if unknown else []
+            faults += [f"lacks {', '.join(lacks)}, which this policy reads"] if lacks else []
+            if faults:
+                raise StreamError(f"ofi keys {sorted(ofi)}: " + "; ".join(faults))
             ofi = [ofi.get(name, 0.0) for name in self.ofi_names]
         values = np.asarray(ofi if isinstance(ofi, Sequence | np.ndarray) else [ofi], np.float64)
         if values.shape != (n,) or not np.isfinite(values).all():
