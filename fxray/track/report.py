@@ -137,8 +137,6 @@ def market_info(path) -> dict:
     fxcache header's instrument, bar and source, the synthetic market's seed and structure,
     and `embedded`: whether it is the market `fxray tune` generates when the experiment names
     no data (fxray.data.synth's default file for its spec). {} when the file cannot be read."""
-    from pathlib import Path
-
     from fxray.data import cache, synth
 
     if not path:
@@ -197,8 +195,7 @@ def next_commands(results: dict | None, top: list) -> list[str]:
     is an edge, the export of the chosen trial's policy (`top`: [(run id, name)], ranked)."""
     if not results:
         return []
-    uri = results.get("tracking_uri")
-    store = f" --tracking-uri {uri}" if uri else ""
+    store = f" --tracking-uri {results['tracking_uri']}" if results.get("tracking_uri") else ""
     cmds = [f"fxray compare {results['experiment']}{store}   # the verdict's evidence, plotted"]
     if (results.get("verdict") or {}).get("answer") == "edge" and top:
         cmds.append(f"fxray export {top[0][0]} --out policy/{store}   # the chosen trial's policy, to backtest")
