@@ -76,7 +76,7 @@ def run(args) -> dict:
     bundle = load(args.policy)
     market = cache.open(args.data)
     check_features(bundle, market.feature_names, str(args.data))
-    ofi = ofi_inputs(bundle, market.ofi_names, market.ofi, str(args.data))  # BundleError: what it lacks
+    ofi, unread = ofi_inputs(bundle, market.ofi_names, market.ofi, str(args.data))  # BundleError: what it lacks
     if args.engine not in ENGINES:
         raise ValueError(f"--engine {args.engine!r}: use one of {', '.join(ENGINES)}")
     if args.engine == "onnxruntime":
@@ -111,8 +111,6 @@ def run(args) -> dict:
     if args.window in ("val", "test"):  # the fold's own window: beside the number training logged for it
         out["as_trained"] = as_trained(bundle, args.window, out["policy"]["metrics"], changes(args, bundle, device))
     print_report(out, bundle)
-    flowing = np.any(market.ofi != 0, axis=0)  # (8,) the data's columns not all zeros
-    unread = [n for n, f in zip(market.ofi_names, flowing) if f and n not in bundle.ofi_read]
     if unread:
         print(f"  note: this policy does not read the data's order flow {', '.join(unread)}")
     if args.positions:  # ts (ns, bar close), position: the decision at each bar's close
@@ -124,16 +122,13 @@ def run(args) -> dict:
 
 def changes(args, bundle, device: str) -> list[str]:
     """What this run does otherwise than training scored its fold (fxray.policy.frozen.as_trained)."""
-    return [
-        text
-        for differs, text in (
-            (args.cost is not None and args.cost != bundle.cost, f"--cost {args.cost}"),
-            (bool(args.start or args.end), "--from/--to cut the window"),
-            (args.engine != "torch", f"--engine {args.engine}"),
-            (device != "cpu", f"--device {device}"),
-        )
-        if differs
-    ]
+    differs = {
+        f"--cost {args.cost}": args.cost is not None and args.cost != bundle.cost,
+        "--from/--to cut the window": bool(args.start or args.end),
+        f"--engine {args.engine}": args.engine != "torch",
+        f"--device {device}": device != "cpu",
+    }
+    return [text for text, differ in differs.items() if differ]
 
 
 def print_report(out: dict, bundle) -> None:

@@ -4,7 +4,7 @@
     bundle.members                 # [Member]: name, fold, weights (numpy), mean, inv_std, onnx path
     bundle.feature_names, bundle.ofi_names, bundle.cost, bundle.fill, bundle.warmup_bars
     bundle.ofi_read                # the order-flow columns the policy reads (reads_ofi)
-    ofi = ofi_inputs(bundle, market.ofi_names, market.ofi, "new.fxcache")  # the policy's view of them
+    ofi, unread = ofi_inputs(bundle, market.ofi_names, market.ofi, "new.fxcache")  # the policy's view of them
 
     policy/
       manifest.json                format "fxray.policy", version, and every fact below
@@ -265,21 +265,23 @@ def check_features(bundle: Bundle, feature_names, where: str) -> None:
     )
 
 
-def ofi_inputs(bundle: Bundle, ofi_names, ofi: np.ndarray, where: str) -> np.ndarray:
-    """(N, len(bundle.ofi_names)) float32: the order flow as the policy reads it: the columns it
-    reads taken by name from `ofi` (N, len(ofi_names)), 0 in the others (reads_ofi); `ofi`
-    itself when that is what it already is. BundleError (missing_ofi) naming the columns it
-    reads that `where` lacks, absent or all zeros (no order flow)."""
+def ofi_inputs(bundle: Bundle, ofi_names, ofi: np.ndarray, where: str) -> tuple[np.ndarray, list[str]]:
+    """(inputs, unread). inputs (N, len(bundle.ofi_names)) float32: the order flow as the policy
+    reads it: the columns it reads taken by name from `ofi` (N, len(ofi_names)), 0 in the others
+    (reads_ofi); `ofi` itself when that is what it already is. unread: `where`'s columns with
+    order flow (not all zeros) that the policy does not read. BundleError (missing_ofi) naming
+    the columns it reads that `where` lacks, absent or all zeros (no order flow)."""
     names = list(ofi_names)
     flowing = [n for n, f in zip(names, np.any(ofi != 0, axis=0)) if f]  # the columns not all zeros (one pass)
     has = f"its order flow: {', '.join(flowing)}" if flowing else "its ofi columns are all zeros: bars only"
     missing_ofi(bundle, flowing, where, has)
-    if names == list(bundle.ofi_names) and set(flowing) <= set(bundle.ofi_read):
-        return ofi
+    unread = [n for n in flowing if n not in bundle.ofi_read]
+    if names == list(bundle.ofi_names) and not unread:
+        return ofi, unread
     out = np.zeros((len(ofi), len(bundle.ofi_names)), np.float32)
     for n in bundle.ofi_read:
         out[:, bundle.ofi_names.index(n)] = ofi[:, names.index(n)]
-    return out
+    return out, unread
 
 
 def missing_ofi(bundle: Bundle, have, where: str, what: str, feed: bool = False) -> None:
