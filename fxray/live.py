@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gzip
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -101,14 +100,16 @@ def csv_bars(lines, where: str, bundle, tz):
 
 
 def loaded_bars(path: Path, fmt: str, tz: str | None):
-    """The same tuples from a file fxray.data.bars reads (cleaned: sorted, bad rows dropped)."""
+    """The same tuples from a file fxray.data.bars reads (cleaned: sorted, bad rows dropped). The
+    file is read now (its errors before any output), the tuples made as they are taken."""
     from fxray.data.bars import load_bars
 
     bars = load_bars(path, fmt=fmt, tz=tz)
     volume = bars.volume if bars.volume is not None else np.zeros(len(bars))
-    for i in range(len(bars)):
-        ts = int(bars.ts[i])
-        yield i + 1, str(ts), ts, bars.open[i], bars.high[i], bars.low[i], bars.close[i], volume[i], None
+    return (
+        (i + 1, str(ts), ts, bars.open[i], bars.high[i], bars.low[i], bars.close[i], volume[i], None)
+        for i, ts in enumerate(bars.ts.tolist())
+    )
 
 
 def stream(args, policy: Policy, out, tz) -> dict:
@@ -120,10 +121,8 @@ def stream(args, policy: Policy, out, tz) -> dict:
         source = sys.stdin if live else (gzip.open if where.endswith(".gz") else open)(args.bars, "rt")
         bars = csv_bars(iter(source), where, policy.bundle, tz)
     else:
-        bars = loaded_bars(args.bars, args.format, args.tz)
-        first = next(bars, None)  # the file read and cleaned (its errors first), then what it lacks
+        bars = loaded_bars(args.bars, args.format, args.tz)  # the file read and cleaned (its errors first)
         missing_ofi(policy.bundle, (), where, f"--format {args.format} bars carry no order flow", feed=True)
-        bars = itertools.chain([] if first is None else [first], bars)
     latency, positions, changes, last = [], 0, 0, 0
     out.write("ts,position\n")
     for number, ts_text, ts, o, h, l, c, v, ofi in bars:
