@@ -151,10 +151,10 @@ def test_export_refuses_last_when_the_last_fold_abstained(market_data, synth_cac
     args = [str(ckpts), "--data", str(synth_cache)]
     assert export.main([*args, "--out", str(tmp_path / "last")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(f"error: --model last: fold {later.k}, the last, abstained") and f"fold:{fold.k}" in line
+    assert line.startswith(f"error: --model last: fold {later.k}, the last, is flat") and f"fold:{fold.k}" in line
     assert not (tmp_path / "last").exists()
     assert export.main([*args, "--out", str(tmp_path / "older"), "--model", f"fold:{fold.k}"]) == 0
     only_flat = tmp_path / "flat"
     alone(data, NOTHING, fold, 0, only_flat)
     assert export.main([str(only_flat), "--data", str(synth_cache), "--out", str(tmp_path / "none")]) == 2
-    assert "abstained on every fold" in capsys.readouterr().err
+    assert "every fold is flat" in capsys.readouterr().err

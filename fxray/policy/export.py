@@ -14,8 +14,8 @@ Which model (`choose`):
             normalisation (folds' train slices differ).
 - fold:K    fold K's network.
 
-A fold the learner abstained on (dqn.abstain: its checked screen kept no input, so it was not
-trained and its policy is flat) has no network, only a marker fold<k>.abstained.json; `last`
+A flat fold (the learner abstained: dqn.abstain, its checked screen kept no input; or no epoch
+won on val behind enough trades: dqn.keep won) has no network, only a marker fold<k>.abstained.json; `last`
 refuses a run whose last fold abstained (the newest train slice said stay flat) and names the
 fold:K of the last fold that trained.
 
@@ -111,16 +111,16 @@ def choose(candidates: list[Candidate], model: str, abstained: tuple[int, ...] =
     if not candidates:
         if abstained:
             raise ExportError(
-                f"no fold checkpoints to export: the learner abstained on every fold ({len(abstained)}; "
-                "its checked screen kept no input), so its policy is flat"
+                f"no fold checkpoints to export: every fold is flat ({len(abstained)}; the screen kept no input "
+                "or no epoch won on val), so its policy is flat"
             )
         raise ExportError("no fold checkpoints to export")
     ordered = sorted(candidates, key=lambda c: c.k)  # stable: a fold's members stay in path order
     if model == "last" and abstained and max(abstained) > ordered[-1].k:
         raise ExportError(
-            f"--model last: fold {max(abstained)}, the last, abstained (its checked screen kept no input) and "
-            f"has no network: the newest train slice says stay flat; --model fold:{ordered[-1].k} exports "
-            "the last fold that trained"
+            f"--model last: fold {max(abstained)}, the last, is flat (the screen kept no input or no epoch "
+            f"won on val) and has no network: the newest train slice says stay flat; "
+            f"--model fold:{ordered[-1].k} exports the last fold that trained"
         )
 
     def fold(k: int) -> list[Candidate]:

@@ -21,8 +21,8 @@ breaks them). "advantage": member k's advantage A_k = Q_k - its mean over action
 by its standard deviation over the fold's val window; the policy acts on their mean.
 Needs the run directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors; a seed
 ensemble's trial, its members' fold<k>.m<i>.safetensors, whose mean Q is its policy). A trial
-that abstained on a fold (dqn.abstain: its checked screen kept nothing; not trained, no
-weights) is flat there: its vote is "no position" at every bar (in "advantage", a unit
+that is flat on a fold (dqn.abstain: its checked screen kept nothing, or dqn.keep won: no epoch
+won on val; no weights) is flat there: its vote is "no position" at every bar (in "advantage", a unit
 advantage toward it).
 """
 
