@@ -42,6 +42,14 @@ XDIST_GROUPS = {
 }
 
 
+def pytest_collection_modifyitems(items):
+    """The `slow` tests (whole sweeps, trainings: 20-150 s each) first, each group kept in its
+    order: xdist sends single tests in collection order, and the slow ones sit in the modules
+    that sort last (test_learning, test_placebo, test_tune), so one process ran them at the end
+    while the other sat idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own choice; xdist may be off
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "load":  # the default of -n N; an explicit --dist is kept
