@@ -87,7 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLflow store of a new sweep (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db); "
         "a sweep that exists keeps its own",
     )
-    p.add_argument("--address", metavar="ADDR", help="join a running Ray cluster ('auto'); default: start one here")
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="join a running Ray cluster ('auto'); default: start one here (not one `ray start` or RAY_ADDRESS names)",
+    )
     p.add_argument("--num-cpus", type=positive_int, metavar="N", help="local Ray: logical CPUs (default: all)")
     p.add_argument("--num-gpus", type=nonnegative_int, metavar="N", help="local Ray: logical GPUs (default: detected)")
     p.add_argument(

@@ -157,6 +157,7 @@ def plain_replay(tmp_path, env) -> dict:
 @pytest.mark.slow
 def test_sweep_on_logical_gpus(tmp_path):
     exp, env = setup(tmp_path, trials=4)
+    env["RAY_ADDRESS"] = "127.0.0.1:9"  # inherited, nothing there: no --address, so a local Ray all the same
     env["FXRAY_TUNE_DEBUG_LOG"] = str(tmp_path / "tune-debug.log")
     out = cli(["--experiment", exp, "--num-cpus", 2, "--num-gpus", 2, "--json", "out.json"], env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -136,9 +136,13 @@ def start_ray(args):
     from fxray.sweep.reaper import start_reaper
 
     local_ray_env()
+    # without --address the sweep's Ray is its own (address "local"): ray.init() would join the
+    # newest cluster that `ray start` left on this machine, or an inherited RAY_ADDRESS's, and then
+    # refuse num_cpus with a traceback (seen in CI beside tests/test_cluster.py's `ray start`)
+    os.environ.pop("RAY_ADDRESS", None)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the processes Ray starts see it too
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time by ray._private.services
-    ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus, _node_ip_address=LOCAL_IP, **kw)
+    ray.init("local", num_cpus=args.num_cpus, num_gpus=args.num_gpus, _node_ip_address=LOCAL_IP, **kw)
     node = ray._private.worker._global_node
     REAPERS.append(start_reaper(node.node_id, node.get_session_dir_path()))  # its pipe open until we exit
     return REAPERS[-1]
