@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from fxray.data.folds import Fold
 from fxray.rl.config import make_config
+from fxray.rl.device import DTYPES
 from fxray.rl.dqn import SHAPE_FIELDS
 from fxray.rl.trainer import CaptureError, Trainer
 
@@ -62,7 +63,6 @@ class Gatherer:
         self.cache = k_max.bit_length() + 1 if self.pad else TRAINER_CACHE
         self.cond = threading.Condition()
         self.queue: list[Request] = []
-        self.forgets: list[list] = []  # [shape, done] for the device thread to drop
         self.trainers: OrderedDict = OrderedDict()  # touched by the device thread only
         self.sizes: list[int] = []  # the size of every population trained, for the sweep report
         # per population: [start, end (unix s), size, "warmup" | "training" | "cancelled"]; a
@@ -74,19 +74,25 @@ class Gatherer:
 
     def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False) -> dict:
         cfg = make_config(config)
-        key = (shape_of(cfg), json.dumps(fold, sort_keys=True), warmup)
+        if DTYPES[cfg.dtype] != self.data.dtype:
+            raise ValueError(
+                f"dqn.dtype {cfg.dtype!r} differs from the worker's data ({self.data.dtype}); "
+                "the storage dtype is fixed per sweep"
+            )
+        # the fields a population's members share (fxray.rl.dqn.SHAPE_FIELDS), as a key
+        shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
+        key = (shape, json.dumps(fold, sort_keys=True), warmup)
         req = Request(fold, seed, checkpoint_dir, stop, warmup, key, cfg)
         with self.cond:
             self.queue.append(req)
             self.cond.notify_all()
-            while not req.done:
-                self.cond.wait()
+            self.cond.wait_for(lambda: req.done)
         if req.error is not None:
             raise req.error
         return req.result
 
     def _loop(self) -> None:
-        """The device thread: drop what was forgotten, then train the next population; forever.
+        """The device thread: train the next population, forever.
         On CUDA all of it runs on a stream of its own: nothing fxray does is queued on the legacy
         default stream, which a capture elsewhere in the process must not see used."""
         if self.data.device.type != "cuda":
@@ -101,25 +107,14 @@ class Gatherer:
     def _serve(self) -> None:
         while True:
             with self.cond:
-                while not self.queue and not self.forgets:
-                    self.cond.wait()
-                forgets, self.forgets = self.forgets, []
-                batch = self._take() if self.queue and not forgets else []
-            for shape, done in forgets:
-                for key in [k for k in self.trainers if k[0] == shape]:
-                    self.trainers.pop(key)
-                done.set()
-            if batch:
-                self._run(batch)
-                with self.cond:
-                    self.cond.notify_all()
+                self.cond.wait_for(lambda: self.queue)
+                batch = self._take()
+            self._run(batch)
 
     def _take(self) -> list[Request]:
         """The oldest request and up to k_max - 1 more of its key (the lock held; waits for them)."""
         key = self.queue[0].key
-        deadline = time.monotonic() + self.wait_s
-        while sum(r.key == key for r in self.queue) < self.k_max and time.monotonic() < deadline:
-            self.cond.wait(max(deadline - time.monotonic(), 0.0))
+        self.cond.wait_for(lambda: sum(r.key == key for r in self.queue) >= self.k_max, self.wait_s)
         batch = [r for r in self.queue if r.key == key][: self.k_max]
         self.queue = [r for r in self.queue if r not in batch]
         return batch
@@ -128,7 +123,7 @@ class Gatherer:
         """Train `batch` as one population; every request gets its result (or the error). A failed
         CUDA graph capture (rare, but seen under a sweep on an H200) drops the trainer and trains
         the batch once more on a fresh one, which captures again; a second failure is handed to
-        the callers."""
+        the callers. A warm-up's trainer is dropped at once: it is never used again."""
         t0, n, first = time.time(), len(batch), batch[0]
         try:
             try:
@@ -144,13 +139,17 @@ class Gatherer:
             self.runs.append([t0, time.time(), n, kind])
             for r, result in zip(batch, results):
                 r.result = {**result.as_dict(), "population": n}
+            if first.warmup:
+                self._drop(first.key[0])
         except BaseException as e:  # noqa: BLE001 - handed to every caller of the batch
             self._drop(first.key[0])  # a trainer that failed mid-fold is not reused
             for r in batch:
                 r.error = e
         finally:
-            for r in batch:
-                r.done = True
+            with self.cond:
+                for r in batch:
+                    r.done = True
+                self.cond.notify_all()
 
     def _drop(self, shape: str) -> None:
         self.trainers = OrderedDict((k, t) for k, t in self.trainers.items() if k[0] != shape)
@@ -181,17 +180,3 @@ class Gatherer:
         while len(self.trainers) > self.cache:
             self.trainers.popitem(last=False)
         return trainer
-
-    def forget(self, config: dict) -> None:
-        """Drop the cached trainers of `config`'s shape (a warm-up's, never used again), in the
-        device thread; returns when they are dropped."""
-        done = threading.Event()
-        with self.cond:
-            self.forgets.append([shape_of(make_config(config)), done])
-            self.cond.notify_all()
-        done.wait()
-
-
-def shape_of(cfg) -> str:
-    """The fields a population's members share (fxray.rl.dqn.SHAPE_FIELDS), as a key."""
-    return json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)

@@ -18,6 +18,7 @@ store; the trial that was using it retries its fold there.
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 import warnings
@@ -49,13 +50,7 @@ class DeviceWorker:
     """
 
     def __init__(
-        self,
-        arrays_ref: list,
-        index: int,
-        torch_threads: int = 1,
-        dtype: str = "float32",
-        population: int = 1,
-        gather_wait_s: float | None = None,
+        self, arrays_ref: list, index: int, torch_threads=1, dtype="float32", population=1, gather_wait_s=None
     ):
         t_init = time.time()  # the process is up and Ray has loaded this class
         import torch
@@ -67,15 +62,13 @@ class DeviceWorker:
         # Inside an actor with num_gpus > 0, Ray sets CUDA_VISIBLE_DEVICES: cuda:0 is ours.
         # Decided by the hardware, not by Ray's (possibly logical) GPU ids.
         self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        arrays = ray.get(arrays_ref[0])  # zero-copy read-only views into the object store
-        self.data = DeviceData(arrays, device=self.device, dtype=dtype)
-        del arrays  # the device copy is all we need; the views pin nothing afterwards
+        # from zero-copy read-only views into the object store, which pin nothing afterwards
+        self.data = DeviceData(ray.get(arrays_ref[0]), device=self.device, dtype=dtype)
         self.index, self.n_loads, self.n_calls = index, 1, 0
         # unix times of the start-up steps, for scripts/sweep_report.py
         self.timeline = {"init": t_init, "imported": t_imported, "loaded": time.time()}
         self.load_s = self.timeline["loaded"] - t_imported
-        with warnings.catch_warnings():  # the property warns about an API it uses internally
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):  # the property warns about an API it uses internally
             self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         from fxray.sweep.gather import WAIT_S, Gatherer
 
@@ -85,9 +78,7 @@ class DeviceWorker:
         self.calls: list = []  # per call: [start, end (unix s), token, fold k, status]
         self.running: list | None = None  # [start, token, fold k] of the fold training now
 
-    def train_fold(
-        self, config: dict, fold: dict, seed: int, checkpoint_dir: str | None = None, token: str | None = None
-    ) -> dict:
+    def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, token=None) -> dict:
         """Train `config` on `fold`. A fold whose `token` was cancelled returns status
         "cancelled" (at once if not started, else at its next step)."""
         t0 = time.time()
@@ -97,7 +88,7 @@ class DeviceWorker:
         else:
             self.running = [t0, token, fold["k"]]
             try:
-                result = self._train(config, fold, seed, checkpoint_dir, stop=lambda: token in self.cancelled)
+                result = self.gatherer.train(config, fold, seed, checkpoint_dir, lambda: token in self.cancelled)
             finally:
                 self.running = None
         result["worker"] = self.index
@@ -116,8 +107,7 @@ class DeviceWorker:
             self.calls.append([t0, t0, None, fold["k"], "warmup"])
             return
         small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
-        self._train(small, fold, 0, None, None, warmup=True)
-        self.gatherer.forget(small)  # its trainer is never used again
+        self.gatherer.train(small, fold, 0, warmup=True)  # its trainer is dropped at once
         self.calls.append([t0, time.time(), None, fold["k"], "warmup"])
 
     def vote(self, results: dict) -> dict:
@@ -126,18 +116,6 @@ class DeviceWorker:
         from fxray.sweep.vote import vote_of_full_trials
 
         return vote_of_full_trials(results, data=self.data)
-
-    def _train(self, config, fold, seed, checkpoint_dir, stop, warmup=False) -> dict:
-        from fxray.rl.config import make_config
-        from fxray.rl.device import DTYPES
-
-        cfg = make_config(config)
-        if DTYPES[cfg.dtype] != self.data.dtype:
-            raise ValueError(
-                f"dqn.dtype {cfg.dtype!r} differs from the worker's data ({self.data.dtype}); "
-                "the storage dtype is fixed per sweep"
-            )
-        return self.gatherer.train(config, fold, seed, checkpoint_dir, stop, warmup)
 
     @ray.method(concurrency_group="control")
     def cancel(self, token: str) -> None:
@@ -169,24 +147,17 @@ class DeviceWorker:
 FoldWorker = ray.remote(**ACTOR_OPTIONS)(DeviceWorker)
 
 
-def worker_actor(path: str | None):
-    """The actor class of the workers: FoldWorker, or a DeviceWorker subclass named
-    "module:Class" (FXRAY_WORKER_CLASS: the fault-injection tests' workers, tests/faults.py)."""
-    if not path:
-        return FoldWorker
-    import importlib
-
-    module, _, name = path.partition(":")
-    cls = getattr(importlib.import_module(module), name)
-    if not (isinstance(cls, type) and issubclass(cls, DeviceWorker)):
-        raise ValueError(f"FXRAY_WORKER_CLASS {path}: not a subclass of fxray.sweep.workers.DeviceWorker")
-    return ray.remote(**ACTOR_OPTIONS)(cls)
-
-
 def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: str | None = None) -> Workers:
     """Create the pool and its FoldWorkers (they load the data in the background:
-    `workers.stats()` waits for them), of the class FXRAY_WORKER_CLASS names (see worker_actor)."""
-    actor = worker_actor(os.environ.get("FXRAY_WORKER_CLASS"))
+    `workers.stats()` waits for them): FoldWorkers, or of the DeviceWorker subclass that
+    FXRAY_WORKER_CLASS names as "module:Class" (the fault-injection tests' workers, tests/faults.py)."""
+    actor, path = FoldWorker, os.environ.get("FXRAY_WORKER_CLASS")
+    if path:
+        module, _, name = path.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        if not (isinstance(cls, type) and issubclass(cls, DeviceWorker)):
+            raise ValueError(f"FXRAY_WORKER_CLASS {path}: not a subclass of fxray.sweep.workers.DeviceWorker")
+        actor = ray.remote(**ACTOR_OPTIONS)(cls)
     # The ref travels inside a list so that the actor's own ray.get is the one load we count.
     # a population's trials queue up to two folds each: their calls must run at once (threads) for
     # the worker to gather them (fxray.sweep.gather); one at a time otherwise, as always
