@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,8 +60,7 @@ class WorkerPool:
                     return held
                 room = [i for i, o in enumerate(self.owner) if len(o) < self.capacity]
                 if room:
-                    mine = prefer is not None and prefer in room
-                    i = prefer if mine else min(room, key=lambda j: (len(self.owner[j]), j))
+                    i = prefer if prefer in room else min(room, key=lambda j: (len(self.owner[j]), j))
                     self.owner[i].append(owner)
                     return i
                 self.waiting += 1
@@ -83,14 +83,10 @@ class WorkerPool:
         """Free every worker `owner` holds, the ones it borrowed (owner "OWNER+x") too
         (idempotent: trials and the driver both call it)."""
         async with self.changed:
-            n = 0
-            for o in self.owner:
-                mine = [x for x in o if x == owner or x.startswith(owner + "+")]
-                for x in mine:
-                    o.remove(x)
-                n += len(mine)
+            held = sum(map(len, self.owner))
+            self.owner = [[x for x in o if x != owner and not x.startswith(owner + "+")] for o in self.owner]
             self.changed.notify_all()
-            return n
+            return held - sum(map(len, self.owner))
 
 
 @dataclass
@@ -116,7 +112,7 @@ class Workers:
             ray.get(self.pool.release.remote(owner), timeout=30)
 
     def run_folds(
-        self, index: int, config: dict, folds: list, seed: int, checkpoint_dir=None, owner: str | None = None
+        self, index: int, config: dict, folds: list, seed: int, checkpoint_dir=None, owner=None
     ) -> FoldStream:
         """The folds' results in order, the next fold always queued on the worker; with
         `owner` (the lease's), idle workers are borrowed for later folds (see FoldStream)."""
@@ -158,7 +154,7 @@ class FoldStream:
 
     def __init__(self, handle, config: dict, folds: list, seed: int, checkpoint_dir=None, borrow=None):
         self.folds, self.token, self.borrow = list(folds), uuid.uuid4().hex, borrow
-        self.args = (config, seed, checkpoint_dir)
+        self.config, self.seed, self.checkpoint_dir = config, seed, checkpoint_dir
         self.handles = [handle]  # slot 0: the leased worker; then the borrowed ones
         self.give_back = {}  # slot -> function returning a borrowed worker still held
         self.placed = []  # per fold submitted: (slot, ObjectRef)
@@ -167,17 +163,13 @@ class FoldStream:
         self._place()
 
     def _submit(self, slot: int, fold: dict):
-        config, seed, checkpoint_dir = self.args
-        return self.handles[slot].train_fold.remote(config, fold, seed, checkpoint_dir, self.token)
+        return self.handles[slot].train_fold.remote(self.config, fold, self.seed, self.checkpoint_dir, self.token)
 
     def _place(self) -> None:
         """Submit folds while a held worker has fewer than two unfinished; borrow when none has."""
         while len(self.placed) < len(self.folds):
-            load = {slot: 0 for slot in [0, *self.give_back]}
-            for slot, ref in self.placed[self.consumed :]:
-                if slot in load and ref not in self.done:
-                    load[slot] += 1
-            slot = min(load, key=lambda k: (load[k], k))
+            load = Counter(slot for slot, ref in self.placed[self.consumed :] if ref not in self.done)
+            slot = min([0, *self.give_back], key=lambda k: (load[k], k))
             if load[slot] >= 2:
                 lent = self.borrow() if self.borrow else None
                 if lent is None:
@@ -224,11 +216,10 @@ class FoldStream:
         return result
 
     def close(self) -> None:
-        if len(self.placed) > self.consumed:
-            for slot in {slot for slot, _ in self.placed[self.consumed :]}:
-                with contextlib.suppress(Exception):
-                    self.handles[slot].cancel.remote(self.token)
-            self.placed = self.placed[: self.consumed]
+        for slot in {slot for slot, _ in self.placed[self.consumed :]}:
+            with contextlib.suppress(Exception):
+                self.handles[slot].cancel.remote(self.token)
+        self.placed = self.placed[: self.consumed]
         for give_back in self.give_back.values():
             give_back()
         self.give_back.clear()
