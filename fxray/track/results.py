@@ -116,14 +116,15 @@ def judge(trials: list, best: dict, n_folds: int, cost: float, ppy: float, n_sta
     """The trials' pooled statistics, and the chosen trial out of sample: its test Sharpe
     deflated by the N trials started, the walk-forward selection (each test window's trial
     chosen on the val windows before it) and the verdict in one answer (docs/metrics.md).
-    Returns (stats {trial id: pooled_stats}, deflated, walk, verdict)."""
+    Returns (stats {trial id: pooled_stats}, the chosen trial's block: its pooled_stats with
+    fxray.eval.selection.deflated's keys and "walk_forward", verdict)."""
     stats = {t["trial_id"]: pooled_stats(t, cost, ppy) for t in trials}
     b = stats[best["trial_id"]]
     deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], n_started)
     ok = [{"trial_id": t["trial_id"], "folds": fold_windows(t)} for t in trials if t["status"] == "ok"]
     walk = selection.walk_forward(ok, n_folds, cost, ppy)
-    chosen_one = {**deflated, "trial_id": best["trial_id"], "test": b["test"]}
-    return stats, deflated, walk, snooping_verdict(trials, n_folds, ppy, chosen_one)
+    verdict = snooping_verdict(trials, n_folds, ppy, {**deflated, "trial_id": best["trial_id"], "test": b["test"]})
+    return stats, {**b, **deflated, "walk_forward": walk}, verdict
 
 
 def write_results(
@@ -196,8 +197,7 @@ def write_results(
                 w.writerow([trial_label(t["trial_id"]), *row, *(t["config"].get(n, "") for n in names)])
     # --- the verdict: the best trial out of sample, deflated, and choosing in real time ----
     n_started = max(n_trials_started or 0, len(trials))
-    stats, deflated, walk, verdict = judge(list(trials.values()), best, n_folds, cost, ppy, n_started)
-    b = stats[best["trial_id"]]
+    stats, judged, verdict = judge(list(trials.values()), best, n_folds, cost, ppy, n_started)
     best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
     equity = equity_png(
         storage / "equity.png",
@@ -216,9 +216,7 @@ def write_results(
         "config": {**sweep["base"], **best["config"]},
         "sampled": best["config"],
         **{k: best[k] for k in ("trial_id", "folds_done", "score", "mean_val_sharpe", "mean_test_sharpe")},
-        **b,  # val, test and the references' (baselines) pooled statistics
-        **deflated,
-        "walk_forward": walk,
+        **judged,  # val, test and the references' (baselines) pooled statistics, DSR, walk-forward
     }
     results["verdict"] = json_ready(verdict)  # fxray.sweep.placebo adds the placebo sweeps' p-value
     results["selection"] = val_test_ranks(results["trials"], n_folds)
@@ -239,20 +237,20 @@ def write_results(
     if ckpt is not None:  # a seed ensemble's fold: every member's
         weights = fold_checkpoints(Path(ckpt.checkpoint).parent, ckpt.fold) or [Path(ckpt.checkpoint)]
         artifacts += [("best_checkpoint", f) for w in weights for f in (w, w.with_suffix(".json"))]
-    test = b["test"]
+    test = judged["test"]
     keys = ("sharpe", "sharpe_se", "psr", "oracle_share", "oracle_share_se", "break_even_cost", "flat_windows")
     summary = {
         "best_score": best["score"],
         **{f"best_test_{k}": test.get(k) for k in (*keys, "minus_linear", "minus_linear_se")},
-        "best_test_dsr": deflated["dsr"],
+        "best_test_dsr": judged["dsr"],
         "n_trials": len(trials),
         "n_trials_counted": n_started,
-        "walk_forward_test_sharpe": walk["sharpe"] if walk else None,
+        "walk_forward_test_sharpe": (judged["walk_forward"] or {}).get("sharpe"),
         "wall_s": wall_s,
         "periods_per_year": ppy,
         "trial_id": best["trial_id"],
     }
-    summary.update({f"{name}_test_sharpe": s["sharpe"] for name, s in b["baselines"].items()})
+    summary.update({f"{name}_test_sharpe": s["sharpe"] for name, s in judged["baselines"].items()})
     vote = results.get("ensemble") or {}
     if "test" in vote:
         summary.update({f"ensemble_test_{k}": vote["test"][k] for k in ("sharpe", "sharpe_se", "oracle_share")})

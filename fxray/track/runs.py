@@ -71,6 +71,15 @@ def trial_run(run_id: str, uri: str | None, needs: tuple[str, ...], label: str):
     return client, run, uri
 
 
+def search_all(client, experiment_ids: list, query: str = "") -> list:
+    """Every run of `experiment_ids` that `query` selects (MLflow's search, page after page)."""
+    runs, page = [], None
+    while page is None or page.token:
+        page = client.search_runs(experiment_ids, query, max_results=1000, page_token=page and page.token)
+        runs += page
+    return runs
+
+
 def git_commit() -> str | None:
     try:
         out = subprocess.run(
@@ -192,13 +201,7 @@ class Tracker:
                 self.client.update_run(run.info.run_id, status="RUNNING")
 
     def child_runs(self) -> list:
-        query, runs, page = f"tags.mlflow.parentRunId = '{self.parent_run_id}'", [], None
-        while page is None or page.token:
-            page = self.client.search_runs(
-                [self.experiment_id], query, max_results=1000, page_token=page and page.token
-            )
-            runs += page
-        return runs
+        return search_all(self.client, [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'")
 
     def _child(self, trial_id: str, name: str, params: dict) -> str:
         if trial_id not in self.children:
