@@ -60,14 +60,14 @@ def test_pooled_matches_an_independent_computation():
 
 
 def test_psr_is_the_papers_formula():
-    """PSR(0) here is Bailey & Lopez de Prado's PSR with the same moments (fxray.eval.metrics)."""
-    from fxray.eval import metrics
+    """PSR(0) here is Bailey & Lopez de Prado's PSR with the same moments (test_metrics' reference)."""
+    from test_metrics import psr_from_stats
 
     ws = random_windows(3)
     s = pooled.pooled(ws, COST, PPY)
     r = np.concatenate([w["net"] for w in ws])
     sr = r.mean() / r.std(ddof=1)
-    expected = metrics.psr_from_stats(sr, stats.skew(r), stats.kurtosis(r, fisher=False), len(r))
+    expected = psr_from_stats(sr, stats.skew(r), stats.kurtosis(r, fisher=False), len(r))
     assert s["psr"] == pytest.approx(expected, abs=1e-12)
 
 

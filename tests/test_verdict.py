@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
+from test_metrics import psr_from_stats
 
-from fxray.eval import metrics, pooled
+from fxray.eval import pooled
 from fxray.track import verdict
 
 
@@ -126,7 +127,7 @@ def test_min_track_record_is_where_psr_reaches_the_confidence():
     for bench in (0.0, 0.01):
         t_star = pooled.min_track_record(sr, se, r.size, bench)
         assert t_star == pytest.approx(1 + (1 - g3 * sr + (g4 - 1) / 4 * sr**2) * (1.6448536 / (sr - bench)) ** 2)
-        assert metrics.psr_from_stats(sr, g3, g4, t_star, bench) == pytest.approx(0.95, abs=1e-6)
+        assert psr_from_stats(sr, g3, g4, t_star, bench) == pytest.approx(0.95, abs=1e-6)
     assert pooled.min_track_record(sr, se, r.size, sr + 0.01) == math.inf
     assert pooled.min_track_record(0.0, None, 10) is None
 

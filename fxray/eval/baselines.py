@@ -1,7 +1,7 @@
 """Rules beside every policy, fitted on a fold's train slice only: a supervised linear
 baseline, and the planted market's oracle. Vectorised on the device, milliseconds a fold.
 
-    rule = fit_rule(train_x, train_fresh, cost, horizons=(5, 20, 60))   # ridge + hysteresis
+    rule = fit_rule(train_x, train_fresh, cost)   # ridge + hysteresis
     positions = rule.positions(x)            # (T,) int8 on any window's normalised inputs
 
 The supervised baseline: a ridge regression of the next-h-bar return on the fold's
@@ -185,15 +185,7 @@ def hysteresis_moves(signal: torch.Tensor, enter: float, exit: float) -> torch.T
 
 
 def fit_rule(
-    x: torch.Tensor,
-    fresh: torch.Tensor,
-    cost: float,
-    *,
-    carry=None,
-    columns=None,
-    gate=None,
-    horizons=HORIZONS,
-    form=None,
+    x: torch.Tensor, fresh: torch.Tensor, cost: float, *, carry=None, columns=None, gate=None, form=None
 ) -> Rule:
     """Ridge + hysteresis fitted on train inputs x (n, n_inputs) and their fresh returns (n,).
 
@@ -206,10 +198,9 @@ def fit_rule(
     X = form_inputs(cols, form) if form is not None else cols.double()
     rows = gate if gate is not None else torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
     Xg = X[rows]
-    k = Xg.shape[1]
     gram = ridge_gram(Xg)
     best = None
-    for h in horizons:
+    for h in HORIZONS:
         y = forward_sum(fresh, h)[rows]
         w = torch.linalg.solve(gram, Xg.T @ y)
         s = X @ w
@@ -225,6 +216,8 @@ def fit_rule(
                 sharpe = float(r.mean()) / sd if sd > 0 else -math.inf
                 if best is None or sharpe > best.train_sharpe:
                     best = Rule(w, columns, enter, share * enter, h, sharpe, form)
-    if best is None or not best.train_sharpe > 0:  # nothing pays on train: stay flat
-        return Rule(torch.zeros(k, dtype=torch.float64, device=X.device), columns, math.inf, math.inf, 1, 0.0, form)
+    if not best.train_sharpe > 0:  # nothing pays on train: stay flat
+        return Rule(
+            torch.zeros(X.shape[1], dtype=torch.float64, device=X.device), columns, math.inf, math.inf, 1, 0.0, form
+        )
     return best

@@ -88,7 +88,7 @@ def pbo(returns: np.ndarray, n_blocks: int = N_BLOCKS, periods_per_year: float =
     ann = math.sqrt(periods_per_year)
     is_best, oos_best = is_sr[rows, pick] * ann, oos_sr[rows, pick] * ann
     if np.ptp(is_best) > 0:
-        slope, intercept = np.polyfit(is_best, oos_best, 1)
+        slope, intercept = (float(v) for v in np.polyfit(is_best, oos_best, 1))
         r2 = float(np.corrcoef(is_best, oos_best)[0, 1] ** 2)
     else:
         slope, intercept, r2 = None, None, None
@@ -104,8 +104,8 @@ def pbo(returns: np.ndarray, n_blocks: int = N_BLOCKS, periods_per_year: float =
         "logit_median": float(np.median(logits)),
         "logit_hist": {"edges": HIST_BINS.tolist(), "counts": counts.tolist()},
         "degradation": {
-            "slope": None if slope is None else float(slope),
-            "intercept": None if intercept is None else float(intercept),
+            "slope": slope,
+            "intercept": intercept,
             "r2": r2,
             "is_sharpe_mean": float(is_best.mean()),
             "oos_sharpe_mean": float(oos_best.mean()),
@@ -116,8 +116,6 @@ def pbo(returns: np.ndarray, n_blocks: int = N_BLOCKS, periods_per_year: float =
     }
 
 
-def json_safe(result: dict | None) -> dict | None:
+def json_safe(result: dict) -> dict:
     """The result without its per-split arrays (12,870 values each): what results.json keeps."""
-    if result is None:
-        return None
     return {k: v for k, v in result.items() if k not in ("logits", "is_sharpe", "oos_sharpe")}

@@ -11,10 +11,8 @@ Units and conventions (every function here follows them):
   never inf or NaN, so trackers, optimisers and early stopping can compare it.
 - `total_return` and `max_drawdown` are in log units; `math.expm1(x)` gives the
   fraction of equity (e.g. max_drawdown = -0.105 -> equity fell 10.0%).
-- PSR works on PER-PERIOD (daily, NOT annualised) Sharpe ratios, as in Bailey &
-  Lopez de Prado (2012); see `psr_from_stats`. The sweep's one DSR is
-  fxray.eval.selection.deflated (trials on a common footing), built on
-  `expected_max_sharpe` here.
+- The sweep's one DSR is fxray.eval.selection.deflated (trials on a common footing, per-period
+  Sharpe ratios as in Bailey & Lopez de Prado), built on `expected_max_sharpe` here.
 
 Arrays here are tiny (one value per day): plain numpy, float64.
 """
@@ -25,6 +23,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from fxray.eval.pooled import sharpe_per_period
 
 PERIODS_PER_YEAR = 252
 EULER_GAMMA = float(np.euler_gamma)  # 0.5772..., in the expected-max-Sharpe formula
@@ -44,18 +44,13 @@ def _as_returns(returns) -> np.ndarray:
 
 
 def sharpe(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
-    """Annualised Sharpe: mean / std(ddof=1) x sqrt(periods); 0.0 if < 2 days or std 0.
+    """Annualised Sharpe: mean / std(ddof=1) x sqrt(periods); 0.0 if < 2 days or std 0
+    (fxray.eval.pooled.sharpe_per_period: the one definition).
 
     No risk-free rate: the returns are already those of a self-financed
     long/short position (empyrical / quantstats with rf = 0).
     """
-    arr = _as_returns(daily_returns)
-    if arr.size < 2:
-        return 0.0
-    std = float(arr.std(ddof=1))
-    # A constant series gives std ~ 1e-19, not 0, when its mean is not exact in binary:
-    # dispersion below 1e-12 of the level is none.
-    return float(arr.mean() / std * math.sqrt(periods)) if std > 1e-12 * abs(float(arr.mean())) else 0.0
+    return sharpe_per_period(_as_returns(daily_returns)) * math.sqrt(periods)
 
 
 def sortino(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
@@ -94,24 +89,7 @@ def calmar(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
     return cagr / mdd
 
 
-# --- Probabilistic and Deflated Sharpe (Bailey & Lopez de Prado) -------------
-
-
-def psr_from_stats(sr: float, skew: float, kurtosis: float, n_obs: int, sr_benchmark: float = 0.0) -> float:
-    """PSR from the moments: Phi((SR - SR*) sqrt(T - 1) / sqrt(1 - g3 SR + (g4 - 1)/4 SR^2)).
-
-    sr, sr_benchmark: PER-PERIOD (not annualised) Sharpe ratios; skew g3;
-    kurtosis g4 RAW (normal = 3, not excess); n_obs T = number of returns.
-    Returns 0.0 when T < 2 (no evidence).
-    """
-    if n_obs < 2:
-        return 0.0
-    # g4 >= 1 + g3^2 for any distribution (and for sample moments), so the
-    # variance term is >= (1 - g3 SR / 2)^2 >= 0; the floor only guards that 0.
-    var = max(1.0 - skew * sr + (kurtosis - 1.0) / 4.0 * sr * sr, 1e-300)
-    from scipy.stats import norm  # here: the sweep driver imports this module, and not scipy
-
-    return float(norm.cdf((sr - sr_benchmark) * math.sqrt(n_obs - 1) / math.sqrt(var)))
+# --- the Deflated Sharpe's benchmark (Bailey & Lopez de Prado) ---------------
 
 
 def expected_max_sharpe(n_trials: int, var_sharpe: float) -> float:

@@ -51,6 +51,8 @@ def sharpe_per_period(returns: np.ndarray) -> float:
     if returns.size < 2:
         return 0.0
     std = float(returns.std(ddof=1))
+    # A constant series gives std ~ 1e-19, not 0, when its mean is not exact in binary:
+    # dispersion below 1e-12 of the level is none.
     return float(returns.mean() / std) if std > 1e-12 * max(abs(float(returns.mean())), 1e-300) else 0.0
 
 

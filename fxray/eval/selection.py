@@ -103,17 +103,9 @@ def spearman(x: list[float], y: list[float]) -> float | None:
         raise ValueError(f"{len(x)} values against {len(y)}")
     if len(x) < 3:
         return None
-    rx, ry = (_ranks(np.asarray(v, dtype=np.float64)) for v in (x, y))
+    from scipy.stats import rankdata  # ties: the mean of the ranks they span
+
+    rx, ry = (rankdata(np.asarray(v, dtype=np.float64)) for v in (x, y))
     rx, ry = rx - rx.mean(), ry - ry.mean()
     norm = math.sqrt(float(rx @ rx) * float(ry @ ry))
     return float(rx @ ry) / norm if norm > 0 else None
-
-
-def _ranks(v: np.ndarray) -> np.ndarray:
-    """1-based ranks of `v`, ties given the mean of the ranks they span."""
-    order = np.argsort(v, kind="stable")
-    ranks = np.empty(v.size)
-    ranks[order] = np.arange(1, v.size + 1)
-    _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
-    sums = np.bincount(inverse, weights=ranks)
-    return sums[inverse] / counts[inverse]

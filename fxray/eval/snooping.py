@@ -118,21 +118,14 @@ def block_size(x: np.ndarray) -> int:
 # --- Reality Check, SPA, StepM ---------------------------------------------------------------
 
 
-def superior_ability(
-    returns: np.ndarray,
-    benchmark: np.ndarray | None,
-    trial_ids: list,
-    reps: int = REPS,
-    seed: int = SEED,
-    size: float = SIZE,
-) -> dict:
+def superior_ability(returns: np.ndarray, benchmark: np.ndarray | None, trial_ids: list, reps=REPS, seed=SEED) -> dict:
     """White's Reality Check, Hansen's SPA and Romano & Wolf's StepM of the trials' hourly
     returns (T, n) against `benchmark` (T,) (None: flat, whose returns are 0).
 
     H0 of RC and SPA: no trial's expected hourly return exceeds the benchmark's. A trial
     identical to the benchmark in every hour (one that never traded, against flat) cannot
     exceed it and has no variance to studentize: it is left out (`n_identical`). StepM
-    keeps the trials it finds better than the benchmark, family-wise error `size`.
+    keeps the trials it finds better than the benchmark, family-wise error SIZE.
     None p-values when no trial differs from the benchmark."""
     from arch.bootstrap import SPA, RealityCheck
 
@@ -150,7 +143,7 @@ def superior_ability(
         "spa_pvalue_upper": None,
         "reality_check_pvalue": None,
         "stepm_kept": [],
-        "stepm_size": size,
+        "stepm_size": SIZE,
         "block_size": None,
     }
     if excess.shape[0] < 8 or not varies.any():
@@ -170,7 +163,7 @@ def superior_ability(
     spa.compute()
     rc = RealityCheck(zeros, -d, studentize=False, **options)
     rc.compute()
-    superior = stepm_superior(SPA(zeros, -studentized, **options), size)  # on an SPA of its own, as arch's StepM
+    superior = stepm_superior(SPA(zeros, -studentized, **options), SIZE)  # on an SPA of its own, as arch's StepM
     p = {k: float(v) for k, v in spa.pvalues.items()}
     if d.mean(axis=0).max() <= 0:
         # Hansen's statistic is max(max_k t_k, 0): 0 when no trial's mean beats the benchmark,
