@@ -32,11 +32,11 @@ from collections import deque
 
 import numpy as np
 
+from fxray.data.calendar import DAY_NS
 from fxray.data.features import CUSUM_H, FEATURE_NAMES, LOOKBACKS, MAX_LOOKBACK
-from fxray.data.schema import N_FEATURES
+from fxray.data.schema import CALENDAR_INDICES, N_FEATURES
 
-_DAY_NS = 86_400 * 10**9
-_WEEK_NS = 7 * _DAY_NS
+_WEEK_NS = 7 * DAY_NS
 _PK = 4.0 * math.log(2.0)  # the batch's constant, computed the batch's way
 _TWO_PI = 2.0 * np.pi
 _N = 14  # Wilder's period (RSI, DI, ADX, ATR)
@@ -107,8 +107,13 @@ class FeatureStream:
         """True once the last bar's features are all past their lookback (t >= MAX_LOOKBACK)."""
         return self.n_bars > MAX_LOOKBACK
 
-    def check(self, ts: int, o: float, h: float, l: float, c: float, v: float) -> None:
-        """Raise StreamError if the bar cannot follow the previous one (changes nothing)."""
+    def update(self, ts, open, high, low, close, volume=None) -> np.ndarray:  # noqa: A002
+        """The features (42,) float32 of this bar, which must follow the previous one (StreamError,
+        with no state changed, if it cannot). `ts`: int ns since epoch (UTC), the bar's close time;
+        `volume`: None means 0."""
+        ts = int(ts)
+        o, h, l, c = float(open), float(high), float(low), float(close)
+        v = 0.0 if volume is None else float(volume)
         if self.last_ts is not None and ts <= self.last_ts:
             raise StreamError(
                 f"bar {self.n_bars}: ts {ts} is not after the previous bar's {self.last_ts}; "
@@ -119,14 +124,6 @@ class FeatureStream:
                 raise StreamError(f"bar {self.n_bars} (ts {ts}): {name} = {x!r}; prices must be finite and > 0")
         if not (math.isfinite(v) and v >= 0):
             raise StreamError(f"bar {self.n_bars} (ts {ts}): volume = {v!r}; it must be finite and >= 0 (0: none)")
-
-    def update(self, ts, open, high, low, close, volume=None) -> np.ndarray:  # noqa: A002
-        """The features (42,) float32 of this bar, which must follow the previous one.
-        `ts`: int ns since epoch (UTC), the bar's close time; `volume`: None means 0."""
-        ts = int(ts)
-        o, h, l, c = float(open), float(high), float(low), float(close)
-        v = 0.0 if volume is None else float(volume)
-        self.check(ts, o, h, l, c, v)
         t = self.n_bars
         f = [0.0] * N_FEATURES
         lc, lo, lh, ll = np.log(np.array((c, o, h, l))).tolist()
@@ -207,11 +204,11 @@ class FeatureStream:
         f[_INDEX["vwap_dev_60"]] = lc - logs[4] if vwap > 0 else 0.0
 
         # --- calendar (UTC, from the bar close time): float32 phases, as the batch ---
-        phases = np.array((ts % _DAY_NS / _DAY_NS * _TWO_PI, (ts + 3 * _DAY_NS) % _WEEK_NS / _WEEK_NS * _TWO_PI))
+        phases = np.array((ts % DAY_NS / DAY_NS * _TWO_PI, (ts + 3 * DAY_NS) % _WEEK_NS / _WEEK_NS * _TWO_PI))
         phases = phases.astype(np.float32)
-        (day_sin, week_sin), (day_cos, week_cos) = np.sin(phases).tolist(), np.cos(phases).tolist()
-        f[_INDEX["tod_sin"]], f[_INDEX["tod_cos"]] = day_sin, day_cos
-        f[_INDEX["dow_sin"]], f[_INDEX["dow_cos"]] = week_sin, week_cos
+        sin, cos = np.sin(phases).tolist(), np.cos(phases).tolist()
+        for j, x in zip(CALENDAR_INDICES, (sin[0], cos[0], sin[1], cos[1])):  # tod_sin, tod_cos, dow_sin, dow_cos
+            f[j] = x
 
         self._directional(t, h, l, c, f)
         self.prev = (h, l, c)
