@@ -79,13 +79,21 @@ def to_device(device, *arrays):
     return [torch.as_tensor(a, device=device) for a in arrays]
 
 
+def window_of(returns, day, period=None, carry=None) -> bt.Window:
+    """A window from tensors alone (its counts found with host syncs); each day is one period
+    without `period`."""
+    period = day if period is None else period
+    hours = np.unique(period.cpu().numpy())
+    return bt.Window(returns, day, len(np.unique(day.cpu().numpy())), period, len(hours), hours, carry)
+
+
 def window(device, returns, day, period=None, carry=None):
     tensors = to_device(device, *[a for a in (returns, day, period, carry) if a is not None])
     it = iter(tensors)
     r, d = next(it), next(it)
     p = next(it) if period is not None else None
     c = next(it) if carry is not None else None
-    return bt.Window.of(r, d, p, c)
+    return window_of(r, d, p, c)
 
 
 def assert_metrics_close(m, daily, stats):
@@ -131,7 +139,7 @@ def test_hand_example():
     q[3, 0, 1] = 1.0  # from short: go flat
     returns = torch.tensor([0.01, -0.02, 0.03, 0.04])
     day = torch.tensor([5, 5, 7, 7])
-    result = bt.backtest(q, bt.Window.of(returns, day), cost=0.001)
+    result = bt.backtest(q, window_of(returns, day), cost=0.001)
     assert result.position.tolist() == [1, -1, -1, 0]
     expected_net = [0.01 - 0.001, 0.02 - 0.002, -0.03, 0.0 - 0.001]
     np.testing.assert_allclose(result.net_returns.numpy(), expected_net, atol=1e-8)
@@ -145,7 +153,7 @@ def test_hand_example():
 def test_evaluate_any_path():
     # hit rate: in-market bars with net > 0; a zero net return is not a hit
     returns = torch.tensor([0.0, 0.01, -0.01, 0.02])
-    result = bt.evaluate(torch.tensor([1, 1, 0, -1]), bt.Window.of(returns, torch.zeros(4, dtype=torch.int64)), 0.0)
+    result = bt.evaluate(torch.tensor([1, 1, 0, -1]), window_of(returns, torch.zeros(4, dtype=torch.int64)), 0.0)
     assert result.position.dtype == torch.int8
     assert result.metrics.hit_rate == pytest.approx(1 / 3)
     np.testing.assert_allclose(result.net_returns.numpy(), [0.0, 0.01, 0.0, -0.02])
@@ -156,7 +164,7 @@ def test_ties_take_the_first_action():
     n_bars = 50
     day = torch.zeros(n_bars, dtype=torch.int64)
     returns = torch.full((n_bars,), 1e-3)
-    w = bt.Window.of(returns, day)
+    w = window_of(returns, day)
     assert (bt.backtest(torch.zeros(n_bars, 3, 3), w, 0.0).position == -1).all()
     q = torch.zeros(n_bars, 3, 3)
     q[:, :, 0] = -1.0  # short is worse; flat and long tie
@@ -192,7 +200,7 @@ def test_wrong_counts_are_detected():
 
 def test_bad_input_is_a_clear_error():
     q, returns, day = torch.zeros(10, 3, 3), torch.zeros(10), torch.zeros(10, dtype=torch.int64)
-    w = bt.Window.of(returns, day)
+    w = window_of(returns, day)
     with pytest.raises(ValueError, match=r"\(T, 3, 3\)"):
         bt.backtest(torch.zeros(10, 3), w, 0.0)
     with pytest.raises(ValueError, match=r"returns must be \(9,\)|day must be \(9,\)"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import spearmanr
+from test_backtest import window_of
 
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, make_folds
@@ -34,7 +35,7 @@ def five_days(drift: float) -> Window:
     rng = np.random.default_rng(0)
     returns = torch.tensor(drift + 1e-4 * rng.standard_normal(n))
     bar = torch.arange(n)
-    return Window.of(returns, bar // (HOURS_PER_DAY * BARS_PER_HOUR), bar // BARS_PER_HOUR)
+    return window_of(returns, bar // (HOURS_PER_DAY * BARS_PER_HOUR), bar // BARS_PER_HOUR)
 
 
 def positions(n: int, runs: list[tuple[int, int]]) -> torch.Tensor:

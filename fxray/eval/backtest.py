@@ -55,24 +55,6 @@ class Window:
     hours: np.ndarray  # (n_periods,) int64 those period numbers, on the host (for dating)
     carry: torch.Tensor | None = None  # (T,) what the previous position earns before a next-open fill
 
-    @classmethod
-    def of(
-        cls,
-        returns: torch.Tensor,
-        day: torch.Tensor,
-        period: torch.Tensor | None = None,
-        carry: torch.Tensor | None = None,
-    ) -> Window:
-        """A window from tensors alone (its counts found with host syncs): tests, ad hoc use.
-        Without `period`, each day is one period."""
-        period = day if period is None else period
-        hours = np.unique(period.cpu().numpy())
-        return cls(returns, day, len(np.unique(day.cpu().numpy())), period, len(hours), hours, carry)
-
-    @property
-    def n_bars(self) -> int:
-        return self.fresh.shape[0]
-
 
 @dataclass(frozen=True)
 class PeriodReturns:
@@ -226,11 +208,9 @@ def evaluate_many(position: torch.Tensor, window: Window, costs: list[float]) ->
         n_trades, n_in, n_hits = packed[k, :3]
         daily_returns = packed[k, N_SCALARS : N_SCALARS + d]
         net, units = packed[k, N_SCALARS + d :].reshape(2, p)
+        hit_rate = n_hits / n_in if n_in else 0.0
         metrics = summarize(
-            daily_returns,
-            turnover=float(units.sum() / n_bars),
-            n_trades=int(n_trades),
-            hit_rate=n_hits / n_in if n_in else 0.0,
+            daily_returns, turnover=float(units.sum() / n_bars), n_trades=int(n_trades), hit_rate=hit_rate
         )
         periods = PeriodReturns(net, units, np.asarray(window.hours, dtype=np.int64), n_bars, int(n_trades), d)
         out.append(BacktestResult(position[k].to(torch.int8), net_returns[k], daily_returns, metrics, periods))

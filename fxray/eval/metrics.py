@@ -5,7 +5,7 @@ Units and conventions (every function here follows them):
 - Inputs are DAILY returns: the UTC-day sums of net per-bar LOG returns
   (`position * r - cost * |Δposition|`, r = log(close[t+1] / close[t])). Log
   returns add, so a day's sum is that day's log growth and equity = exp(cumsum).
-- Annualisation uses `periods` = 252 trading days a year.
+- Annualisation uses PERIODS_PER_YEAR = 252 trading days a year.
 - Every metric is a finite float. Where a ratio is undefined (fewer than 2 days,
   zero dispersion, no downside, never in the market) it is 0.0 -- "no evidence" --
   never inf or NaN, so trackers, optimisers and early stopping can compare it.
@@ -43,18 +43,18 @@ def _as_returns(returns) -> np.ndarray:
 # --- per-day ratios ----------------------------------------------------------
 
 
-def sharpe(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
-    """Annualised Sharpe: mean / std(ddof=1) x sqrt(periods); 0.0 if < 2 days or std 0
+def sharpe(daily_returns) -> float:
+    """Annualised Sharpe: mean / std(ddof=1) x sqrt(PERIODS_PER_YEAR); 0.0 if < 2 days or std 0
     (fxray.eval.pooled.sharpe_per_period: the one definition).
 
     No risk-free rate: the returns are already those of a self-financed
     long/short position (empyrical / quantstats with rf = 0).
     """
-    return sharpe_per_period(_as_returns(daily_returns)) * math.sqrt(periods)
+    return sharpe_per_period(_as_returns(daily_returns)) * math.sqrt(PERIODS_PER_YEAR)
 
 
-def sortino(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
-    """Annualised Sortino: mean(r) / sqrt(mean(min(r, 0)^2)) x sqrt(periods) (required return 0).
+def sortino(daily_returns) -> float:
+    """Annualised Sortino: mean(r) / sqrt(mean(min(r, 0)^2)) x sqrt(PERIODS_PER_YEAR) (required return 0).
 
     The downside deviation averages over ALL days (empyrical / quantstats), not
     only the losing ones. 0.0 if < 2 days or there is no downside (empyrical
@@ -64,7 +64,7 @@ def sortino(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
     if arr.size < 2:
         return 0.0
     downside = math.sqrt(float(np.mean(np.minimum(arr, 0.0) ** 2)))
-    return float(arr.mean() / downside * math.sqrt(periods)) if downside > 0 else 0.0
+    return float(arr.mean() / downside * math.sqrt(PERIODS_PER_YEAR)) if downside > 0 else 0.0
 
 
 def max_drawdown(daily_returns) -> float:
@@ -79,13 +79,13 @@ def max_drawdown(daily_returns) -> float:
     return float(np.min(cum - np.maximum.accumulate(cum)))
 
 
-def calmar(daily_returns, periods: int = PERIODS_PER_YEAR) -> float:
+def calmar(daily_returns) -> float:
     """CAGR / |max drawdown as a fraction of equity| (empyrical); 0.0 without a drawdown."""
     arr = _as_returns(daily_returns)
     mdd = -math.expm1(max_drawdown(arr))  # fraction in [0, 1)
     if arr.size == 0 or mdd <= 0:
         return 0.0
-    cagr = math.expm1(float(arr.sum()) * periods / arr.size)  # exp(log growth per year) - 1
+    cagr = math.expm1(float(arr.sum()) * PERIODS_PER_YEAR / arr.size)  # exp(log growth per year) - 1
     return cagr / mdd
 
 
@@ -127,17 +127,15 @@ class Metrics:
     n_days: int  # UTC days with at least one bar
 
 
-def summarize(
-    daily_returns, turnover: float = 0.0, n_trades: int = 0, hit_rate: float = 0.0, periods: int = PERIODS_PER_YEAR
-) -> Metrics:
+def summarize(daily_returns, turnover: float = 0.0, n_trades: int = 0, hit_rate: float = 0.0) -> Metrics:
     """Bundle the day-level metrics of `daily_returns` with the bar-level ones (turnover, n_trades,
     hit_rate: fxray.eval.backtest computes them on device)."""
     arr = _as_returns(daily_returns)
     return Metrics(
-        sharpe=sharpe(arr, periods),
-        sortino=sortino(arr, periods),
+        sharpe=sharpe(arr),
+        sortino=sortino(arr),
         max_drawdown=max_drawdown(arr),
-        calmar=calmar(arr, periods),
+        calmar=calmar(arr),
         total_return=float(arr.sum()),
         turnover=float(turnover),
         n_trades=int(n_trades),
