@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from fxray.data import cache
-from fxray.data.barcols import BarsError, _bar_ns, _fail, _localize, _numeric, _to_utc_ns, data_row
+from fxray.data.barcols import _NS, BarsError, _bar_ns, _fail, _localize, _numeric, _to_utc_ns, data_row
 from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK, compute_features
 from fxray.data.schema import OFI_NAMES
 
@@ -61,7 +61,6 @@ _PRICE = {"open": ("open", "o"), "high": ("high", "h"), "low": ("low", "l"), "cl
 _VOLUME = ("volume", "vol", "v")
 _SKIP_SUFFIXES = (".md", ".txt", ".json", ".yaml", ".yml", ".pdf", ".html")
 _HISTDATA_LINE = re.compile(rb"^\d{8} \d{6};")
-_NS = 10**9
 
 __all__ = ["Bars", "BarsError", "build_cache", "load_bars"]  # BarsError lives in barcols, raised by both
 
@@ -93,33 +92,14 @@ def load_bars(path, fmt: str = "auto", tz: str | None = None) -> Bars:
         _fail(path, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     if not path.exists():
         _fail(path, "no such file or directory")
-    if path.is_dir():
-        files = [p for p in sorted(path.iterdir()) if p.is_file() and not _skipped(p)]
-        if not files:
-            _fail(path, "directory has no bar files (.csv, .csv.gz, .parquet, Lean *_trade.zip)")
-        parts = [_positive_prices(p, _read_file(p, fmt, tz)) for p in files]
-        raw = {k: np.concatenate([p[k] for p in parts]) for k in ("ts", *_PRICE)}
-        vols = [p["volume"] if p["volume"] is not None else np.zeros(len(p["ts"])) for p in parts]
-        raw["volume"] = None if all(p["volume"] is None for p in parts) else np.concatenate(vols)
-    else:
-        raw = _positive_prices(path, _read_file(path, fmt, tz))
+    files = [p for p in sorted(path.iterdir()) if p.is_file() and not _skipped(p)] if path.is_dir() else [path]
+    if not files:
+        _fail(path, "directory has no bar files (.csv, .csv.gz, .parquet, Lean *_trade.zip)")
+    parts = [_read_file(p, fmt, tz) for p in files]
+    raw = {k: np.concatenate([p[k] for p in parts]) for k in ("ts", *_PRICE)}
+    vols = [p["volume"] if p["volume"] is not None else np.zeros(len(p["ts"])) for p in parts]
+    raw["volume"] = None if all(p["volume"] is None for p in parts) else np.concatenate(vols)
     return _clean(path, raw)
-
-
-def _positive_prices(path, raw: dict) -> dict:
-    """A price at or below zero is a broken row, not a gap (a missing price is one: dropped
-    later): refused naming the file, the row and the value; its log return would be NaN."""
-    for k in _PRICE:
-        v = np.asarray(raw[k], np.float64)
-        bad = np.flatnonzero(np.isfinite(v) & (v <= 0))
-        if len(bad):
-            row = int(bad[0])
-            _fail(
-                path,
-                f"{k} {float(v[row])!r} at {data_row(row)} (and {len(bad) - 1} more) is not a positive price; "
-                "fix or remove those rows",
-            )
-    return raw
 
 
 def build_cache(
@@ -208,9 +188,21 @@ def _detect(path: Path) -> str:
 
 def _read_file(path: Path, fmt: str, tz: str | None) -> dict:
     fmt = _detect(path) if fmt == "auto" else fmt
-    return {"csv": _read_table_file, "parquet": _read_table_file, "histdata": _read_histdata, "lean": _read_lean}[fmt](
-        path, fmt, tz
-    )
+    readers = {"csv": _read_table_file, "parquet": _read_table_file, "histdata": _read_histdata, "lean": _read_lean}
+    raw = readers[fmt](path, fmt, tz)
+    # A price at or below zero is a broken row, not a gap (a missing price is one: dropped
+    # later): refused naming the file, the row and the value; its log return would be NaN.
+    for k in _PRICE:
+        v = np.asarray(raw[k], np.float64)
+        bad = np.flatnonzero(np.isfinite(v) & (v <= 0))
+        if len(bad):
+            row = int(bad[0])
+            _fail(
+                path,
+                f"{k} {float(v[row])!r} at {data_row(row)} (and {len(bad) - 1} more) is not a positive price; "
+                "fix or remove those rows",
+            )
+    return raw
 
 
 # --- readers: each returns {"ts": close ns UTC, "open".."close": float64, "volume": or None} -
@@ -220,7 +212,7 @@ def _read_csv(path, source, **kw) -> pa.Table:
     try:
         return pcsv.read_csv(source, **kw)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError, EOFError) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = cache.first_line(e)
         if "Empty CSV file" in msg:
             _fail(path, "empty file (no header, no rows)")
         _fail(path, f"not a readable CSV ({msg})")
@@ -233,7 +225,7 @@ def _read_table_file(path: Path, fmt: str, tz: str | None) -> dict:
         try:
             table = pq.read_table(path)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-            _fail(path, f"not a readable Parquet file ({str(e).splitlines()[0] if str(e) else e})")
+            _fail(path, f"not a readable Parquet file ({cache.first_line(e)})")
     else:
         table = _read_csv(path, path)
     cols = {name.strip().lower(): name for name in table.column_names}
@@ -287,10 +279,9 @@ def _read_histdata(path: Path, fmt: str, tz: str | None) -> dict:
 
 
 def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
-    name = path.name.lower()
-    if name.endswith("_quote.zip"):
+    if path.name.lower().endswith("_quote.zip"):
         _fail(path, "Lean quote bars are not supported; load the matching *_trade.zip")
-    m = re.match(r"(\d{8})_", path.name)
+    m = re.match(r"(\d{4})(\d{2})(\d{2})_", path.name)
     if not m:
         _fail(path, "Lean zip names start with the date (YYYYMMDD_trade.zip); rename it or pass another fmt")
     try:
@@ -315,8 +306,7 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
         _fail(path, "no trade-bar CSV inside the zip")
     _, member, table = best
     period_ns = 1 * _NS if "_second_" in member else 60 * _NS  # Lean stamps the bar's open
-    d = m.group(1)
-    day = np.datetime64(f"{d[:4]}-{d[4:6]}-{d[6:]}", "ns").astype(np.int64)  # midnight, data tz
+    day = np.datetime64("-".join(m.groups()), "ns").astype(np.int64)  # midnight, data tz
     ms = _numeric(f"{path}!{member}", table, "ms")
     local = day + ms.astype(np.int64) * 10**6
     out = {k: _numeric(f"{path}!{member}", table, k) for k in names[1:]}

@@ -170,8 +170,6 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
     recomputed) before returning; "background" starts them in a thread (`market.verify()`
     waits for them); "no" skips them (`market.verify()` runs them when called).
     """
-    if verify not in ("now", "background", "no"):
-        raise ValueError(f"verify={verify!r}: use 'now', 'background' or 'no'")
     path = str(path)
     try:
         mode = os.stat(path).st_mode
@@ -187,7 +185,7 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
         mapped = source.read_buffer()  # the whole mapping, zero-copy: views must point into it
         reader = ipc.open_file(source)
     except (pa.ArrowException, OSError) as e:
-        raise CacheError(f"{path}: not an Arrow IPC file or truncated ({_first_line(e)})") from None
+        raise CacheError(f"{path}: not an Arrow IPC file or truncated ({first_line(e)})") from None
     schema = reader.schema
     try:
         raw_meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
@@ -202,7 +200,7 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
     try:
         batch = reader.get_batch(0)
     except (pa.ArrowException, OSError) as e:
-        raise CacheError(f"{path}: truncated or corrupt record batch ({_first_line(e)})") from None
+        raise CacheError(f"{path}: truncated or corrupt record batch ({first_line(e)})") from None
     cols = {}
     for name, (dtype, width) in COLUMNS.items():
         col = batch.column(name)
@@ -249,7 +247,7 @@ def parse_meta(path: str, raw: dict[str, str]) -> dict:
         try:
             value = json.loads(text)
         except ValueError:
-            if key in REQUIRED_META and key not in STRING_META and key != "fxray.version":
+            if key in ("feature_names", "ofi_names"):
                 raise CacheError(
                     f"{path}: schema metadata {key}: {_short(text)} is not JSON (write the list of names as JSON)"
                 ) from None
@@ -289,7 +287,7 @@ def _short(text: str, n: int = 40) -> str:
     return repr(text if len(text) <= n else text[:n] + "...")
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
@@ -316,14 +314,11 @@ def _check_schema(path: str, schema: pa.Schema) -> None:
 def _as_array(path, name: str, values, dtype) -> np.ndarray:
     try:
         a = np.asarray(values)
-        if name == "ts":
-            # float64 cannot hold ns since epoch exactly (53-bit mantissa): refuse, don't round.
-            if a.dtype.kind == "M":
-                a = a.astype("datetime64[ns]")
-            elif a.dtype.kind not in "iu":
-                raise CacheError(f"{path}: ts must be integer ns since epoch, got dtype {a.dtype}")
-        return a.astype(dtype, copy=False)
+        # float64 cannot hold ns since epoch exactly (53-bit mantissa): refuse, don't round.
+        if name != "ts" or a.dtype.kind in "iu":
+            return a.astype(dtype, copy=False)
+        if a.dtype.kind == "M":
+            return a.astype("datetime64[ns]").astype(dtype)
     except (TypeError, ValueError) as e:
-        if isinstance(e, CacheError):
-            raise
-        raise CacheError(f"{path}: {name} is not convertible to {np.dtype(dtype)} ({_first_line(e)})") from None
+        raise CacheError(f"{path}: {name} is not convertible to {np.dtype(dtype)} ({first_line(e)})") from None
+    raise CacheError(f"{path}: ts must be integer ns since epoch, got dtype {a.dtype}")
