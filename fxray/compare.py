@@ -126,6 +126,7 @@ def load_experiment(client, name: str, uri: str) -> dict:
                     "per_fold": per_fold,
                 }
             )
+        space = search_space(client, parent, trials, Path(tmp) / "space")
     if not trials:
         raise CompareError(f"experiment {name!r}: sweep run {parent.info.run_id} has no trial with a finished fold")
     return {
@@ -136,6 +137,7 @@ def load_experiment(client, name: str, uri: str) -> dict:
         "n_folds": len(json.loads(parent.data.tags["fxray.folds"])),
         "trials": trials,
         "placebo_best_test_sharpe": placebos,
+        "space": space,
     }
 
 
@@ -433,9 +435,6 @@ def run(args) -> dict:
     if not names:
         raise CompareError(f"no fxray sweep in {uri} (run python -m fxray.tune first)")
     exps = [load_experiment(client, n, uri) for n in names]
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, e in enumerate(exps):
-            e["space"] = search_space(client, e["parent"], e["trials"], Path(tmp) / str(i))
     sums = [summarize(e) for e in exps]
     for s in sums:
         print(report(s) + "\n")

@@ -468,7 +468,7 @@ def test_a_thin_vote_shows_no_psr():
     thin = vote_line({"n_members": 13, "test": stats("thin", 5)})
     assert "(thin: 5 active hours)" in thin and "0.976" not in thin and thin.endswith("too few active hours for a PSR")
     assert vote_line({"n_members": 13, "test": stats("ok", 40)}).endswith("8 trades; PSR 0.976")
-    # deflated as the best trial is (fxray.track.results.vote_deflated), when the sweep says so
+    # deflated as the best trial is (fxray.track.results.run_ensemble), when the sweep says so
     deflated = {"n_members": 13, "test": stats("ok", 40), "dsr": 0.039, "n_trials_counted": 64}
     assert vote_line(deflated).endswith("PSR 0.976, DSR 0.039 (deflated for the 64 trials its members came from)")
     assert "DSR" not in vote_line({**deflated, "test": stats("thin", 5)})

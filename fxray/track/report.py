@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-HOUR_S = 3600
-
 
 def fmt(v, spec: str = "+.2f", none: str = "n/a") -> str:
     return none if v is None else format(v, spec)
@@ -240,7 +238,7 @@ def vote_line(vote: dict) -> str:
     test = vote["test"]
     # a Sharpe of a few active hours says nothing; neither does its PSR (it is not shown)
     psr = f"PSR {fmt(test['psr'], '.3f')}" if test["evidence"] == "ok" else "too few active hours for a PSR"
-    if test["evidence"] == "ok" and vote.get("dsr") is not None:  # fxray.track.results.vote_deflated
+    if test["evidence"] == "ok" and vote.get("dsr") is not None:  # fxray.track.results.run_ensemble
         psr += f", DSR {vote['dsr']:.3f} (deflated for the {vote['n_trials_counted']} trials its members came from)"
     return f"{head}: {sharpe_line(test)}, {test['n_trades']} trades" + share_text(test) + f"; {psr}"
 
@@ -309,7 +307,7 @@ def plot_equity(ax, folds: list, title: str) -> None:
     for f in folds:
         if not f.ok:
             continue
-        t = np.asarray(f.test_periods["hours"], dtype="int64") * HOUR_S
+        t = np.asarray(f.test_periods["hours"], dtype="int64") * 3600  # hours since the epoch -> seconds
         dates = t.astype("datetime64[s]")
         ax.axvspan(dates[0], dates[-1], color="0.93", zorder=0)
         ax.annotate(

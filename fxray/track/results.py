@@ -22,7 +22,7 @@ from fxray.eval import pooled, selection
 from fxray.track.records import CSV_COLUMNS, FoldRecord, fold_checkpoints
 from fxray.track.report import closing_lines, equity_png, market_info, print_last_screen, seed_spread
 from fxray.track.timing import time_breakdown
-from fxray.track.verdict import json_ready, sentence, snooping_verdict
+from fxray.track.verdict import eval_trials, json_ready, sentence, snooping_verdict
 from fxray.track.verdict import metrics as verdict_metrics
 from fxray.track.verdict import text as verdict_text
 
@@ -106,12 +106,6 @@ def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
     return out
 
 
-def fold_windows(trial: dict) -> dict:
-    """{fold k: {"val": periods, "test": periods}} of the folds with a result (walk-forward's input)."""
-    folds = [FoldRecord.from_flat(r) for r in trial["folds"]]
-    return {f.fold: {"val": f.val_periods, "test": f.test_periods} for f in folds if f.ok}
-
-
 def judge(trials: list, best: dict, n_folds: int, cost: float, ppy: float, n_started: int):
     """The trials' pooled statistics, and the chosen trial out of sample: its test Sharpe
     deflated by the N trials started, the walk-forward selection (each test window's trial
@@ -121,8 +115,7 @@ def judge(trials: list, best: dict, n_folds: int, cost: float, ppy: float, n_sta
     stats = {t["trial_id"]: pooled_stats(t, cost, ppy) for t in trials}
     b = stats[best["trial_id"]]
     deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], n_started)
-    ok = [{"trial_id": t["trial_id"], "folds": fold_windows(t)} for t in trials if t["status"] == "ok"]
-    walk = selection.walk_forward(ok, n_folds, cost, ppy)
+    walk = selection.walk_forward(eval_trials([t for t in trials if t["status"] == "ok"])[0], n_folds, cost, ppy)
     verdict = snooping_verdict(trials, n_folds, ppy, {**deflated, "trial_id": best["trial_id"], "test": b["test"]})
     return stats, {**b, **deflated, "walk_forward": walk}, verdict
 
@@ -223,8 +216,9 @@ def write_results(
     results["best"]["seed_spread"] = seed_spread(results, best["trial_id"])  # None unless seeds > 1
     if ensemble is not None:
         results["ensemble"] = run_ensemble(ensemble, results)
-        if "test" in results["ensemble"]:  # its members came from the same trials as the best one
-            results["ensemble"].update(vote_deflated(results["ensemble"]["test"], stats, n_started))
+        if "test" in results["ensemble"]:  # deflated as the best trial is: see below
+            d = selection.deflated(results["ensemble"]["test"], [s["test"] for s in stats.values()], n_started)
+            results["ensemble"].update({k: d[k] for k in ("dsr", "sr0", "n_trials_counted")})
     write_json(storage, json_path, results)
     if asha is not None:
         print(asha_line(results["asha"], results["trials"], n_folds))
@@ -294,19 +288,14 @@ def asha_line(asha: dict, trials: list, n_folds: int) -> str:
     return f"ASHA stopped trials at its rungs: {stops}; {ran}"
 
 
-def vote_deflated(test: dict, stats: dict, n_started: int) -> dict:
-    """The vote's test Sharpe deflated as the best trial's is (fxray.eval.selection.deflated:
-    the same trials' Sharpe variance and N): the vote is one policy, but its members are the
-    trials that ASHA kept on their val scores among the N started, so its PSR alone overstates
-    the evidence as the best trial's would (on the CPU twin of 2026-12-03 a vote reached PSR
-    0.986 where the best trial's DSR was 0.04: docs/benchmarks.md "Demonstrations")."""
-    d = selection.deflated(test, [s["test"] for s in stats.values()], n_started)
-    return {"dsr": d["dsr"], "sr0": d["sr0"], "n_trials_counted": d["n_trials_counted"]}
-
-
 def run_ensemble(ensemble, results: dict) -> dict:
     """results["ensemble"]: what `ensemble(results)` returns; its failure is recorded, not
-    raised (the sweep's own results are written either way)."""
+    raised (the sweep's own results are written either way). write_results deflates the vote's
+    test Sharpe as the best trial's is (fxray.eval.selection.deflated: the same trials' Sharpe
+    variance and N): the vote is one policy, but its members are the trials that ASHA kept on
+    their val scores among the N started, so its PSR alone overstates the evidence as the best
+    trial's would (on the CPU twin of 2026-12-03 a vote reached PSR 0.986 where the best trial's
+    DSR was 0.04: docs/benchmarks.md "Demonstrations")."""
     t0 = time.time()
     print("voting: the trials that ran every fold, as one policy (fxray.sweep.vote) ...", file=sys.stderr, flush=True)
     try:

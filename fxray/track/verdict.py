@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from fxray.eval import cscv, pooled, snooping
+from fxray.track.report import pyplot, save
 
 KEYS = ("spa_pvalue", "reality_check_pvalue", "stepm_kept", "pbo", "placebo_pvalue")  # compare --json
 
@@ -324,8 +325,6 @@ def verdict_png(path, rows: list[tuple[str, dict]]):
     """One row per experiment: the placebo sweeps' best test Sharpe with the real one marked,
     and the CSCV logit histogram (the PBO is the mass at or left of 0)."""
     import numpy as np
-
-    from fxray.track.report import pyplot, save
 
     fig, axes = pyplot().subplots(len(rows), 2, figsize=(11, 3.4 * len(rows)), squeeze=False)
     for (name, v), (ax_p, ax_c) in zip(rows, axes):

@@ -45,8 +45,9 @@ def append_event(storage, **event) -> None:
         f.write(json.dumps(event) + "\n")
 
 
-class Writer:
-    """The driver's handle on the writer process (stdlib only: no mlflow here)."""
+class Writer(contextlib.AbstractContextManager):
+    """The driver's handle on the writer process (stdlib only: no mlflow here); closed at the
+    end of a `with` block."""
 
     def __init__(self, storage, uri: str, on_open=None, on_error=None, wait_for_go: bool = False):
         """`wait_for_go`: the process opens the store only after `go()` (the driver says so once
@@ -167,9 +168,6 @@ class Writer:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         self.close()
