@@ -17,7 +17,7 @@ import torch
 
 from fxray.data import cache
 from fxray.data.folds import Fold, FoldSpec, make_folds
-from fxray.data.synth import SynthSpec, oracle_positions, simulate
+from fxray.data.synth import SynthSpec, simulate
 from fxray.eval.backtest import backtest, evaluate
 from fxray.rl.checkpoint import load_checkpoint
 from fxray.rl.config import ConfigError, DQNConfig
@@ -553,6 +553,18 @@ def test_every_switch_validation_accepts_trains_a_tiny_fold(synth_cache, switch)
 
 
 # --- learning, not just running -------------------------------------------------------------
+
+
+def oracle_positions(flow: np.ndarray, beta: float, cost: float, sigma: np.ndarray) -> np.ndarray:
+    """Positions in {-1, 0, +1} of an agent that knows the planted signal (an upper bound).
+
+    Expected next-bar return is beta * sigma * s; holding a position earns it, and
+    entering or flipping pays `cost` per unit. A deadband of cost / (beta * sigma)
+    (one side of a round trip, amortised over the flow's persistence) keeps it from
+    paying more in costs than it earns on weak signals.
+    """
+    edge = beta * sigma * flow
+    return np.where(edge > cost, 1, np.where(edge < -cost, -1, 0)).astype(np.int8)
 
 
 def oracle_sharpe(market_spec: SynthSpec, data: DeviceData, window, cost) -> float:

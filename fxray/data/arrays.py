@@ -17,8 +17,7 @@ from fxray.data.synth import oracle_columns
 def host_arrays(market: Market) -> dict[str, np.ndarray]:
     """Contiguous arrays (close and open are strided views of targets: copied; the others
     are already contiguous and are not), so every `ray.get` of them is zero-copy."""
-    oracle = oracle_columns(market.meta, market.features.shape[1], with_form=True)
-    cols, hours, form = oracle if oracle else ([], None, None)
+    cols, hours, form = oracle_columns(market.meta, market.features.shape[1]) or ([], None, None)
     arrays = {
         "ts": market.ts,
         "features": market.features,

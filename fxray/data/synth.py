@@ -34,7 +34,6 @@ What it models (all vectorised numpy, deterministic for a seed):
 The defaults are sized so that the oracle rule (fxray.eval.baselines on the planted
 columns, fitted on a fold's train slice, at a realistic 0.4 bp cost) earns a pooled
 out-of-sample Sharpe of a few units, as real edges do, not tens: docs/metrics.md.
-`oracle_positions` is the agent that knows z and beta (an upper bound, not achievable).
 """
 
 from __future__ import annotations
@@ -263,18 +262,6 @@ def oracle_meta(spec: SynthSpec) -> dict | None:
     return {"inputs": list(ORACLE_INPUTS), "hours": hours}
 
 
-def oracle_positions(flow: np.ndarray, beta: float, cost: float, sigma: float | np.ndarray) -> np.ndarray:
-    """Positions in {-1, 0, +1} of an agent that knows the planted signal.
-
-    Expected next-bar return is beta * sigma * s; holding a position earns it, and
-    entering or flipping pays `cost` per unit. A deadband of cost / (beta * sigma)
-    (one side of a round trip, amortised over the flow's persistence) keeps it from
-    paying more in costs than it earns on weak signals.
-    """
-    edge = beta * np.asarray(sigma) * flow
-    return np.where(edge > cost, 1, np.where(edge < -cost, -1, 0)).astype(np.int8)
-
-
 def to_cache(spec: SynthSpec, out) -> str:
     """Simulate, compute the bar features, drop their warm-up and write an fxcache
     (through the same builder as real bars: `fxray.data.bars.build_cache`)."""
@@ -318,18 +305,17 @@ def ensure_default(spec: SynthSpec = SynthSpec(), log=print) -> Path:
     return path
 
 
-def oracle_columns(meta: dict, n_features: int, with_form: bool = False):
-    """(input columns of features ++ ofi, hours or None) of a cache's oracle, from its
-    metadata; None when the data carries no oracle (real data, the shuffled twin).
-    A nonlinear market's oracle is a rule on its form (fxray.eval.baselines.FORMS): only a
-    caller that asks `with_form` gets it, as (columns, hours, form); any other gets None,
-    never the columns alone, whose linear rule is no oracle there."""
+def oracle_columns(meta: dict, n_features: int):
+    """(input columns of features ++ ofi, hours or None, form or None) of a cache's oracle,
+    from its metadata; None when the data carries no oracle (real data, the shuffled twin).
+    A nonlinear market's oracle is a rule on its form (fxray.eval.baselines.FORMS), never
+    the linear rule on its columns alone."""
     oracle = meta.get("oracle")
-    if not oracle or (oracle.get("form") and not with_form):
+    if not oracle:
         return None
     names = {"features": meta["feature_names"], "ofi": meta["ofi_names"]}
     cols = []
     for item in oracle["inputs"]:
         kind, _, name = item.partition(":")
         cols.append(names[kind].index(name) + (n_features if kind == "ofi" else 0))
-    return (cols, oracle.get("hours"), oracle.get("form")) if with_form else (cols, oracle.get("hours"))
+    return cols, oracle.get("hours"), oracle.get("form")
