@@ -38,7 +38,7 @@ def _unzstd(path):
 
 def records(path):
     dbn = book_dbn.DbnFile(str(path))
-    return np.concatenate([rec for _, rec in dbn.chunks()])
+    return np.concatenate(list(dbn.chunks()))
 
 
 # --- DBN layout ----------------------------------------------------------------------------

@@ -133,7 +133,7 @@ def test_two_instruments_need_a_choice(tmp_path, shared_data):
     )
     for iid in (first_id, first_id + 1):  # naming one reads just its record
         dbn = book_dbn.DbnFile(str(bad))
-        assert [len(rec) for _, rec in dbn.chunks(instrument_id=iid)] == [1]
+        assert [len(rec) for rec in dbn.chunks(instrument_id=iid)] == [1]
     load_book(str(bad), instrument_id=first_id).collect()
     load_trades(str(bad), instrument_id=first_id)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from typing import NamedTuple
+from itertools import chain
 
 import numpy as np
 
@@ -37,19 +37,19 @@ def iter_lines(path: str, kinds: tuple):
 
     The wanted lines are found by a C-level substring search for their marker (which
     must sit in a line's first 72 bytes), so the many other lines (66k bookTickers in
-    a 94k-line capture) cost no Python at all. The last item is (lines, "eof", None, b"").
+    a 94k-line capture) cost no Python at all. A line's kind is its first marker's. The last
+    item is (lines, "eof", None, b"").
     """
     markers = [_MARKERS[k] for k in kinds]
     tail, lineno, last, last_line = b"", 0, None, 0
-    blocks = iter_bytes(path)
-    while True:
-        block = next(blocks, None)
-        data = tail + (block if block is not None else b"\n")
+    for block in chain(iter_bytes(path), [b"\n"]):  # a last newline ends an unterminated last line
+        data = tail + block
         cut = data.rfind(b"\n") + 1  # complete lines only; the rest waits for the next block
         data, tail = data[:cut], data[cut:]
         pos = 0  # data[:pos] is counted in lineno
         nxt = [data.find(m) for m in markers]
         while (hit := min((p for p in nxt if p >= 0), default=-1)) >= 0:
+            kind = kinds[nxt.index(hit)]
             start = data.rfind(b"\n", 0, hit) + 1
             end = data.find(b"\n", hit)
             nxt = [data.find(m, end) if 0 <= p < end else p for m, p in zip(markers, nxt)]
@@ -58,26 +58,20 @@ def iter_lines(path: str, kinds: tuple):
             lineno += data.count(b"\n", pos, start) + 1
             pos = end + 1
             raw = data[start:end]
-            ts, js = _split(path, lineno, raw)
+            ts, _, js = raw.partition(b" ")
+            try:
+                ts = int(ts)
+            except ValueError:
+                raise BookError(f"{path}: line {lineno}: expected '<local_ns> <json>', got {raw[:60]!r}") from None
             if last is not None and ts < last:
                 raise BookError(
                     f"{path}: line {lineno}: local time {ts} is earlier than line "
                     f"{last_line} ({last}); lines must be in arrival order"
                 )
             last, last_line = ts, lineno
-            yield lineno, _kind(raw), ts, js
+            yield lineno, kind, ts, js
         lineno += data.count(b"\n", pos)
-        if block is None:
-            yield lineno, "eof", None, b""  # always last: lets callers count every line
-            return
-
-
-def _split(path: str, lineno: int, raw: bytes):
-    ts, _, js = raw.partition(b" ")
-    try:
-        return int(ts), js
-    except ValueError:
-        raise BookError(f"{path}: line {lineno}: expected '<local_ns> <json>', got {raw[:60]!r}") from None
+    yield lineno, "eof", None, b""  # always last: lets callers count every line
 
 
 def _parse(path: str, lineno: int, js: bytes) -> dict:
@@ -87,30 +81,12 @@ def _parse(path: str, lineno: int, js: bytes) -> dict:
         raise BookError(f"{path}: line {lineno}: bad JSON ({e.msg} at column {e.colno})") from None
 
 
-def _kind(raw: bytes) -> str:
-    """Classify a line from its first bytes, so ignored lines are never JSON-parsed."""
-    head = raw[:72]
-    return next((k for k, m in _MARKERS.items() if m in head), "other" if head.strip() else "blank")
-
-
 def _numbers(texts: list) -> np.ndarray:
     """b"1.5,2" texts -> their numbers, float64, parsed at C speed; a malformed number ends the
     parse early, so a caller checks the count."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return np.fromstring(b",".join(texts), sep=",")
-
-
-class Diff(NamedTuple):
-    """One depth diff: update-id range and its levels as cleaned text 'px,qty,px,qty,...'."""
-
-    U: int
-    u: int
-    pu: int
-    n_bid: int
-    bids: bytes
-    n_ask: int
-    asks: bytes
 
 
 _IDS = re.compile(rb'"U":(\d+),"u":(\d+),"pu":(\d+)')
@@ -127,9 +103,10 @@ def _levels_json(levels: list) -> tuple[int, bytes]:
     return len(levels), ",".join(f"{p},{q}" for p, q in levels).encode()
 
 
-def parse_diff(path: str, lineno: int, js: bytes) -> Diff:
-    """A depth diff from the canonical Binance layout by byte search (3-4x faster than JSON,
-    which dominates a capture's cost); anything else falls back to the JSON parser."""
+def parse_diff(path: str, lineno: int, js: bytes) -> tuple:
+    """(U, u, pu, (n_bid, bids, n_ask, asks)): a depth diff's update-id range and its levels, each
+    side's as cleaned text 'px,qty,px,qty,...'. Read from the canonical Binance layout by byte
+    search (3-4x faster than JSON, which dominates a capture's cost); anything else by JSON."""
     m = _IDS.search(js)
     ib = js.find(b'"b":[')
     ia = js.find(b',"a":[', ib)
@@ -137,45 +114,19 @@ def parse_diff(path: str, lineno: int, js: bytes) -> Diff:
         a_end = ia + 7 if js[ia + 6 : ia + 7] == b"]" else js.find(b"]]", ia) + 2
         if js[a_end:].strip() == b"}}":
             U, u, pu = (int(x) for x in m.groups())
-            return Diff(U, u, pu, *_levels_text(js[ib + 4 : ia]), *_levels_text(js[ia + 5 : a_end]))
+            return U, u, pu, (*_levels_text(js[ib + 4 : ia]), *_levels_text(js[ia + 5 : a_end]))
     d = _parse(path, lineno, js)["data"]
-    return Diff(int(d["U"]), int(d["u"]), int(d["pu"]), *_levels_json(d["b"]), *_levels_json(d["a"]))
-
-
-class _Levels:
-    """Level updates of a batch of book events (one event = the snapshot or one diff)."""
-
-    def __init__(self):
-        self.ts, self.counts, self.texts = [], [], []
-
-    def add_event(self, ts: int, n_bid: int, bids: bytes, n_ask: int, asks: bytes) -> None:
-        self.ts.append(ts)
-        self.counts += (n_bid, n_ask)
-        self.texts += [t for t in (bids, asks) if t]
-
-    def arrays(self, path: str):
-        """(ts, offsets, is_bid, price key in 1e-9 units, qty) for `levels_apply`."""
-        counts = np.array(self.counts, np.int64)  # (2 * events,) bid, ask, bid, ...
-        offsets = np.r_[0, np.cumsum(counts.reshape(-1, 2).sum(1))]
-        is_bid = np.repeat(np.tile([True, False], len(self.ts)), counts)
-        flat = _numbers(self.texts)
-        if len(flat) != 2 * counts.sum():
-            raise BookError(
-                f"{path}: a depth level is not a [price, qty] pair of numbers "
-                f"(parsed {len(flat)} numbers, expected {2 * counts.sum()})"
-            )
-        pq = flat.reshape(-1, 2)
-        key = np.rint(pq[:, 0] * PRICE_SCALE).astype(np.int64)  # exact up to 9 decimals
-        return np.array(self.ts, np.int64), offsets, is_bid, key, pq[:, 1].copy()
+    return int(d["U"]), int(d["u"]), int(d["pu"]), (*_levels_json(d["b"]), *_levels_json(d["a"]))
 
 
 class _Sync:
-    """Binance's book-sync procedure over the lines of one file; owns the pending batch."""
+    """Binance's book-sync procedure over the lines of one file, and the batch of level updates
+    (one event = the snapshot or one diff) not yet applied to the book."""
 
     def __init__(self, path: str, st: dict):
         self.path, self.st = path, st
-        self.batch = _Levels()
-        self.buffered = []  # (lineno, Diff) seen before the snapshot
+        self.ts, self.counts, self.texts = [], [], []  # the batch
+        self.buffered = []  # (lineno, diff) seen before the snapshot
         self.snap_line = None  # line of the snapshot, once seen
         self.last_id = None  # its lastUpdateId
         self.last_u = None  # final update id of the last applied diff
@@ -188,8 +139,8 @@ class _Sync:
             )
         snap = _parse(self.path, lineno, js)
         self.snap_line, self.last_id = lineno, int(snap["lastUpdateId"])
-        eng.clear_book(self.st)
-        self.batch.add_event(ts, *_levels_json(snap["bids"]), *_levels_json(snap["asks"]))
+        eng.clear(self.st["orders"], self.st["state"])
+        self.add_event(ts, *_levels_json(snap["bids"]), *_levels_json(snap["asks"]))
         for b_line, d in self.buffered:  # buffered diffs apply at the snapshot's time
             self._apply(b_line, ts, d)
         self.buffered = []
@@ -201,30 +152,54 @@ class _Sync:
         else:
             self._apply(lineno, ts, d)
 
-    def _apply(self, lineno: int, ts: int, d: Diff) -> None:
-        if self.last_u is None and d.u < self.last_id:
+    def _apply(self, lineno: int, ts: int, diff: tuple) -> None:
+        U, u, pu, levels = diff
+        if self.last_u is None and u < self.last_id:
             return  # older than the snapshot: Binance says drop it
-        if self.last_u is None and not d.U <= self.last_id <= d.u:  # Binance's continuity rules, the first diff
+        if self.last_u is None and not U <= self.last_id <= u:  # Binance's continuity rules, the first diff
             raise BookError(
                 f"{self.path}: line {lineno}: first diff after the snapshot has "
-                f"U={d.U} u={d.u}, which does not bridge lastUpdateId={self.last_id} "
+                f"U={U} u={u}, which does not bridge lastUpdateId={self.last_id} "
                 "(diffs missing between snapshot and stream)"
             )
-        elif self.last_u is not None and d.pu != self.last_u:  # and every next one
+        elif self.last_u is not None and pu != self.last_u:  # and every next one
             raise BookError(
-                f"{self.path}: line {lineno}: depth diff pu={d.pu} does not continue the "
+                f"{self.path}: line {lineno}: depth diff pu={pu} does not continue the "
                 f"previous diff's u={self.last_u} (sequence gap); recapture or split the file here"
             )
-        self.last_u = d.u
-        self.batch.add_event(ts, d.n_bid, d.bids, d.n_ask, d.asks)
+        self.last_u = u
+        self.add_event(ts, *levels)
+
+    def add_event(self, ts: int, n_bid: int, bids: bytes, n_ask: int, asks: bytes) -> None:
+        self.ts.append(ts)
+        self.counts += (n_bid, n_ask)
+        self.texts += [t for t in (bids, asks) if t]
+
+    def run(self, out_rows: int):
+        """Apply the batch to the book (levels_apply), yield what that emits; start a new batch."""
+        if not self.ts:
+            return
+        counts = np.array(self.counts, np.int64)  # (2 * events,) bid, ask, bid, ...
+        offsets = np.r_[0, np.cumsum(counts.reshape(-1, 2).sum(1))]
+        is_bid = np.repeat(np.tile([True, False], len(self.ts)), counts)
+        flat = _numbers(self.texts)
+        if len(flat) != 2 * counts.sum():
+            raise BookError(
+                f"{self.path}: a depth level is not a [price, qty] pair of numbers "
+                f"(parsed {len(flat)} numbers, expected {2 * counts.sum()})"
+            )
+        pq = flat.reshape(-1, 2)
+        key = np.rint(pq[:, 0] * PRICE_SCALE).astype(np.int64)  # price in 1e-9 units, exact up to 9 decimals
+        ts = np.array(self.ts, np.int64)
+        self.ts, self.counts, self.texts = [], [], []
+        levels = (ts, offsets, is_bid, key, pq[:, 1].copy())
+        yield from eng.run(eng.levels_apply, levels, len(ts), self.st, out_rows, slack=2)
 
 
-def iter_book(path: str, st: dict, stats: dict, out_rows: int = 1 << 16):
-    """Yield BookSnapshots for one capture file; `st` is the engine state."""
-    sync, last_line = _Sync(path, st), 0
+def iter_book(path: str, st: dict, stats: dict, out_rows: int):
+    """Yield BookSnapshots for one capture file; `st` is the engine state. stats["end"]: the last line's time."""
+    sync = _Sync(path, st)
     for lineno, kind, ts, js in iter_lines(path, ("snapshot", "diff")):
-        stats["messages"] += lineno - last_line  # every line read counts, skipped ones too
-        last_line = lineno
         if kind == "eof":
             break
         stats["end"] = ts
@@ -232,22 +207,14 @@ def iter_book(path: str, st: dict, stats: dict, out_rows: int = 1 << 16):
             (sync.snapshot if kind == "snapshot" else sync.diff)(lineno, ts, js)
         except (KeyError, TypeError, IndexError) as e:
             raise BookError(f"{path}: line {lineno}: malformed {kind} message ({type(e).__name__}: {e})") from None
-        if len(sync.batch.ts) >= DIFFS_PER_CHUNK:
-            yield from _run(path, sync.batch, st, out_rows)
-            sync.batch = _Levels()
+        if len(sync.ts) >= DIFFS_PER_CHUNK:
+            yield from sync.run(out_rows)
+    stats["messages"] += lineno  # every line read counts, skipped ones too
     if sync.snap_line is None:
         raise BookError(
-            f"{path}: line {last_line}: no depth snapshot (lastUpdateId) "
-            "in the file; cannot build a book from diffs alone"
+            f"{path}: line {lineno}: no depth snapshot (lastUpdateId) in the file; cannot build a book from diffs alone"
         )
-    yield from _run(path, sync.batch, st, out_rows)
-
-
-def _run(path: str, batch: _Levels, st: dict, out_rows: int):
-    if not batch.ts:
-        return
-    ts, *levels = batch.arrays(path)
-    yield from eng.run(eng.levels_apply, (ts, *levels), len(ts), st, out_rows, slack=2)
+    yield from sync.run(out_rows)
 
 
 _TRADE = re.compile(rb'"p":"([0-9.eE+-]+)","q":"([0-9.eE+-]+)"[^{}]*"m":(true|false)')
@@ -259,12 +226,9 @@ def read_trades(path: str) -> Trades:
     Canonical lines are read by one regex (JSON parsing would dominate); others by JSON.
     """
     ts, nums, side = [], [], []  # nums: b"price,qty" per trade
-    first = last = None
     for lineno, kind, t, js in iter_lines(path, ("trade",)):
         if kind == "eof":
             break
-        first = t if first is None else first
-        last = t
         m = _TRADE.search(js)
         if m:
             p, q, maker = m.group(1), m.group(2), m.group(3) == b"true"
@@ -281,5 +245,5 @@ def read_trades(path: str) -> Trades:
     if len(pq) != 2 * len(ts):
         raise BookError(f"{path}: a trade price or quantity is not a number")
     pq = pq.reshape(-1, 2)
-    segments = np.array([[first, last]], np.int64) if first is not None else np.zeros((0, 2), np.int64)
+    segments = np.array([ts[0], ts[-1]] if ts else [], np.int64).reshape(-1, 2)
     return Trades(np.array(ts, np.int64), pq[:, 0].copy(), pq[:, 1].copy(), np.array(side, np.int8), segments)

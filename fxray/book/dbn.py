@@ -17,40 +17,23 @@ from fxray.book.types import N_LEVELS, PRICE_SCALE, BookError, BookSnapshots, By
 CHUNK_RECORDS = 1 << 17  # records per chunk: ~7 MB of MBO, ~46 MB of MBP-10
 UNDEF_PRICE = np.iinfo(np.int64).max
 
-_HEADER = [("length", "u1"), ("rtype", "u1"), ("publisher_id", "<u2"), ("instrument_id", "<u4"), ("ts_event", "<u8")]
-_MBP_BODY = [
-    ("price", "<i8"),
-    ("size", "<u4"),
-    ("action", "u1"),
-    ("side", "u1"),
-    ("flags", "u1"),
-    ("depth", "u1"),
-    ("ts_recv", "<u8"),
-    ("ts_in_delta", "<i4"),
-    ("sequence", "<u4"),
-]
-_LEVEL = np.dtype(
-    [("bid_px", "<i8"), ("ask_px", "<i8"), ("bid_sz", "<u4"), ("ask_sz", "<u4"), ("bid_ct", "<u4"), ("ask_ct", "<u4")]
-)  # DBN BidAskPair, 32 bytes
+
+def _struct(fields: str) -> list:
+    """A C struct's fields, in order: "price <i8, size <u4" -> [("price", "<i8"), ("size", "<u4")]."""
+    return [tuple(field.split()) for field in fields.split(",")]
+
+
+_HEADER = _struct("length u1, rtype u1, publisher_id <u2, instrument_id <u4, ts_event <u8")
+_MBP_BODY = _struct(
+    "price <i8, size <u4, action u1, side u1, flags u1, depth u1, ts_recv <u8, ts_in_delta <i4, sequence <u4"
+)
+_MBO_BODY = _struct(
+    "order_id <u8, price <i8, size <u4, flags u1, channel_id u1, action u1, side u1, "
+    "ts_recv <u8, ts_in_delta <i4, sequence <u4"
+)
+_LEVEL = np.dtype(_struct("bid_px <i8, ask_px <i8, bid_sz <u4, ask_sz <u4, bid_ct <u4, ask_ct <u4"))  # BidAskPair, 32 B
 DTYPES = {  # schema -> (rtype, record dtype)
-    "mbo": (
-        0xA0,
-        np.dtype(
-            _HEADER
-            + [
-                ("order_id", "<u8"),
-                ("price", "<i8"),
-                ("size", "<u4"),
-                ("flags", "u1"),
-                ("channel_id", "u1"),
-                ("action", "u1"),
-                ("side", "u1"),
-                ("ts_recv", "<u8"),
-                ("ts_in_delta", "<i4"),
-                ("sequence", "<u4"),
-            ]
-        ),
-    ),
+    "mbo": (0xA0, np.dtype(_HEADER + _MBO_BODY)),
     "mbp-10": (0x0A, np.dtype(_HEADER + _MBP_BODY + [("levels", _LEVEL, (N_LEVELS,))])),
     "mbp-1": (0x01, np.dtype(_HEADER + _MBP_BODY + [("levels", _LEVEL, (1,))])),
     "trades": (0x00, np.dtype(_HEADER + _MBP_BODY)),
@@ -94,7 +77,7 @@ class DbnFile:
             )
 
     def chunks(self, instrument_id: int | None = None, chunk_records: int = CHUNK_RECORDS):
-        """Yield (first_record_index, records) chunks, validated: rtype, size, order, instrument."""
+        """Yield chunks of records, validated: rtype, size, order, instrument."""
         rtype, base = DTYPES[self.schema]
         first = self._reader.read(1)
         if not first:
@@ -102,20 +85,11 @@ class DbnFile:
         size = first[0] * 4  # header length byte counts 4-byte words; ts_out adds 8 bytes
         if size < base.itemsize:
             raise BookError(f"{self.path}: record 0 is {size} bytes, a {self.schema} record is {base.itemsize}")
-        dtype = np.dtype(
-            {
-                "names": base.names,
-                "formats": [base.fields[n][0] for n in base.names],
-                "offsets": [base.fields[n][1] for n in base.names],
-                "itemsize": size,
-            }
-        )
+        formats, offsets = zip(*(base.fields[name][:2] for name in base.names))
+        dtype = np.dtype({"names": base.names, "formats": formats, "offsets": offsets, "itemsize": size})
         pending, index, last_ts = first, 0, None
-        while True:
-            data = pending + self._reader.read(chunk_records * size - len(pending))
+        while data := pending + self._reader.read(chunk_records * size - len(pending)):
             pending = b""
-            if not data:
-                return
             n_full = len(data) // size
             if n_full * size != len(data):
                 raise BookError(
@@ -132,29 +106,26 @@ class DbnFile:
                     f"(rtype 0x{rtype:02x}, {size} bytes)"
                 )
             ts = rec["ts_recv"].view(np.int64)
-            if last_ts is not None and len(ts) and ts[0] < last_ts:  # in receive-time order across chunks
-                raise BookError(
-                    f"{self.path}: record {index} (ts_recv {ts[0]}) is earlier than the record "
-                    f"before it ({last_ts}); events must be sorted by ts_recv"
-                )
-            bad = np.flatnonzero(ts[1:] < ts[:-1])  # and within
+            before = np.r_[ts[0] if last_ts is None else last_ts, ts[:-1]]  # in receive-time order, across chunks too
+            bad = np.flatnonzero(ts < before)
             if len(bad):
-                i = int(bad[0]) + 1
+                i = int(bad[0])
+                what = "the record before it" if i == 0 else f"record {index + i - 1}"
                 raise BookError(
-                    f"{self.path}: record {index + i} (ts_recv {ts[i]}) is earlier than record "
-                    f"{index + i - 1} ({ts[i - 1]}); events must be sorted by ts_recv"
+                    f"{self.path}: record {index + i} (ts_recv {ts[i]}) is earlier than {what} "
+                    f"({before[i]}); events must be sorted by ts_recv"
                 )
             last_ts = int(ts[-1])
             ids = rec["instrument_id"]
             if instrument_id is not None:
                 rec = rec[ids == instrument_id]
-            elif len(ids) and (ids != ids[0]).any():
+            elif (ids != ids[0]).any():
                 i = int(np.flatnonzero(ids != ids[0])[0])
                 raise BookError(
                     f"{self.path}: record {index + i} is instrument {ids[i]}, record "
                     f"{index} is {ids[0]}: pass instrument_id= to pick one book"
                 )
-            yield index, rec
+            yield rec
             index += n_full
             if n_full < chunk_records:
                 return
@@ -163,14 +134,15 @@ class DbnFile:
 # --- book ----------------------------------------------------------------------------------
 
 
-def iter_book(
-    dbn: DbnFile, st: dict, stats: dict, instrument_id=None, out_rows: int = 1 << 16, chunk_records: int = CHUNK_RECORDS
-):
-    """Yield BookSnapshots from an MBO or MBP-10 file; `st` is the engine state (persists)."""
+def iter_book(path: str, st: dict, stats: dict, instrument_id: int | None, out_rows: int, chunk_records: int):
+    """Yield BookSnapshots from an MBO or MBP-10 file; `st` is the engine state (persists).
+    stats["end"]: the end of the time range the file's metadata asked for (None if open)."""
+    dbn = DbnFile(path)
     dbn.require(BOOK_SCHEMAS, "an order book")
+    stats["end"] = dbn.end
     if dbn.schema == "mbp-10":
         first = True
-        for _, rec in dbn.chunks(instrument_id, chunk_records):
+        for rec in dbn.chunks(instrument_id, chunk_records):
             stats["messages"] += len(rec)
             snap = _mbp10_snapshots(rec, first)
             first = first and len(snap) == 0
@@ -178,33 +150,24 @@ def iter_book(
                 yield snap
         return
     st["state"][eng.IN_SNAP] = 0  # a new file starts a new snapshot run
-    for _, rec in dbn.chunks(instrument_id, chunk_records):
+    for rec in dbn.chunks(instrument_id, chunk_records):
         stats["messages"] += len(rec)
         cols = [rec[k] for k in ("order_id", "price", "size", "flags", "action", "side")]
         inputs = (rec["ts_recv"].view(np.int64), *cols, st["orders"])
         yield from eng.run(eng.mbo_apply, inputs, len(rec), st, out_rows, slack=4)
-    out = eng.new_output(4)
-    r = eng.flush_snapshot(eng.book_arrays(st), out)
-    if r:
-        yield BookSnapshots(*(a[:r] for a in out))
+    yield from eng.flush_snapshot(st)
 
 
 def _mbp10_snapshots(rec: np.ndarray, first_of_file: bool) -> BookSnapshots:
     """MBP-10 records carry the top 10 themselves: keep those that end an event (F_LAST)."""
     rec = rec[(rec["flags"] & eng.F_LAST) != 0]
     lv = rec["levels"]  # (n, 10) structured
-
-    def prices(field, empty):
-        px = lv[field]
-        return np.where(px == UNDEF_PRICE, empty, px / PRICE_SCALE)
-
-    bid_sz, ask_sz = lv["bid_sz"].astype(np.float64), lv["ask_sz"].astype(np.float64)
-    bid_px, ask_px = prices("bid_px", -np.inf), prices("ask_px", np.inf)
-    bid_sz[np.isinf(bid_px)] = 0.0
-    ask_sz[np.isinf(ask_px)] = 0.0
-    reset = np.zeros(len(rec), bool)
-    reset[:1] = first_of_file
-    reset |= rec["action"] == ord("R")
+    bid_px = np.where(lv["bid_px"] == UNDEF_PRICE, -np.inf, lv["bid_px"] / PRICE_SCALE)
+    ask_px = np.where(lv["ask_px"] == UNDEF_PRICE, np.inf, lv["ask_px"] / PRICE_SCALE)
+    bid_sz = np.where(np.isinf(bid_px), 0.0, lv["bid_sz"])
+    ask_sz = np.where(np.isinf(ask_px), 0.0, lv["ask_sz"])
+    reset = rec["action"] == ord("R")
+    reset[:1] |= first_of_file
     return BookSnapshots(rec["ts_recv"].view(np.int64).copy(), bid_px, bid_sz, ask_px, ask_sz, reset)
 
 
@@ -220,23 +183,20 @@ def read_trades(path: str, instrument_id: int | None = None) -> Trades:
     dbn = DbnFile(path)
     dbn.require(TRADE_SCHEMAS, "trades")
     parts, first_ts, last_ts = [], None, None
-    for _, rec in dbn.chunks(instrument_id):
+    for rec in dbn.chunks(instrument_id):
         if len(rec):
             ts = rec["ts_recv"].view(np.int64)
             first_ts = int(ts[0]) if first_ts is None else first_ts
             last_ts = int(ts[-1])
-        t = rec[rec["action"] == ACTION_TRADE]
-        parts.append(
-            Trades(
-                t["ts_recv"].view(np.int64).copy(),
-                t["price"] / PRICE_SCALE,
-                t["size"].astype(np.float64),
-                SIDE_SIGN[t["side"]],
-                np.zeros((0, 2), np.int64),
-            )
-        )
-    out = Trades.concat(parts)
-    if first_ts is not None:
-        end = max(last_ts, dbn.end or last_ts)
-        out = Trades(out.ts, out.price, out.size, out.side, np.array([[first_ts, end]], np.int64))
-    return out
+            parts.append(rec[rec["action"] == ACTION_TRADE])
+    if first_ts is None:
+        return Trades.empty()
+    t = np.concatenate(parts)
+    span = np.array([[first_ts, max(last_ts, dbn.end or last_ts)]], np.int64)
+    return Trades(
+        t["ts_recv"].view(np.int64).copy(),
+        t["price"] / PRICE_SCALE,
+        t["size"].astype(np.float64),
+        SIDE_SIGN[t["side"]],
+        span,
+    )

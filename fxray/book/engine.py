@@ -28,8 +28,7 @@ S_ASK, S_BID = 65, 66  # DBN sides 'A' 'B'
 EMPTY_KEY = np.iinfo(np.int64).min  # key of an absent level in `last_*`
 
 # slots of the int64 `state` vector that persists across calls
-NB, NA, IN_SNAP, RESET, SYNCED, PREV_TS, UNKNOWN = range(7)
-N_STATE = 7
+NB, NA, IN_SNAP, RESET, SYNCED, PREV_TS, UNKNOWN, N_STATE = range(8)  # N_STATE: their count
 LEVEL_CAPACITY = 1024  # initial price levels per side; grown by doubling when needed
 
 
@@ -83,11 +82,15 @@ def run(kernel, inputs: tuple, n: int, st: dict, out_rows: int, slack: int):
 
 
 @njit(cache=True, inline="always")
-def _update_level(keys, sizes, n, key, amount, absolute):
-    """Add `amount` to (or, if `absolute`, set it as) the size at `key`; returns the new n.
+def _update_level(book, is_bid, price, amount, absolute):
+    """Add `amount` to (or, if `absolute`, set it as) the size at `price` on the bid or ask side.
 
-    A level whose size drops to <= 0 is removed. Caller guarantees n < len(keys).
+    A level whose size drops to <= 0 is removed. Caller guarantees room for one more level.
     """
+    keys, sizes, slot = (book[0], book[1], NB) if is_bid else (book[2], book[3], NA)
+    key = price if is_bid else -price
+    state = book[6]
+    n = state[slot]
     lo, hi = 0, n
     if n > 0 and keys[n - 1] <= key:  # fast path: at or above the current best
         lo = n - 1 if keys[n - 1] == key else n
@@ -102,19 +105,20 @@ def _update_level(keys, sizes, n, key, amount, absolute):
         new = amount if absolute else sizes[lo] + amount
         if new > 0:
             sizes[lo] = new
-            return n
+            return
         for j in range(lo, n - 1):
             keys[j] = keys[j + 1]
             sizes[j] = sizes[j + 1]
-        return n - 1
+        state[slot] = n - 1
+        return
     if amount <= 0:  # removing a level that is not there: nothing to do
-        return n
+        return
     for j in range(n, lo, -1):
         keys[j] = keys[j - 1]
         sizes[j] = sizes[j - 1]
     keys[lo] = key
     sizes[lo] = amount
-    return n + 1
+    state[slot] = n + 1
 
 
 @njit(cache=True)
@@ -124,7 +128,7 @@ def _emit(ts, book, out, r):
     o_ts, o_bpx, o_bsz, o_apx, o_asz, o_reset = out
     changed = state[RESET] != 0
     nb, na = state[NB], state[NA]
-    for j in range(N_LEVELS):
+    for j in range(N_LEVELS):  # row r is written whatever happens: the caller keeps it free
         kb = bid_keys[nb - 1 - j] if j < nb else EMPTY_KEY
         sb = bid_sizes[nb - 1 - j] if j < nb else 0.0
         ka = ask_keys[na - 1 - j] if j < na else EMPTY_KEY
@@ -133,14 +137,11 @@ def _emit(ts, book, out, r):
             changed = True
             last_keys[j], last_sizes[j] = kb, sb
             last_keys[N_LEVELS + j], last_sizes[N_LEVELS + j] = ka, sa
-    if not changed or state[SYNCED] == 0:
-        return r
-    for j in range(N_LEVELS):
-        kb, ka = last_keys[j], last_keys[N_LEVELS + j]
         o_bpx[r, j] = kb / PRICE_SCALE if kb != EMPTY_KEY else -np.inf
         o_apx[r, j] = -ka / PRICE_SCALE if ka != EMPTY_KEY else np.inf
-        o_bsz[r, j] = last_sizes[j]
-        o_asz[r, j] = last_sizes[N_LEVELS + j]
+        o_bsz[r, j], o_asz[r, j] = sb, sa
+    if not changed or state[SYNCED] == 0:
+        return r
     o_ts[r] = ts
     o_reset[r] = state[RESET] != 0
     state[RESET] = 0
@@ -148,7 +149,8 @@ def _emit(ts, book, out, r):
 
 
 @njit(cache=True)
-def _clear(orders, state):
+def clear(orders, state):
+    """Empty the book and mark the next emitted row as a reset (new snapshot / file)."""
     orders.clear()
     state[NB] = 0
     state[NA] = 0
@@ -170,9 +172,9 @@ def mbo_apply(ts, order_id, price, size, flags, action, side, orders, start, boo
     an F_LAST record or at the first non-snapshot record (Databento's daily files
     end the snapshot without F_LAST). Returns (next record index, rows emitted).
     """
-    bid_keys, bid_sizes, ask_keys, ask_sizes, _, _, state = book
+    state = book[6]
     r = 0
-    cap = len(bid_keys) - 2
+    cap = len(book[0]) - 2
     rcap = len(out[0]) - 2
     for i in range(start, len(ts)):
         if state[NB] >= cap or state[NA] >= cap or r >= rcap:
@@ -180,7 +182,7 @@ def mbo_apply(ts, order_id, price, size, flags, action, side, orders, start, boo
         f = flags[i]
         is_snap = (f & F_SNAPSHOT) != 0
         if is_snap and state[IN_SNAP] == 0:
-            _clear(orders, state)
+            clear(orders, state)
             state[IN_SNAP] = 1
         elif not is_snap and state[IN_SNAP] != 0:
             r = _emit(state[PREV_TS], book, out, r)
@@ -188,15 +190,9 @@ def mbo_apply(ts, order_id, price, size, flags, action, side, orders, start, boo
         a = action[i]
         if a == A_ADD or a == A_MODIFY or a == A_CANCEL:
             oid = np.int64(order_id[i])
-            if oid in orders:
-                old = orders[oid]
-            else:
-                old = (np.int64(0), np.int64(0), np.int64(-1))
+            old = orders[oid] if oid in orders else (np.int64(0), np.int64(0), np.int64(-1))
             if old[2] >= 0:  # known order: take its resting size off its level
-                if old[2] == S_BID:
-                    state[NB] = _update_level(bid_keys, bid_sizes, state[NB], old[0], -old[1], False)
-                else:
-                    state[NA] = _update_level(ask_keys, ask_sizes, state[NA], -old[0], -old[1], False)
+                _update_level(book, old[2] == S_BID, old[0], -old[1], False)
             elif a != A_ADD:
                 state[UNKNOWN] += 1  # cancel / modify of an order we never saw
             if a == A_CANCEL:
@@ -207,14 +203,11 @@ def mbo_apply(ts, order_id, price, size, flags, action, side, orders, start, boo
                     sd = old[2]
             if new_sz > 0 and (sd == S_BID or sd == S_ASK):
                 orders[oid] = (new_px, new_sz, sd)
-                if sd == S_BID:
-                    state[NB] = _update_level(bid_keys, bid_sizes, state[NB], new_px, float(new_sz), False)
-                else:
-                    state[NA] = _update_level(ask_keys, ask_sizes, state[NA], -new_px, float(new_sz), False)
+                _update_level(book, sd == S_BID, new_px, float(new_sz), False)
             elif old[2] >= 0:
                 del orders[oid]
         elif a == A_CLEAR:
-            _clear(orders, state)
+            clear(orders, state)
         if f & F_LAST:
             r = _emit(ts[i], book, out, r)
             state[IN_SNAP] = 0
@@ -222,15 +215,14 @@ def mbo_apply(ts, order_id, price, size, flags, action, side, orders, start, boo
     return len(ts), r
 
 
-@njit(cache=True)
-def flush_snapshot(book, out):
+def flush_snapshot(st: dict):
     """At the end of a file: emit a snapshot run that was never closed by F_LAST."""
-    state = book[6]
-    r = 0
+    state = st["state"]
     if state[IN_SNAP] != 0:
-        r = _emit(state[PREV_TS], book, out, 0)
         state[IN_SNAP] = 0
-    return r
+        out = new_output(1)
+        if _emit(state[PREV_TS], book_arrays(st), out, 0):
+            yield BookSnapshots(*out)
 
 
 # --- absolute level updates (Binance depth) ------------------------------------------------
@@ -243,22 +235,14 @@ def levels_apply(ts, offsets, is_bid, key, qty, start, book, out):
     `key` is the price in 1e-9 units; qty 0 removes the level. The book is
     consistent after each event, so each may emit. Returns (next event, rows emitted).
     """
-    bid_keys, bid_sizes, ask_keys, ask_sizes, _, _, state = book
+    state = book[6]
     r = 0
     rcap = len(out[0]) - 1
     for e in range(start, len(ts)):
         lo, hi = offsets[e], offsets[e + 1]
-        if state[NB] + (hi - lo) >= len(bid_keys) - 1 or state[NA] + (hi - lo) >= len(ask_keys) - 1 or r >= rcap:
+        if max(state[NB], state[NA]) + (hi - lo) >= len(book[0]) - 1 or r >= rcap:
             return e, r
         for j in range(lo, hi):
-            if is_bid[j]:
-                state[NB] = _update_level(bid_keys, bid_sizes, state[NB], key[j], qty[j], True)
-            else:
-                state[NA] = _update_level(ask_keys, ask_sizes, state[NA], -key[j], qty[j], True)
+            _update_level(book, is_bid[j], key[j], qty[j], True)
         r = _emit(ts[e], book, out, r)
     return len(ts), r
-
-
-def clear_book(st: dict) -> None:
-    """Empty the book and mark the next emitted row as a reset (new snapshot / file)."""
-    _clear(st["orders"], st["state"])

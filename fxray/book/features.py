@@ -74,11 +74,9 @@ def bars_from_trades(trades: Trades, bar: str = "1min") -> Bars:
 
 def bar_starts(bar_ts: np.ndarray, bar_ns: int | None) -> np.ndarray:
     """(N,) exclusive start of each bar: max(previous close, close - bar_ns)."""
-    if bar_ns is None:
-        bar_ns = int(np.median(np.diff(bar_ts))) if len(bar_ts) > 1 else None
-    start = np.full(len(bar_ts), np.iinfo(np.int64).min, np.int64)
-    if bar_ns is not None:
-        start = bar_ts - bar_ns
+    if bar_ns is None and len(bar_ts) > 1:
+        bar_ns = int(np.median(np.diff(bar_ts)))
+    start = np.full(len(bar_ts), np.iinfo(np.int64).min, np.int64) if bar_ns is None else bar_ts - bar_ns
     start[1:] = np.maximum(start[1:], bar_ts[:-1])
     return start
 
@@ -161,17 +159,12 @@ def book_pass(chunks, bar_ts, starts, p: OfiParams):
     for snap in chunks:
         if len(snap) == 0:
             continue
-        if carry is None:
+        if carry is None:  # nothing before the first state: it follows itself, no flow
             first_ts = int(snap.ts[0])
-            comb, prev = snap, snap.select(np.r_[0, np.arange(len(snap) - 1)])
-            reset = snap.reset.copy()
-            reset[0] = True  # nothing before the first state: no flow
-        else:
-            comb = BookSnapshots.concat([carry, snap])
-            prev = comb.select(slice(0, -1))
-            reset = snap.reset
-        e = level_ofi(prev, snap, L)
-        e[reset] = 0.0
+            carry = snap.select(slice(0, 1))
+        comb = BookSnapshots.concat([carry, snap])
+        e = level_ofi(comb.select(slice(0, -1)), snap, L)
+        e[snap.reset] = 0.0
         k, inside = assign(snap.ts, bar_ts, starts)
         depth = (snap.bid_sz[:, :L].sum(1) + snap.ask_sz[:, :L].sum(1)) / (2 * L)
         if inside.any():  # bincount over this chunk's bar range only: O(chunk), not O(N)
@@ -181,21 +174,19 @@ def book_pass(chunks, bar_ts, starts, p: OfiParams):
                 sums[row, k0:k1] += np.bincount(kk - k0, w[inside], minlength=k1 - k0)
         # bars closing in [first row, last row of this chunk): the last state <= close is here;
         # bars closing at/after the last row are settled by the next chunk or the final carry
-        lo = np.searchsorted(bar_ts, comb.ts[0], "left")
-        hi = np.searchsorted(bar_ts, snap.ts[-1], "left")
-        _settle(comb, bar_ts, lo, hi, close, has_state, p)
+        _settle(comb, bar_ts, np.searchsorted(bar_ts, snap.ts[-1], "left"), close, has_state, p)
         carry = snap.select(slice(-1, None))
     if carry is None:
         return np.zeros((N, 5)), has_state, None
-    _settle(carry, bar_ts, np.searchsorted(bar_ts, carry.ts[0], "left"), N, close, has_state, p)
-    ofi_l1 = sums[0]
+    _settle(carry, bar_ts, N, close, has_state, p)
     mean_depth = np.divide(sums[2], sums[3], out=np.zeros(N), where=sums[3] > 0)
     mlofi = np.divide(sums[1], L * mean_depth, out=np.zeros(N), where=mean_depth > 0)
-    feats = np.column_stack([ofi_l1, mlofi, close[:, 0], close[:, 1], close[:, 2]])
-    return feats, has_state, (first_ts, int(carry.ts[0]))
+    return np.column_stack([sums[0], mlofi, close]), has_state, (first_ts, int(carry.ts[0]))
 
 
-def _settle(comb, bar_ts, lo, hi, close, has_state, p):
+def _settle(comb, bar_ts, hi, close, has_state, p):
+    """The book state at the close of each bar closing in [comb's first row, bar hi)."""
+    lo = np.searchsorted(bar_ts, comb.ts[0], "left")
     if hi <= lo:
         return
     j = np.searchsorted(comb.ts, bar_ts[lo:hi], "right") - 1
@@ -225,24 +216,19 @@ def trade_pass(trades: Trades, bar_ts, starts, p: OfiParams) -> np.ndarray:
     # price at each close = last trade at or before it; dP in bps between consecutive closes
     last = np.searchsorted(trades.ts, bar_ts, "right") - 1
     px = np.where(last >= 0, trades.price[np.maximum(last, 0)], np.nan)
-    valid = np.zeros(N, bool)
+    ok = np.isfinite(px) & (px > 0)
+    valid = np.r_[False, ok[1:] & ok[:-1]]
     dp = np.zeros(N)
-    if N > 1:
-        valid[1:] = np.isfinite(px[1:]) & np.isfinite(px[:-1]) & (px[:-1] > 0) & (px[1:] > 0)
-        dp[1:] = np.where(
-            valid[1:], BPS * np.log(np.where(valid[1:], px[1:] / np.where(valid[1:], px[:-1], 1.0), 1.0)), 0.0
-        )
+    dp[1:] = BPS * np.log(np.where(valid[1:], px[1:] / np.where(valid[1:], px[:-1], 1.0), 1.0))
 
     # Kyle's lambda: Cov_W(dP, S) / Var_W(S), S = signed volume of the bar
     sv = np.where(valid, buy - sell, 0.0)
-    vf = valid.astype(np.float64)
-    n = _window_sum(vf, p.kyle_bars)
+    n = _window_sum(valid.astype(np.float64), p.kyle_bars)
     n1 = np.maximum(n, 1)
-    ms, mp = _window_sum(sv, p.kyle_bars) / n1, _window_sum(dp, p.kyle_bars) / n1
-    var = _window_sum(sv * sv, p.kyle_bars) / n1 - ms * ms
+    ms, mp, ms2 = (_window_sum(x, p.kyle_bars) / n1 for x in (sv, dp, sv * sv))
+    var = ms2 - ms * ms
     cov = _window_sum(sv * dp, p.kyle_bars) / n1 - ms * mp
-    scale = _window_sum(sv * sv, p.kyle_bars) / n1
-    kyle = np.divide(cov, var, out=np.zeros(N), where=(n >= p.kyle_min_bars) & (var > 1e-12 * scale) & (var > 0))
+    kyle = np.divide(cov, var, out=np.zeros(N), where=(n >= p.kyle_min_bars) & (var > 1e-12 * ms2) & (var > 0))
 
     vpin = _vpin(vol, dp, valid, p)
     return np.column_stack([vpin, kyle, trade_imb])
@@ -252,8 +238,7 @@ def _vpin(vol, dp, valid, p: OfiParams) -> np.ndarray:
     """VPIN with bulk volume classification over the bars (Easley, Lopez de Prado & O'Hara 2012)."""
     N = len(vol)
     w = p.vpin_sigma_bars
-    vf = valid.astype(np.float64)
-    n = _window_sum(vf, w)
+    n = _window_sum(valid.astype(np.float64), w)
     mean = _window_sum(dp, w) / np.maximum(n, 1)
     var = (_window_sum(dp * dp, w) - n * mean * mean) / np.maximum(n - 1, 1)
     sigma = np.sqrt(np.maximum(var, 0.0))
@@ -310,16 +295,16 @@ def ofi_features(
     if book is not None:
         chunks = [book] if isinstance(book, BookSnapshots) else book
         feats, has_state, span = book_pass(chunks, bar_ts, starts, params)
-        segments = getattr(book, "segments", None)
-        if segments is None or (len(segments) == 0 and span is not None):
-            segments = np.array([span] if span is not None else [], np.int64)
+        segments = getattr(book, "segments", ())  # a BookStream's, once iterated
+        if len(segments) == 0 and span is not None:
+            segments = [span]
         cov = covered_by(bar_ts, segments) & has_state
         out[:, BOOK_COLS] = np.where(cov[:, None], feats, 0.0)
         covered &= cov
     if trades is not None:
         segments = trades.segments
         if len(segments) == 0 and len(trades):
-            segments = np.array([[trades.ts[0], trades.ts[-1]]], np.int64)
+            segments = [trades.ts[[0, -1]]]
         cov = covered_by(bar_ts, segments)
         if len(trades):
             out[:, TRADE_COLS] = np.where(cov[:, None], trade_pass(trades, bar_ts, starts, params), 0.0)

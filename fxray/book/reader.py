@@ -81,12 +81,9 @@ class BookStream:
         segments, last_ts = [], None
         for path in self.paths:
             if file_format(path) == "dbn":
-                dbn = book_dbn.DbnFile(path)
-                end = dbn.end
-                chunks = book_dbn.iter_book(dbn, st, stats, self.instrument_id, self.out_rows, self.chunk_records)
+                chunks = book_dbn.iter_book(path, st, stats, self.instrument_id, self.out_rows, self.chunk_records)
             else:
-                chunks, end = book_binance.iter_book(path, st, stats, self.out_rows), None
-            stats.pop("end", None)
+                chunks = book_binance.iter_book(path, st, stats, self.out_rows)
             first = None
             for snap in chunks:
                 if last_ts is not None and snap.ts[0] < last_ts:
@@ -98,8 +95,7 @@ class BookStream:
                 last_ts = int(snap.ts[-1])
                 yield snap
             if first is not None:  # DBN: the file's requested end; Binance: its last diff
-                end = end or stats.get("end") or last_ts
-                segments.append((first, max(last_ts, end)))
+                segments.append((first, max(last_ts, stats["end"] or last_ts)))
         self.stats = {"messages": stats["messages"], "unknown_orders": int(st["state"][eng.UNKNOWN])}
         self.segments = np.array(segments, np.int64).reshape(-1, 2)
 

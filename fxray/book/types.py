@@ -17,8 +17,6 @@ import numpy as np
 
 N_LEVELS = 10  # levels per side kept in a snapshot
 PRICE_SCALE = 1e9  # DBN fixed-point prices: int64 units of 1e-9
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 class BookError(ValueError):
@@ -93,26 +91,25 @@ def iter_bytes(path: str, block: int = 1 << 22):
     with f:
         magic = f.read(4)
         f.seek(0)
-        if magic == ZSTD_MAGIC:
+        if magic == b"\x28\xb5\x2f\xfd":  # zstd
             import zstandard  # the `book` extra; imported only for .zst input
 
-            dobj, fed, done = zstandard.ZstdDecompressor().decompressobj(), False, 0
+            dobj, done = None, 0  # dobj: the decoder of a frame begun and not yet ended
             while comp := f.read(block):
                 try:
                     while comp:
-                        fed = True
+                        dobj = dobj or zstandard.ZstdDecompressor().decompressobj()
                         if out := dobj.decompress(comp):
                             done += len(out)
                             yield out
                         comp = b""
                         if dobj.eof:  # frame done; a file may hold several frames
-                            comp = dobj.unused_data
-                            dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
+                            comp, dobj = dobj.unused_data, None
                 except zstandard.ZstdError as e:
                     raise BookError(f"{path}: corrupt zstd data ({e})") from None
-            if fed:
+            if dobj is not None:
                 raise BookError(f"{path}: truncated zstd stream: last frame incomplete after {done} decompressed bytes")
-        elif magic[:2] == GZIP_MAGIC:
+        elif magic[:2] == b"\x1f\x8b":  # gzip
             with gzip.open(f) as g:
                 try:
                     while chunk := g.read(block):
