@@ -27,7 +27,7 @@ import torch
 from fxray.cli import Parser, atomic_open, check_file_out, run_command
 from fxray.data import cache
 from fxray.data.arrays import host_arrays
-from fxray.policy.bundle import check_features, load, need_export_extra, ofi_inputs
+from fxray.policy.bundle import MAX_COST, check_engine, check_features, load, ofi_inputs
 from fxray.policy.frozen import ENGINES, as_trained, q_values, score
 from fxray.rl.device import DeviceData
 from fxray.track.report import bp, fmt, sharpe_line
@@ -48,7 +48,6 @@ def parse_time(text: str, flag: str) -> int:
 
 def choose_window(args, bundle, market) -> tuple[int, int]:
     """[start, end) bar indices of the data to run on."""
-    n = market.n_bars
     if args.window in ("val", "test"):
         if market.content_hash != bundle.content_hash:
             raise ValueError(
@@ -57,7 +56,7 @@ def choose_window(args, bundle, market) -> tuple[int, int]:
             )
         start, end = bundle.members[-1].fold[args.window]
     elif args.window == "all":
-        start, end = 0, n
+        start, end = 0, market.n_bars
     else:
         raise ValueError(f"--window {args.window!r}: use all, val or test")
     if args.start:
@@ -77,12 +76,9 @@ def run(args) -> dict:
     market = cache.open(args.data)
     check_features(bundle, market.feature_names, str(args.data))
     ofi, unread = ofi_inputs(bundle, market.ofi_names, market.ofi, str(args.data))  # BundleError: what it lacks
-    if args.engine not in ENGINES:
-        raise ValueError(f"--engine {args.engine!r}: use one of {', '.join(ENGINES)}")
-    if args.engine == "onnxruntime":
-        need_export_extra("--engine onnxruntime", ("onnxruntime",))
-    if args.cost is not None and not 0 <= args.cost < 0.1:
-        raise ValueError(f"--cost {args.cost}: must be in [0, 0.1) (return units per unit of position change)")
+    check_engine(args.engine, ENGINES, "--engine")
+    if args.cost is not None and not 0 <= args.cost < MAX_COST:
+        raise ValueError(f"--cost {args.cost}: must be in [0, {MAX_COST}) (return units per unit of position change)")
     device = resolve_device(args.device)
     window = choose_window(args, bundle, market)
     data = DeviceData({**host_arrays(market), "ofi": ofi}, device, dtype=bundle.input_dtype)
@@ -97,8 +93,7 @@ def run(args) -> dict:
         "data": {
             "path": str(args.data),
             "content_hash": market.content_hash,
-            "instrument": market.meta.get("instrument"),
-            "bar": market.meta.get("bar"),
+            **{k: market.meta.get(k) for k in ("instrument", "bar")},
             "n_bars": market.n_bars,
             "same_as_training": market.content_hash == bundle.content_hash,
         },

@@ -26,6 +26,7 @@ import datetime as dt
 import gzip
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -132,13 +133,11 @@ def stream(args, policy: Policy, out, tz) -> dict:
         except StreamError as e:
             raise ValueError(f"{where} line {number}: {e}") from None
         latency.append(time.perf_counter_ns() - t0)
-        if pos is WARMING_UP:
-            out.write(f"{ts_text},warmup\n")
-        else:
+        out.write(f"{ts_text},{'warmup' if pos is WARMING_UP else pos}\n")
+        if pos is not WARMING_UP:
             positions += 1
             changes += pos != last
             last = pos
-            out.write(f"{ts_text},{pos}\n")
         if live:
             out.flush()  # a live feed: each position as soon as its bar is in
     warm = np.asarray(latency[policy.bundle.warmup_bars :], dtype=np.float64) / 1e3
@@ -178,11 +177,8 @@ def live(args) -> dict:
     check_file_out(args.json, "--json")
     tz = time_zone(args.tz)
     policy = Policy(args.policy, engine=args.engine)
-    if args.out:
-        with atomic_open(args.out) as out:
-            summary = stream(args, policy, out, tz)
-    else:
-        summary = stream(args, policy, sys.stdout, tz)
+    with atomic_open(args.out) if args.out else nullcontext(sys.stdout) as out:
+        summary = stream(args, policy, out, tz)
     lat = summary["on_bar_us"]
     print(
         f"fxray.live: {summary['bars']} bars ({summary['warmup_bars']} warm-up), {summary['positions']} positions, "

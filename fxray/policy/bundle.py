@@ -85,17 +85,23 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-EXPORT_EXTRA = "pip install -c constraints.txt -e '.[export]'"  # onnx, onnxruntime (pyproject.toml)
-
-
 def need_export_extra(who: str, modules=("onnx", "onnxruntime")) -> None:
     """ValueError, one line naming the extra and its install command, unless `modules` are
-    installed (the quick start's `pip install -e .` leaves them out)."""
+    installed (the quick start's `pip install -e .` leaves them out; pyproject.toml's extra)."""
     import importlib.util
 
     missing = [m for m in modules if importlib.util.find_spec(m) is None]  # None: not importable
     if missing:
-        raise ValueError(f"{who} needs the `export` extra ({', '.join(missing)} not installed): {EXPORT_EXTRA}")
+        extra = "pip install -c constraints.txt -e '.[export]'"
+        raise ValueError(f"{who} needs the `export` extra ({', '.join(missing)} not installed): {extra}")
+
+
+def check_engine(engine: str, engines, flag: str = "engine") -> None:
+    """BundleError unless `engine` is one of `engines` (and, for onnxruntime, installed)."""
+    if engine not in engines:
+        raise BundleError(f"{flag} {engine!r}: use one of {', '.join(engines)}")
+    if engine == "onnxruntime":
+        need_export_extra(f"{flag} onnxruntime", ("onnxruntime",))
 
 
 FILLS = ("next_open", "close")
@@ -135,7 +141,8 @@ def load(path) -> Bundle:
     try:
         check_manifest(manifest)
     except (KeyError, TypeError, ValueError) as e:
-        raise BundleError(f"{manifest_path}: {_says(e)}; export the bundle again") from None
+        says = f"lacks {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise BundleError(f"{manifest_path}: {says}; export the bundle again") from None
     check_files(root, manifest["files"])
     n_inputs = manifest["network"]["n_inputs"]
     try:
@@ -186,10 +193,6 @@ def reads_ofi(members, n_features: int, ofi_names) -> list[str]:
     return read
 
 
-def _says(e: Exception) -> str:
-    return f"lacks {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
-
-
 def check_manifest(m: dict) -> None:
     """The manifest's values, typed (ValueError/TypeError/KeyError naming the key)."""
 
@@ -214,10 +217,8 @@ def check_manifest(m: dict) -> None:
     need(net.get("input_dtype", "float32") in INPUT_DTYPES, "network.input_dtype",
          f"{net.get('input_dtype')!r} is not one of {', '.join(INPUT_DTYPES)}")  # fmt: skip
     for k in ("feature_names", "ofi_names"):
-        names = inputs[k]
-        need(
-            isinstance(names, list) and all(isinstance(n, str) for n in names), f"inputs.{k}", "must be a list of names"
-        )
+        listed = isinstance(inputs[k], list) and all(isinstance(n, str) for n in inputs[k])
+        need(listed, f"inputs.{k}", "must be a list of names")
     n_names = len(inputs["feature_names"]) + len(inputs["ofi_names"])
     need(n_names == net["n_inputs"], "inputs", f"{n_names} input names for a network of {net['n_inputs']} inputs")
     warm = inputs["warmup_bars"]
@@ -294,16 +295,15 @@ def missing_ofi(bundle: Bundle, have, where: str, what: str, feed: bool = False)
     train_here = "fxray tune --experiment EXPERIMENT.yaml --data " + ("BARS.fxcache" if feed else where)
     if not set(lacks) <= set(OFI_NAMES):  # not fxray's order flow from books (docs/ofi.md): the synthetic market's
         fix = "only fxray's synthetic markets have these columns" + (
-            f", no feed of real bars does: run a policy trained on bars ({train_here})"
+            ", no feed of real bars does: run a policy trained on bars"
             if feed
-            else f": backtest it on one (fxray data synth), or train a policy on this data ({train_here})"
+            else ": backtest it on one (fxray data synth), or train a policy on this data"
         )
     elif feed:
-        fix = f"give them as CSV columns by name (docs/ofi.md), or run a policy trained on bars alone ({train_here})"
+        fix = "give them as CSV columns by name (docs/ofi.md), or run a policy trained on bars alone"
     else:
-        fix = "build the data with its book or trades (fxray data build --book/--trades), or train a policy on it "
-        fix += f"({train_here})"
+        fix = "build the data with its book or trades (fxray data build --book/--trades), or train a policy on it"
     raise BundleError(
         f"{where}: lacks the order flow this policy reads: {', '.join(lacks)} (it was trained on "
-        f"{data.get('instrument')} from {data.get('source')}; {what}); {fix}"
+        f"{data.get('instrument')} from {data.get('source')}; {what}); {fix} ({train_here})"
     )

@@ -24,7 +24,7 @@ import torch
 from fxray.eval import pooled
 from fxray.eval.backtest import backtest, buy_and_hold, evaluate
 from fxray.policy import onnx
-from fxray.policy.bundle import Bundle
+from fxray.policy.bundle import Bundle, check_engine
 from fxray.rl.device import DeviceData
 from fxray.rl.network import QNetwork
 from fxray.rl.trainer import window_bars
@@ -42,8 +42,7 @@ def q_values(bundle: Bundle, data: DeviceData, window: tuple[int, int], engine: 
     """(T, 3, 3) Q[t, previous position + 1, action] for bars [start, end - 1) of `window`
     (the bars with a next bar), on data.device. Leaves data's active-fold statistics set to
     the last member's (the bundle's, not the data's)."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
+    check_engine(engine, ENGINES)
     qs, chunks = [], window_bars(data, window)
     for member in bundle.members:
         data.mean.copy_(torch.from_numpy(member.mean))
@@ -65,10 +64,7 @@ def score(bundle: Bundle, data: DeviceData, window: tuple[int, int], q: torch.Te
     w = data.window(window, bundle.fill)
     ppy = data.calendar.periods_per_year
     result = backtest(q, w, cost)
-    runs = {
-        "buy_and_hold": buy_and_hold(w, cost),
-        "flat": evaluate(torch.zeros_like(w.fresh, dtype=torch.int8), w, cost),
-    }
+    flat = torch.zeros_like(w.fresh, dtype=torch.int8)
 
     def entry(r):
         return {"metrics": asdict(r.metrics), "pooled": pooled.pooled([r.periods.as_dict()], cost, ppy)}
@@ -79,7 +75,7 @@ def score(bundle: Bundle, data: DeviceData, window: tuple[int, int], q: torch.Te
         "periods_per_year": ppy,
         "calendar": data.calendar.as_dict(),
         "policy": {**entry(result), "periods": result.periods.as_dict()},
-        "baselines": {name: entry(r) for name, r in runs.items()},
+        "baselines": {"buy_and_hold": entry(buy_and_hold(w, cost)), "flat": entry(evaluate(flat, w, cost))},
     }
     return report, result
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK
 from fxray.data.stream import FeatureStream, StreamError
-from fxray.policy.bundle import Bundle, BundleError, load, need_export_extra
+from fxray.policy.bundle import Bundle, BundleError, check_engine, load
 
 ENGINES = ("numpy", "onnxruntime")
 
@@ -96,10 +96,7 @@ class Policy:
 
     def __init__(self, bundle: Bundle | str, engine: str = "numpy"):
         self.bundle = bundle if isinstance(bundle, Bundle) else load(bundle)
-        if engine not in ENGINES:
-            raise BundleError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
-        if engine == "onnxruntime":
-            need_export_extra("engine onnxruntime", ("onnxruntime",))
+        check_engine(engine, ENGINES)
         if list(self.bundle.feature_names) != list(FEATURE_NAMES):
             j = next((i for i, (a, b) in enumerate(zip(self.bundle.feature_names, FEATURE_NAMES)) if a != b), None)
             raise BundleError(
@@ -166,10 +163,9 @@ class Policy:
             return WARMING_UP
         raw = bfloat16_round(self.market) if self.bfloat16 else self.market
         qs = [q((raw - mean) * inv_std, self.position) for mean, inv_std, q in self.members]
-        q = qs[0] if len(qs) == 1 else np.mean(np.stack(qs), axis=0)
-        self.q = q
+        self.q = qs[0] if len(qs) == 1 else np.mean(np.stack(qs), axis=0)
         # np.argmax: the first maximum (and a NaN wins), as torch.argmax in the backtest
-        self.position = int(np.argmax(q)) - 1
+        self.position = int(np.argmax(self.q)) - 1
         return self.position
 
 
