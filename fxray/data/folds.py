@@ -83,17 +83,13 @@ class FoldSpec:
                 "val window would overlap fold k's test window, and a window the selection saw would be "
                 "reported out of sample; use step >= val + test, or leave step out (it defaults to that)"
             )
-        if self.embargo is not None and not _is_positive_int(self.embargo):
-            raise FoldError(f"folds.embargo: {self.embargo!r} must be an integer >= 1 (bars)")
-        if self.max_folds is not None and not _is_positive_int(self.max_folds):
-            raise FoldError(f"folds.max_folds: {self.max_folds!r} must be an integer >= 1")
+        for key, unit in (("embargo", " (bars)"), ("max_folds", "")):
+            value = getattr(self, key)  # an integer >= 1 (bool is an Integral: refused)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+                raise FoldError(f"folds.{key}: {value!r} must be an integer >= 1{unit}")
         if not isinstance(self.anchored, (bool, np.bool_)):
             raise FoldError(f"folds.anchored: {self.anchored!r} must be true or false")
         return ns
-
-
-def _is_positive_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)) and x >= 1
 
 
 @dataclass(frozen=True)

@@ -48,13 +48,7 @@ GENERATOR_VERSION = "3"  # 3: the twin by sign coins, not a permutation within d
 MINUTE_NS = 60 * 10**9
 # Sunday 2020-01-05 22:00 UTC: the first session opens here.
 EPOCH_START_NS = 1578261600 * 10**9
-SYNTH_OFI_NAMES = (
-    "flow_imbalance",
-    "depth_imbalance",
-    "trade_imbalance",
-    "flow_intensity",
-    *(f"unused_{j}" for j in range(4, 8)),
-)
+SYNTH_OFI_NAMES = ("flow_imbalance", "depth_imbalance", "trade_imbalance", "flow_intensity")  # ofi columns 0-3
 
 
 @dataclass(frozen=True)
@@ -230,20 +224,20 @@ def planted(spec: SynthSpec, n: int) -> tuple[np.ndarray, np.ndarray]:
     return f, (EVENT_SIZE * signs * events + EVENT_NOISE * rng.standard_normal(n))[:, None]
 
 
-def oracle_form(structure: str) -> list | None:
-    """The form of f for fxray.eval.baselines (FORMS): [name, *parameters]; None for the
-    linear structures (their oracle is the rule on the views' columns)."""
-    return {
-        "interaction": ["product"],
-        "regime": ["signed"],
-        "threshold": ["threshold", THRESHOLD, THRESHOLD_P],
-        "hold": ["hold", EVENT_SEEN, HOLD_BARS],
-    }.get(structure)
+# the form of f for fxray.eval.baselines (FORMS): [name, *parameters] (the linear structures'
+# oracle is the rule on the views' columns)
+ORACLE_FORMS = {
+    "interaction": ["product"],
+    "regime": ["signed"],
+    "threshold": ["threshold", THRESHOLD, THRESHOLD_P],
+    "hold": ["hold", EVENT_SEEN, HOLD_BARS],
+}
 
 
 def ofi_names(spec: SynthSpec) -> tuple:
-    names = PLANTED_OFI.get(spec.structure, ())
-    return SYNTH_OFI_NAMES[:4] + names + SYNTH_OFI_NAMES[4 + len(names) :]
+    """The views of z, then the planted inputs of a nonlinear market, then unused_j up to 8."""
+    names = SYNTH_OFI_NAMES + PLANTED_OFI.get(spec.structure, ())
+    return names + tuple(f"unused_{j}" for j in range(len(names), 8))
 
 
 STRUCTURES = ("flow", "session", *NONLINEAR)
@@ -257,7 +251,7 @@ def oracle_meta(spec: SynthSpec) -> dict | None:
         return None
     if spec.structure in NONLINEAR:
         inputs = [f"ofi:{name}" for name in PLANTED_OFI[spec.structure]]
-        return {"inputs": inputs, "hours": None, "form": oracle_form(spec.structure)}
+        return {"inputs": inputs, "hours": None, "form": ORACLE_FORMS[spec.structure]}
     hours = list(spec.session_hours) if spec.structure == "session" else None
     return {"inputs": list(ORACLE_INPUTS), "hours": hours}
 
