@@ -157,8 +157,7 @@ def write(
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
     return digest
 
@@ -201,7 +200,9 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
         batch = reader.get_batch(0)
     except (pa.ArrowException, OSError) as e:
         raise CacheError(f"{path}: truncated or corrupt record batch ({first_line(e)})") from None
-    cols = {}
+    if batch.num_rows == 0:
+        raise CacheError(f"{path}: no rows")
+    cols, end = {}, mapped.address + mapped.size
     for name, (dtype, width) in COLUMNS.items():
         col = batch.column(name)
         values = col if width is None else col.values.slice(col.offset * width, len(col) * width)
@@ -209,25 +210,15 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
         if nulls:
             raise CacheError(f"{path}: column {name!r} has {nulls} nulls")
         data = values.buffers()[1]
-        if (
-            data is not None
-            and data.size
-            and not (mapped.address <= data.address <= mapped.address + mapped.size - data.size)
-        ):
+        if not mapped.address <= data.address <= end - data.size:
             raise CacheError(
                 f"{path}: column {name!r} is not stored plainly in the file "
                 "(compressed?); rewrite it with fxray.data.cache.write"
             )
         # np.frombuffer, not Array.to_numpy: the same zero-copy view, without the pandas import
         # (150 ms) that pyarrow's to_numpy pays on its first call in a process
-        flat = (
-            np.frombuffer(data, dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
-            if data is not None and len(values)
-            else np.empty(0, dtype)
-        )
+        flat = np.frombuffer(data, dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
         cols[name] = flat if width is None else flat.reshape(len(col), width)
-    if len(cols["ts"]) == 0:
-        raise CacheError(f"{path}: no rows")
     market = Market(path=path, meta=meta, **cols)
     if verify == "now":
         market.verify()
