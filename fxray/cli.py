@@ -62,12 +62,11 @@ def bounded_int(low: int, high: float, what: str):
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            if low <= (value := int(text)) < high:
+                return value
         except ValueError:
-            value = None
-        if value is None or not low <= value < high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
-        return value
+            pass
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
 
     return parse
 
@@ -148,33 +147,28 @@ def _read_only(folder) -> bool:
         return False
 
 
+def _installed(module: str) -> bool:
+    """Whether `module` exists in this install (found without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
 def available() -> dict[str, tuple[str, str]]:
-    """The COMMANDS whose module exists in this install (found without importing it)."""
-    out = {}
-    for name, (module, text) in COMMANDS.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # its parent package is missing
-            found = False
-        if found:
-            out[name] = (module, text)
-    return out
+    """The COMMANDS whose module exists in this install."""
+    return {name: entry for name, entry in COMMANDS.items() if _installed(entry[0])}
 
 
 def usage(commands: dict) -> str:
     width = max(map(len, commands))
-    lines = [
-        "usage: fxray [--version] COMMAND [ARGS ...]",
-        "",
-        __doc__.split("\n\n")[0],
-        "",
-        "commands:",
-        *(f"  {name:<{width}}  {text}" for name, (_, text) in commands.items()),
-        "",
+    rows = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in commands.items())
+    intro = __doc__.split("\n\n")[0]
+    return (
+        f"usage: fxray [--version] COMMAND [ARGS ...]\n\n{intro}\n\ncommands:\n{rows}\n\n"
         "`fxray COMMAND --help` shows a command's flags and examples; "
-        "each is also `python -m <module>` (e.g. python -m fxray.tune).",
-    ]
-    return "\n".join(lines)
+        "each is also `python -m <module>` (e.g. python -m fxray.tune)."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,11 +194,9 @@ def dispatch(argv: list[str] | None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in commands:
-        known = ", ".join(commands)
-        print(f"fxray: error: {name!r} is not a command; known: {known} (fxray --help)", file=sys.stderr)
+        print(f"fxray: error: {name!r} is not a command; known: {', '.join(commands)} (fxray --help)", file=sys.stderr)
         return 2
-    module = importlib.import_module(commands[name][0])
-    return module.main(rest) or 0
+    return importlib.import_module(commands[name][0]).main(rest) or 0
 
 
 if __name__ == "__main__":
