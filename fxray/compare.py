@@ -32,7 +32,7 @@ import numpy as np
 from fxray.cli import command_parser, write_json
 from fxray.eval import snooping
 from fxray.track.records import FoldRecord
-from fxray.track.report import beside_lines, bp, flat_text, fmt, sharpe_line
+from fxray.track.report import beside_lines, bp, flat_text, fmt, plot_equity, pyplot, save, sharpe_line
 from fxray.track.results import chosen, judge, trial_label
 from fxray.track.runs import RETURNS_DIR, open_store, search_all
 from fxray.track.verdict import KEYS, add_placebo, json_ready, verdict_png
@@ -281,8 +281,6 @@ def robust_limits(values) -> tuple[float, float] | None:
 
 
 def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
-    from fxray.track.report import plot_equity, pyplot, save
-
     plt = pyplot()
 
     out.mkdir(parents=True, exist_ok=True)
@@ -344,8 +342,7 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
             [FoldRecord.from_flat(f) for f in best["folds"]],
             f"{e['name']}: chosen {s['best']['run_name']}, test windows (out of sample)",
         )
-    for ax in axes[:, 0]:  # each panel its own dates (sweeps may cover other data): labels on all
-        ax.tick_params(axis="x", labelrotation=30)
+        ax.tick_params(axis="x", labelrotation=30)  # each panel its own dates (sweeps may cover other data)
     save(fig, paths[1], 110)
     # Optuna's fANOVA importance of the searched hyperparameters for the score
     fig, axes = plt.subplots(1, len(exps), figsize=(4.8 * len(exps), 3.2), squeeze=False)

@@ -45,10 +45,7 @@ def open_store(uri: str | None):
     path = sqlite_path(uri)
     if path is not None and not path.is_file():
         raise ValueError(f"--tracking-uri {uri}: no such sqlite file (run python -m fxray.tune first)")
-    try:
-        check_uri(uri)  # a scheme MLflow knows, an SQLite file, a server that answers
-    except ValueError as e:
-        raise ValueError(str(e).replace("MLFLOW_TRACKING_URI", "--tracking-uri", 1)) from None
+    check_uri(uri, "--tracking-uri")  # a scheme MLflow knows, an SQLite file, a server that answers
     if uri.startswith("file:") and not Path(uri.split("://", 1)[-1]).is_dir():
         raise ValueError(f"--tracking-uri {uri}: no such MLflow file store")
     return Client(uri), uri
@@ -97,33 +94,33 @@ def sqlite_path(uri: str) -> Path | None:
 SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "file", "http", "https", "databricks")
 
 
-def check_uri(uri: str, timeout: float = 5.0) -> None:
-    """The store is checked before anything starts (ValueError, one line): a known scheme; a
-    sqlite file that is an SQLite database (or none yet) in a writable folder; a tracking
-    server that answers. Other databases are checked when the writer opens them."""
+def check_uri(uri: str, label: str = "MLFLOW_TRACKING_URI", timeout: float = 5.0) -> None:
+    """The store is checked before anything starts (ValueError, one line, `label` naming where
+    `uri` came from): a known scheme; a sqlite file that is an SQLite database (or none yet) in a
+    writable folder; a tracking server that answers. Other databases are checked when the
+    writer opens them."""
     scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else "file"
     if scheme not in SCHEMES:
         raise ValueError(
-            f"MLFLOW_TRACKING_URI {uri}: {scheme!r} is not a store MLflow opens ({', '.join(SCHEMES)}); "
+            f"{label} {uri}: {scheme!r} is not a store MLflow opens ({', '.join(SCHEMES)}); "
             "e.g. sqlite:////abs/path/mlflow.db or http://127.0.0.1:5000"
         )
     if scheme == "sqlite" and not uri.startswith("sqlite:///"):
-        raise ValueError(f"MLFLOW_TRACKING_URI {uri}: names no file; write sqlite:///relative.db or sqlite:////abs.db")
+        raise ValueError(f"{label} {uri}: names no file; write sqlite:///relative.db or sqlite:////abs.db")
     if scheme == "file":  # a local folder (mlflow makes it, not its parents)
         folder = Path(uri.split("://", 1)[-1] if "://" in uri else uri)
         if not folder.is_dir() and not folder.absolute().parent.is_dir():
-            raise ValueError(f"MLFLOW_TRACKING_URI {uri}: {folder.absolute().parent} is not a folder")
+            raise ValueError(f"{label} {uri}: {folder.absolute().parent} is not a folder")
     path = sqlite_path(uri)
     if path is not None:
         if not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
             raise ValueError(
-                f"MLFLOW_TRACKING_URI {uri}: {path.parent} is not a writable folder; "
+                f"{label} {uri}: {path.parent} is not a writable folder; "
                 "point it at a writable path (or unset it for ./mlflow.db)"
             )
         if path.exists() and (not path.is_file() or _head(path) not in (b"", b"SQLite format 3\x00")):
             raise ValueError(
-                f"MLFLOW_TRACKING_URI {uri}: {path} is not an SQLite database; point it at an MLflow store "
-                "or a new file"
+                f"{label} {uri}: {path} is not an SQLite database; point it at an MLflow store or a new file"
             )
     elif scheme in ("http", "https"):  # MLflow would retry for minutes: one quick look instead
         import urllib.error
@@ -136,7 +133,7 @@ def check_uri(uri: str, timeout: float = 5.0) -> None:
         except (OSError, ValueError) as e:
             reason = getattr(e, "reason", None) or e
             raise ValueError(
-                f"MLFLOW_TRACKING_URI {uri}: no tracking server answers there ({reason}); "
+                f"{label} {uri}: no tracking server answers there ({reason}); "
                 "start it (mlflow server --host 127.0.0.1) or unset it for ./mlflow.db"
             ) from None
 
@@ -268,9 +265,8 @@ class Tracker:
         from fxray.track.links import RANK_TAG, rank_tags, saved_view, summary_markdown
         from fxray.track.results import trial_label
 
-        run_id, top, md = self.parent_run_id, [], None
+        run_id, top, md, now = self.parent_run_id, [], None, int(time.time() * 1000)
         if summary:
-            now = int(time.time() * 1000)
             self.client.log_batch(
                 run_id,
                 metrics=[Metric(k, float(v), now, 0) for k, v in summary.items() if isinstance(v, (int, float))],
@@ -278,7 +274,6 @@ class Tracker:
             )
         if report:
             ranking = [tid for tid in report.get("ranking", []) if tid in self.children]
-            now = int(time.time() * 1000)
             pooled = report.get("pooled", {})
             for tid, rank in rank_tags(ranking).items():
                 metrics = [Metric(k, float(v), now, 0) for k, v in pooled.get(tid, {}).items() if v is not None]
