@@ -55,7 +55,7 @@ def cmd_build(args) -> dict:
         raise ValueError("build: give --bars FILE_OR_DIR, or --trades/--book FILE to build bars from trades")
     check_file_out(args.out, "--out")  # before minutes of work
     t0 = time.perf_counter()
-    ofi = coverage = None
+    ofi, covered = None, 0.0
     if flow:
         book = book_reader("--book" if args.book else "--trades")
         trades = book.load_trades(flow)
@@ -67,13 +67,13 @@ def cmd_build(args) -> dict:
         source = "trades:" + ",".join(map(str, flow))
     if flow:
         ofi, coverage = book.ofi_features(bars.ts, book=book.load_book(args.book) if args.book else None, trades=trades)
+        covered = float(np.mean(coverage))
         source += " + book:" + ",".join(map(str, (args.book or []) + (args.trades or [])))
     instrument = args.instrument or Path(str(args.bars or flow[0])).name.split(".")[0]
     # build_cache names the ofi columns with fxray.data.schema.OFI_NAMES (zeros or real alike)
     digest = bars_mod.build_cache(bars, args.out, instrument=instrument, source=source, bar=args.bar, ofi=ofi)
     market = cache.open(args.out)
     seconds = time.perf_counter() - t0
-    covered = float(np.mean(coverage)) if coverage is not None else 0.0
     print(
         f"wrote {args.out}: {market.n_bars:,} bars of {instrument} "
         f"({_iso(market.ts[0])} .. {_iso(market.ts[-1])}), book coverage {covered:.0%}, "

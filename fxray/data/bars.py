@@ -59,7 +59,8 @@ _CLOSE_TS = tuple(
 _OPEN_TS = ("open_time", "ts_open", "time_open", "ts_event", "bar_start")
 _PRICE = {"open": ("open", "o"), "high": ("high", "h"), "low": ("low", "l"), "close": ("close", "c")}
 _VOLUME = ("volume", "vol", "v")
-_SKIP_SUFFIXES = (".md", ".txt", ".json", ".yaml", ".yml", ".pdf", ".html")
+_SKIP_PREFIXES = (".", "_", "readme")
+_SKIP_SUFFIXES = (".md", ".txt", ".json", ".yaml", ".yml", ".pdf", ".html", "_quote.zip")
 _HISTDATA_LINE = re.compile(rb"^\d{8} \d{6};")
 
 __all__ = ["Bars", "BarsError", "build_cache", "load_bars"]  # BarsError lives in barcols, raised by both
@@ -157,12 +158,7 @@ def build_cache(
 
 def _skipped(p: Path) -> bool:
     name = p.name.lower()
-    return (
-        name.startswith((".", "_"))
-        or name.endswith(_SKIP_SUFFIXES)
-        or name.endswith("_quote.zip")
-        or name.startswith("readme")
-    )
+    return name.startswith(_SKIP_PREFIXES) or name.endswith(_SKIP_SUFFIXES)
 
 
 def _detect(path: Path) -> str:
@@ -297,8 +293,6 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
         if "_tick_" in member or "_quote" in member:
             continue
         table = _read_csv(f"{path}!{member}", pa.BufferReader(data), read_options=pcsv.ReadOptions(column_names=names))
-        if table.num_columns != 6:
-            _fail(f"{path}!{member}", f"expected 6 columns (ms,open,high,low,close,volume), got {table.num_columns}")
         vol = _numeric(f"{path}!{member}", table, "volume")
         if best is None or np.nansum(vol) > best[0]:
             best = (np.nansum(vol), member, table)
