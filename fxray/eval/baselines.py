@@ -85,10 +85,8 @@ class Rule:
 
 def hysteresis(signal: torch.Tensor, enter: float, exit: float) -> torch.Tensor:
     """(T,) int8: long from signal > enter until signal <= exit, short mirrored, else flat; from flat."""
-    target = hysteresis_moves(signal, enter, exit)
-    q = torch.zeros(*target.shape, 3, dtype=torch.float32, device=signal.device)
-    q.scatter_(2, target.unsqueeze(2), 1.0)
-    return greedy_positions(q)
+    one_hot = torch.nn.functional.one_hot(hysteresis_moves(signal, enter, exit), 3)  # (T, 3, 3): the move wins
+    return greedy_positions(one_hot.float())
 
 
 def net_returns(position: torch.Tensor, fresh: torch.Tensor, cost: float, carry=None) -> torch.Tensor:

@@ -138,14 +138,9 @@ def superior_ability(returns: np.ndarray, benchmark: np.ndarray | None, trial_id
         "n_periods": int(returns.shape[0]),
         "reps": reps,
         "seed": seed,
-        "spa_pvalue": None,
-        "spa_pvalue_lower": None,
-        "spa_pvalue_upper": None,
-        "reality_check_pvalue": None,
-        "stepm_kept": [],
-        "stepm_size": SIZE,
-        "block_size": None,
     }
+    out |= dict.fromkeys(("spa_pvalue", "spa_pvalue_lower", "spa_pvalue_upper", "reality_check_pvalue"))  # None
+    out |= {"stepm_kept": [], "stepm_size": SIZE, "block_size": None}
     if excess.shape[0] < 8 or not varies.any():
         return out
     d = excess[:, varies]
