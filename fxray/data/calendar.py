@@ -63,8 +63,6 @@ class Calendar:
 def session_offset(ts: np.ndarray) -> int:
     """Time of day (ns, a whole hour) at which trading resumes after gaps of more than a day;
     0 (UTC midnight) when there is no such gap."""
-    if len(ts) < 2:
-        return 0
     after_gap = ts[1:][np.diff(ts) > DAY_NS]
     if len(after_gap) == 0:
         return 0

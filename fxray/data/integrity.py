@@ -94,14 +94,13 @@ def check_values(path: str, cols: dict) -> None:
     ts = cols["ts"]
     if len(ts) == 0:
         raise CacheError(f"{path}: no rows")
-    if len(ts) > 1:
-        bad = np.flatnonzero(ts[1:] <= ts[:-1])
-        if len(bad):
-            i = int(bad[0]) + 1
-            raise CacheError(
-                f"{path}: ts is not strictly increasing at row {i} "
-                f"({ts[i - 1]} then {ts[i]}); sort and deduplicate the bars"
-            )
+    bad = np.flatnonzero(ts[1:] <= ts[:-1])
+    if len(bad):
+        i = int(bad[0]) + 1
+        raise CacheError(
+            f"{path}: ts is not strictly increasing at row {i} "
+            f"({ts[i - 1]} then {ts[i]}); sort and deduplicate the bars"
+        )
     for name in ("features", "ofi", "targets"):
         a = cols[name]
         # A sum in the column's own dtype propagates NaN/Inf in one SIMD pass with no
