@@ -68,7 +68,7 @@ def trials_table(records: dict) -> dict:
 def chosen(trials, n_folds: int | None = None) -> dict | None:
     """The trial the sweep picks: the highest score (the sweep's objective), among trials that
     ran every fold when any did; never a trial that diverged (None when every trial did).
-    `trials`: trials_table's values, or fxray.track.compare's trials read from MLflow."""
+    `trials`: trials_table's values, or fxray.compare's trials read from MLflow."""
     ok = [t for t in trials if t["status"] == "ok" and t["score"] is not None]
     full = [t for t in ok if n_folds and t["folds_done"] >= n_folds]
     return max(full or ok, key=lambda t: t["score"]) if ok else None

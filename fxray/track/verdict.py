@@ -8,7 +8,7 @@ PBO and the placebo sweeps; and its plot.
 
 `trials`: [{"trial_id", "status", "folds": [{"fold", "status", "val_periods", "test_periods",
 "baseline_periods"}]}]: the fold records of fxray.track.results (folds.jsonl) and of
-fxray.track.compare (MLflow) have that shape. `chosen`: the chosen trial's block, results.json's
+fxray.compare (MLflow) have that shape. `chosen`: the chosen trial's block, results.json's
 `best` ({"trial_id", "test": pooled test statistics, and fxray.eval.selection.deflated's keys}).
 The statistics are fxray.eval.snooping and fxray.eval.cscv; the decision table `decide` is
 documented in docs/metrics.md ("One verdict"). The sweep's last screen, `fxray compare` and
