@@ -160,7 +160,9 @@ def test_chunking_and_level_growth_do_not_change_the_book(shared_data, monkeypat
     grown = []
     real_grow = book_engine.grow_levels
     monkeypatch.setattr(book_engine, "grow_levels", lambda st: grown.append(1) or real_grow(st))
-    pieces = list(BookStream([path], chunk_records=997, out_rows=301))
+    monkeypatch.setattr(book_dbn, "CHUNK_RECORDS", 997)
+    monkeypatch.setattr(book_engine, "OUT_ROWS", 301)
+    pieces = list(BookStream([path]))
     assert len(grown) >= 5
     assert max(len(p) for p in pieces) <= 301 and len(pieces) > 100
     again = BookSnapshots.concat(pieces)

@@ -127,9 +127,8 @@ class _Sync:
         self.path, self.st = path, st
         self.ts, self.counts, self.texts = [], [], []  # the batch
         self.buffered = []  # (lineno, diff) seen before the snapshot
-        self.snap_line = None  # line of the snapshot, once seen
-        self.last_id = None  # its lastUpdateId
-        self.last_u = None  # final update id of the last applied diff
+        # the snapshot's line and lastUpdateId once seen; the final update id of the last applied diff
+        self.snap_line = self.last_id = self.last_u = None
 
     def snapshot(self, lineno: int, ts: int, js: bytes) -> None:
         if self.snap_line is not None:
@@ -143,7 +142,6 @@ class _Sync:
         self.add_event(ts, *_levels_json(snap["bids"]), *_levels_json(snap["asks"]))
         for b_line, d in self.buffered:  # buffered diffs apply at the snapshot's time
             self._apply(b_line, ts, d)
-        self.buffered = []
 
     def diff(self, lineno: int, ts: int, js: bytes) -> None:
         d = parse_diff(self.path, lineno, js)
@@ -175,7 +173,7 @@ class _Sync:
         self.counts += (n_bid, n_ask)
         self.texts += [t for t in (bids, asks) if t]
 
-    def run(self, out_rows: int):
+    def run(self):
         """Apply the batch to the book (levels_apply), yield what that emits; start a new batch."""
         if not self.ts:
             return
@@ -193,10 +191,10 @@ class _Sync:
         ts = np.array(self.ts, np.int64)
         self.ts, self.counts, self.texts = [], [], []
         levels = (ts, offsets, is_bid, key, pq[:, 1].copy())
-        yield from eng.run(eng.levels_apply, levels, len(ts), self.st, out_rows, slack=2)
+        yield from eng.run(eng.levels_apply, levels, len(ts), self.st, slack=2)
 
 
-def iter_book(path: str, st: dict, stats: dict, out_rows: int):
+def iter_book(path: str, st: dict, stats: dict):
     """Yield BookSnapshots for one capture file; `st` is the engine state. stats["end"]: the last line's time."""
     sync = _Sync(path, st)
     for lineno, kind, ts, js in iter_lines(path, ("snapshot", "diff")):
@@ -208,13 +206,13 @@ def iter_book(path: str, st: dict, stats: dict, out_rows: int):
         except (KeyError, TypeError, IndexError) as e:
             raise BookError(f"{path}: line {lineno}: malformed {kind} message ({type(e).__name__}: {e})") from None
         if len(sync.ts) >= DIFFS_PER_CHUNK:
-            yield from sync.run(out_rows)
+            yield from sync.run()
     stats["messages"] += lineno  # every line read counts, skipped ones too
     if sync.snap_line is None:
         raise BookError(
             f"{path}: line {lineno}: no depth snapshot (lastUpdateId) in the file; cannot build a book from diffs alone"
         )
-    yield from sync.run(out_rows)
+    yield from sync.run()
 
 
 _TRADE = re.compile(rb'"p":"([0-9.eE+-]+)","q":"([0-9.eE+-]+)"[^{}]*"m":(true|false)')

@@ -76,8 +76,8 @@ class DbnFile:
                 f"(record 0); use one of {', '.join(allowed)}"
             )
 
-    def chunks(self, instrument_id: int | None = None, chunk_records: int = CHUNK_RECORDS):
-        """Yield chunks of records, validated: rtype, size, order, instrument."""
+    def chunks(self, instrument_id: int | None = None):
+        """Yield chunks of CHUNK_RECORDS records (fewer at the end), validated: rtype, size, order, instrument."""
         rtype, base = DTYPES[self.schema]
         first = self._reader.read(1)
         if not first:
@@ -87,9 +87,8 @@ class DbnFile:
             raise BookError(f"{self.path}: record 0 is {size} bytes, a {self.schema} record is {base.itemsize}")
         formats, offsets = zip(*(base.fields[name][:2] for name in base.names))
         dtype = np.dtype({"names": base.names, "formats": formats, "offsets": offsets, "itemsize": size})
-        pending, index, last_ts = first, 0, None
-        while data := pending + self._reader.read(chunk_records * size - len(pending)):
-            pending = b""
+        data, index, last_ts = first + self._reader.read(CHUNK_RECORDS * size - 1), 0, None
+        while data:
             n_full = len(data) // size
             if n_full * size != len(data):
                 raise BookError(
@@ -127,14 +126,15 @@ class DbnFile:
                 )
             yield rec
             index += n_full
-            if n_full < chunk_records:
+            if n_full < CHUNK_RECORDS:
                 return
+            data = self._reader.read(CHUNK_RECORDS * size)
 
 
 # --- book ----------------------------------------------------------------------------------
 
 
-def iter_book(path: str, st: dict, stats: dict, instrument_id: int | None, out_rows: int, chunk_records: int):
+def iter_book(path: str, st: dict, stats: dict, instrument_id: int | None):
     """Yield BookSnapshots from an MBO or MBP-10 file; `st` is the engine state (persists).
     stats["end"]: the end of the time range the file's metadata asked for (None if open)."""
     dbn = DbnFile(path)
@@ -142,19 +142,18 @@ def iter_book(path: str, st: dict, stats: dict, instrument_id: int | None, out_r
     stats["end"] = dbn.end
     if dbn.schema == "mbp-10":
         first = True
-        for rec in dbn.chunks(instrument_id, chunk_records):
+        for rec in dbn.chunks(instrument_id):
             stats["messages"] += len(rec)
-            snap = _mbp10_snapshots(rec, first)
-            first = first and len(snap) == 0
-            if len(snap):
+            if len(snap := _mbp10_snapshots(rec, first)):
+                first = False
                 yield snap
         return
     st["state"][eng.IN_SNAP] = 0  # a new file starts a new snapshot run
-    for rec in dbn.chunks(instrument_id, chunk_records):
+    for rec in dbn.chunks(instrument_id):
         stats["messages"] += len(rec)
         cols = [rec[k] for k in ("order_id", "price", "size", "flags", "action", "side")]
         inputs = (rec["ts_recv"].view(np.int64), *cols, st["orders"])
-        yield from eng.run(eng.mbo_apply, inputs, len(rec), st, out_rows, slack=4)
+        yield from eng.run(eng.mbo_apply, inputs, len(rec), st, slack=4)
     yield from eng.flush_snapshot(st)
 
 

@@ -30,6 +30,7 @@ EMPTY_KEY = np.iinfo(np.int64).min  # key of an absent level in `last_*`
 # slots of the int64 `state` vector that persists across calls
 NB, NA, IN_SNAP, RESET, SYNCED, PREV_TS, UNKNOWN, N_STATE = range(8)  # N_STATE: their count
 LEVEL_CAPACITY = 1024  # initial price levels per side; grown by doubling when needed
+OUT_ROWS = 1 << 16  # most rows per emitted chunk of BookSnapshots
 
 
 def new_state() -> dict:
@@ -64,13 +65,13 @@ def new_output(rows: int) -> tuple:
     return (np.empty(rows, np.int64), *(np.empty((rows, N_LEVELS)) for _ in range(4)), np.empty(rows, np.bool_))
 
 
-def run(kernel, inputs: tuple, n: int, st: dict, out_rows: int, slack: int):
+def run(kernel, inputs: tuple, n: int, st: dict, slack: int):
     """Drive a resumable kernel over its n events: yield what it emits as BookSnapshots (at most
-    `out_rows` rows each), grow the level arrays when it stopped for room. `slack`: the output
+    OUT_ROWS rows each), grow the level arrays when it stopped for room. `slack`: the output
     rows the kernel keeps free (it stops when fewer are left), twice what it may emit at once."""
     i = 0
     while i < n:
-        out = new_output(min(out_rows, n - i + slack))
+        out = new_output(min(OUT_ROWS, n - i + slack))
         i, r = kernel(*inputs, i, book_arrays(st), out)
         if r:
             yield BookSnapshots(*(a[:r] for a in out))
@@ -91,16 +92,10 @@ def _update_level(book, is_bid, price, amount, absolute):
     key = price if is_bid else -price
     state = book[6]
     n = state[slot]
-    lo, hi = 0, n
     if n > 0 and keys[n - 1] <= key:  # fast path: at or above the current best
         lo = n - 1 if keys[n - 1] == key else n
     else:
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if keys[mid] < key:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = np.searchsorted(keys[:n], key)
     if lo < n and keys[lo] == key:
         new = amount if absolute else sizes[lo] + amount
         if new > 0:
@@ -152,10 +147,8 @@ def _emit(ts, book, out, r):
 def clear(orders, state):
     """Empty the book and mark the next emitted row as a reset (new snapshot / file)."""
     orders.clear()
-    state[NB] = 0
-    state[NA] = 0
-    state[RESET] = 1
-    state[SYNCED] = 1
+    state[NB] = state[NA] = 0
+    state[RESET] = state[SYNCED] = 1
 
 
 # --- MBO -----------------------------------------------------------------------------------
@@ -195,12 +188,11 @@ def mbo_apply(ts, order_id, price, size, flags, action, side, orders, start, boo
                 _update_level(book, old[2] == S_BID, old[0], -old[1], False)
             elif a != A_ADD:
                 state[UNKNOWN] += 1  # cancel / modify of an order we never saw
-            if a == A_CANCEL:
-                new_px, new_sz, sd = old[0], old[1] - np.int64(size[i]), old[2]
+            sd = old[2] if old[2] >= 0 else np.int64(side[i])  # a known order keeps its side
+            if a == A_CANCEL:  # (an unknown one's size goes <= 0: it is not kept)
+                new_px, new_sz = old[0], old[1] - np.int64(size[i])
             else:
-                new_px, new_sz, sd = np.int64(price[i]), np.int64(size[i]), np.int64(side[i])
-                if old[2] >= 0:
-                    sd = old[2]
+                new_px, new_sz = np.int64(price[i]), np.int64(size[i])
             if new_sz > 0 and (sd == S_BID or sd == S_ASK):
                 orders[oid] = (new_px, new_sz, sd)
                 _update_level(book, sd == S_BID, new_px, float(new_sz), False)

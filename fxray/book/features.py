@@ -90,10 +90,8 @@ def assign(ts: np.ndarray, bar_ts: np.ndarray, starts: np.ndarray):
 
 def covered_by(bar_ts: np.ndarray, segments: np.ndarray) -> np.ndarray:
     """(N,) bool: bar close lies in some [start, end] segment."""
-    out = np.zeros(len(bar_ts), bool)
-    for s, e in np.asarray(segments).reshape(-1, 2):
-        out |= (bar_ts >= s) & (bar_ts <= e)
-    return out
+    seg = np.asarray(segments).reshape(-1, 2)
+    return ((bar_ts[:, None] >= seg[:, 0]) & (bar_ts[:, None] <= seg[:, 1])).any(axis=1)
 
 
 # --- book features -------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def _paths(paths: Sequence[str] | str) -> list[str]:
 class BookStream:
     """A lazy, re-iterable order book over files read in the order given.
 
-    Iterating yields `BookSnapshots` chunks (at most `out_rows` rows each); memory
+    Iterating yields `BookSnapshots` chunks (at most engine.OUT_ROWS rows each); memory
     stays O(chunk + resting orders), not O(messages). After a full iteration:
       segments  (S, 2) int64 [start, end] ns each file's book covers (coverage of bars)
       stats     {'messages': records / lines read, 'unknown_orders': MBO cancels/modifies of unseen ids}
@@ -58,20 +58,11 @@ class BookStream:
     previous day's snapshot file); each Binance file is its own snapshot + diffs.
     """
 
-    def __init__(
-        self,
-        paths: Sequence[str],
-        instrument_id: int | None = None,
-        *,
-        out_rows: int = 1 << 16,
-        chunk_records: int = book_dbn.CHUNK_RECORDS,
-    ):
+    def __init__(self, paths: Sequence[str], instrument_id: int | None = None):
         self.paths = _paths(paths)
         if not self.paths:
             raise BookError("load_book: no files given")
         self.instrument_id = instrument_id
-        self.out_rows = out_rows  # max rows per yielded chunk
-        self.chunk_records = chunk_records  # DBN records decoded per step
         self.segments = np.zeros((0, 2), np.int64)
         self.stats: dict = {}
 
@@ -81,9 +72,9 @@ class BookStream:
         segments, last_ts = [], None
         for path in self.paths:
             if file_format(path) == "dbn":
-                chunks = book_dbn.iter_book(path, st, stats, self.instrument_id, self.out_rows, self.chunk_records)
+                chunks = book_dbn.iter_book(path, st, stats, self.instrument_id)
             else:
-                chunks = book_binance.iter_book(path, st, stats, self.out_rows)
+                chunks = book_binance.iter_book(path, st, stats)
             first = None
             for snap in chunks:
                 if last_ts is not None and snap.ts[0] < last_ts:

@@ -125,7 +125,6 @@ class ByteReader:
     """read(n) -> exactly n bytes, fewer only at the end of the data."""
 
     def __init__(self, path: str):
-        self.path = path
         self._it = iter_bytes(path)
         self._pending = b""
 
