@@ -25,7 +25,7 @@ import numpy as np
 from fxray.cli import check_file_out, command_parser, fail, seed, write_json
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, bar_spacing, make_folds
-from fxray.data.synth import STRUCTURES, SynthSpec
+from fxray.data.synth import STRUCTURES, SynthSpec, to_cache
 
 
 def _iso(ns: int) -> str:
@@ -33,8 +33,6 @@ def _iso(ns: int) -> str:
 
 
 def cmd_synth(args) -> dict:
-    from fxray.data.synth import to_cache
-
     check_file_out(args.out, "--out")  # before minutes of work
     spec = SynthSpec(n_bars=args.bars, seed=args.seed, structure=args.structure, beta=args.beta)
     t0 = time.perf_counter()

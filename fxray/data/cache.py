@@ -283,8 +283,7 @@ def first_line(e: Exception) -> str:
 
 
 def _check_schema(path: str, schema: pa.Schema) -> None:
-    names = set(schema.names)
-    missing = [c for c in COLUMNS if c not in names]
+    missing = [c for c in COLUMNS if c not in schema.names]
     if missing:
         raise CacheError(f"{path}: missing column(s) {', '.join(missing)} (an fxcache has {', '.join(COLUMNS)})")
     repeated = [c for c in COLUMNS if schema.names.count(c) > 1]

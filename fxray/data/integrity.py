@@ -84,9 +84,8 @@ def _parallel_sum(a: np.ndarray, min_chunk_rows: int = 262_144) -> float:
         return part(0)
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(n_chunks) as pool:
-        with np.errstate(over="ignore", invalid="ignore"):
-            return float(np.sum(list(pool.map(part, range(n_chunks)))))
+    with ThreadPoolExecutor(n_chunks) as pool, np.errstate(over="ignore", invalid="ignore"):
+        return float(np.sum(list(pool.map(part, range(n_chunks)))))
 
 
 def check_values(path: str, cols: dict) -> None:
@@ -152,24 +151,24 @@ class Verification:
 
     def __init__(self, market):
         self.market = market
-        self.report: dict | None = None
-        self.error: BaseException | None = None
+        self.outcome: dict | BaseException | None = None  # verify's report, or what it raised
         self.thread = threading.Thread(target=self._run, name="fxray-verify-data", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         try:
-            self.report = verify(self.market)
+            self.outcome = verify(self.market)
         except BaseException as e:  # noqa: BLE001 (handed to wait(), in the caller's thread)
-            self.error = e
+            self.outcome = e
 
     def wait(self) -> dict:
         """The report, once the checks are done (CacheError if the file is bad). `waited_s`:
         how long the caller waited here: what the overlap did not hide."""
         t0 = time.perf_counter()
         self.thread.join()
-        if self.error is not None:
-            if isinstance(self.error, CacheError):
-                raise CacheError(str(self.error)) from None
-            raise CacheError(f"{self.market.path}: could not be verified ({type(self.error).__name__}: {self.error})")
-        return {**self.report, "waited_s": time.perf_counter() - t0}
+        outcome = self.outcome
+        if isinstance(outcome, CacheError):
+            raise CacheError(str(outcome)) from None
+        if isinstance(outcome, BaseException):
+            raise CacheError(f"{self.market.path}: could not be verified ({type(outcome).__name__}: {outcome})")
+        return {**outcome, "waited_s": time.perf_counter() - t0}
