@@ -70,10 +70,7 @@ def read_folds(client, run_id: str, dst: Path) -> list[dict]:
     local = Path(client.download_artifacts(run_id, RETURNS_DIR, str(dst)))
     # fold_returns' keys (fxray.track.runs) -> FoldRecord's
     names = {"val": "val_periods", "test": "test_periods", "baselines": "baseline_periods"}
-    folds = []
-    for path in local.glob("fold*.json"):
-        r = {names.get(k, k): v for k, v in json.loads(path.read_text()).items()}
-        folds.append({"test_daily_returns": [], **r})
+    folds = [{names.get(k, k): v for k, v in json.loads(p.read_text()).items()} for p in local.glob("fold*.json")]
     return sorted(folds, key=lambda f: f["fold"])
 
 

@@ -87,9 +87,13 @@ def test_the_summary_reports_the_seeds_of_the_best_trials_ensemble():
     from fxray.track.report import seed_spread
 
     fold = {"seeds": 2, "seed_test_sharpe": [1.0, 3.0], "seed_test_sharpe_std": 2**0.5}
-    results = {"trials": [{"trial_id": "a", "folds": [fold, {**fold, "seed_test_sharpe": [5.0, 7.0]}]}]}
-    assert seed_spread(results, "a") == {"seeds": 2, "mean": 4.0, "std": 2**0.5, "folds": 2}
-    assert seed_spread({"trials": [{"trial_id": "a", "folds": [{"seeds": 1}]}]}, "a") is None
+    assert seed_spread([fold, {**fold, "seed_test_sharpe": [5.0, 7.0]}]) == {
+        "seeds": 2,
+        "mean": 4.0,
+        "std": 2**0.5,
+        "folds": 2,
+    }
+    assert seed_spread([{"seeds": 1}]) is None
 
 
 def test_a_checkpointed_ensemble_writes_its_members_and_the_vote_reads_them_as_its_policy(market_data, tmp_path):  # noqa: F811

@@ -243,10 +243,10 @@ def vote_line(vote: dict) -> str:
     return f"{head}: {sharpe_line(test)}, {test['n_trades']} trades" + share_text(test) + f"; {psr}"
 
 
-def seed_spread(results: dict, trial_id: str) -> dict | None:
-    """The seeds of a trial's ensemble folds (fxray.rl.trainer): {seeds, mean, std, folds}, or None."""
-    trial = next((t for t in results["trials"] if t["trial_id"] == trial_id), None)
-    folds = [f for f in (trial or {}).get("folds", []) if f.get("seeds", 1) > 1 and f.get("seed_test_sharpe")]
+def seed_spread(folds: list) -> dict | None:
+    """The seeds of a trial's ensemble folds (fxray.rl.trainer; its fold records, flat or as in
+    results.json): {seeds, mean, std, folds}, or None."""
+    folds = [f for f in folds if f.get("seeds", 1) > 1 and f.get("seed_test_sharpe")]
     if not folds:
         return None
     per_seed = [v for f in folds for v in f["seed_test_sharpe"] if v is not None]

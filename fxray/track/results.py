@@ -213,7 +213,7 @@ def write_results(
     }
     results["verdict"] = json_ready(verdict)  # fxray.sweep.placebo adds the placebo sweeps' p-value
     results["selection"] = val_test_ranks(results["trials"], n_folds)
-    results["best"]["seed_spread"] = seed_spread(results, best["trial_id"])  # None unless seeds > 1
+    results["best"]["seed_spread"] = seed_spread(best["folds"])  # None unless seeds > 1
     if ensemble is not None:
         results["ensemble"] = run_ensemble(ensemble, results)
         if "test" in results["ensemble"]:  # deflated as the best trial is: see below
