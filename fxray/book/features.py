@@ -252,12 +252,10 @@ def _vpin(vol, dp, valid, p: OfiParams) -> np.ndarray:
         vb = float(vol[traded[: p.vpin_calib_bars]].mean())
     if vb <= 0:
         return np.zeros(N)
-    pos = vol > 0
-    cum_v = np.cumsum(vol)
-    cum_b = np.cumsum(buy)
+    cum_v, cum_b = np.cumsum(vol), np.cumsum(buy)
     edges = np.arange(int(cum_v[-1] // vb) + 2) * vb
     edges = edges[edges <= cum_v[-1]]
-    b_at = np.interp(edges, np.r_[0.0, cum_v[pos]], np.r_[0.0, cum_b[pos]])
+    b_at = np.interp(edges, np.r_[0.0, cum_v[vol > 0]], np.r_[0.0, cum_b[vol > 0]])
     imb = np.abs(2 * np.diff(b_at) - vb) / vb  # |V_B - V_S| / V per bucket
     cum_imb = np.r_[0.0, np.cumsum(imb)]
     done = np.searchsorted(edges, cum_v, "right") - 1  # completed buckets at each close

@@ -32,14 +32,14 @@ from fxray.book.types import BookError, BookSnapshots, ByteReader, Trades
 __all__ = ["OFI_NAMES", "OfiParams", "bars_from_trades", "ofi_features"]
 
 
-def file_format(path: str) -> str:
-    """'dbn' or 'binance', from the decompressed first bytes of the file."""
+def reader_of(path: str):
+    """The module that reads `path` (book_dbn or book_binance), from the file's decompressed first bytes."""
     head = ByteReader(str(path)).read(24)
     if head[:3] == b"DBN":
-        return "dbn"
+        return book_dbn
     ts, _, rest = head.partition(b" ")
     if ts.isdigit() and rest.startswith(b"{"):
-        return "binance"
+        return book_binance
     raise BookError(f"{path}: record 0: neither a DBN file nor a '<ns> <json>' capture (starts {head[:16]!r})")
 
 
@@ -71,12 +71,8 @@ class BookStream:
         stats = {"messages": 0}
         segments, last_ts = [], None
         for path in self.paths:
-            if file_format(path) == "dbn":
-                chunks = book_dbn.iter_book(path, st, stats, self.instrument_id)
-            else:
-                chunks = book_binance.iter_book(path, st, stats)
             first = None
-            for snap in chunks:
+            for snap in reader_of(path).iter_book(path, st, stats, self.instrument_id):
                 if last_ts is not None and snap.ts[0] < last_ts:
                     raise BookError(
                         f"{path}: record 0 (ts {snap.ts[0]}) is earlier than the end "
@@ -114,10 +110,7 @@ def load_trades(paths: Sequence[str] | str, *, instrument_id: int | None = None)
     """
     parts = []
     for path in _paths(paths):
-        if file_format(path) == "dbn":
-            parts.append(book_dbn.read_trades(path, instrument_id))
-        else:
-            parts.append(book_binance.read_trades(path))
+        parts.append(reader_of(path).read_trades(path, instrument_id))
         if len(parts) > 1 and len(parts[-1]) and len(parts[-2]) and parts[-1].ts[0] < parts[-2].ts[-1]:
             raise BookError(
                 f"{path}: trade 0 (ts {parts[-1].ts[0]}) is earlier than the last "
