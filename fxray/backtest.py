@@ -135,8 +135,7 @@ def print_report(out: dict, bundle) -> None:
     )
     if d["instrument"] != bundle.manifest["data"]["instrument"]:
         print(f"  note: instrument {d['instrument']!r}, the policy's {bundle.manifest['data']['instrument']!r}")
-    rows = [("policy", out["policy"])] + list(out["baselines"].items())
-    for name, r in rows:
+    for name, r in [("policy", out["policy"]), *out["baselines"].items()]:
         s, m = r["pooled"], r["metrics"]
         extra = f"PSR {fmt(s['psr'], '.3f')}, break-even cost {bp(s['break_even_cost'])}, " if name == "policy" else ""
         print(

@@ -155,13 +155,11 @@ def load(path) -> Bundle:
                 raise BundleError(f"{root / NORMALISATION}: {m['name']} statistics are not ({n_inputs},)")
             if weights["market_in.weight"].shape[1] != n_inputs:
                 raise BundleError(f"{root / m['weights']}: the network does not take {n_inputs} inputs")
-            for where, arrays in (
-                (root / NORMALISATION, {"mean": mean, "inv_std": inv_std}),
-                (root / m["weights"], weights),
-            ):
-                bad = next((k for k, a in arrays.items() if not np.all(np.isfinite(a))), None)
-                if bad is not None:
-                    raise BundleError(f"{where}: {m['name']} {bad} holds NaN or Inf; export the bundle again")
+            named = {"mean": mean, "inv_std": inv_std, **weights}  # the statistics, then the network's tensors
+            bad = next((k for k, a in named.items() if not np.all(np.isfinite(a))), None)
+            if bad is not None:
+                where = root / (NORMALISATION if bad in ("mean", "inv_std") else m["weights"])
+                raise BundleError(f"{where}: {m['name']} {bad} holds NaN or Inf; export the bundle again")
             members.append(Member(m["name"], m["fold"], weights, mean, inv_std, root / m["onnx"]))
     except (KeyError, SafetensorError, OSError) as e:
         raise BundleError(f"{root}: a tensor file lacks {e} or is unreadable; export the bundle again") from None

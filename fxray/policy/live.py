@@ -95,26 +95,23 @@ class Policy:
     """A bundle's greedy policy fed one bar at a time (see the module doc)."""
 
     def __init__(self, bundle: Bundle | str, engine: str = "numpy"):
-        self.bundle = bundle if isinstance(bundle, Bundle) else load(bundle)
+        self.bundle = bundle = bundle if isinstance(bundle, Bundle) else load(bundle)
         check_engine(engine, ENGINES)
-        if list(self.bundle.feature_names) != list(FEATURE_NAMES):
-            j = next((i for i, (a, b) in enumerate(zip(self.bundle.feature_names, FEATURE_NAMES)) if a != b), None)
+        if list(bundle.feature_names) != list(FEATURE_NAMES):
+            j = next((i for i, (a, b) in enumerate(zip(bundle.feature_names, FEATURE_NAMES)) if a != b), None)
             raise BundleError(
-                f"{self.bundle.path}: the policy's features differ from this fxray's streaming features"
+                f"{bundle.path}: the policy's features differ from this fxray's streaming features"
                 + (f" at column {j}" if j is not None else " in number")
                 + "; run it with the fxray that made it"
             )
-        if self.bundle.warmup_bars != MAX_LOOKBACK:
-            raise BundleError(
-                f"{self.bundle.path}: warm-up {self.bundle.warmup_bars} bars, this fxray's {MAX_LOOKBACK}"
-            )
+        if bundle.warmup_bars != MAX_LOOKBACK:
+            raise BundleError(f"{bundle.path}: warm-up {bundle.warmup_bars} bars, this fxray's {MAX_LOOKBACK}")
         self.members = [
-            (m.mean, m.inv_std, _NumpyQ(m.weights) if engine == "numpy" else _onnx_q(m.onnx))
-            for m in self.bundle.members
+            (m.mean, m.inv_std, _NumpyQ(m.weights) if engine == "numpy" else _onnx_q(m.onnx)) for m in bundle.members
         ]
-        self.bfloat16 = self.bundle.input_dtype == "bfloat16"
-        self.ofi_names = list(self.bundle.ofi_names)
-        self.read_mask = np.isin(self.ofi_names, self.bundle.ofi_read)  # (8,) the order flow it reads; others fed 0
+        self.bfloat16 = bundle.input_dtype == "bfloat16"
+        self.ofi_names = list(bundle.ofi_names)
+        self.read_mask = np.isin(self.ofi_names, bundle.ofi_read)  # (8,) the order flow it reads; others fed 0
         self.features = FeatureStream()
         self.market = np.zeros(len(FEATURE_NAMES) + len(self.ofi_names), np.float32)  # (50,) a bar's raw inputs
         self.position = 0  # the position held: flat before the first decision
