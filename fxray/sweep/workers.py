@@ -153,8 +153,8 @@ def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: st
     FXRAY_WORKER_CLASS names as "module:Class" (the fault-injection tests' workers, tests/faults.py)."""
     actor, path = FoldWorker, os.environ.get("FXRAY_WORKER_CLASS")
     if path:
-        module, _, name = path.partition(":")
-        cls = getattr(importlib.import_module(module), name)
+        module, _, class_name = path.partition(":")
+        cls = getattr(importlib.import_module(module), class_name)
         if not (isinstance(cls, type) and issubclass(cls, DeviceWorker)):
             raise ValueError(f"FXRAY_WORKER_CLASS {path}: not a subclass of fxray.sweep.workers.DeviceWorker")
         actor = ray.remote(**ACTOR_OPTIONS)(cls)
