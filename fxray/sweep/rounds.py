@@ -20,6 +20,7 @@ then the rest of the round's budget is sampled from the study. Tune's own direct
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,17 +43,11 @@ def load_study(storage: Path, sampler=None):
         part = path.with_name("optuna.db.part")  # one sweep per run directory: no one else writes it
         for stale in (part, part.with_name("optuna.db.part-journal")):  # a hot journal would roll back into a new part
             stale.unlink(missing_ok=True)
-        rdb = _rdb(part)
+        rdb = optuna.storages.RDBStorage(f"sqlite:///{part}")
         optuna.create_study(study_name=STUDY, storage=rdb, direction="maximize")
         rdb.engine.dispose()  # closed before the rename: no connection or journal left on the part
         part.replace(path)
-    return optuna.load_study(study_name=STUDY, storage=_rdb(path), sampler=sampler)
-
-
-def _rdb(path: Path):
-    import optuna
-
-    return optuna.storages.RDBStorage(f"sqlite:///{path}")
+    return optuna.load_study(study_name=STUDY, storage=f"sqlite:///{path}", sampler=sampler)
 
 
 def config_key(config: dict) -> str:
@@ -60,12 +55,10 @@ def config_key(config: dict) -> str:
     return json.dumps(config, sort_keys=True)
 
 
-def fold_limits(same: dict | None) -> dict[str, int] | None:
-    """{config key: folds to train} for fold_trial, from read_same_trials' list."""
-    if same is None:
-        return None
+def fold_limits(same: dict | None) -> dict[str, int]:
+    """{config key: folds to train} for fold_trial, from read_same_trials' list ({}: no --same-trials)."""
     limits: dict[str, int] = {}
-    for sampled, n in same["trials"]:
+    for sampled, n in same["trials"] if same else []:
         limits.setdefault(config_key(sampled), n)  # an exact duplicate config: its first length
     return limits
 
@@ -75,16 +68,17 @@ def trial_id_of(number: int) -> str:
     return f"{number:04d}"
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The complete lines of a JSON-lines file (a torn last line, from a kill mid-write, is skipped)."""
+def read_jsonl(path: Path, needle: str = "") -> list[dict]:
+    """The records of a JSON-lines file on the lines that hold `needle` (a torn last line, from a
+    kill mid-write, is skipped)."""
     if not path.exists():
         return []
     out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
+    with open(path) as f:
+        for line in f:
+            if needle in line:  # cheap: skips most lines of a search without parsing them
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
     return out
 
 
@@ -96,21 +90,10 @@ def trial_ends(storage: Path) -> dict[str, dict]:
 def done_folds(storage: Path, trial_id: str) -> list[dict]:
     """The folds.jsonl records of a trial, fold 0.. in order, up to its first missing fold
     (what it has done: a resumed or retried trial continues after them)."""
-    path = Path(storage) / "folds.jsonl"
-    if not path.exists():
-        return []
-    needle = json.dumps(trial_id)
     by_fold = {}
-    with open(path) as f:
-        for line in f:
-            if needle not in line:  # cheap: most lines are other trials'
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("trial_id") == trial_id:
-                by_fold.setdefault(rec["fold"], rec)
+    for rec in read_jsonl(Path(storage) / "folds.jsonl", json.dumps(trial_id)):
+        if rec.get("trial_id") == trial_id:
+            by_fold.setdefault(rec["fold"], rec)
     out = []
     while len(out) in by_fold:
         out.append(by_fold[len(out)])
@@ -160,7 +143,7 @@ def resume_plan(storage: Path, sweep: dict) -> ResumePlan:
     from fxray.track.writer import append_event
 
     rnd, n_folds = sweep["rounds"][-1], len(sweep["folds"])
-    limits = fold_limits(rnd.get("same_trials")) or {}
+    limits = fold_limits(rnd.get("same_trials"))
     plan = ResumePlan([], [], 0, 0)
     if not (Path(storage) / "optuna.db").exists():
         plan.n_new = rnd["trials"]
@@ -202,11 +185,8 @@ def close_orphans(storage: Path) -> int:
     import optuna
 
     study = load_study(storage)
-    orphans = [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if t.state == optuna.trial.TrialState.RUNNING and TRIAL_ATTR not in t.user_attrs
-    ]
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    orphans = [t for t in running if TRIAL_ATTR not in t.user_attrs]
     for t in orphans:
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)
     return len(orphans)
