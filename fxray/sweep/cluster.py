@@ -194,8 +194,7 @@ def plan_workers(
     """
     cpus, gpus = float(resources.get("CPU", 0)), int(resources.get("GPU", 0))
     if gpus >= 1:
-        kind, n, num_gpus = "gpu", gpus * workers_per_gpu, 1.0 / workers_per_gpu
-        threads = 1
+        kind, n, num_gpus, threads = "gpu", gpus * workers_per_gpu, 1.0 / workers_per_gpu, 1
     else:
         kind, num_gpus = "cpu", 0.0
         n = cpu_workers or max(1, int(cpus))  # one single-threaded worker per core beats one wide one

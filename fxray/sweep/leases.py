@@ -184,8 +184,7 @@ class FoldStream:
         freed places take more folds."""
         while True:
             self._place()
-            ref = self.placed[i][1]
-            if ref in self.done:
+            if self.placed[i][1] in self.done:
                 return
             pending = [r for _, r in self.placed[i:] if r not in self.done]
             ready, _ = ray.wait(pending, num_returns=1)
