@@ -198,9 +198,6 @@ def check_manifest(m: dict) -> None:
         if not ok:
             raise ValueError(f"{key}: {what}")
 
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
-
     net, inputs, trading = m["network"], m["inputs"], m["trading"]
     need(isinstance(m["files"], dict) and all(isinstance(v, str) for v in m["files"].values()), "files",
          "must map each file to its sha256")  # fmt: skip
@@ -219,11 +216,10 @@ def check_manifest(m: dict) -> None:
         need(listed, f"inputs.{k}", "must be a list of names")
     n_names = len(inputs["feature_names"]) + len(inputs["ofi_names"])
     need(n_names == net["n_inputs"], "inputs", f"{n_names} input names for a network of {net['n_inputs']} inputs")
-    warm = inputs["warmup_bars"]
-    need(isinstance(warm, int) and not isinstance(warm, bool) and warm >= 0, "inputs.warmup_bars",
-         f"{warm!r} is not a count of bars")  # fmt: skip
-    need(number(trading["cost"]) and 0 <= trading["cost"] < MAX_COST, "trading.cost",
-         f"{trading['cost']!r} is not a cost in [0, {MAX_COST})")  # fmt: skip
+    warm, cost = inputs["warmup_bars"], trading["cost"]  # JSON's numbers: int or float (a bool is neither here)
+    need(type(warm) is int and warm >= 0, "inputs.warmup_bars", f"{warm!r} is not a count of bars")
+    need(type(cost) in (int, float) and 0 <= cost < MAX_COST, "trading.cost",
+         f"{cost!r} is not a cost in [0, {MAX_COST})")  # fmt: skip
     need(trading["fill"] in FILLS, "trading.fill", f"{trading['fill']!r} is not one of {', '.join(FILLS)}")
     need(isinstance(m["data"].get("content_hash"), str), "data.content_hash", "missing")
 
@@ -233,8 +229,7 @@ def check_files(root: Path, files: dict) -> None:
     nothing outside the bundle (no `..`, no absolute path, no link out)."""
     inside = root.resolve()
     for rel in files:
-        target = (root / rel).resolve()
-        if Path(rel).is_absolute() or ".." in Path(rel).parts or not target.is_relative_to(inside):
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not (root / rel).resolve().is_relative_to(inside):
             raise BundleError(f"{root / MANIFEST}: file {rel!r} is outside the bundle; export the bundle again")
     present = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()} - {MANIFEST}
     extra = sorted(present - set(files))
