@@ -18,15 +18,9 @@ def host_arrays(market: Market) -> dict[str, np.ndarray]:
     """Contiguous arrays (close and open are strided views of targets: copied; the others
     are already contiguous and are not), so every `ray.get` of them is zero-copy."""
     cols, hours, form = oracle_columns(market.meta, market.features.shape[1]) or ([], None, None)
-    arrays = {
-        "ts": market.ts,
-        "features": market.features,
-        "ofi": market.ofi,
-        "open": market.targets[:, 0],
-        "close": market.close,
-    }
     return {
-        **{k: np.ascontiguousarray(v) for k, v in arrays.items()},
+        **{k: np.ascontiguousarray(getattr(market, k)) for k in ("ts", "features", "ofi", "close")},
+        "open": np.ascontiguousarray(market.targets[:, 0]),
         "oracle_columns": np.asarray(cols, dtype=np.int64),
         "oracle_hours": np.asarray(hours or [], np.int64),
         "oracle_form": np.asarray(json.dumps(form) if form else ""),  # a nonlinear market's (JSON)
