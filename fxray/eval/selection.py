@@ -38,8 +38,7 @@ def keeps(result: BacktestResult, score: float) -> bool:
     (fxray.eval.pooled.score) on the fold's chooser window, `result` its backtest there: it beat
     the flat policy (score > 0, flat's score) behind at least MIN_TRADES position changes on at
     least MIN_DAYS session days with a return. A fold that keeps nothing is flat."""
-    days = int(np.count_nonzero(result.daily_returns))
-    return score > 0.0 and result.metrics.n_trades >= MIN_TRADES and days >= MIN_DAYS
+    return score > 0.0 and result.metrics.n_trades >= MIN_TRADES and np.count_nonzero(result.daily_returns) >= MIN_DAYS
 
 
 def walk_forward(trials: list[dict], n_folds: int, cost: float, periods_per_year: float) -> dict | None:
