@@ -55,9 +55,8 @@ class DbnFile:
         head = self._reader.read(8)
         if len(head) < 8 or head[:3] != b"DBN":
             raise BookError(f"{path}: not a DBN file (no 'DBN' magic at byte 0)")
-        self.version = head[3]
-        if self.version not in (1, 2, 3):
-            raise BookError(f"{path}: DBN version {self.version} is not supported (1-3)")
+        if head[3] not in (1, 2, 3):
+            raise BookError(f"{path}: DBN version {head[3]} is not supported (1-3)")
         meta_len = int.from_bytes(head[4:8], "little")
         meta = self._reader.read(meta_len)
         if len(meta) < meta_len:
@@ -181,17 +180,16 @@ def read_trades(path: str, instrument_id: int | None = None) -> Trades:
     """Trades (action 'T' records) from a trades / MBO / MBP-1 / TBBO / MBP-10 file."""
     dbn = DbnFile(path)
     dbn.require(TRADE_SCHEMAS, "trades")
-    parts, first_ts, last_ts = [], None, None
+    parts, spans = [], []  # the trade records and the [first, last] ts_recv of every record, per chunk
     for rec in dbn.chunks(instrument_id):
         if len(rec):
-            ts = rec["ts_recv"].view(np.int64)
-            first_ts = int(ts[0]) if first_ts is None else first_ts
-            last_ts = int(ts[-1])
             parts.append(rec[rec["action"] == ACTION_TRADE])
-    if first_ts is None:
+            spans.append(rec["ts_recv"][[0, -1]].astype(np.int64))
+    if not parts:
         return Trades.empty()
     t = np.concatenate(parts)
-    span = np.array([[first_ts, max(last_ts, dbn.end or last_ts)]], np.int64)
+    first, last = spans[0][0], spans[-1][1]
+    span = np.array([[first, max(last, dbn.end or last)]], np.int64)
     return Trades(
         t["ts_recv"].view(np.int64).copy(),
         t["price"] / PRICE_SCALE,

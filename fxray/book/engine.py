@@ -51,8 +51,7 @@ def new_state() -> dict:
 def grow_levels(st: dict) -> None:
     """Double the level arrays' capacity (called when a kernel stopped for room)."""
     for k in ("bid_keys", "bid_sizes", "ask_keys", "ask_sizes"):
-        a = st[k]
-        st[k] = np.concatenate([a, np.zeros_like(a)])
+        st[k] = np.concatenate([st[k], np.zeros_like(st[k])])
 
 
 def book_arrays(st: dict) -> tuple:
