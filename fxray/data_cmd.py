@@ -16,6 +16,7 @@ and no output file (writes are atomic).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ from fxray.cli import check_file_out, command_parser, fail, seed, write_json
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, bar_spacing, make_folds
 from fxray.data.synth import STRUCTURES, SynthSpec, to_cache
+
+BOOK_EXTRA = ("numba", "databento_dbn", "zstandard")  # what `pip install 'fxray[book]'` brings
 
 
 def _iso(ns: int) -> str:
@@ -54,8 +57,15 @@ def cmd_build(args) -> dict:
     check_file_out(args.out, "--out")  # before minutes of work
     t0 = time.perf_counter()
     ofi, covered = None, 0.0
-    if flow:
-        book = book_reader("--book" if args.book else "--trades")
+    if flow:  # the order-flow engine is numba-compiled; DBN and .zst input need the other two
+        missing = [m for m in BOOK_EXTRA if importlib.util.find_spec(m) is None]  # None: not importable
+        if missing:
+            raise ValueError(
+                f"build {'--book' if args.book else '--trades'}: order flow needs the `book` extra "
+                f"({', '.join(missing)} not installed): pip install 'fxray[book]'"
+            )
+        from fxray.book import reader as book
+
         trades = book.load_trades(flow)
     if args.bars is not None:
         bars = bars_mod.load_bars(args.bars, fmt=args.format, tz=args.tz)
@@ -85,25 +95,6 @@ def cmd_build(args) -> dict:
         "book_coverage": covered,
         "seconds": seconds,
     }
-
-
-BOOK_EXTRA = ("numba", "databento_dbn", "zstandard")  # what `pip install 'fxray[book]'` brings
-
-
-def book_reader(flag: str):
-    """fxray.book.reader, or a one-line error naming the extra when its packages are missing
-    (the order-flow engine is numba-compiled; DBN and .zst input need the other two)."""
-    import importlib.util
-
-    missing = [m for m in BOOK_EXTRA if importlib.util.find_spec(m) is None]  # None: not importable
-    if missing:
-        raise ValueError(
-            f"build {flag}: order flow needs the `book` extra ({', '.join(missing)} not installed): "
-            "pip install 'fxray[book]'"
-        )
-    from fxray.book import reader
-
-    return reader
 
 
 def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) -> dict:
