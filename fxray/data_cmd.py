@@ -102,8 +102,7 @@ def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) ->
     ts = market.ts
     columns = []
     for names, values in ((market.feature_names, market.features), (market.ofi_names, market.ofi)):
-        mean = values.mean(0, dtype=np.float64)
-        std = values.std(0, dtype=np.float64)
+        mean, std = values.mean(0, dtype=np.float64), values.std(0, dtype=np.float64)
         columns += [{"name": n, "mean": float(m), "std": float(s)} for n, m, s in zip(names, mean, std)]
     try:
         folds = [f.as_dict() for f in make_folds(ts, spec)]

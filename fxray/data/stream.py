@@ -241,9 +241,8 @@ class FeatureStream:
             f[_INDEX["rsi_14"]] = (rsi - 50.0) / 50.0
 
     def _macd(self, t: int, c: float, f: list) -> None:
-        if t == 0:  # EMAs seeded at the first close; the signal at line_0 = 0
+        if t == 0:  # EMAs seeded at the first close; the signal at line_0 = 0 (as __init__ leaves it)
             self.ema12 = self.ema26 = c
-            self.signal = 0.0
         else:
             self.ema12 = _A12 * c + self.ema12 * (1.0 - _A12)
             self.ema26 = _A26 * c + self.ema26 * (1.0 - _A26)
