@@ -143,8 +143,7 @@ def write(
         **(extra_meta or {}),
     }
     meta = {"fxray.version": FORMAT_VERSION, **{k: json.dumps(v) for k, v in values.items()}}
-    table = pa.table({name: _column(arrays[name], width) for name, (_, width) in COLUMNS.items()})
-    table = table.replace_schema_metadata(meta)
+    table = pa.table({name: _column(arrays[name], width) for name, (_, width) in COLUMNS.items()}, metadata=meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not mkstemp: its 0600 mode would survive the rename; os.open applies the umask.
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
