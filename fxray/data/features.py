@@ -38,14 +38,7 @@ from fxray.data.schema import ADX_INDEX, CALENDAR_INDICES, N_FEATURES
 # scipy (~0.6-1 s to import) is imported where it is used: the sweep driver reads
 # FEATURE_NAMES / MAX_LOOKBACK (the default market's cache key) on its start-up path.
 
-_W, _A, _BB, _P, _AFML, _LD = (
-    "Wilder 1978",
-    "Appel 1979",
-    "Bollinger 2001",
-    "Parkinson 1980",
-    "Lopez de Prado 2018 (AFML)",
-    "-",
-)
+_W, _AFML, _LD = "Wilder 1978", "Lopez de Prado 2018 (AFML)", "-"  # the sources cited most
 _CU, _EA = _AFML + " 2.5.2.1", "Easley et al. 2012 (bar flavour)"
 # (name, formula, lookback in bars, source); rows t < lookback are 0.
 FEATURE_TABLE: tuple[tuple[str, str, int, str], ...] = (
@@ -62,20 +55,20 @@ FEATURE_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("rv_10", "sqrt(mean of r^2 over the last 10 bars)", 10, "Andersen & Bollerslev 1998"),
     ("rv_30", "sqrt(mean of r^2 over the last 30 bars)", 30, "Andersen & Bollerslev 1998"),
     ("rv_60", "sqrt(mean of r^2 over the last 60 bars)", 60, "Andersen & Bollerslev 1998"),
-    ("pk_10", "sqrt(mean of ln(H/L)^2 over 10 bars / (4 ln 2))", 9, _P),
-    ("pk_30", "sqrt(mean of ln(H/L)^2 over 30 bars / (4 ln 2))", 29, _P),
-    ("pk_60", "sqrt(mean of ln(H/L)^2 over 60 bars / (4 ln 2))", 59, _P),
+    ("pk_10", "sqrt(mean of ln(H/L)^2 over 10 bars / (4 ln 2))", 9, "Parkinson 1980"),
+    ("pk_30", "sqrt(mean of ln(H/L)^2 over 30 bars / (4 ln 2))", 29, "Parkinson 1980"),
+    ("pk_60", "sqrt(mean of ln(H/L)^2 over 60 bars / (4 ln 2))", 59, "Parkinson 1980"),
     ("rv_ratio", "ln(rv_10 / rv_60) (0 if either is 0)", 60, _LD),
     ("ma_dev_20", "ln(C_t / SMA20(C))", 19, _LD),
     ("ma_dev_60", "ln(C_t / SMA60(C))", 59, _LD),
     ("donchian_60", "(C - min L_60)/(max H_60 - min L_60) - 1/2", 59, "Donchian 1960"),
     ("stoch_k_14", "(C - min L_14)/(max H_14 - min L_14) - 1/2", 13, "Lane 1950s"),
     ("rsi_14", "(RSI14 - 50)/50; Wilder averages seeded by the SMA of the first 14", 110, _W),
-    ("macd", "(EMA12(C) - EMA26(C)) / C_t; EMAs seeded at the first close", 100, _A),
-    ("macd_signal", "EMA9(MACD) / C_t", 110, _A),
-    ("macd_hist", "(MACD - EMA9(MACD)) / C_t", 110, _A),
-    ("bb_pctb_20", "%B - 1/2; %B = (C - lower)/(upper - lower), SMA20 +- 2 sigma (ddof 0)", 19, _BB),
-    ("bb_width_20", "(upper - lower) / SMA20 = 4 sigma20 / SMA20", 19, _BB),
+    ("macd", "(EMA12(C) - EMA26(C)) / C_t; EMAs seeded at the first close", 100, "Appel 1979"),
+    ("macd_signal", "EMA9(MACD) / C_t", 110, "Appel 1979"),
+    ("macd_hist", "(MACD - EMA9(MACD)) / C_t", 110, "Appel 1979"),
+    ("bb_pctb_20", "%B - 1/2; %B = (C - lower)/(upper - lower), SMA20 +- 2 sigma (ddof 0)", 19, "Bollinger 2001"),
+    ("bb_width_20", "(upper - lower) / SMA20 = 4 sigma20 / SMA20", 19, "Bollinger 2001"),
     ("cusum_event", "+1 / -1 on a CUSUM up / down event at t, else 0; h_t = 5 rv_60", 60, _CU),
     ("cusum_up", "S+_t / h_t after reset, in [0, 1]", 60, _CU),
     ("cusum_down", "S-_t / h_t after reset, in [-1, 0]", 60, _CU),
