@@ -44,6 +44,12 @@ TRADE_SCHEMAS = ("trades", "mbo", "mbp-1", "tbbo", "mbp-10")
 ACTION_TRADE = ord("T")
 
 
+def _first(mask: np.ndarray) -> int | None:
+    """The index of the first True in a non-empty `mask`, None if there is none."""
+    i = int(np.argmax(mask))
+    return i if mask[i] else None
+
+
 class DbnFile:
     """One DBN file opened for chunked reading: metadata now, records on iteration."""
 
@@ -95,9 +101,7 @@ class DbnFile:
                     f"({len(data) - n_full * size} of {size} bytes)"
                 )
             rec = np.frombuffer(data, dtype)
-            bad = np.flatnonzero((rec["rtype"] != rtype) | (rec["length"] != first[0]))
-            if len(bad):
-                i = int(bad[0])
+            if (i := _first((rec["rtype"] != rtype) | (rec["length"] != first[0]))) is not None:
                 raise BookError(
                     f"{self.path}: record {index + i} has rtype 0x{rec['rtype'][i]:02x} "
                     f"and length {rec['length'][i] * 4}, expected a {self.schema} record "
@@ -105,9 +109,7 @@ class DbnFile:
                 )
             ts = rec["ts_recv"].view(np.int64)
             before = np.r_[ts[0] if last_ts is None else last_ts, ts[:-1]]  # in receive-time order, across chunks too
-            bad = np.flatnonzero(ts < before)
-            if len(bad):
-                i = int(bad[0])
+            if (i := _first(ts < before)) is not None:
                 what = "the record before it" if i == 0 else f"record {index + i - 1}"
                 raise BookError(
                     f"{self.path}: record {index + i} (ts_recv {ts[i]}) is earlier than {what} "
@@ -117,8 +119,7 @@ class DbnFile:
             ids = rec["instrument_id"]
             if instrument_id is not None:
                 rec = rec[ids == instrument_id]
-            elif (ids != ids[0]).any():
-                i = int(np.flatnonzero(ids != ids[0])[0])
+            elif (i := _first(ids != ids[0])) is not None:
                 raise BookError(
                     f"{self.path}: record {index + i} is instrument {ids[i]}, record "
                     f"{index} is {ids[0]}: pass instrument_id= to pick one book"

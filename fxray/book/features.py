@@ -59,14 +59,8 @@ def bars_from_trades(trades: Trades, bar: str = "1min") -> Bars:
     starts = np.flatnonzero(np.r_[True, close_ts[1:] != close_ts[:-1]])
     ends = np.r_[starts[1:], len(close_ts)] - 1
     px = trades.price
-    return Bars(
-        close_ts[starts],
-        px[starts],
-        np.maximum.reduceat(px, starts),
-        np.minimum.reduceat(px, starts),
-        px[ends],
-        np.add.reduceat(trades.size, starts),
-    )
+    high, low = np.maximum.reduceat(px, starts), np.minimum.reduceat(px, starts)
+    return Bars(close_ts[starts], px[starts], high, low, px[ends], np.add.reduceat(trades.size, starts))
 
 
 # --- bar assignment ------------------------------------------------------------------------
@@ -102,15 +96,12 @@ def level_ofi(prev: BookSnapshots, cur: BookSnapshots, levels: int) -> np.ndarra
 
     e = 1{b >= b'} q^b - 1{b <= b'} q^b' - 1{a <= a'} q^a + 1{a >= a'} q^a'  (' = previous event)
     """
-    b, bp = cur.bid_px[:, :levels], prev.bid_px[:, :levels]
-    a, ap = cur.ask_px[:, :levels], prev.ask_px[:, :levels]
-    qb, qbp = cur.bid_sz[:, :levels], prev.bid_sz[:, :levels]
-    qa, qap = cur.ask_sz[:, :levels], prev.ask_sz[:, :levels]
+    s = np.s_[:, :levels]
     return (
-        np.where(b >= bp, qb, 0.0)
-        - np.where(b <= bp, qbp, 0.0)
-        - np.where(a <= ap, qa, 0.0)
-        + np.where(a >= ap, qap, 0.0)
+        np.where(cur.bid_px[s] >= prev.bid_px[s], cur.bid_sz[s], 0.0)
+        - np.where(cur.bid_px[s] <= prev.bid_px[s], prev.bid_sz[s], 0.0)
+        - np.where(cur.ask_px[s] <= prev.ask_px[s], cur.ask_sz[s], 0.0)
+        + np.where(cur.ask_px[s] >= prev.ask_px[s], prev.ask_sz[s], 0.0)
     )
 
 

@@ -126,13 +126,11 @@ class ByteReader:
 
     def __init__(self, path: str):
         self._it = iter_bytes(path)
-        self._pending = b""
+        self._pending = bytearray()
 
     def read(self, n: int) -> bytes:
-        parts, have = [self._pending], len(self._pending)
-        while have < n and (nxt := next(self._it, None)) is not None:
-            parts.append(nxt)
-            have += len(nxt)
-        data = b"".join(parts)
-        out, self._pending = data[:n], data[n:]
+        while len(self._pending) < n and (nxt := next(self._it, None)) is not None:
+            self._pending += nxt
+        out = bytes(self._pending[:n])
+        del self._pending[:n]
         return out
