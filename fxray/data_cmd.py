@@ -197,7 +197,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--format", default="auto", metavar="FORMAT", help="auto (default), csv, histdata, lean, parquet")
     b.add_argument(
         "--tz",
-        default=None,
         metavar="ZONE",
         help="time zone of naive timestamps (default: the format's own: UTC; HistData Etc/GMT+5)",
     )
