@@ -172,9 +172,10 @@ def _mbp10_snapshots(rec: np.ndarray, first_of_file: bool) -> BookSnapshots:
 
 # --- trades --------------------------------------------------------------------------------
 
+# DBN trade side = aggressor: 'B' a buyer lifted the offer (+1), 'A' a seller hit the bid (-1);
+# 'N' (e.g. auction) and anything else stays 0
 SIDE_SIGN = np.zeros(256, np.int8)
-SIDE_SIGN[ord("B")] = 1  # DBN trade side = aggressor: 'B' a buyer lifted the offer
-SIDE_SIGN[ord("A")] = -1  # 'A' a seller hit the bid; 'N' (e.g. auction) stays 0
+SIDE_SIGN[[ord("B"), ord("A")]] = 1, -1
 
 
 def read_trades(path: str, instrument_id: int | None = None) -> Trades:

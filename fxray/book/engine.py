@@ -31,16 +31,13 @@ EMPTY_KEY = np.iinfo(np.int64).min  # key of an absent level in `last_*`
 NB, NA, IN_SNAP, RESET, SYNCED, PREV_TS, UNKNOWN, N_STATE = range(8)  # N_STATE: their count
 LEVEL_CAPACITY = 1024  # initial price levels per side; grown by doubling when needed
 OUT_ROWS = 1 << 16  # most rows per emitted chunk of BookSnapshots
+LEVELS = ("bid_keys", "bid_sizes", "ask_keys", "ask_sizes")  # the level arrays: int64 keys, float64 sizes
 
 
 def new_state() -> dict:
     """Fresh book state: level arrays, last emitted top 10, counters, order map."""
-    cap = LEVEL_CAPACITY
     return {
-        "bid_keys": np.zeros(cap, np.int64),
-        "bid_sizes": np.zeros(cap),
-        "ask_keys": np.zeros(cap, np.int64),
-        "ask_sizes": np.zeros(cap),
+        **{k: np.zeros(LEVEL_CAPACITY, np.int64 if k.endswith("keys") else np.float64) for k in LEVELS},
         "last_keys": np.full(2 * N_LEVELS, EMPTY_KEY, np.int64),  # bid 0..9 then ask 0..9
         "last_sizes": np.zeros(2 * N_LEVELS),
         "state": np.zeros(N_STATE, np.int64),
@@ -50,13 +47,13 @@ def new_state() -> dict:
 
 def grow_levels(st: dict) -> None:
     """Double the level arrays' capacity (called when a kernel stopped for room)."""
-    for k in ("bid_keys", "bid_sizes", "ask_keys", "ask_sizes"):
+    for k in LEVELS:
         st[k] = np.concatenate([st[k], np.zeros_like(st[k])])
 
 
 def book_arrays(st: dict) -> tuple:
     """The kernels' `book` argument: the level arrays, the last emitted top 10, the state."""
-    return tuple(st[k] for k in ("bid_keys", "bid_sizes", "ask_keys", "ask_sizes", "last_keys", "last_sizes", "state"))
+    return tuple(st[k] for k in (*LEVELS, "last_keys", "last_sizes", "state"))
 
 
 def new_output(rows: int) -> tuple:
