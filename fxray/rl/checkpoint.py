@@ -53,16 +53,10 @@ def atomic_path(path: Path):
             os.unlink(tmp)
 
 
-def write_atomically(path: Path, write) -> None:
-    """`write(tmp)`, then the file appears at `path` whole (atomic_path)."""
-    with atomic_path(path) as tmp:
-        write(tmp)
-
-
 def write_marker(folder, k: int, meta: dict) -> None:
     """The marker of fold k (its config, fold, val and test in `meta`)."""
-    text = json.dumps({"abstained": True, **meta}, indent=1)
-    write_atomically(marker(folder, k), lambda p: Path(p).write_text(text))
+    with atomic_path(marker(folder, k)) as tmp:
+        Path(tmp).write_text(json.dumps({"abstained": True, **meta}, indent=1))
 
 
 def write_checkpoint(folder, name: str, state: dict, meta: dict, mean, inv_std) -> Path:
@@ -71,15 +65,13 @@ def write_checkpoint(folder, name: str, state: dict, meta: dict, mean, inv_std) 
     an exact round trip). Returns the weights' path."""
     from safetensors.torch import save_file
 
-    stem = Path(folder) / name
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    stem = Path(folder) / name  # not with_suffix below: a member's stem fold<k>.m<i> has a dot
     meta = {**meta, "normalisation": {"mean": mean.tolist(), "inv_std": inv_std.tolist()}}
-    for suffix, write in (
-        (".safetensors", lambda p: save_file(tensors, p)),
-        (".json", lambda p: Path(p).write_text(json.dumps(meta, indent=1))),
-    ):
-        write_atomically(Path(str(stem) + suffix), write)
-    return Path(str(stem) + ".safetensors")  # not with_suffix: a member's stem fold<k>.m<i> has a dot
+    with atomic_path(Path(f"{stem}.safetensors")) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, tmp)
+    with atomic_path(Path(f"{stem}.json")) as tmp:
+        Path(tmp).write_text(json.dumps(meta, indent=1))
+    return Path(f"{stem}.safetensors")
 
 
 def load_checkpoint(path) -> tuple[dict, dict]:
