@@ -136,11 +136,6 @@ class DeviceData:
         """Normalised market inputs at bar indices t: (..., 50) float32 (no position part)."""
         return (self.x[t].float() - self.mean) * self.inv_std
 
-    def count_days(self, start: int, end: int) -> int:
-        """Distinct session days among bars [start, end) (days are non-decreasing)."""
-        d = self.day_host[start:end]
-        return int(np.count_nonzero(np.diff(d)) + 1) if len(d) else 0
-
     def window(self, window: tuple[int, int], fill: str = "next_open") -> Window:
         """The bars of `window` that have a next bar, as the backtest takes them (no host sync).
 
@@ -148,16 +143,9 @@ class DeviceData:
         "next_open": at the next bar's open (the old position earns the gap)."""
         start, end = window[0], window[1] - 1
         hours = np.unique(self.period_host[start:end])
+        days = len(np.unique(self.day_host[start:end]))  # distinct session days
         fresh, carry = (self.returns, None) if fill == "close" else (self.bar, self.gap[start:end])
-        return Window(
-            fresh[start:end],
-            self.day[start:end],
-            self.count_days(start, end),
-            self.period[start:end],
-            len(hours),
-            hours,
-            carry,
-        )
+        return Window(fresh[start:end], self.day[start:end], days, self.period[start:end], len(hours), hours, carry)
 
     def bar_hours(self, start: int, end: int) -> torch.Tensor:
         """(end - start,) int64 on the host: the UTC hour of each bar's close (its hourly period)."""
