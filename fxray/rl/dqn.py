@@ -85,23 +85,23 @@ class DQN:
         # --- state -----------------------------------------------------------------------
         self.generators = [torch.Generator(dev) for _ in cfgs]
         self.active = torch.ones(K, dtype=torch.bool, device=dev)
-        self.t = torch.zeros(K, E, dtype=i64, device=dev)  # agents: bar, position, steps this episode
-        self.position = torch.zeros(K, E, dtype=i64, device=dev)
-        self.ep_step = torch.zeros(K, E, dtype=i64, device=dev)
-        self.replay_t = torch.zeros(K, S, E, dtype=i64, device=dev)  # ring row i % S: collect step i
-        self.replay_position = torch.zeros(K, S, E, dtype=i64, device=dev)
-        self.replay_action = torch.zeros(K, S, E, dtype=i64, device=dev)
+        # agents: bar, position, steps this episode
+        self.t, self.position, self.ep_step = (torch.zeros(K, E, dtype=i64, device=dev) for _ in range(3))
+        # the replay ring: row i % S holds collect step i
+        self.replay_t, self.replay_position, self.replay_action = (
+            torch.zeros(K, S, E, dtype=i64, device=dev) for _ in range(3)
+        )
         self.replay_reward = torch.zeros(K, S, E, dtype=f32, device=dev)
         self.replay_done = torch.zeros(K, S, E, dtype=torch.bool, device=dev)
-        self.replay_steps = torch.zeros(K, dtype=i64, device=dev)
-        self.global_step = torch.zeros(K, dtype=i64, device=dev)
-        self.loss_sum = torch.zeros(K, device=dev)
-        self.q_abs_max = torch.zeros(K, device=dev)
+        self.replay_steps, self.global_step = (torch.zeros(K, dtype=i64, device=dev) for _ in range(2))
+        self.loss_sum, self.q_abs_max = torch.zeros(K, device=dev), torch.zeros(K, device=dev)
         cfg = cfgs[0]
         front = frontend.N_FRONT if cfg.inputs == "ridge" else None  # one front end for all: the fold's
         self.q_network = QNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, dev, front)
         self.target_network = QNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, dev, front)
-        self.params = self.q_network.requires_grad_(True).params
+        self.params = self.q_network.params
+        for p in self.params:
+            p.requires_grad_(True)
         self.target_params = self.target_network.params
         self.optimizer = Adam(self.params, [c.lr for c in cfgs], [c.weight_decay for c in cfgs], self.active)
         self.structure = self.demo_table = None
@@ -111,12 +111,7 @@ class DQN:
         """Give the K slots these members' settings, in place (a captured graph keeps reading the
         same tensors). True if the step's structure changed with them (n_max, which members draw
         input noise): a graph captured before must be captured again."""
-        check_members(cfgs)
-        if len(cfgs) != self.K:
-            raise ConfigError(f"population: {len(cfgs)} members for {self.K} slots")
-        for key in SHAPE_FIELDS:
-            if getattr(cfgs[0], key) != getattr(self.cfg, key):
-                raise ConfigError(f"dqn.{key}: {getattr(cfgs[0], key)!r} differs from this population's")
+        check_members([self.cfg, *cfgs])  # (Trainer.configure keeps the number of members)
         self.cfgs, dev, f32, i64 = list(cfgs), self.data.device, torch.float32, torch.int64
         n_max, n_inputs = max(c.n_step for c in cfgs), self.data.n_inputs
         # inputs: ridge: noise on the clock only (the front end's predictions read clean)
@@ -156,7 +151,7 @@ class DQN:
             self.demo_table = None
         elif changed or self.demo_table is None:  # (K, n_bars, 3) int8, filled per fold by begin
             self.demo_table = torch.ones(self.K, self.data.n_bars, 3, dtype=torch.int8, device=dev)
-        self.input_noise = [c.input_noise for c in cfgs]
+        self.noisy = structure[1]  # the members that draw input noise
         self.warmup = [c.n_step + 1 for c in cfgs]  # collect steps before a member's first update
         self.optimizer.configure([c.lr for c in cfgs], [c.weight_decay for c in cfgs])
         return changed
@@ -246,12 +241,9 @@ class DQN:
         envs = env.unsqueeze(2).expand_as(rows)
         member = torch.arange(K, device=step.device).view(K, 1, 1).expand_as(rows)
         reward, done = self.replay_reward[member, rows, envs], self.replay_done[member, rows, envs]
-        alive = torch.ones_like(reward[..., 0])
-        keep_cols = []
-        for j in range(self.n_max):
-            keep_cols.append(alive * (j < self.n).to(torch.float32))
-            alive = alive * (~done[..., j]).to(torch.float32)
-        keep = torch.stack(keep_cols, 2)  # (K, B, n_max)
+        not_done = (~done).to(torch.float32)  # column j alive: no episode ended in columns < j
+        alive = torch.cat([torch.ones_like(not_done[..., :1]), not_done[..., :-1]], 2).cumprod(2)
+        keep = alive * (offsets < self.n.unsqueeze(2)).to(torch.float32)  # (K, B, n_max)
         return_n = (reward * keep * self.discounts[:, None, : self.n_max]).sum(2)
         k = keep.sum(2).to(torch.int64)  # (K, B) steps included, 1..n_k
         last_row = rows.gather(2, (k - 1).unsqueeze(2)).squeeze(2)
@@ -296,10 +288,11 @@ class DQN:
         """One gradient step of every member; masked members keep their state."""
         step, env = self.sample_indices()
         noise = None
-        if any(s > 0 for s in self.input_noise):  # members without noise draw none (as alone) and add 0
-            members = [s > 0 for s in self.input_noise]
+        if any(self.noisy):  # members without noise draw none (as alone) and add 0
             shape = (2 * self.B, self.data.n_inputs)
-            noise = self.noise_std * self._draw(lambda g: torch.randn(shape, generator=g, device=step.device), members)
+            noise = self.noise_std * self._draw(
+                lambda g: torch.randn(shape, generator=g, device=step.device), self.noisy
+            )
         loss, q_max = self.td_loss(step, env, noise)
         for p in self.params:
             p.grad = None

@@ -92,11 +92,6 @@ class QNetwork:
             net.params[i].copy_(torch.stack([torch.as_tensor(s[name], dtype=torch.float32) for s in states]))
         return net
 
-    def requires_grad_(self, flag: bool) -> QNetwork:
-        for p in self.params:
-            p.requires_grad_(flag)
-        return self
-
     def load_member(self, k: int, weights: list[torch.Tensor]) -> None:
         """Member k's weights (in parameter order), in place."""
         with torch.no_grad():
@@ -127,9 +122,7 @@ class QNetwork:
             return torch.stack([F.linear(x[k], w[k], None if b is None else b[k]) for k in range(w.shape[0])])
         if self.split_k and torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
             return SplitKMatmul.apply(x, w, b)
-        if b is None:
-            return torch.bmm(x, w.transpose(1, 2))
-        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        return bmm(x, w, b)
 
     def _q(self, h: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
         """h (K, N, H) pre-activation of the first layer -> Q (K, N, 3), the dueling head."""
@@ -190,6 +183,13 @@ class Member(nn.Module):
         return self.net.q_all(market.unsqueeze(0), [self.k])[0]
 
 
+def bmm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x (K, N, in) @ w (K, out, in)^T (+ b (K, out)) -> (K, N, out), one batched GEMM."""
+    if b is None:
+        return torch.bmm(x, w.transpose(1, 2))
+    return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+
+
 # --- the weight gradient, split along the batch (CUDA) ----------------------------------
 
 SPLIT_TARGET = 64  # members x chunks to aim for: enough independent GEMMs to fill an H200's 132 SMs
@@ -218,9 +218,7 @@ class SplitKMatmul(torch.autograd.Function):
     def forward(ctx, x, w, b):
         ctx.save_for_backward(x, w)
         ctx.has_bias = b is not None
-        if b is None:
-            return torch.bmm(x, w.transpose(1, 2))
-        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        return bmm(x, w, b)
 
     @staticmethod
     def backward(ctx, g):
