@@ -216,7 +216,7 @@ def _is_number(v) -> bool:
 
 def config_class(algo: str) -> type[TrainConfig]:
     """The config class of an algorithm name (ConfigError naming the known ones)."""
-    if algo not in ALGORITHMS:
+    if not isinstance(algo, str) or algo not in ALGORITHMS:
         raise ConfigError(f"algo: {algo!r} is not an algorithm; known: {', '.join(sorted(ALGORITHMS))}")
     return ALGORITHMS[algo]
 

@@ -32,10 +32,10 @@ import yaml
 
 from fxray.data.folds import FoldError, FoldSpec, default_embargo
 from fxray.data.synth import SynthSpec
-from fxray.rl.config import ALGORITHMS, ConfigError, TrainConfig
+from fxray.rl.config import ALGORITHMS, ConfigError, TrainConfig, config_class
 
-CONFIG_SECTIONS = tuple(cls.SECTION for cls in ALGORITHMS.values())  # one per algorithm: dqn
-SECTIONS = ("name", "algo", "data", "folds", *CONFIG_SECTIONS, "search", "sweep", "cpu")
+# the config sections: one per algorithm (dqn)
+SECTIONS = ("name", "algo", "data", "folds", *(cls.SECTION for cls in ALGORITHMS.values()), "search", "sweep", "cpu")
 SEARCH_TYPES = {
     "uniform": ("low", "high"),
     "loguniform": ("low", "high"),
@@ -108,15 +108,14 @@ class Experiment:
 
     def warnings(self) -> list[str]:
         """Settings that are valid but unrealistic, one line each, naming the key."""
-        out = []
         cost = self.config.cost
-        if cost < MIN_REALISTIC_COST:
-            out.append(
-                f"{self.file}: {self.config.SECTION}.cost: {cost:g} is below a tenth of a basis point "
-                f"({MIN_REALISTIC_COST:g}); FX on an ECN costs ~0.35-0.45 bp one way, ES futures ~0.3 bp, "
-                "a crypto perpetual ~5 bp (docs/metrics.md): an edge that exists only below that is none"
-            )
-        return out
+        if cost >= MIN_REALISTIC_COST:
+            return []
+        return [
+            f"{self.file}: {self.config.SECTION}.cost: {cost:g} is below a tenth of a basis point "
+            f"({MIN_REALISTIC_COST:g}); FX on an ECN costs ~0.35-0.45 bp one way, ES futures ~0.3 bp, "
+            "a crypto perpetual ~5 bp (docs/metrics.md): an edge that exists only below that is none"
+        ]
 
     def describe(self) -> str:
         d = self.config
@@ -290,9 +289,7 @@ def _build(file, profile, d, where) -> Experiment:
         )
 
     algo = d.get("algo", "dqn")
-    if not isinstance(algo, str) or algo not in ALGORITHMS:
-        fail("algo", f"{algo!r} is not an algorithm; known: {', '.join(sorted(ALGORITHMS))}")
-    config_cls = ALGORITHMS[algo]
+    config_cls = config_class(algo)  # ConfigError: named with the file by _load_merged
     section = config_cls.SECTION
     fields = {f.name for f in dataclasses.fields(config_cls)} - {"algo"}
     config = config_cls(algo=algo, **_typed_section(file, d, section, config_cls, where, fail))
