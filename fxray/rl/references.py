@@ -33,22 +33,23 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
         return data.references[key]
     windows = {w: data.window(getattr(fold, w), fill) for w in ("val", "test")}
     runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cost) for w in windows}}
-    a, b = fold.train[0], fold.train[1] - 1  # train bars with a next bar
     train = data.window(fold.train, fill)
+    # each window's bars that have a next bar, and their inputs (read by every rule)
+    spans = {w: (getattr(fold, w)[0], getattr(fold, w)[1] - 1) for w in ("train", "val", "test")}
+    x = {w: data.states(torch.arange(*span, device=data.device)) for w, span in spans.items()}
     rules = {"ridge": (None, None, None)}
     if screen_t > 0:
         rules["screened"] = (frontend.screened_inputs(data, fold, cost, fill, screen_t), None, None)
     if data.oracle is not None:
         rules["oracle"] = data.oracle  # (columns, hours, form: a nonlinear market's, else None)
     for name, (columns, hours, form) in rules.items():
-        x = data.states(torch.arange(a, b, device=data.device))
-        gate = data.hour_gate(a, b, hours)
-        rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry, columns=columns, gate=gate, form=form)
-        runs[name] = {}
-        for w in windows:
-            s, e = getattr(fold, w)[0], getattr(fold, w)[1] - 1
-            x = data.states(torch.arange(s, e, device=data.device))
-            runs[name][w] = evaluate(rule.positions(x, data.hour_gate(s, e, hours)), windows[w], cost)
+        gate = data.hour_gate(*spans["train"], hours)
+        rule = baselines.fit_rule(
+            x["train"], train.fresh, cost, carry=train.carry, columns=columns, gate=gate, form=form
+        )
+        runs[name] = {
+            w: evaluate(rule.positions(x[w], data.hour_gate(*spans[w], hours)), windows[w], cost) for w in windows
+        }
     table = {name: asdict(run["test"].metrics) for name, run in runs.items()}
     table["flat"] = asdict(summarize(np.zeros(runs["buy_and_hold"]["test"].metrics.n_days)))
     periods = {name: {w: r.periods.as_dict() for w, r in run.items()} for name, run in runs.items()}

@@ -186,8 +186,6 @@ class Trainer:
         trades and days (fxray.eval.selection.keeps), and with none its policy is flat. The chooser is the val window,
         or the fold's holdout window where it has one: then val scores the kept weights once,
         as test does."""
-        if len(seeds) != len(self.cfgs):
-            raise ValueError(f"{len(self.cfgs)} trials but {len(seeds)} seeds")
         dirs = checkpoint_dirs or [None] * len(self.cfgs)
         # matmul precision is process-wide in torch: set it for whichever trainer runs now
         torch.backends.cuda.matmul.allow_tf32 = self.cfgs[0].matmul == "tf32"
