@@ -43,9 +43,9 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
     trial_id, config = split_config(config)
     cfg = {**job["base"], **config}
     make_config(cfg)  # a sampled combination the config rejects fails here, not on a worker
-    # per fold: val/test Sharpe and val hourly returns (what the score pools), the logged ones first
-    done = [summary(FoldRecord.from_flat(r)) for r in done_folds(job["storage"], trial_id)]
-    if done and not done[-1]["ok"]:  # it diverged: nothing more to train
+    # its folds (val/test Sharpe, val hourly returns: what the score pools), the logged ones first
+    done = [FoldRecord.from_flat(r) for r in done_folds(job["storage"], trial_id)]
+    if done and not done[-1].ok:  # it diverged: nothing more to train
         return
     folds = job["folds"]
     if job.get("limits"):  # --same-trials: as many folds as this config trained in that sweep
@@ -65,38 +65,28 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
                 if results.consumed == len(segment) or diverged:  # nothing more to run here: free it first
                     workers.release(trial_id)
                 record = FoldRecord.from_result(result)
-                done.append(summary(record))
+                done.append(record)
                 record.folds_done, record.trial_start = len(done), started
                 record.score = objective(done, cfg["cost"], job["periods_per_year"])
-                record.mean_val_sharpe, record.mean_test_sharpe = (
-                    mean(d[k] for d in done if d["ok"]) for k in ("val_sharpe", "test_sharpe")
-                )
+                ok = [d for d in done if d.ok]
+                record.mean_val_sharpe = mean(d.val.get("sharpe") for d in ok)
+                record.mean_test_sharpe = mean(d.test.get("sharpe") for d in ok)
                 tune.report(record.flat())
                 if diverged:
                     return
-
-
-def summary(record: FoldRecord) -> dict:
-    """What the trial's running numbers are made of, per fold."""
-    return {
-        "ok": record.ok,
-        "val_sharpe": record.val.get("sharpe"),
-        "test_sharpe": record.test.get("sharpe"),
-        "val_periods": record.val_periods,
-    }
 
 
 DIVERGED = -1e4  # the score of a trial with a fold whose training diverged: below any Sharpe (a policy
 # that flips every bar at 0.4 bp scores ~ -250)
 
 
-def objective(done: list[dict], cost: float, periods_per_year: float) -> float:
+def objective(done: list[FoldRecord], cost: float, periods_per_year: float) -> float:
     """The sweep's objective after the folds `done`: fxray.eval.pooled.score of the val windows
     of all of them pooled (comparable across fold counts, as ASHA needs: it is one Sharpe
     estimate that gets more precise with more folds, not a sum); DIVERGED if one diverged."""
-    if not all(d["ok"] for d in done):
+    if not all(d.ok for d in done):
         return DIVERGED
-    return pooled.score(pooled.pooled([d["val_periods"] for d in done], cost, periods_per_year))
+    return pooled.score(pooled.pooled([d.val_periods for d in done], cost, periods_per_year))
 
 
 def mean(values) -> float | None:
@@ -114,10 +104,5 @@ def asha_stops(n_folds: int, grace: int, rf: float) -> list[int]:
 
 def segments(folds: list, done: int, stops) -> list[list]:
     """`folds` (the next ones after `done` reported) cut after each report in `stops`."""
-    out, current = [], []
-    for count, fold in enumerate(folds, start=done + 1):
-        current.append(fold)
-        if count in stops:
-            out.append(current)
-            current = []
-    return out + [current] if current else out
+    cuts = [0] + [s - done for s in sorted(stops) if 0 < s - done < len(folds)] + [len(folds)]
+    return [folds[a:b] for a, b in zip(cuts, cuts[1:])] if folds else []
