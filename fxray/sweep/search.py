@@ -1,6 +1,6 @@
 """Optuna's TPE as Tune's searcher, keyed by fxray's own trial ids, resumable from the study.
 
-    searcher = StudySearch(storage, space, seed, round_name, resumed=plan.resumed, n_new=plan.n_new)
+    searcher = StudySearch(storage, space, seed, round_name, plan.resumed, plan.n_new)
 
 Unlike ray.tune.search.optuna.OptunaSearch (whose state Tune pickles, and unpickles on
 `Tuner.restore`), everything this searcher knows is in the Optuna RDB study: a trial it
@@ -31,19 +31,10 @@ def split_config(config: dict) -> tuple[str, dict]:
 
 
 class StudySearch(Searcher):
-    def __init__(
-        self,
-        storage: Path,
-        space: dict,
-        seed: int,
-        round_name: str,
-        resumed: list[tuple[int, str, dict]] = (),
-        n_new: int = 0,
-    ):
+    def __init__(self, storage: Path, space: dict, seed: int, round_name: str, resumed: list, n_new: int):
         super().__init__(metric="score", mode="max")
         self.storage, self.space, self.seed, self.round_name = Path(storage), space, seed, round_name
-        self.resumed = list(resumed)  # (study number, trial id, sampled config), run first
-        self.n_new = n_new
+        self.resumed, self.n_new = list(resumed), n_new  # (study number, trial id, sampled config): run first
         self.live: dict[str, int] = {}  # Tune trial id -> study number
 
     @functools.cached_property
@@ -54,9 +45,6 @@ class StudySearch(Searcher):
 
     def __getstate__(self):  # Tune pickles its searcher into its own files: no live database handle
         return {k: v for k, v in self.__dict__.items() if k != "study"}
-
-    def set_search_properties(self, metric, mode, config, **spec) -> bool:
-        return True  # metric and mode are fixed ("score", "max"); the space is ours
 
     def suggest(self, trial_id: str):
         if self.resumed:
@@ -74,13 +62,11 @@ class StudySearch(Searcher):
         return {**params, TRIAL_KEY: tid}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        number = self.live.pop(trial_id, None)
-        if number is None or error:  # an errored trial stays RUNNING: --resume runs it again
-            return
-        score = (result or {}).get("score")
-        if score is None:  # it reported nothing this session (Tune stopped it first): not told
-            return
-        self.study.tell(number, float(score))
+        number, score = self.live.pop(trial_id, None), (result or {}).get("score")
+        # an errored trial stays RUNNING: --resume runs it again; one that reported nothing this
+        # session (Tune stopped it first) is not told
+        if number is not None and score is not None and not error:
+            self.study.tell(number, float(score))
 
     def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
         """Nothing: the study is the searcher's state, and Tune's copy would never be read back

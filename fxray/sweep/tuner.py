@@ -55,12 +55,10 @@ def keep_mlflow_out_of_tune() -> None:
     GIL while the FoldWorkers are being started. The driver never uses mlflow (the
     writer process does), so that one module is imported here while mlflow is hidden:
     it sees none and stays light. Everything else still imports mlflow normally."""
-    if "ray.air.integrations.mlflow" in sys.modules:
-        return
     saved = sys.modules.get("mlflow")
     sys.modules["mlflow"] = None  # `import mlflow` raises ImportError, which that module expects
     with contextlib.suppress(ImportError):
-        importlib.import_module("ray.air.integrations.mlflow")
+        importlib.import_module("ray.air.integrations.mlflow")  # (imported already: nothing happens)
     del sys.modules["mlflow"]
     if saved is not None:
         sys.modules["mlflow"] = saved
@@ -76,13 +74,13 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
+    from fxray.sweep.callbacks import SweepLog
     from fxray.sweep.rounds import load_study
     from fxray.sweep.search import StudySearch
 
     keep_mlflow_out_of_tune()  # before Tuner.fit
-    n_folds = len(sweep["folds"])
+    n_folds, rf, rnd = len(sweep["folds"]), exp.sweep.reduction_factor, sweep["rounds"][-1]
     grace = min(exp.sweep.grace_folds, n_folds)
-    rnd = sweep["rounds"][-1]
     same = rnd.get("same_trials")  # --same-trials: given configs and lengths, no ASHA
     job = {
         "folds": sweep["folds"],
@@ -90,7 +88,7 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
         "seed": rnd["seed"],
         "periods_per_year": periods_per_year,
         "checkpoints": str(storage / "checkpoints"),
-        "stops": asha_stops(n_folds, grace, exp.sweep.reduction_factor),
+        "stops": asha_stops(n_folds, grace, rf),
         "limits": fold_limits(same),
         "storage": str(storage),
     }
@@ -101,33 +99,18 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     if same and not study.get_trials(deepcopy=False):  # the first session of the round: enqueue once
         for sampled, _ in same["trials"]:
             study.enqueue_trial(sampled)
-    searcher = StudySearch(
-        storage,
-        exp.space(),
-        # one seed per round, so an extension does not replay the first round's draws
-        seed=rnd["seed"] + len(sweep["rounds"]) - 1,
-        round_name=rnd["name"],
-        resumed=plan.resumed,
-        n_new=plan.n_new,
-    )
-    scheduler = (
-        FIFOScheduler()
-        if same
-        else ASHAScheduler(
-            time_attr="folds_done", max_t=n_folds, grace_period=grace, reduction_factor=exp.sweep.reduction_factor
-        )
-    )
-    from fxray.sweep.callbacks import SweepLog
-
+    seed = rnd["seed"] + len(sweep["rounds"]) - 1  # one seed per round: an extension does not replay the first's draws
+    asha = ASHAScheduler(time_attr="folds_done", max_t=n_folds, grace_period=grace, reduction_factor=rf)
     tune_dir = storage / rnd["name"]  # Tune's logs, a folder per session of the round; never read back
-    session = 1 + sum(1 for d in tune_dir.glob("session-*")) if tune_dir.is_dir() else 1
+    session = 1 + len(list(tune_dir.glob("session-*")))
+    callbacks = [SweepLog(str(storage), None if same else job["stops"], rf), JsonLoggerCallback(), CSVLoggerCallback()]
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
             metric="score",
             mode="max",
-            search_alg=searcher,
-            scheduler=scheduler,
+            search_alg=StudySearch(storage, exp.space(), seed, rnd["name"], plan.resumed, plan.n_new),
+            scheduler=FIFOScheduler() if same else asha,
             num_samples=len(plan.resumed) + plan.n_new,
             max_concurrent_trials=workers.plan.n_trials,
             reuse_actors=True,
@@ -137,11 +120,7 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
             storage_path=str(tune_dir),
             verbose=0,
             stop=StartFailed(),
-            callbacks=[
-                SweepLog(str(storage), None if same else job["stops"], exp.sweep.reduction_factor),
-                JsonLoggerCallback(),
-                CSVLoggerCallback(),
-            ],
+            callbacks=callbacks,
             # a dead trial process is run again by Tune; it continues after its last logged fold
             failure_config=tune.FailureConfig(max_failures=2),
         ),
