@@ -84,10 +84,8 @@ class SweepLog(Callback):
         ended = {tid: n for tid, n in self.ended.items() if tid in round_trials}
         total = self.planned - sum(self.n_folds - n for n in ended.values())
         unstarted = max(self.sweep["rounds"][-1]["trials"] - len(round_trials), 0)
-        expected = unstarted * expected_folds(0, self.n_folds, self.stops, self.rf)
-        for tid in round_trials - set(ended):
-            expected += expected_folds(done_by[tid], self.n_folds, self.stops, self.rf)
-        return done, total, expected
+        running = [done_by[tid] for tid in round_trials - set(ended)] + [0] * unstarted
+        return done, total, sum(expected_folds(n, self.n_folds, self.stops, self.rf) for n in running)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if "fold" not in result:
@@ -105,9 +103,8 @@ class SweepLog(Callback):
         self.t_first = self.t_first or now
         done, total, expected = self.progress(trials)
         best = best_trial(self.records, self.n_folds)
-        eta = "ETA ..."  # one fold gives no rate
-        if self.session_folds > 1:
-            eta = f"ETA ~{fmt_s(expected * (now - self.t_first) / (self.session_folds - 1))}"
+        rate = (now - self.t_first) / (self.session_folds - 1) if self.session_folds > 1 else None
+        eta = f"ETA ~{fmt_s(expected * rate)}" if rate is not None else "ETA ..."  # one fold gives no rate
         score = "diverged" if rec["status"] != "ok" else f"{rec['score']:+.2f}"
         chosen = (  # the trial the sweep would choose now (fxray.track.results.chosen)
             "none (every trial diverged)" if best is None else f"{trial_label(best['trial_id'])} {best['score']:+.2f}"
@@ -136,14 +133,9 @@ class SweepLog(Callback):
         folds = [r for (t, _), r in self.records.items() if t == tid]  # this session's and earlier ones'
         if status == "FINISHED":  # stopped or done: its unrun folds leave the total
             self.ended[tid] = len(folds)
-        diverged = any(r["status"] == "diverged" for r in folds)
+        outcome = "diverged" if any(r["status"] == "diverged" for r in folds) else "ok"
         append_event(
-            self.storage,
-            kind="trial_end",
-            trial_id=tid,
-            status=status,
-            folds_done=len(folds),
-            outcome="diverged" if diverged else "ok",
+            self.storage, kind="trial_end", trial_id=tid, status=status, folds_done=len(folds), outcome=outcome
         )
 
 

@@ -97,11 +97,9 @@ def known_ray_lines():
             os.dup2(saved, 2)
             os.close(saved)
             tmp.seek(0)
-            text = tmp.read().decode(errors="replace")
-            kept = [line for line in text.splitlines(keepends=True) if not any(k in line for k in KNOWN_RAY_LINES)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
+            lines = tmp.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not any(k in line for k in KNOWN_RAY_LINES)))
+            sys.stderr.flush()
 
 
 class _Tee(io.TextIOBase):

@@ -63,24 +63,21 @@ def session_pids(node_id: str, session_dir: str) -> list[int]:
 def _holds_file_in(proc: Path, directory: str) -> bool:
     """Whether the process has a file of `directory` open (Ray's agents keep their session's
     log files open; their command line is rewritten and their environment may not name it)."""
+    prefix = directory.rstrip("/") + "/"
     try:
         fds = list((proc / "fd").iterdir())
     except OSError:
         return False
-    prefix = directory.rstrip("/") + "/"
     for fd in fds:
-        try:
+        with contextlib.suppress(OSError):  # closed meanwhile
             if os.readlink(fd).startswith(prefix):
                 return True
-        except OSError:
-            continue
     return False
 
 
-def reap(node_id: str, session_dir: str) -> int:
-    """SIGTERM the session's processes, SIGKILL the ones left; returns how many there were."""
-    pids = session_pids(node_id, session_dir)
-    for pid in pids:
+def reap(node_id: str, session_dir: str) -> None:
+    """SIGTERM the session's processes, SIGKILL the ones left."""
+    for pid in session_pids(node_id, session_dir):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.time() + TERM_S
@@ -89,17 +86,15 @@ def reap(node_id: str, session_dir: str) -> int:
     for pid in session_pids(node_id, session_dir):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    return len(pids)
 
 
-def main(node_id: str, session_dir: str) -> int:
+def main(node_id: str, session_dir: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.stdin.buffer.read()  # returns when the driver's end of the pipe closes
     time.sleep(GRACE_S)
     if Path("/proc").is_dir():
         reap(node_id, session_dir)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    main(*sys.argv[1:3])
