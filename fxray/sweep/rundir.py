@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fxray.data.folds import FoldError
+from fxray.data.folds import FoldError, make_folds
 from fxray.rl import experiment as expmod
 
 
@@ -65,14 +65,13 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
             f"(results: {storage / 'results.json'}; run without --resume to extend it)"
         )
     saved = storage / "experiment.yaml"
-    if args.experiment and (
-        expmod.read_yaml(args.experiment) is not None  # missing/bad: an error too
-        and Path(args.experiment).read_text() != saved.read_text()
-    ):
-        raise UsageError(
-            f"{args.experiment}: differs from the file this sweep started with ({saved}); "
-            "use --storage DIR for a new sweep"
-        )
+    if args.experiment:
+        expmod.read_yaml(args.experiment)  # a missing or bad file: its own error first
+        if Path(args.experiment).read_text() != saved.read_text():
+            raise UsageError(
+                f"{args.experiment}: differs from the file this sweep started with ({saved}); "
+                "use --storage DIR for a new sweep"
+            )
     if not args.resume and not sweep["rounds"][-1]["done"]:
         raise UsageError(
             f"{storage}: the last sweep was interrupted; pass --resume to finish it, or --storage DIR to start another"
@@ -154,7 +153,7 @@ def check_same_work(same: dict, exp, folds: list[dict], content_hash: str, data_
             )
 
 
-ROUND_KEYS = ("sweep.trials", "sweep.seed")  # what an extension round may set anew (--trials, --seed)
+ROUND_KEYS = {"sweep.trials": "--trials", "sweep.seed": "--seed"}  # what an extension round may set anew
 
 
 def reuse_overrides(storage: Path, sweep: dict, given: dict, resume: bool) -> dict:
@@ -162,21 +161,17 @@ def reuse_overrides(storage: Path, sweep: dict, given: dict, resume: bool) -> di
     ...), so that a resumed or extended sweep searches the same space with the same ASHA and
     population; `given` (this command line's) may repeat them, never change them. An extension
     may set its round's trials and seed; a resume runs the round's own."""
-    stored = dict(sweep.get("overrides") or {})
-    rnd = sweep["rounds"][-1]
+    stored, rnd = sweep.get("overrides") or {}, sweep["rounds"][-1]
     for key, value in given.items():
         if key in ROUND_KEYS:
-            ran = rnd.get(key.split(".")[1])
-            if resume and value != ran:
-                flag = "--trials" if key == "sweep.trials" else "--seed"
+            field = key.split(".")[1]
+            if resume and value != rnd.get(field):
                 raise UsageError(
-                    f"{flag} {value}: the interrupted round of {storage} runs {key.split('.')[1]} = {ran}; "
-                    f"drop {flag} to resume it (or extend the sweep once it is done)"
+                    f"{ROUND_KEYS[key]} {value}: the interrupted round of {storage} runs {field} = {rnd.get(field)}; "
+                    f"drop {ROUND_KEYS[key]} to resume it (or extend the sweep once it is done)"
                 )
-            continue
-        if key not in stored and key == "name" and value == sweep.get("experiment"):
-            continue
-        if stored.get(key, "(not set)") != value:
+        # otherwise any change is refused (--name with the sweep's own experiment name is none)
+        elif stored.get(key, "(not set)") != value and (key, value) != ("name", sweep.get("experiment")):
             raise UsageError(
                 f"{key}={value}: the sweep in {storage} started with {key}={stored.get(key, '(not set)')}; "
                 "a resumed or extended sweep keeps its settings: drop it, or pass --storage DIR for a new sweep"
@@ -203,9 +198,6 @@ def read_sweep(storage: Path) -> dict | None:
     return sweep
 
 
-SEED_RANGE = (0, 2**32)  # what Optuna's sampler and numpy take
-
-
 def check_record(sweep) -> None:
     """What a resume reads of sweep.json, checked before anything starts (ValueError/KeyError/
     TypeError naming the key): a driver writes it whole (atomically), so anything else was edited."""
@@ -217,14 +209,14 @@ def check_record(sweep) -> None:
     for i, r in enumerate(rounds):
         if not isinstance(r, dict):
             raise TypeError(f"rounds[{i}]: a JSON {type(r).__name__}, not a mapping")
+        # what a round does not record is not checked (an old round's seed is the sweep's); JSON's
+        # types are exact (a bool is no int)
         for key, kind in (("name", str), ("trials", int), ("seed", int), ("done", bool)):
-            if key not in r:  # what a round does not record (an old round's seed is the sweep's)
-                continue
-            if not isinstance(r[key], kind) or (kind is int and isinstance(r[key], bool)):
+            if key in r and type(r[key]) is not kind:
                 raise ValueError(f"rounds[{i}].{key}: {r[key]!r} is not a {kind.__name__}")
         if "trials" in r and r["trials"] < 1:
             raise ValueError(f"rounds[{i}].trials: {r['trials']} is below 1")
-        if "seed" in r and not SEED_RANGE[0] <= r["seed"] < SEED_RANGE[1]:
+        if "seed" in r and not 0 <= r["seed"] < 2**32:  # what Optuna's sampler and numpy take
             raise ValueError(f"rounds[{i}].seed: {r['seed']} is outside [0, 2**32)")
     resumable = not all(r.get("done") for r in rounds)  # a finished sweep's record is read for its rounds
     if resumable or "data" in sweep:
@@ -260,12 +252,9 @@ def check_logs(storage: Path) -> None:
         except OSError as e:
             raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
         for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                ok = isinstance(rec, dict) and all(k in rec for k in keys)
-            except ValueError:
+            try:  # a blank line passes
+                ok = not line.strip() or set(keys) <= json.loads(line).keys()
+            except (ValueError, AttributeError):  # not JSON, or not a JSON object
                 ok = False
             if not ok:
                 raise UsageError(
@@ -279,12 +268,9 @@ def drop_torn_lines(storage: Path) -> None:
     a line of its own. Called with the run directory's lock held."""
     for name in LOGS:
         path = storage / name
-        if not path.exists():
-            continue
-        data = path.read_bytes()
+        data = path.read_bytes() if path.exists() else b""
         if data and not data.endswith(b"\n"):
-            with open(path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
+            os.truncate(path, data.rfind(b"\n") + 1)
 
 
 def check_study(path: Path) -> None:
@@ -293,22 +279,17 @@ def check_study(path: Path) -> None:
     (fxray.sweep.rounds.load_study), could leave a file that a resume filled with a second
     study of the same name; Optuna then fails on every load. An absent or empty file passes."""
     import sqlite3
-    from contextlib import closing
 
     from fxray.sweep.rounds import STUDY
 
     if not path.exists():
         return
-    head = b""
-    if path.is_file():
-        with open(path, "rb") as f:
-            head = f.read(16)
-    if not path.is_file() or head not in (b"", b"SQLite format 3\x00"):
+    if not path.is_file() or path.read_bytes()[:16] not in (b"", b"SQLite format 3\x00"):
         raise UsageError(
             f"{path}: not an SQLite database (the sweep's Optuna study); restore it, or pass --storage DIR"
         )
     try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             n = db.execute("SELECT COUNT(*) FROM studies WHERE study_name = ?", (STUDY,)).fetchone()[0]
     except sqlite3.Error:
         return  # no studies table yet (or not SQLite): Optuna says what it finds when it loads
@@ -327,8 +308,6 @@ def write_sweep(storage: Path, sweep: dict) -> None:
 
 
 def make_fold_dicts(file, exp, market) -> list[dict]:
-    from fxray.data.folds import make_folds
-
     try:
         return [f.as_dict() for f in make_folds(market.ts, exp.folds)]
     except FoldError as e:
@@ -347,6 +326,7 @@ def prepare_storage(plan, exp, profile: str, folds: list[dict], device: str | No
 
     storage, sweep, file, market, same = plan.storage, plan.sweep, plan.file, plan.market, plan.same
     if sweep is None:
+        data_path = str(Path(plan.data_path).absolute())
         storage.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(file, storage / "experiment.yaml")
         tags = {
@@ -354,25 +334,18 @@ def prepare_storage(plan, exp, profile: str, folds: list[dict], device: str | No
             "fxray.dataset_hash": market.content_hash,
             "fxray.profile": profile,
             "fxray.storage": str(storage),
-            "fxray.folds": json.dumps(
-                [[f["k"], f["train"], f["val"], f["test"]] + ([f["holdout"]] if "holdout" in f else []) for f in folds]
-            ),
-            **({"fxray.device": device} if device else {}),
+            "fxray.folds": json.dumps([list(f.values()) for f in folds]),  # k, train, val, test[, holdout]
+            "fxray.device": device,
+            "mlflow.source.git.commit": mlruns.git_commit(),
         }
-        commit = mlruns.git_commit()
-        if commit:
-            tags["mlflow.source.git.commit"] = commit
+        tags = {k: v for k, v in tags.items() if v}  # no device given, no git checkout: no tag
         sweep = {
             "id": uuid.uuid4().hex,
             "experiment": exp.name,
             "profile": profile,
             "device": device,
             "experiment_file": str(Path(file).absolute()),
-            "data": {
-                "path": str(Path(plan.data_path).absolute()),
-                "content_hash": market.content_hash,
-                "n_bars": market.n_bars,
-            },
+            "data": {"path": data_path, "content_hash": market.content_hash, "n_bars": market.n_bars},
             "folds": folds,
             "base": exp.config.as_dict(),
             "rounds": [],
@@ -463,8 +436,7 @@ def hold(storage: Path, expected: dict | None):
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
-        unused = not (storage / "sweep.json").exists()
-        if unused:  # nothing was started here: leave no trace of us
+        if not (storage / "sweep.json").exists():  # nothing was started here: leave no trace of us
             with contextlib.suppress(OSError):
                 os.unlink(storage / LOCK)
             for d in created:  # deepest first
