@@ -36,7 +36,7 @@ from fxray.data.cache import CacheError  # noqa: E402
 from fxray.data.folds import FoldError  # noqa: E402
 from fxray.rl import experiment as expmod  # noqa: E402
 from fxray.rl.config import ConfigError  # noqa: E402
-from fxray.sweep import driver  # noqa: E402
+from fxray.sweep import driver, placebo  # noqa: E402
 from fxray.sweep.cluster import ClusterError, ObjectStoreError  # noqa: E402
 from fxray.sweep.logs import quiet  # noqa: E402
 from fxray.sweep.rundir import NothingToResume, UsageError  # noqa: E402
@@ -120,10 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def apply_flags(args) -> None:
     """--tracking-uri and --verbose become the environment the driver, the MLflow writer
     and Ray's processes read (a relative sqlite path is made absolute: Tune moves cwd)."""
@@ -134,13 +130,11 @@ def apply_flags(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         apply_flags(args)
         if args.placebo:
-            from fxray.sweep.placebo import sweep_with_placebos
-
-            return sweep_with_placebos(args, IMPORT_S)
+            return placebo.sweep_with_placebos(args, IMPORT_S)
         return driver.run_sweep(driver.validate(args, IMPORT_S))
     except NothingToResume as e:
         print(e)

@@ -47,7 +47,7 @@ def golden(tmp_path_factory):
     from fxray.rl import experiment as expmod
     from fxray.sweep.driver import validate
     from fxray.sweep.rundir import make_fold_dicts, prepare_storage
-    from fxray.tune import parse_args
+    from fxray.tune import build_parser
 
     g = tmp_path_factory.mktemp("golden")
     cwd = os.getcwd()
@@ -65,7 +65,9 @@ def golden(tmp_path_factory):
         exp = expmod.load(g / "tiny.yaml", "cpu")
         folds = make_fold_dicts("tiny.yaml", exp, market)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{g / 'mlflow.db'}"
-        plan = validate(parse_args(["--experiment", "tiny.yaml", "--data", "m.fxcache", "--storage", "runs/t"]))
+        plan = validate(
+            build_parser().parse_args(["--experiment", "tiny.yaml", "--data", "m.fxcache", "--storage", "runs/t"])
+        )
         prepare_storage(plan, exp, "cpu", folds)
         rec = {"trial_id": "0000", "fold": 0, "status": "ok", "score": 0.1, "round": "tune", "config": {"lr": 1e-3}}
         (g / "runs/t/folds.jsonl").write_text(json.dumps(rec) + "\n")

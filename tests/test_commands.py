@@ -168,7 +168,9 @@ def tune_args(tmp_path, *extra):
     from fxray import tune
 
     (tmp_path / "tiny.yaml").write_text(TINY)
-    return tune.parse_args(["--experiment", str(tmp_path / "tiny.yaml"), "--storage", str(tmp_path / "run"), *extra])
+    return tune.build_parser().parse_args(
+        ["--experiment", str(tmp_path / "tiny.yaml"), "--storage", str(tmp_path / "run"), *extra]
+    )
 
 
 def test_set_overrides_the_experiment_before_anything_starts(tmp_path, monkeypatch):
@@ -209,7 +211,7 @@ def test_tracking_uri_is_made_absolute_for_the_processes_it_starts(tmp_path, mon
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    args = tune.parse_args(["--tracking-uri", "sqlite:///sweeps.db"])
+    args = tune.build_parser().parse_args(["--tracking-uri", "sqlite:///sweeps.db"])
     tune.apply_flags(args)
     assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{tmp_path / 'sweeps.db'}"
     monkeypatch.delenv("MLFLOW_TRACKING_URI")

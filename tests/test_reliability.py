@@ -354,9 +354,9 @@ def test_train_json_naming_a_directory_is_refused_before_training(work):
 
 
 def tune_args(*argv):
-    from fxray.tune import parse_args
+    from fxray.tune import build_parser
 
-    return parse_args(list(argv))
+    return build_parser().parse_args(list(argv))
 
 
 def test_item1_resume_keeps_search_overrides(work, monkeypatch):

@@ -24,28 +24,24 @@ from pathlib import Path
 
 import ray
 
+from fxray.data import cache, synth
 from fxray.data.calendar import Calendar
 from fxray.rl import experiment as expmod
 from fxray.rl.overrides import set_overrides
-from fxray.sweep import vote
-from fxray.sweep.cluster import start_ray
+from fxray.sweep import rundir, vote
+from fxray.sweep.cluster import plan_workers, start_ray
 from fxray.sweep.leases import Workers, pool_name
 from fxray.sweep.logs import capture_stdout, known_ray_lines
 from fxray.sweep.rounds import close_orphans, resume_plan, round_state, trials_started
-from fxray.sweep.rundir import (
-    UsageError,
-    check_same_work,
-    hold,
-    locate,
-    make_fold_dicts,
-    prepare_storage,
-    reuse_overrides,
-    same_trials,
-    write_sweep,
-)
+from fxray.sweep.rundir import UsageError
+from fxray.sweep.trial import asha_stops
 from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, debug_log, make_tuner
+from fxray.sweep.workers import put_market, start_workers
+from fxray.track import results
+from fxray.track import runs as mlruns
 from fxray.track.links import next_steps
 from fxray.track.report import mlflow_report, next_commands
+from fxray.track.writer import Writer
 
 
 @dataclass
@@ -82,8 +78,7 @@ class Run:
 
 def validate(args, import_s: float = 0.0) -> Plan:
     """Every check that needs nothing started: flags, run directory, experiment, data, folds, store."""
-    from fxray.data import cache
-    from fxray.track import runs as mlruns
+    from fxray.cli import check_file_out
 
     flags = {"sweep.trials": args.trials, "sweep.seed": args.seed, "sweep.workers_per_gpu": args.workers_per_gpu}
     flags.update({"sweep.population": args.population, "name": args.name})
@@ -93,20 +88,13 @@ def validate(args, import_s: float = 0.0) -> Plan:
             "--num-cpus/--num-gpus size a local Ray; with --address the cluster's own "
             "resources are used: drop one of them"
         )
-    if args.json:  # found now, not after the whole sweep
-        from fxray.cli import check_file_out
-
-        try:
-            check_file_out(args.json, "--json")
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    file, storage, sweep = locate(args, overrides)
+    file, storage, sweep = rundir.locate(args, overrides)
     if sweep and args.tracking_uri and os.environ.get("MLFLOW_TRACKING_URI") != sweep["mlflow"]["uri"]:
         raise UsageError(f"--tracking-uri: this sweep logs to {sweep['mlflow']['uri']}; drop --tracking-uri")
     overrides.update(set_overrides(args.set, file) if args.set else {})
     if sweep:  # a resumed or extended sweep is the same sweep: its stored overrides, none changed
-        overrides = reuse_overrides(storage, sweep, overrides, args.resume)
-    same = same_trials(args, storage, sweep, overrides)
+        overrides = rundir.reuse_overrides(storage, sweep, overrides, args.resume)
+    same = rundir.same_trials(args, storage, sweep, overrides)
     exp = expmod.load(file, "gpu", overrides)  # validates both profiles before anything starts
     if not 0 <= exp.sweep.seed < 2**32:
         raise UsageError(f"{file}: sweep.seed: {exp.sweep.seed} is not a seed; use an integer in [0, 4294967295]")
@@ -124,8 +112,6 @@ def validate(args, import_s: float = 0.0) -> Plan:
         # the embedded market of a sweep that ran on another machine (a fresh GPU host): generated
         # again here from the spec of the profile it ran (the cpu section may name another market);
         # its content hash is checked against the sweep's below
-        from fxray.data import synth
-
         ran = expmod.load(file, (sweep or same)["profile"], overrides)
         data_path = str(synth.ensure_default(ran.synth, log=print))
     if data_path and not Path(data_path).exists():
@@ -135,7 +121,7 @@ def validate(args, import_s: float = 0.0) -> Plan:
     # hash are checked in a thread while Ray and the workers start (start() waits for it)
     market = cache.open(data_path, verify="background") if data_path else None
     if market is not None:
-        make_fold_dicts(file, exp, market)
+        rundir.make_fold_dicts(file, exp, market)
         if sweep and sweep["data"]["content_hash"] != market.content_hash:
             raise UsageError(
                 f"{data_path}: its contents changed since the sweep started "
@@ -143,9 +129,11 @@ def validate(args, import_s: float = 0.0) -> Plan:
             )
         if same:
             same_exp = expmod.load(file, same["profile"], overrides)
-            check_same_work(same, same_exp, make_fold_dicts(file, same_exp, market), market.content_hash, data_path)
+            same_folds = rundir.make_fold_dicts(file, same_exp, market)
+            rundir.check_same_work(same, same_exp, same_folds, market.content_hash, data_path)
     uri = sweep["mlflow"]["uri"] if sweep else mlruns.tracking_uri()
     try:
+        check_file_out(args.json, "--json")  # found now, not after the whole sweep
         mlruns.check_uri(uri)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -156,18 +144,12 @@ def validate(args, import_s: float = 0.0) -> Plan:
 
 def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     """The writer, Ray, the data, the workers and the run directory, in that order."""
-    from fxray.data import cache, synth
-    from fxray.sweep.cluster import plan_workers
-    from fxray.sweep.workers import put_market, start_workers
-    from fxray.track.writer import Writer
-
     args, phases, storage = plan.args, plan.phases, plan.storage
 
     def opened(parent_id: str) -> None:  # in the writer's reader thread, after go(): `run` exists
-        sweep = run.sweep
-        if sweep["mlflow"].get("parent_run_id") is None:
-            sweep["mlflow"]["parent_run_id"] = parent_id
-            write_sweep(storage, sweep)
+        if run.sweep["mlflow"].get("parent_run_id") is None:
+            run.sweep["mlflow"]["parent_run_id"] = parent_id
+            rundir.write_sweep(storage, run.sweep)
         phases["mlflow_ready"] = time.time()
 
     # first, so that importing mlflow overlaps Ray's start; it opens the store once sweep.json exists
@@ -176,24 +158,17 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     )
     start_ray(args)  # a local session's Ray processes end with us, however we end (its reaper)
     phases["ray_up"] = time.time()
-    gpus = ray.cluster_resources().get("GPU", 0)
-    profile = (plan.sweep or plan.same or {}).get("profile") or (
-        args.profile if args.profile != "auto" else ("gpu" if gpus >= 1 else "cpu")
-    )
+    resources = ray.cluster_resources()
+    auto = "gpu" if resources.get("GPU", 0) >= 1 else "cpu"
+    profile = (plan.sweep or plan.same or {}).get("profile") or (auto if args.profile == "auto" else args.profile)
     exp = expmod.load(plan.file, profile, plan.overrides)
     if plan.market is None:  # the embedded market, now that the profile is known
         plan.data_path = str(synth.ensure_default(exp.synth, log=print))
         plan.market = cache.open(plan.data_path, verify="background")
-    market, folds = plan.market, make_fold_dicts(plan.file, exp, plan.market)
-    trials = plan.sweep["rounds"][-1]["trials"] if args.resume else exp.sweep.trials
+    market, folds, s = plan.market, rundir.make_fold_dicts(plan.file, exp, plan.market), exp.sweep
+    trials = plan.sweep["rounds"][-1]["trials"] if args.resume else s.trials
     wplan = plan_workers(
-        ray.cluster_resources(),
-        exp.sweep.workers_per_gpu,
-        exp.sweep.cpu_per_trial,
-        args.cpu_workers,
-        exp.sweep.trials_per_worker,
-        exp.sweep.population,
-        trials,
+        resources, s.workers_per_gpu, s.cpu_per_trial, args.cpu_workers, s.trials_per_worker, s.population, trials
     )
     if wplan.kind == "gpu" and wplan.population > 1:
         print(
@@ -225,7 +200,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     phases.update(data_verified=time.time(), data_verify_wait_s=proof["waited_s"], data_hash_s=proof["hash_s"])
     # while the workers import torch and load the data: the run directory (then the writer
     # opens the store), then Tune starts its trial processes; a first fold waits on its worker
-    sweep = prepare_storage(plan, exp, profile, folds, device=wplan.kind)
+    sweep = rundir.prepare_storage(plan, exp, profile, folds, device=wplan.kind)
     run = Run(plan, exp, sweep, workers, writer, arrays_ref, Calendar.of(market.ts), warmups)
     writer.go()  # the sweep is checked and recorded: the store may be opened now
     watch_workers(workers, t0, phases)
@@ -238,9 +213,7 @@ def fit(run: Run) -> int | None:
     # A sqlite store fails at once if it fails, seconds before a first fold could be
     # reported. A tracking server can take minutes to fail (MLflow retries): folds
     # reported meanwhile would never reach it, not even after --resume. Wait for it.
-    from fxray.track.runs import sqlite_path
-
-    if sqlite_path(plan.uri) is None and not run.writer.wait_open():
+    if mlruns.sqlite_path(plan.uri) is None and not run.writer.wait_open():
         return start_failed(f"MLflow store {plan.uri} could not be opened: {MLFLOW_FAILURE[0]}", storage)
     debug_log(os.environ.get("FXRAY_TUNE_DEBUG_LOG"))
     left = resume_plan(storage, sweep)  # what is left of the round, from fxray's records
@@ -276,11 +249,8 @@ def fit(run: Run) -> int | None:
 
 def finish(run: Run) -> int:
     """The end of a round: results files, the round marked done, the MLflow parent ended."""
-    from fxray.track import results
-
     plan, storage, sweep = run.plan, run.plan.storage, run.sweep
     unfinished, errors = round_state(storage, sweep)
-    records = results.load_records(storage)
     # the store opens while Tune runs; on a loaded box a short sweep can end first. The end is
     # written through it anyway: wait for it, so that results.json's phases say when it opened
     run.writer.wait_open(timeout=120)
@@ -291,7 +261,7 @@ def finish(run: Run) -> int:
         summary = results.write_results(
             storage,
             sweep,
-            records,
+            results.load_records(storage),
             run.workers.stats(),
             time.time() - plan.t_start,
             plan.args.json,
@@ -313,12 +283,13 @@ def finish(run: Run) -> int:
     orphans = close_orphans(storage)
     if orphans:
         print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (none ran)")
-    sweep["rounds"][-1]["done"] = errors == 0
-    sweep["rounds"][-1]["finished"] = time.time()  # what a later --resume says ("nothing to resume")
-    write_sweep(storage, sweep)
+    # finished: what a later --resume says ("nothing to resume")
+    sweep["rounds"][-1].update(done=errors == 0, finished=time.time())
+    rundir.write_sweep(storage, sweep)
     path = storage / "results.json"
     results_json = json.loads(path.read_text()) if path.exists() else None
-    report = {"screen": screen.getvalue(), **mlflow_report(results_json, len(sweep["folds"])), "top": TOP_LINKED}
+    # top: the trials the sweep's last lines and summary.md link to
+    report = {"screen": screen.getvalue(), **mlflow_report(results_json, len(sweep["folds"])), "top": 5}
     lost = run.writer.finish(
         "FINISHED" if errors == 0 else "FAILED", summary["mlflow_summary"], summary["artifacts"], report=report
     )
@@ -340,21 +311,16 @@ def finish(run: Run) -> int:
 def asha_rungs(exp, n_folds: int) -> dict:
     """results.json's asha block (less its counts): ASHA's settings and the folds done at each
     rung it may stop a trial at (fxray.sweep.trial.asha_stops, less the last fold)."""
-    from fxray.sweep.trial import asha_stops
-
     grace, rf = min(exp.sweep.grace_folds, n_folds), exp.sweep.reduction_factor
     rungs = [s for s in asha_stops(n_folds, grace, rf) if s < n_folds]
     return {"grace_folds": grace, "reduction_factor": rf, "rungs": rungs}
-
-
-TOP_LINKED = 5  # top trials the sweep's last lines and summary.md link to
 
 
 def run_sweep(plan: Plan) -> int:
     """start, fit, finish; whatever was started ends with the run, however it ends, and its
     FoldWorkers and their pool when it ends (their devices go to the next sweep: a placebo's)."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(hold(plan.storage, plan.sweep))  # one sweep at a time in a run directory
+        stack.enter_context(rundir.hold(plan.storage, plan.sweep))  # one sweep at a time in a run directory
         run = start(plan, stack)
         stopped = fit(run)
         code = stopped if stopped is not None else finish(run)
