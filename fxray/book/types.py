@@ -112,13 +112,11 @@ def iter_bytes(path: str, block: int = 1 << 22):
         elif magic[:2] == b"\x1f\x8b":  # gzip
             with gzip.open(f) as g:
                 try:
-                    while chunk := g.read(block):
-                        yield chunk
+                    yield from iter(lambda: g.read(block), b"")
                 except (EOFError, OSError) as e:
                     raise BookError(f"{path}: truncated or corrupt gzip data ({e})") from None
         else:
-            while chunk := f.read(block):
-                yield chunk
+            yield from iter(lambda: f.read(block), b"")
 
 
 class ByteReader:
