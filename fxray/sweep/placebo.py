@@ -100,8 +100,7 @@ def run_placebo(args, storage: Path, real: dict, i: int, import_s: float) -> tup
     if pargs is None:
         print(f"placebo {i}: finished earlier with the same trials, kept")
         return 0, pdir, False
-    data = pdir / DATA
-    ensure_data(data, real, i)
+    ensure_data(pdir / DATA, real, i)
     plan = driver.validate(pargs, import_s)
     plan.mlflow_extra = {
         "tags": {
@@ -187,8 +186,7 @@ def conclude(args, storage: Path, real: dict, sweeps: list) -> int:
         print(f"   placebo {s['index']}: best pooled test Sharpe {s['best_test_sharpe']:+.2f} ({s['storage']})")
     print(text(verdict))
     png = verdict_png(storage / "verdict.png", [(real["experiment"], verdict)])
-    summary = {k: v for k, v in metrics(verdict).items() if k in ("placebo_pvalue",)}
-    summary["placebo_n"] = len(bests)
+    summary = {**{k: v for k, v in metrics(verdict).items() if k == "placebo_pvalue"}, "placebo_n": len(bests)}
     with Writer(storage, real["mlflow"]["uri"]) as writer:  # the finished parent run gets the verdict
         lost = writer.finish("FINISHED", summary, [("verdict", png)])
     if lost:

@@ -51,14 +51,6 @@ def missing_checkpoints(results: dict, trials: list[dict]) -> list[Path]:
     return [d / f"fold{k}.safetensors" for d, k in folders if not fold_checkpoints(d, k) and not abstained(d, k)]
 
 
-def trial_config(trial: dict):
-    """The TrainConfig of a trial's recorded config (its keys that the config knows)."""
-    from fxray.rl.config import make_config
-
-    known = set(make_config({}).as_dict())
-    return make_config({k: v for k, v in trial["config"].items() if k in known})
-
-
 def votes(q):
     """(..., n_actions) values -> one-hot greedy actions: their mean over members is each
     action's share of the votes, and its argmax the majority (ties: the lower index)."""
@@ -76,21 +68,22 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
     from fxray.eval import pooled
     from fxray.eval.backtest import backtest
     from fxray.rl.checkpoint import load_checkpoint
+    from fxray.rl.config import make_config
     from fxray.rl.network import QNetwork
     from fxray.rl.trainer import window_bars
 
     full = full_trials(results)
     sizes = sorted({min(n, len(full)) for n in sizes})
-    configs = {t["trial_id"]: trial_config(t) for t in full}
-    ckpts, first = Path(results["storage"]) / "checkpoints", configs[full[0]["trial_id"]]
-    cost, fill, ppy = first.cost, first.fill, results["periods_per_year"]
+    known = set(make_config({}).as_dict())  # the recorded config's keys that the config knows
+    first = make_config({k: v for k, v in full[0]["config"].items() if k in known})
+    ckpts, ppy = Path(results["storage"]) / "checkpoints", results["periods_per_year"]
+    cost, fill = first.cost, first.fill
 
     def member(trial: dict, fold: Fold) -> dict:
         """{window: (T, 3, 3) votes (one-hot greedy actions) or val-scaled advantages}."""
         paths = fold_checkpoints(ckpts / trial["trial_id"], fold.k)
         if not paths and abstained(ckpts / trial["trial_id"], fold.k):  # untrained, flat: it votes flat
-            flat = torch.zeros(3, device=data.device)
-            flat[1] = 1.0  # action 1: no position (fxray.eval.backtest.greedy_positions)
+            flat = torch.tensor([0.0, 1.0, 0.0], device=data.device)  # action 1: no position (greedy_positions)
             n = {w: getattr(fold, w)[1] - 1 - getattr(fold, w)[0] for w in ("val", "test")}
             return {w: flat.expand(n[w], 3, 3) for w in n}
         net = QNetwork.from_states([load_checkpoint(p)[0] for p in paths], data.device)  # a seed ensemble: K > 1
@@ -123,11 +116,7 @@ def slim(results: dict) -> dict:
     """What a vote reads of results.json's dict (a GPU sweep's is ~12 MB: the periods of every fold)."""
     keep = ("trial_id", "status", "folds_done", "config")
     return {
-        "folds": results["folds"],
-        "storage": results["storage"],
-        "periods_per_year": results["periods_per_year"],
-        "data": results["data"],
-        "base_config": results["base_config"],
+        **{k: results[k] for k in ("folds", "storage", "periods_per_year", "data", "base_config")},
         "best": {"baselines": results["best"].get("baselines") or {}},
         "trials": [{**{k: t[k] for k in keep}, "val": {"sharpe": t["val"]["sharpe"]}} for t in results["trials"]],
     }
@@ -152,10 +141,7 @@ def on_worker(workers):
     and the data are loaded there, on the sweep's device; the driver imports no torch)."""
     import ray
 
-    def ensemble(results: dict) -> dict:
-        return ray.get(workers.handles[0].vote.remote(slim(results)), timeout=600)
-
-    return ensemble
+    return lambda results: ray.get(workers.handles[0].vote.remote(slim(results)), timeout=600)
 
 
 def vote_of_full_trials(results: dict, data_path=None, data=None) -> dict:
