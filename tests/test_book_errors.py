@@ -193,3 +193,20 @@ def test_binance_truncated_gzip(tmp_path, btc_head):
     path = write_capture(tmp_path, btc_head)
     path.write_bytes(path.read_bytes()[:-2000])
     fails(tmp_path, path, r"truncated or corrupt gzip|bad JSON")
+
+
+def test_binance_malformed_numbers(tmp_path, btc_head):
+    """A price that is not a number (canonical layout) or a level that is not a pair (JSON
+    layout): one BookError naming the file, on numpy 1 and 2 alike."""
+    d = next(i for i, x in enumerate(btc_head) if i > 60 and "@depth" in x[:60])
+    lines = list(btc_head)
+    lines[d] = lines[d].replace('"b":[["1000.00"', '"b":[["10x0.00"', 1)
+    fails(tmp_path, write_capture(tmp_path, lines), r"a depth level is not a \[price, qty\] pair of numbers")
+    lines = list(btc_head)
+    lines[d] = lines[d].replace('"b":[["1000.00","606.675"]', '"b": [["1000.00"]', 1)  # not the canonical layout
+    fails(tmp_path, write_capture(tmp_path, lines), rf"line {d + 1}: malformed diff message \(ValueError")
+    t = next(i for i, x in enumerate(btc_head) if i > 60 and "@trade" in x[:60])
+    lines = list(btc_head)
+    lines[t] = lines[t].replace('"q":"', '"q":"0.2.4', 1)
+    path = write_capture(tmp_path, lines)
+    fails(tmp_path, write_capture(tmp_path, btc_head, "book.gz"), "a trade price or quantity is not a number", path)

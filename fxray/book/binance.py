@@ -83,10 +83,13 @@ def _parse(path: str, lineno: int, js: bytes) -> dict:
 
 def _numbers(texts: list) -> np.ndarray:
     """b"1.5,2" texts -> their numbers, float64, parsed at C speed; a malformed number ends the
-    parse early, so a caller checks the count."""
+    parse early (numpy 1) or raises (numpy 2): either way the caller's count check fails."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return np.fromstring(b",".join(texts), sep=",")
+        try:
+            return np.fromstring(b",".join(texts), sep=",")
+        except ValueError:
+            return np.empty(0)
 
 
 _IDS = re.compile(rb'"U":(\d+),"u":(\d+),"pu":(\d+)')
@@ -204,7 +207,7 @@ def iter_book(path: str, st: dict, stats: dict, instrument_id=None):
         stats["end"] = ts
         try:
             (sync.snapshot if kind == "snapshot" else sync.diff)(lineno, ts, js)
-        except (KeyError, TypeError, IndexError) as e:
+        except (KeyError, TypeError, IndexError, ValueError) as e:
             raise BookError(f"{path}: line {lineno}: malformed {kind} message ({type(e).__name__}: {e})") from None
         if len(sync.ts) >= DIFFS_PER_CHUNK:
             yield from sync.run()
