@@ -308,11 +308,11 @@ class Trainer:
             for b, p in zip(self.best_params, self.dqn.params):
                 p[kept] = b[kept]
         tests = self.evaluate(fold.test, kept) if kept else {}
-        if fold.holdout is not None and kept:  # val was not the chooser: it scores the kept weights now
-            vals = self.evaluate(fold.val, kept)
-            for k in kept:
-                best_val[k], best_score[k] = vals[k], selection_score(self.data, vals[k], self.members[k].cost)
+        # with a holdout, val was not the chooser: it scores the kept weights now
+        vals = self.evaluate(fold.val, kept) if fold.holdout is not None and kept else {}
         for k in kept:
+            if k in vals:
+                best_val[k], best_score[k] = vals[k], selection_score(self.data, vals[k], self.members[k].cost)
             results[k].scored(best_val[k], tests[k], best_score[k])
         flat = [k for k in range(len(self.members)) if best_val[k] is None and status[k] == "ok"]
         if flat:  # no epoch won on the chooser: the flat policy
@@ -432,8 +432,7 @@ def write_flat(folder, fold: Fold, cfg: TrainConfig, result: FoldResult) -> None
 
 def flat_windows(data: DeviceData, fold: Fold, cfg: TrainConfig) -> tuple[BacktestResult, BacktestResult]:
     """The flat policy's backtests on the fold's val and test windows (all its returns 0)."""
-    val, test = (
+    return tuple(
         evaluate(torch.zeros(w[1] - 1 - w[0], dtype=torch.int8, device=data.device), data.window(w, cfg.fill), cfg.cost)
         for w in (fold.val, fold.test)
     )
-    return val, test
