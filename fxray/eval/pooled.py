@@ -125,9 +125,7 @@ def score(stats: dict) -> float:
 
     One lucky trade makes one active period: its Sharpe (sqrt(ppy / n) annualised,
     whatever it earned) is scaled by 1/MIN_ACTIVE, so it cannot outrank a policy
-    that trades through the windows with an edge."""
-    if stats["evidence"] == "none":
-        return 0.0
+    that trades through the windows with an edge. No evidence: `pooled` set the Sharpe to 0."""
     return stats["sharpe"] * min(1.0, stats["n_active"] / MIN_ACTIVE)
 
 
