@@ -102,23 +102,23 @@ def known_ray_lines():
             sys.stderr.flush()
 
 
-class _Tee(io.TextIOBase):
-    def __init__(self, *streams):
-        self.streams = streams
+class _Tee(io.StringIO):
+    """A StringIO that also writes through to `stream`."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
 
     def write(self, text):
-        for stream in self.streams:
-            stream.write(text)
-        return len(text)
+        self.stream.write(text)
+        return super().write(text)
 
     def flush(self):
-        for stream in self.streams:
-            stream.flush()
+        self.stream.flush()
 
 
 @contextlib.contextmanager
 def capture_stdout():
     """Print as usual and keep a copy: `with capture_stdout() as buf: ...; buf.getvalue()`."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(_Tee(sys.stdout, buf)):
+    with contextlib.redirect_stdout(_Tee(sys.stdout)) as buf:
         yield buf
