@@ -199,15 +199,10 @@ def load_run(args) -> dict:
     from fxray.track.runs import trial_run
 
     run_id = args.from_run
-    client, run, uri = trial_run(
-        run_id, args.tracking_uri, ("fxray.folds", "fxray.dataset_hash"), f"--from-run {run_id}"
-    )
+    client, run, _ = trial_run(run_id, args.tracking_uri, ("fxray.folds", "fxray.dataset_hash"), f"--from-run {run_id}")
     tags = run.data.tags
-    if "fxray.seed" in tags:
-        seed = int(tags["fxray.seed"])
-    elif args.seed is not None:
-        seed = args.seed
-    else:
+    seed = int(tags["fxray.seed"]) if "fxray.seed" in tags else args.seed
+    if seed is None:
         raise ValueError(f"--from-run {run_id}: the run has no fxray.seed tag; pass --seed (its sweep.seed)")
     data_path = args.data or tags.get("fxray.data_path") or sweep_data_path(tags.get("fxray.storage"))
     if data_path is None or not Path(data_path).exists():
