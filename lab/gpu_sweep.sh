@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the default sweep as a user runs it, with the GPU's busy share sampled, and
 # where its wall time went (results.json time_breakdown via scripts/bench.py --sweep).
-#   [TUNE_TIMEOUT=S] bash lab/gpu_sweep.sh [TRIALS]      results under $OUT (default ./gpu_sweep)
+#   [TUNE_TIMEOUT=S] [TUNE_ARGS="--population 8"] bash lab/gpu_sweep.sh [TRIALS]      results under $OUT (default ./gpu_sweep)
 set -u
 out=${OUT:-$PWD/gpu_sweep}; mkdir -p "$out"
 export FXRAY_CACHE_DIR=$(mktemp -d) PYTHONUNBUFFERED=1
@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$out/gpu.txt"
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 > "$out/smi.csv" &
 smi=$!
 t0=$(date +%s.%N)
-timeout "${TUNE_TIMEOUT:-560}" python3 -m fxray.tune --trials "${1:-64}" --storage "$out/runs" --tracking-uri "sqlite:///$out/mlflow.db" \
+timeout "${TUNE_TIMEOUT:-560}" python3 -m fxray.tune --trials "${1:-64}" ${TUNE_ARGS:-} --storage "$out/runs" --tracking-uri "sqlite:///$out/mlflow.db" \
   --json "$out/results.json" > "$out/tune.log" 2>&1
 rc=$?
 t1=$(date +%s.%N)
