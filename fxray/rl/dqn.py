@@ -241,9 +241,10 @@ class DQN:
         envs = env.unsqueeze(2).expand_as(rows)
         member = torch.arange(K, device=step.device).view(K, 1, 1).expand_as(rows)
         reward, done = self.replay_reward[member, rows, envs], self.replay_done[member, rows, envs]
-        not_done = (~done).to(torch.float32)  # column j alive: no episode ended in columns < j
-        alive = torch.cat([torch.ones_like(not_done[..., :1]), not_done[..., :-1]], 2).cumprod(2)
-        keep = alive * (offsets < self.n.unsqueeze(2)).to(torch.float32)  # (K, B, n_max)
+        # column j alive: no episode ended in columns < j, i.e. j <= the first done column (a
+        # cumprod over n_max columns is the same 0/1 numbers, but a slow scan kernel on CUDA)
+        first_done = torch.where(done.any(2), done.to(torch.uint8).argmax(2), self.n_max).unsqueeze(2)
+        keep = ((offsets <= first_done) & (offsets < self.n.unsqueeze(2))).to(torch.float32)  # (K, B, n_max)
         return_n = (reward * keep * self.discounts[:, None, : self.n_max]).sum(2)
         k = keep.sum(2).to(torch.int64)  # (K, B) steps included, 1..n_k
         last_row = rows.gather(2, (k - 1).unsqueeze(2)).squeeze(2)
