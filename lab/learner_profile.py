@@ -5,10 +5,10 @@
 
 For each population size K (members of the default GPU profile's shape: batch 8192, 2048
 agents, hidden 256, inputs ridge, demo 1), on a random market: ms per step replayed as a
-CUDA graph (fp32/tf32, and with torch.autocast bf16 around the capture, split-K off), ms per
-step eager, and a torch.profiler table of the eager step's kernels by device time, with the
-sum of kernel time per step (if the graph's step is near that sum, the GPU is kernel-bound;
-if well above it, launch gaps). A probe: its numbers go to the note, not to a test.
+CUDA graph at dqn.matmul tf32, bf16 and fp32, ms per step eager (tf32), and a torch.profiler
+table of the eager step's kernels by device time, with the sum of kernel time per step (if the
+graph's step is near that sum, the GPU is kernel-bound; if well above it, launch gaps).
+A probe: its numbers go to the note, not to a test.
 """
 
 from __future__ import annotations
@@ -69,19 +69,15 @@ def main():
     for k in [int(x) for x in a.ks.split(",")]:
         row = {"K": k}
         if cuda:
-            for name, cast in (("graph_tf32", None), ("graph_bf16", torch.bfloat16)):
-                tr = Trainer(data, configs(k, batch, envs, hidden, True))
+            for name in ("tf32", "bf16", "fp32"):
+                torch.backends.cuda.matmul.allow_tf32 = name != "fp32"  # as Trainer.run_fold sets it
+                tr = Trainer(data, [c.replace(matmul=name) for c in configs(k, batch, envs, hidden, True)])
                 tr._begin(fold, list(range(k)))
-                if cast is not None:
-                    for net in (tr.dqn.q_network, tr.dqn.target_network):
-                        net.split_k = False
-                    with torch.autocast("cuda", dtype=cast, cache_enabled=False):
-                        tr._capture()
-                else:
-                    tr._capture()
-                row[name] = timed(tr.graph.replay, a.steps, sync)
+                tr._capture()
+                row[f"graph_{name}"] = timed(tr.graph.replay, a.steps, sync)
                 del tr
                 torch.cuda.empty_cache()
+        torch.backends.cuda.matmul.allow_tf32 = True
         tr = Trainer(data, configs(k, batch, envs, hidden, False))
         tr._begin(fold, list(range(k)))
         row["eager"] = timed(tr.dqn.step, a.steps, sync)
