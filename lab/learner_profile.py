@@ -1,11 +1,11 @@
-"""Where a learner step's GPU time goes (issue 50): kernels by device time, graph vs eager, bf16.
+"""Where a learner step's GPU time goes (issue 50): kernels by device time, graph vs eager.
 
     python lab/learner_profile.py --device cuda --ks 3,24          # one GPU: ~1-2 min
     python lab/learner_profile.py --device cpu --quick             # the script itself, seconds
 
 For each population size K (members of the default GPU profile's shape: batch 8192, 2048
 agents, hidden 256, inputs ridge, demo 1), on a random market: ms per step replayed as a
-CUDA graph at dqn.matmul tf32, bf16 and fp32, ms per step eager (tf32), and a torch.profiler
+CUDA graph at dqn.matmul tf32 and fp32, ms per step eager (tf32), and a torch.profiler
 table of the eager step's kernels by device time, with the sum of kernel time per step (if the
 graph's step is near that sum, the GPU is kernel-bound; if well above it, launch gaps).
 A probe: its numbers go to the note, not to a test.
@@ -69,7 +69,7 @@ def main():
     for k in [int(x) for x in a.ks.split(",")]:
         row = {"K": k}
         if cuda:
-            for name in ("tf32", "bf16", "fp32"):
+            for name in ("tf32", "fp32"):
                 torch.backends.cuda.matmul.allow_tf32 = name != "fp32"  # as Trainer.run_fold sets it
                 tr = Trainer(data, [c.replace(matmul=name) for c in configs(k, batch, envs, hidden, True)])
                 tr._begin(fold, list(range(k)))
@@ -100,8 +100,7 @@ def main():
             f"\nK={k}: "
             + ", ".join(f"{x} {row[x]:.3f} ms/step" for x in row if x not in ("K", "kernels"))
             + f", {count:.0f} kernels/step; samples/s at graph_tf32: "
-            + (f"{samples / row['graph_tf32'] * 1e3:.3g}" if cuda else "-")
-            + (f", bf16: {samples / row['graph_bf16'] * 1e3:.3g}" if cuda else ""),
+            + (f"{samples / row['graph_tf32'] * 1e3:.3g}" if cuda else "-"),
             flush=True,
         )
         kernels.sort(key=lambda e: -getattr(e, attr))

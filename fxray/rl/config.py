@@ -68,15 +68,14 @@ class TrainConfig:
     graphs: bool = True
     """capture collect+learn in a CUDA graph (CUDA only; same maths as eager)"""
     matmul: str = "tf32"
-    """training's matmuls: tf32 (CUDA tensor cores, ~1e-3 relative error; float32 on a CPU), fp32
-    (exact) or bf16 (tf32, and the hidden layers in bfloat16 while training, on any device)"""
+    """float32 matmuls on CUDA: tf32 (tensor cores, ~1e-3 relative error) or fp32 (exact)"""
 
     SECTION = "train"  # the experiment-file section (and error prefix) of these fields
     CHOICES = {
         "fill": ("next_open", "close"),
         "keep": ("best", "won"),
         "dtype": ("float32", "bfloat16"),
-        "matmul": ("tf32", "fp32", "bf16"),
+        "matmul": ("tf32", "fp32"),
     }
 
     def __post_init__(self):

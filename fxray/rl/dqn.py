@@ -99,8 +99,6 @@ class DQN:
         front = frontend.N_FRONT if cfg.inputs == "ridge" else None  # one front end for all: the fold's
         self.q_network = QNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, dev, front)
         self.target_network = QNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, dev, front)
-        for net in (self.q_network, self.target_network):
-            net.body_dtype = torch.bfloat16 if cfg.matmul == "bf16" else None
         self.params = self.q_network.params
         for p in self.params:
             p.requires_grad_(True)

@@ -80,9 +80,6 @@ class QNetwork:
         # gradient differs from mm's in the last bit), and a CPU step is bound by flops, not launches
         self.split_k = torch.device(device).type == "cuda"
         self.per_member = torch.device(device).type == "cpu"
-        # dqn.matmul: bf16: training's forward runs the body (hidden x hidden layers and their
-        # activations) in bfloat16; the first layer, the head and every evaluation (q_all) stay float32
-        self.body_dtype: torch.dtype | None = None
 
     @classmethod
     def from_states(cls, states: list[dict], device="cpu") -> QNetwork:
@@ -127,16 +124,13 @@ class QNetwork:
             return SplitKMatmul.apply(x, w, b)
         return bmm(x, w, b)
 
-    def _q(self, h: torch.Tensor, params: list[torch.Tensor], low: torch.dtype | None = None) -> torch.Tensor:
-        """h (K, N, H) pre-activation of the first layer -> Q (K, N, 3), the dueling head; `low`:
-        the body's dtype (the weights cast to it, the gradients flow back to the float32 ones)."""
+    def _q(self, h: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+        """h (K, N, H) pre-activation of the first layer -> Q (K, N, 3), the dueling head."""
         h = torch.relu(h)
         body = params[3:-2]
-        if low is not None and body:
-            h = h.to(low)
         for w, b in zip(body[0::2], body[1::2]):
-            h = torch.relu(self._linear(h, w.to(h.dtype), b.to(h.dtype)))
-        out = self._linear(h.to(torch.float32), params[-2], params[-1])
+            h = torch.relu(self._linear(h, w, b))
+        out = self._linear(h, params[-2], params[-1])
         value, adv = out[..., :1], out[..., 1:]
         return value + adv - adv.mean(-1, keepdim=True)
 
@@ -161,9 +155,7 @@ class QNetwork:
         # (not F.one_hot: its bounds check reads a value back to the host on CUDA)
         one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (K, N, 3)
         return self._q(
-            self._linear(self._front(market), self.params[1], self.params[2]) + self._embed(one_hot),
-            self.params,
-            self.body_dtype,
+            self._linear(self._front(market), self.params[1], self.params[2]) + self._embed(one_hot), self.params
         )
 
     def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:

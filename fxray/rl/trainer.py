@@ -188,7 +188,7 @@ class Trainer:
         as test does."""
         dirs = checkpoint_dirs or [None] * len(self.cfgs)
         # matmul precision is process-wide in torch: set it for whichever trainer runs now
-        torch.backends.cuda.matmul.allow_tf32 = self.cfgs[0].matmul != "fp32"
+        torch.backends.cuda.matmul.allow_tf32 = self.cfgs[0].matmul == "tf32"
         t_start = time.perf_counter()
         if abstains(self.data, fold, self.cfgs[0]):  # screen_t and abstain are shared by shape
             return [flat_fold(self.data, fold, c, t_start, d) for c, d in zip(self.cfgs, dirs)]

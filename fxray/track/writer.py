@@ -33,7 +33,7 @@ from pathlib import Path
 FOLDS = "folds.jsonl"
 EVENTS = "events.jsonl"
 POLL_S = 0.1  # the writer's latency behind the log
-# config fields that only act on CUDA (fxray.rl.trainer: CUDA graphs; TF32 matmuls; not matmul bf16): a sweep whose
+# config fields that only act on CUDA (fxray.rl.trainer: CUDA graphs; TF32 matmuls): a sweep whose
 # FoldWorkers ran on CPUs does not log them as params (sweep.json's base config keeps them;
 # --from-run then takes their defaults, which a CPU run ignores as well)
 CUDA_ONLY = ("graphs", "matmul")
@@ -242,7 +242,7 @@ def serve(storage: str, uri: str, session: str, wait: str = "") -> int:
     say(parent_run_id=tracker.parent_run_id, experiment_id=tracker.experiment_id)
     base, n_folds, failed, top = sweep["base"], len(sweep["folds"]), 0, []
     if sweep.get("device") == "cpu":  # switches that do nothing without CUDA are not the trial's params
-        base = {k: v for k, v in base.items() if k not in CUDA_ONLY or v == "bf16"}
+        base = {k: v for k, v in base.items() if k not in CUDA_ONLY}
     folds, events = Tail(storage / FOLDS), Tail(storage / EVENTS)
 
     def write(call, *args):
