@@ -79,11 +79,13 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def short_folds_experiment(tmp_path_factory) -> Path:
-    """The default experiment with its CPU profile's folds cut to 20 days' training, for the
-    train CLI's tests on the 60k-bar markets below (the profile trains 60 days: 70 days a fold)."""
+    """The default experiment with its CPU profile's folds cut to 20 days' training and 5-day val
+    and test windows (at most 4), for the train CLI's tests on the 60k-bar markets below (~41 days:
+    the profile's folds are 75 days)."""
     default = Path(__file__).resolve().parents[1] / "experiments/default.yaml"
     path = tmp_path_factory.mktemp("exp") / "default_short.yaml"
-    path.write_text(f"base: {default}\nname: default\ncpu: {{folds: {{train: 20d}}}}\n")
+    folds = "{train: 20d, val: 5d, test: 5d, max_folds: 4}"
+    path.write_text(f"base: {default}\nname: default\ncpu: {{folds: {folds}}}\n")
     return path
 
 
