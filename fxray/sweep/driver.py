@@ -172,9 +172,9 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     )
     if wplan.kind == "gpu" and wplan.population > 1:
         print(
-            "fxray.tune: note: --population on a GPU: each step is the one-config step to float rounding, "
-            "but over a fold the rounding grows: a fold's Sharpe may differ from a one-config-per-worker "
-            "sweep's by several units (docs/benchmarks.md, 'Populations under the sweep')",
+            f"fxray.tune: note: populations of up to {wplan.population} trials on a GPU: each step is the "
+            "one-config step to float rounding, but over a fold the rounding grows: a fold's Sharpe may differ "
+            "from a one-trial-per-worker sweep's by several units (docs/tune.md, 'Populations')",
             file=sys.stderr,
             flush=True,
         )
