@@ -599,13 +599,15 @@ def test_default_config_learns_a_strong_planted_signal(strong_cache, one_torch_t
 def test_shuffled_returns_control_does_not_look_profitable(strong_cache, one_torch_thread):
     """Same features, returns permuted: the signal is gone, so must be the profit; with the
     ridge rule's demonstrations too (dqn.demo: the rule is fitted on the permuted returns).
-    Both demo values train as one population (each member as it would alone)."""
+    Both demo values train as one population (each member as it would alone). A smaller learner
+    than the default (hidden 128, 3 epochs: a fifth of the CPU time) learns the real market
+    (test Sharpe 17.7 and 21.0 on the CPU) and must find nothing in its control."""
     market = cache.open(strong_cache)
     rng = np.random.default_rng(0)
     r = np.diff(np.log(market.close))
     close = market.close[0] * np.exp(np.concatenate([[0.0], np.cumsum(rng.permutation(r))]))
     arrays = {"ts": market.ts, "features": market.features, "ofi": market.ofi, "open": close, "close": close}
-    cfgs = [DQNConfig(cost=1e-5, fill="close", demo=demo) for demo in (0.0, 1.0)]
+    cfgs = [DQNConfig(cost=1e-5, fill="close", demo=demo, hidden=128, epochs=3) for demo in (0.0, 1.0)]
     fold = make_folds(market.ts, FoldSpec(train="20d", val="5d", test="20d", max_folds=1))[0]
     controls = Trainer(DeviceData(arrays), cfgs).run_fold(fold, [0, 0])
     reals = Trainer(DeviceData(market), cfgs).run_fold(fold, [0, 0])
