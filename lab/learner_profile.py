@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -41,17 +40,6 @@ def configs(k, batch, envs, hidden, graphs):
     return [base.replace(lr=5e-4 * (1 + i % 4), gamma=0.95 + 0.01 * (i % 3), n_step=3 + i % 5) for i in range(k)]
 
 
-def timed(step, n, sync):
-    for _ in range(3):
-        step()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        step()
-    sync()
-    return (time.perf_counter() - t0) / n * 1e3
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -74,13 +62,13 @@ def main():
                 tr = Trainer(data, [c.replace(matmul=name) for c in configs(k, batch, envs, hidden, True)])
                 tr._begin(fold, list(range(k)))
                 tr._capture()
-                row[f"graph_{name}"] = timed(tr.graph.replay, a.steps, sync)
+                row[f"graph_{name}"] = bp.timed_steps(tr.graph.replay, a.steps, sync) * 1e3
                 del tr
                 torch.cuda.empty_cache()
         torch.backends.cuda.matmul.allow_tf32 = True
         tr = Trainer(data, configs(k, batch, envs, hidden, False))
         tr._begin(fold, list(range(k)))
-        row["eager"] = timed(tr.dqn.step, a.steps, sync)
+        row["eager"] = bp.timed_steps(tr.dqn.step, a.steps, sync) * 1e3
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         n = 10
         with profile(activities=acts) as prof:
