@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
-# Does the learner see an edge that is nonlinear in the features? `fxray train` (the CPU profile's
-# learner) on a planted interaction market and a linear (flow) one, each beside its shuffled twin,
-# in three learner variants: as shipped (inputs ridge, demo 1), raw inputs, raw inputs without
-# demonstrations. 250k bars (beta 0.045), folds 45d/10d/20d x 6: ~90 pooled test days a run.
-#   bash lab/nonlinear_probe.sh [DIR]      (~2-4 min a run on 2 cores; 12 runs)
+# The learner on the planted markets, linear (flow, session) and nonlinear (interaction, regime,
+# threshold, hold), each beside its shuffled twin, in the default experiment's profile for this
+# machine (GPU where there is one, else CPU): `fxray train` of the base config (MODE=train) or the
+# chosen trial of `fxray tune --trials $TRIALS` (MODE=tune); one JSON a market, then the table.
+#   [MODE=train|tune] [TRIALS=8] [TUNE_TIMEOUT=S] [BETA=0.04] [MARKETS="flow interaction"] [TWINS=true|false] bash lab/nonlinear_probe.sh [DIR]
+# CPU, train: ~40 s a market on 2 cores (76 pooled test days).
 set -u
-dir=${1:-/tmp/nonlinear_probe}; mkdir -p "$dir"; cd "$dir" || exit 1
-export FXRAY_CACHE_DIR=$dir/cache
-for s in interaction flow; do for sh in false true; do cat > "p_${s}_${sh}.yaml" <<Y
-base: $OLDPWD/experiments/default.yaml
-name: p_${s}_${sh}
-data:
-  synth: {structure: ${s}, shuffle: ${sh}}
-cpu:
-  data: {synth: {n_bars: 250000, beta: 0.045, structure: ${s}, shuffle: ${sh}}}
-  folds: {train: 45d, val: 10d, test: 20d, max_folds: 6}
-Y
-done; done
-for m in interaction_false flow_false interaction_true flow_true; do
-  for v in "base:" "raw:--set inputs=raw" "raw0:--set inputs=raw --set demo=0"; do
-    name=${v%%:*}; sets=${v#*:}
-    # shellcheck disable=SC2086
-    fxray train --experiment "p_${m}.yaml" --device cpu $sets --json "out_${m}_${name}.json" > "log_${m}_${name}.txt" 2>&1
-    echo "$m $name: $(grep -E '^  test Sharpe' "log_${m}_${name}.txt" | cut -c3-60) | $(grep -oE 'oracle [^,]+, ridge [^,]+' "log_${m}_${name}.txt")"
+dir=${1:-/tmp/nonlinear_probe}; mkdir -p "$dir"
+here=$(cd "$(dirname "$0")/.." && pwd)
+export FXRAY_CACHE_DIR=${FXRAY_CACHE_DIR:-$dir/cache} PYTHONUNBUFFERED=1
+mode=${MODE:-train}; mkdir -p "${RUNS:-$dir}"
+shuffles=false; [ "${TWINS:-true}" = true ] && shuffles="false true"
+for s in ${MARKETS:-flow session interaction regime threshold hold}; do
+  for sh in $shuffles; do
+    name=${s}$([ "$sh" = true ] && echo _twin)
+    printf 'base: %s\nname: %s\ndata:\n  synth: {structure: %s, shuffle: %s%s}\n' \
+      "$here/experiments/default.yaml" "$name" "$s" "$sh" "${BETA:+, beta: $BETA}" > "$dir/$name.yaml"
+    t0=$(date +%s)
+    if [ "$mode" = tune ]; then
+      timeout "${TUNE_TIMEOUT:-1800}" python3 -m fxray.tune --experiment "$dir/$name.yaml" --trials "${TRIALS:-8}" --storage "${RUNS:-$dir}/runs_$name" \
+        --tracking-uri "sqlite:///${RUNS:-$dir}/mlflow.db" --json "$dir/$name.json" > "$dir/$name.log" 2>&1
+    else
+      python3 -m fxray.train --experiment "$dir/$name.yaml" --json "$dir/$name.json" > "$dir/$name.log" 2>&1
+    fi
+    echo "$name: exit $? in $(( $(date +%s) - t0 )) s"
+    rm -rf "${RUNS:-$dir}/runs_$name/checkpoints"
   done
 done
+python3 "$here/lab/nonlinear_table.py" "$dir"/*.json

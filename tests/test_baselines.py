@@ -149,7 +149,8 @@ def test_the_checked_screen_keeps_only_what_earns_on_the_slices_tail():
     X, F = torch.from_numpy(x), torch.from_numpy(fresh)
     cost = 2e-6
     kept = baselines.checked_screen(X, F, cost, 3.0)
-    assert kept.tolist() == screen_columns(X, F, 3.0, robust=True).tolist() and 0 in kept.tolist()
+    assert kept.linear_inputs().tolist() == screen_columns(X, F, 3.0, robust=True).tolist()
+    assert 0 in kept.linear_inputs().tolist() and kept.nonlinear_inputs() == []  # a linear market: no product
     cut = int(len(fresh) * (1 - baselines.HOLDOUT))
     head_rule = baselines.fit_rule(X[:cut], F[:cut], cost, columns=screen_columns(X[:cut], F[:cut], 3.0, robust=True))
     assert float(baselines.net_returns(head_rule.positions(X[cut:]), F[cut:], cost).sum()) > 0
@@ -160,7 +161,7 @@ def test_the_checked_screen_keeps_only_what_earns_on_the_slices_tail():
     assert baselines.checked_screen(X, flipped, cost, 3.0).numel() == 0
     assert baselines.checked_screen(X, F, cost, 100.0).numel() == 0  # no column passes on the head
     carry = torch.zeros_like(F)  # a carry of zeros is no carry
-    assert torch.equal(baselines.checked_screen(X, F, cost, 3.0, carry=carry), kept)
+    assert torch.equal(baselines.checked_screen(X, F, cost, 3.0, carry=carry).index, kept.index)
 
 
 def test_the_robust_screen_uses_whites_standard_error():

@@ -147,7 +147,7 @@ def screened_rule(market_data, t_min=2.0):
     train = data.window(fold.train, BASE.fill)
     market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
     kept = baselines.checked_screen(x, train.fresh, BASE.cost, t_min, market, carry=train.carry)
-    assert 0 < len(kept) < len(market), kept
+    assert 0 < len(kept.linear_inputs()) < len(market), kept
     rule = baselines.fit_rule(x, train.fresh, BASE.cost, carry=train.carry, columns=kept)
     return data, fold, x, train, market, kept, rule
 
@@ -159,8 +159,12 @@ def test_the_screened_table_is_the_rule_on_the_screened_inputs(market_data, monk
     data, fold, x, train, market, kept, rule = screened_rule(market_data)
     cfg = BASE
     a, b = fold.train[0], fold.train[1] - 1
-    assert torch.equal(kept, baselines.screen_columns(x, train.fresh, 2.0, market, robust=True))  # the check passed
-    assert not torch.equal(kept, baselines.screen_columns(x, train.fresh, 2.0, market))  # robust: not the ordinary t
+    assert torch.equal(
+        kept.linear_inputs(), baselines.screen_columns(x, train.fresh, 2.0, market, robust=True)
+    )  # the check passed
+    assert not torch.equal(
+        kept.linear_inputs(), baselines.screen_columns(x, train.fresh, 2.0, market)
+    )  # robust: not the ordinary t
     table = demo.fit(data, fold, cfg.cost, cfg.fill, screen_t=2.0)
     one_hot = torch.zeros(b - a, 3, 3).scatter_(2, table[a:b].long().unsqueeze(2), 1.0)
     path = backtest.greedy_positions(one_hot)

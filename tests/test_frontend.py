@@ -137,7 +137,8 @@ def test_the_screened_front_end_is_the_front_end_on_the_screened_inputs(fold_dat
     window = data.window(fold.train, "next_open")
     fresh = window.fresh
     market = torch.nonzero(frontend.clock_mask(data.n_inputs, data.device) == 0).flatten()
-    kept = baselines.checked_screen(z, fresh, 4e-5, 2.0, market, carry=window.carry)
+    terms = baselines.checked_screen(z, fresh, 4e-5, 2.0, market, carry=window.carry)
+    kept = terms.linear_inputs()
     assert torch.equal(kept, baselines.screen_columns(z, fresh, 2.0, market, robust=True))  # the check passed
     assert not torch.equal(kept, baselines.screen_columns(z, fresh, 2.0, market))  # robust: not the ordinary t
     assert 0 < len(kept) < len(market), kept  # a screen that keeps some inputs, not all
@@ -147,16 +148,23 @@ def test_the_screened_front_end_is_the_front_end_on_the_screened_inputs(fold_dat
     A_ref, c_ref = frontend.fit(data, fold, "next_open", regressors=mask)
     with pytest.raises(ValueError, match="regressors or screen_t > 0, not both"):
         frontend.fit(data, fold, "next_open", regressors=mask, screen_t=2.0, cost=4e-5)
-    assert torch.equal(A, A_ref) and torch.equal(c, c_ref)
+    n = frontend.N_FRONT
+    assert A.shape[0] == frontend.width(2.0) == n + frontend.SLOTS
+    assert torch.equal(A[:n], A_ref) and torch.equal(c[:n], c_ref)
     assert bool((A[:3, ~mask] == 0).all()) and bool((A[:3, mask] != 0).any())
+    # the slots pick the inputs of the product terms, as they are
+    raw = terms.nonlinear_inputs()[: frontend.SLOTS]
+    slots = torch.zeros(frontend.SLOTS, data.n_inputs)
+    slots[torch.arange(len(raw)), raw] = 1.0
+    assert torch.equal(A[n:], slots) and bool((c[n:] == 0).all())
     plain_A, plain_c = frontend.fit(data, fold, "next_open")
     # nothing passes; the same inputs pass, but at a cost no rule on them earns
     for A0, c0 in (
         frontend.fit(data, fold, "next_open", screen_t=100.0),
         frontend.fit(data, fold, "next_open", screen_t=2.0, cost=1.0),
     ):
-        assert bool((A0[:3] == 0).all()) and bool((c0[:3] == 0).all())
-        assert torch.equal(A0[3:], plain_A[3:]) and torch.equal(c0[3:], plain_c[3:])
+        assert bool((A0[:3] == 0).all()) and bool((c0[:3] == 0).all()) and bool((A0[n:] == 0).all())
+        assert torch.equal(A0[3:n], plain_A[3:]) and torch.equal(c0[3:n], plain_c[3:])
 
 
 def test_screen_t_refusals_are_one_line():

@@ -26,6 +26,7 @@ from fxray.rl.trainer import Trainer
 
 FLOOR = 0.6  # on the mean share of the three markets
 SEED_FLOOR = 0.4  # every market's
+NONLINEAR_FLOOR = 0.5  # the interaction market's (one draw, one seed)
 DRAWS = (0, 1, 2)  # market draw d (its synth seed) trained with learner seed d
 MARKET = SynthSpec(n_bars=60_000, seed=0, beta=0.09)  # draw 0 of the floor's markets
 
@@ -72,6 +73,30 @@ def test_the_cpu_profile_reaches_a_floor_share_of_the_oracle_on_small_planted_ma
     assert None not in shares, shares
     print(f"shares of the oracle, draws (and seeds) {DRAWS}: {shares}")
     assert sum(shares) / len(shares) >= FLOOR and min(shares) >= SEED_FLOOR, shares
+
+
+@pytest.mark.slow
+def test_the_cpu_profile_learns_an_edge_that_is_a_product_of_two_inputs(tmp_path, one_torch_thread):
+    """On an interaction market (the next bar's drift is a b, two observed inputs; fxray.data.synth)
+    the ridge rule on every input earns nothing, and the CPU profile's learner with the GPU
+    profile's screen (screen_t 3, abstain), which reads the inputs of the products the screen
+    keeps and is shown the screened rule's moves, reaches NONLINEAR_FLOOR of the oracle; on the
+    market's shuffled twin it makes no trade."""
+    cfg = expmod.load(expmod.default_experiment(), "cpu").config.replace(screen_t=3.0, abstain=True)  # as on the GPU
+    shares = {}
+    for shuffle in (False, True):
+        spec = dataclasses.replace(MARKET, structure="interaction", shuffle=shuffle)
+        to_cache(spec, tmp_path / f"{shuffle}.fxcache")
+        stats = pooled_test(cache.open(tmp_path / f"{shuffle}.fxcache"), cfg, seed=0)
+        shares[shuffle] = stats
+    planted, twin = shares[False], shares[True]
+    oracle = planted["oracle"]
+    assert oracle["sharpe"] > 2 * oracle["sharpe_se"], oracle
+    assert planted["ridge"]["sharpe"] < 0.3 * oracle["sharpe"], planted["ridge"]  # no linear edge
+    share = pooled.oracle_share(planted["dqn"], oracle)
+    print(f"interaction: share of the oracle {share}; the twin's trades {twin['dqn']['n_trades']}")
+    assert share is not None and share >= NONLINEAR_FLOOR, share
+    assert twin["dqn"]["n_trades"] == 0, twin["dqn"]
 
 
 def test_the_shuffled_twin_keeps_each_bars_size_and_no_days_drift():

@@ -116,3 +116,61 @@ def test_a_fold_on_a_nonlinear_market_reports_its_oracle_beside_the_ridge_rule(t
     data.set_fold(fold)
     table, _ = references(data, fold, COST, "next_open")
     assert table["oracle"]["sharpe"] > table["ridge"]["sharpe"] + 1.0, table
+
+
+def hc0_t(col: np.ndarray, y: np.ndarray) -> float:
+    """White's HC0 t of the slope of y on col alone, as textbook matrices (numpy)."""
+    X = np.column_stack([np.ones_like(col), col])
+    beta = np.linalg.solve(X.T @ X, X.T @ y)
+    e = y - X @ beta
+    bread = np.linalg.inv(X.T @ X)
+    cov = bread @ (X.T * e**2) @ X @ bread
+    return float(beta[1] / np.sqrt(cov[1, 1]))
+
+
+def test_the_screen_keeps_products_and_squares_and_no_product_an_input_explains():
+    """baselines.screen_terms against numpy: a product of two inputs and the square of a third
+    pass at pair_t (whose two-sided tail is t_min's times inputs / pairs), with the terms as
+    (x_i - m_i)(x_j - m_j) centred and scaled on the rows; an input that carries a linear edge
+    is kept alone, and its square, which a skewed input's edge leaks into, is judged on the
+    return less the inputs' fit and is not kept (it would pass on the return itself)."""
+    rng = np.random.default_rng(0)
+    n, t_min = 40_000, 3.0
+    x = rng.standard_normal((n, 5))
+    x[:, 3] = rng.chisquare(3, n) / np.sqrt(6)  # skewed: its square leaks its linear edge
+    x[:, :] += 0.3  # means the products must take off
+    y = 0.03 * (x[:, 0] - 0.3) * (x[:, 1] - 0.3) + 0.03 * ((x[:, 2] - 0.3) ** 2 - 1) + 0.06 * x[:, 3]
+    y += rng.standard_normal(n)
+    bar = baselines.pair_t(t_min, 5, 15)
+    assert math.isclose(math.erfc(bar / math.sqrt(2)), math.erfc(t_min / math.sqrt(2)) * 5 / 15, rel_tol=1e-9)
+    terms = baselines.screen_terms(torch.from_numpy(x), torch.from_numpy(y), t_min)
+    assert terms.index.tolist() == [[3, -1], [0, 1], [2, 2]], terms.index
+    assert terms.nonlinear_inputs() == [0, 1, 2] and terms.linear_inputs().tolist() == [3]
+    m = x.mean(0)
+    p01, p22 = (x[:, 0] - m[0]) * (x[:, 1] - m[1]), (x[:, 2] - m[2]) ** 2
+    want = np.column_stack([x[:, 3], (p01 - p01.mean()) / p01.std(ddof=1), (p22 - p22.mean()) / p22.std(ddof=1)])
+    np.testing.assert_allclose(terms(torch.from_numpy(x)).numpy(), want, atol=1e-12)
+    resid = y - y.mean() - (x[:, 3] - m[3]) * np.polyfit(x[:, 3] - m[3], y - y.mean(), 1)[0]
+    for col in (p01, p22):
+        assert abs(hc0_t(col, resid)) > bar
+    p33 = (x[:, 3] - m[3]) ** 2
+    assert abs(hc0_t(p33, y)) > bar > abs(hc0_t(p33, resid))  # passes on y, not on what x_3 leaves
+
+
+@pytest.mark.parametrize("structure", ["interaction", "regime", "threshold"])
+def test_the_screened_rule_earns_the_nonlinear_edge_the_ridge_misses(tmp_path, structure):
+    """Through the trainer's references on one fold: with a screen (screen_t 3) the screened rule
+    (its inputs and products) earns out of sample where the ridge on every input does not."""
+    from fxray.data.folds import FoldSpec, make_folds
+    from fxray.rl.device import DeviceData
+    from fxray.rl.references import references
+
+    path = tmp_path / f"{structure}.fxcache"
+    to_cache(SynthSpec(n_bars=N_BARS, seed=SEED, structure=structure, beta=BETA), path)
+    market = cache.open(path)
+    data = DeviceData(market)
+    fold = make_folds(market.ts, FoldSpec(train="40d", val="5d", test="20d", max_folds=1))[0]
+    data.set_fold(fold)
+    table, _ = references(data, fold, COST, "next_open", screen_t=3.0)
+    print(structure, {k: round(v["sharpe"], 2) for k, v in table.items() if k != "flat"})
+    assert table["screened"]["sharpe"] > max(table["ridge"]["sharpe"] + 3.0, 3.0), table

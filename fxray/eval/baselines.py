@@ -14,6 +14,11 @@ signal: what a trader who knew where the edge lives would do with the same data.
 nonlinear planted market the oracle's ridge reads the planted function of those columns
 (`form`, form_inputs), which no linear rule on the inputs can express.
 
+With a screen (fxray.rl.frontend.screened_inputs) the rule reads the screened terms of the
+inputs (`Terms`): inputs and pairwise products of inputs (squares included) whose robust
+next-bar t passes, so that an edge which is a product of two inputs, a sign set by another
+input, or a level of |x| (an even function: x squared) has a term a ridge can weigh.
+
 The hysteresis path is sequential in the position, so it is run as the greedy
 backtest runs a policy: each bar maps the previous position to the next, encoded as
 a one-hot (T, 3, 3) "Q" and composed by fxray.eval.backtest.greedy_positions.
@@ -60,9 +65,52 @@ FORMS = ("product", "signed", "threshold", "hold")
 
 
 @dataclass(frozen=True)
+class Terms:
+    """k terms of the normalised inputs x: row (i, -1) of `index` is x_i, row (i, j) the product
+    (x_i - m_i)(x_j - m_j) (i == j: a square) of the inputs less their train slice's means
+    (`shift`), each term then centred and scaled by its train slice's mean and std (an input
+    term by 0 and 1: it reads x_i exactly)."""
+
+    index: torch.Tensor  # (k, 2) int64
+    shift: torch.Tensor  # (k, 2) float64: m_i, m_j (0 for an input term)
+    center: torch.Tensor  # (k,) float64
+    scale: torch.Tensor  # (k,) float64
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, k) float64 of x (T, n_inputs)."""
+        xd = x.double()
+        j = self.index[:, 1]
+        other = torch.where(
+            j >= 0, xd[:, j.clamp_min(0)] - self.shift[:, 1], torch.ones((), dtype=xd.dtype, device=xd.device)
+        )
+        return ((xd[:, self.index[:, 0]] - self.shift[:, 0]) * other - self.center) / self.scale
+
+    def numel(self) -> int:
+        return int(self.index.shape[0])
+
+    def nonlinear_inputs(self) -> list[int]:
+        """The inputs of the product terms, each once, in the terms' order (the learner reads them raw)."""
+        seen = []
+        for c in self.index[self.index[:, 1] >= 0].flatten().tolist():
+            seen += [] if c in seen else [c]
+        return seen
+
+    def linear_inputs(self) -> torch.Tensor:
+        """(m,) int64: the inputs kept as terms of their own."""
+        return self.index[self.index[:, 1] < 0, 0]
+
+
+def _columns(x: torch.Tensor, columns) -> torch.Tensor:
+    """x's columns a rule reads: all (None), an index (k,), or screened Terms."""
+    if columns is None:
+        return x
+    return columns(x) if isinstance(columns, Terms) else x[:, columns]
+
+
+@dataclass(frozen=True)
 class Rule:
     weights: torch.Tensor  # (k,) float64 on the columns `columns`
-    columns: torch.Tensor | None  # (k,) int64 indices into the inputs, None = all
+    columns: torch.Tensor | Terms | None  # (k,) int64 indices into the inputs, screened Terms, None = all
     enter: float
     exit: float
     horizon: int
@@ -70,7 +118,7 @@ class Rule:
     form: tuple | None = None  # the columns through form_inputs first (a nonlinear market's oracle)
 
     def signal(self, x: torch.Tensor) -> torch.Tensor:
-        cols = x if self.columns is None else x[:, self.columns]
+        cols = _columns(x, self.columns)
         if self.form is not None:
             cols = form_inputs(cols, self.form)
         return cols.double() @ self.weights
@@ -129,8 +177,14 @@ def screen_columns(
         if candidates is None
         else torch.as_tensor(candidates, device=x.device)
     )
-    X = x[:, cols].double()
-    y = fresh.double()
+    t = t_statistics(x[:, cols], fresh, robust)
+    return cols[t.abs() > t_min]
+
+
+def t_statistics(X: torch.Tensor, fresh: torch.Tensor, robust: bool = True) -> torch.Tensor:
+    """(k,) float64: each column of X (n, k) alone, its least-squares slope on fresh (n,) over
+    its standard error (screen_columns)."""
+    X, y = X.double(), fresh.double()
     Xc, yc = X - X.mean(0), y - y.mean()
     sxx = (Xc**2).sum(0)
     slope = (Xc.T @ yc) / sxx.clamp_min(1e-300)
@@ -140,8 +194,54 @@ def screen_columns(
     else:
         resid = ((yc**2).sum() - slope**2 * sxx).clamp_min(0.0)  # per column: the residual sum of squares
         se = torch.sqrt(resid / max(len(y) - 2, 1) / sxx.clamp_min(1e-300))
-    t = torch.where((sxx > 0) & (se > 0), slope / se, torch.zeros_like(slope))
-    return cols[t.abs() > t_min]
+    return torch.where((sxx > 0) & (se > 0), slope / se, torch.zeros_like(slope))
+
+
+def pair_t(t_min: float, n_inputs: int, n_pairs: int) -> float:
+    """The |t| a product term must pass: the two-sided tail of N(0, 1) beyond t_min, times
+    n_inputs / n_pairs, so that the n_pairs products expect as many chance passes as the
+    n_inputs inputs do at t_min (a Bonferroni share; t_min 3 over 46 inputs: 3.87)."""
+    tail = math.erfc(t_min / math.sqrt(2)) * n_inputs / max(n_pairs, 1)
+    return -float(torch.special.ndtri(torch.tensor(tail / 2, dtype=torch.float64)))
+
+
+def screen_terms(x: torch.Tensor, fresh: torch.Tensor, t_min: float, candidates=None) -> Terms:
+    """Terms (`Terms`) of x (n, n_inputs) among `candidates` (None = all) whose robust next-bar
+    t passes: each input at t_min (screen_columns); then each product of two of them (i <= j,
+    of the inputs less their means on these rows) at pair_t (one product family: as many chance
+    passes as the inputs'), on the next bar's return less its least-squares fit on the inputs
+    kept (a product passes for what the inputs do not already say). Inputs first, in column
+    order, then products in (i, j) order."""
+    cols = (
+        torch.arange(x.shape[1], device=x.device)
+        if candidates is None
+        else torch.as_tensor(candidates, device=x.device)
+    )
+    linear = screen_columns(x, fresh, t_min, cols, robust=True)
+    f64 = dict(dtype=torch.float64, device=x.device)
+    index, shift = [torch.stack((linear, torch.full_like(linear, -1)), 1)], [torch.zeros(len(linear), 2, **f64)]
+    center, scale = [torch.zeros(len(linear), **f64)], [torch.ones(len(linear), **f64)]
+    y = fresh.double() - fresh.double().mean()
+    if len(linear):
+        kept = x[:, linear].double()
+        kept = kept - kept.mean(0)
+        y = y - kept @ torch.linalg.lstsq(kept, y[:, None]).solution[:, 0]
+    xd = x[:, cols].double()
+    means = xd.mean(0)
+    xd = xd - means
+    m = len(cols)
+    bar = pair_t(t_min, m, m * (m + 1) // 2)
+    for a in range(m):  # the products of input a with a..m-1: (n, m - a) at a time
+        prod = xd[:, a : a + 1] * xd[:, a:]
+        mean, sd = prod.mean(0), prod.std(0)
+        ok = (sd > 1e-12) & (t_statistics(prod, y).abs() > bar)
+        if ok.any():
+            others = torch.arange(a, m, device=x.device)[ok]
+            index.append(torch.stack((torch.full_like(others, int(cols[a])), cols[others]), 1))
+            shift.append(torch.stack((means[a].expand(len(others)), means[others]), 1))
+            center.append(mean[ok])
+            scale.append(sd[ok])
+    return Terms(torch.cat(index), torch.cat(shift), torch.cat(center), torch.cat(scale))
 
 
 HOLDOUT = 1 / 3  # the share of a train slice that checks the screened rule (checked_screen)
@@ -149,26 +249,26 @@ HOLDOUT = 1 / 3  # the share of a train slice that checks the screened rule (che
 
 def checked_screen(
     x: torch.Tensor, fresh: torch.Tensor, cost: float, t_min: float, candidates=None, *, carry=None, holdout=HOLDOUT
-) -> torch.Tensor:
-    """(k,) int64: `screen_columns` (robust t) on these rows (a train slice), kept only if the
+) -> Terms:
+    """`screen_terms` (robust t) on these rows (a train slice), kept only if the
     screened rule earns out of its own sample inside them: screened and fitted (fit_rule) on
     the first 1 - `holdout` of the rows, its positions on the rest must make a positive net
-    return at `cost`; else no column (a flat rule, a front end with no prediction).
+    return at `cost`; else no term (a flat rule, a front end with no prediction).
 
     A screen of day-long slopes keeps inputs whose edge a rule cannot earn (on a market whose
     edge is on a few hours a day, the views of it outside those hours cost more than they
     make): the held-out tail of the slice is where that shows, before any val or test bar is
     read. Measured: docs/benchmarks.md "A screen that must earn on the train slice's tail"."""
     cut = int(x.shape[0] * (1 - holdout))
-    inner = screen_columns(x[:cut], fresh[:cut], t_min, candidates, robust=True)
+    inner = screen_terms(x[:cut], fresh[:cut], t_min, candidates)
     if inner.numel() == 0:
         return inner
     head_carry, tail_carry = (None, None) if carry is None else (carry[:cut], carry[cut:])
     rule = fit_rule(x[:cut], fresh[:cut], cost, carry=head_carry, columns=inner)
     earned = net_returns(rule.positions(x[cut:]), fresh[cut:], cost, tail_carry).sum()
     if not float(earned) > 0:
-        return inner[:0]
-    return screen_columns(x, fresh, t_min, candidates, robust=True)
+        return Terms(inner.index[:0], inner.shift[:0], inner.center[:0], inner.scale[:0])
+    return screen_terms(x, fresh, t_min, candidates)
 
 
 def hysteresis_moves(signal: torch.Tensor, enter: float, exit: float) -> torch.Tensor:
@@ -191,7 +291,7 @@ def fit_rule(
     those bars (and holds the rule flat elsewhere); `form` regresses on form_inputs of the
     columns instead (a nonlinear planted market's oracle). A train slice with no usable
     signal gives an all-zero rule (flat)."""
-    cols = x if columns is None else x[:, columns]
+    cols = _columns(x, columns)
     form = tuple(form) if form is not None else None
     X = form_inputs(cols, form) if form is not None else cols.double()
     rows = gate if gate is not None else torch.ones(X.shape[0], dtype=torch.bool, device=X.device)

@@ -96,7 +96,7 @@ class DQN:
         self.replay_steps, self.global_step = (torch.zeros(K, dtype=i64, device=dev) for _ in range(2))
         self.loss_sum, self.q_abs_max = torch.zeros(K, device=dev), torch.zeros(K, device=dev)
         cfg = cfgs[0]
-        front = frontend.N_FRONT if cfg.inputs == "ridge" else None  # one front end for all: the fold's
+        front = frontend.width(cfg.screen_t) if cfg.inputs == "ridge" else None  # one front end for all: the fold's
         self.q_network = QNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, dev, front)
         self.target_network = QNetwork(K, data.n_inputs, cfg.hidden, cfg.depth, dev, front)
         self.params = self.q_network.params
