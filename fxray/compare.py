@@ -10,7 +10,7 @@ trials that ran every fold) and, pooled over ALL its test windows at the hourly 
 its Sharpe with the standard error, PSR(0), the Deflated Sharpe Ratio with N = every trial
 the sweep started, the same positions at 2x and 3x the cost, the break-even cost, the
 reference rules on the same windows (the oracle when the market carries one, the ridge
-rule, buy-and-hold, flat), the share of the oracle and what it adds over the linear rule;
+rule, buy-and-hold, flat), the share of the oracle and what it adds over the supervised rule;
 walk-forward selection; and the sweep's verdict in words (fxray.track.verdict). Per-fold
 values are shown for the table only: a Sharpe of a 5-day window is noise. PNGs (per-fold
 Sharpe, the chosen trials' equity on their test windows beside the references, Optuna's

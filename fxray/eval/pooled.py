@@ -179,7 +179,7 @@ def _delta_se(a: np.ndarray, b: np.ndarray, weight: float = 1.0, scale: float = 
     return math.sqrt(max(float(grad @ np.cov(Y, rowvar=False) @ grad) / a.size, 0.0))
 
 
-# --- how long a record must be, and what the learner adds over the linear rule -------------
+# --- how long a record must be, and what the learner adds over the supervised rule ---------
 
 Z_95 = 1.6448536269514722  # Phi^-1(0.95): the one-sided 95 % critical value
 
@@ -200,7 +200,10 @@ def min_track_record(sharpe: float, sharpe_se: float | None, n_periods: int, sr_
     return 1.0 + (n_periods - 1) * (z * sharpe_se / (sharpe - sr_benchmark)) ** 2
 
 
-LINEAR_RULES = ("ridge", "screened")  # fxray.eval.baselines' supervised rules: the linear references
+SUPERVISED_RULES = (
+    "ridge",
+    "screened",
+)  # fxray.eval.baselines: ridge (linear, every input), screened (its inputs and products)
 
 
 def daily_sums(windows: list[dict]) -> np.ndarray:
@@ -225,18 +228,18 @@ def sharpe_difference_se(a: np.ndarray, b: np.ndarray) -> float | None:
 
 
 def minus_linear(policy: dict, policy_windows: list[dict], references: dict, cost: float, periods_per_year: float):
-    """What the learner adds over the linear rule, on the same test days:
+    """What the learner adds over the supervised rule, on the same test days:
 
-    - linear_reference: the better by pooled val Sharpe of the LINEAR_RULES present
+    - linear_reference: the better by pooled val Sharpe of the SUPERVISED_RULES present
       (`references` {name: {"val": [windows], "test": [windows]}}), named;
     - minus_linear: the policy's pooled test Sharpe (`policy`, pooled()) minus that rule's,
       annualised, as both are shown;
     - minus_linear_se: its standard error from the paired daily returns (the two series summed
       by session day: days absorb the hours' autocorrelation within a day), Ledoit & Wolf's delta
       method, annualised by the days a year holds (periods_per_year x days / periods).
-    None in each where there is no linear rule."""
+    None in each where there is no such rule."""
     out = {"minus_linear": None, "minus_linear_se": None, "linear_reference": None}
-    ok = [n for n in LINEAR_RULES if n in references and len(references[n]["test"]) == len(policy_windows)]
+    ok = [n for n in SUPERVISED_RULES if n in references and len(references[n]["test"]) == len(policy_windows)]
     if not ok:
         return out
     val = {  # a rule without every val window (a record that kept only test) cannot win by val

@@ -1,5 +1,5 @@
 """What a person sees of a sweep: its last screen (the top trials and the chosen trial's
-pooled out-of-sample line with its baselines, DSR and what it adds over the linear rule; the
+pooled out-of-sample line with its baselines, DSR and what it adds over the supervised rule; the
 verdict's evidence follows it, fxray.track.verdict; then `closing_lines`: the market, the chosen
 trial beside the oracle and the ridge rule, the verdict in one sentence), the commands to run
 next, what MLflow is told at the end, and the equity plot of the chosen trial's test windows
@@ -43,14 +43,14 @@ def share_text(test: dict) -> str:
 
 
 def linear_line(test: dict) -> str:
-    """What the learner adds over the linear rule (fxray.eval.pooled.minus_linear), in words: it
+    """What the learner adds over the supervised rule (fxray.eval.pooled.minus_linear), in words: it
     adds when the difference is more than 1.645 standard errors above 0, does worse when as far
-    below, and adds nothing in between; '' without a linear rule."""
+    below, and adds nothing in between; '' without such a rule."""
     x, se, ref = test.get("minus_linear"), test.get("minus_linear_se"), test.get("linear_reference")
     if x is None:
         return ""
     diff = f"{x:+.2f} ± {fmt(se, '.2f')}"
-    where = f"the linear rule ({ref}, the better by val; paired daily differences)"
+    where = f"the supervised rule ({ref}, the better by val; paired daily differences)"
     if se is not None and x - 1.645 * se > 0:
         return f"the DQN adds {diff} over {where}"
     if se is not None and x + 1.645 * se < 0:
@@ -60,7 +60,7 @@ def linear_line(test: dict) -> str:
 
 def beside_lines(test: dict, refs: dict, walk: dict | None) -> list[str]:
     """What the last screen and fxray compare say after the chosen trial's pooled test line:
-    the references on the same windows, what it adds over the linear rule, walk-forward selection."""
+    the references on the same windows, what it adds over the supervised rule, walk-forward selection."""
     lines = [
         "beside it: " + ", ".join(f"{n} {sharpe_line(r)}" for n, r in refs.items()) + ", flat 0" + share_text(test)
     ]

@@ -96,10 +96,10 @@ def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
         out["test"][f"{key}_se"] = (
             pooled.oracle_share_se(test_windows, ref_windows[name]) if out["test"][key] is not None else None
         )
-    linear = {  # the learner's value: over the better by val of the linear rules, on the same test days
+    linear = {  # the learner's value: over the better by val of the supervised rules, on the same test days
         n: {w: [f.baseline_periods[n][w] for f in ok if w in f.baseline_periods[n]] for w in ("val", "test")}
         for n in ref_windows
-        if n in pooled.LINEAR_RULES
+        if n in pooled.SUPERVISED_RULES
     }
     out["test"].update(pooled.minus_linear(out["test"], test_windows, linear, cost, periods_per_year))
     out["baselines"] = refs
