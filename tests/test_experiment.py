@@ -57,7 +57,6 @@ def test_good_file_and_cpu_profile(tmp_path):
     assert space["lr"].log and not space["gamma"].log
     assert (space["n_step"].low, space["n_step"].high) == (1, 5)  # inclusive bounds
     assert space["hidden"].choices == (32, 64)
-    assert gpu.trial_config({"lr": 1e-3}).lr == 1e-3
     over = E.load(path, "gpu", {"sweep.trials": 9, "name": "other"})
     assert (over.sweep.trials, over.name) == (9, "other")
 

@@ -102,10 +102,6 @@ class Experiment:
         """{field: optuna distribution} for OptunaSearch."""
         return {p.name: p.distribution() for p in self.search}
 
-    def trial_config(self, sampled: dict) -> TrainConfig:
-        """The full config of a trial: the base config with the sampled values."""
-        return self.config.replace(**sampled)
-
     def warnings(self) -> list[str]:
         """Settings that are valid but unrealistic, one line each, naming the key."""
         cost = self.config.cost
