@@ -67,14 +67,17 @@ def test_the_front_end_sees_nothing_after_its_train_slice(synth_cache):
     fold = make_folds(m.ts, FoldSpec("20d", "5d", "5d"))[0]
     data = DeviceData(m)
     data.set_fold(fold)
-    before = frontend.fit(data, fold, "next_open")
+    screened = dict(screen_t=2.0, cost=4e-5)  # with the screen's terms (inputs and products) too
+    before = frontend.fit(data, fold, "next_open"), frontend.fit(data, fold, "next_open", **screened)
     end = fold.train[1]
     g = torch.Generator().manual_seed(0)
     data.x[end:] = torch.randn(data.x[end:].shape, generator=g)  # every input after the train slice
     data.bar[end:] = torch.randn(data.bar[end:].shape, generator=g) * 1e-3  # and every return
+    data.screens.clear()  # the screen is computed again, on the changed data
     data.set_fold(fold)
-    after = frontend.fit(data, fold, "next_open")
-    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    after = frontend.fit(data, fold, "next_open"), frontend.fit(data, fold, "next_open", **screened)
+    for (A0, c0), (A1, c1) in zip(before, after):
+        assert torch.equal(A0, A1) and torch.equal(c0, c1)
 
 
 def test_the_network_with_its_front_is_the_plain_network_it_folds_into():
