@@ -338,11 +338,15 @@ def test_each_member_trains_bit_for_bit_what_its_config_trains_alone(market_data
             assert without_timings(results[i].curve) == without_timings(b.curve) and results[i].test == b.test
 
 
-def test_members_with_the_front_end_train_what_they_train_alone_and_checkpoint_a_plain_network(market_data, tmp_path):
-    """dqn.inputs: ridge: the fold's front end, input noise on the clock only, and each member's
-    checkpoint a plain network's (the front folded in) that computes the Q the member scored."""
+@pytest.mark.parametrize("screen_t", [0.0, 2.0])
+def test_members_with_the_front_end_train_what_they_train_alone_and_checkpoint_a_plain_network(
+    market_data, tmp_path, screen_t
+):
+    """dqn.inputs: ridge: the fold's front end (with a screen, 11 wide: the inputs of its products
+    too), input noise on the clock only, and each member's checkpoint a plain network's (the front
+    folded in) that computes the Q the member scored."""
     data, fold = market_data
-    members = [cfg.replace(inputs="ridge") for cfg in MEMBERS[:2]]
+    members = [cfg.replace(inputs="ridge", screen_t=screen_t) for cfg in MEMBERS[:2]]
     trainer = Trainer(data, members)
     results = trainer.run_fold(fold, SEEDS[:2], checkpoint_dirs=[tmp_path / "a", tmp_path / "b"])
     for k, (cfg, seed) in enumerate(zip(members, SEEDS)):
