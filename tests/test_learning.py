@@ -78,11 +78,11 @@ def test_the_cpu_profile_reaches_a_floor_share_of_the_oracle_on_small_planted_ma
 @pytest.mark.slow
 def test_the_cpu_profile_learns_an_edge_that_is_a_product_of_two_inputs(tmp_path, one_torch_thread):
     """On an interaction market (the next bar's drift is a b, two observed inputs; fxray.data.synth)
-    the ridge rule on every input earns nothing, and the CPU profile's learner with the GPU
-    profile's screen (screen_t 3, abstain), which reads the inputs of the products the screen
-    keeps and is shown the screened rule's moves, reaches NONLINEAR_FLOOR of the oracle; on the
-    market's shuffled twin it makes no trade."""
-    cfg = expmod.load(expmod.default_experiment(), "cpu").config.replace(screen_t=3.0, abstain=True)  # as on the GPU
+    the ridge rule on every input earns nothing, and the CPU profile's learner, which reads the
+    inputs of the products its screen keeps and is shown the screened rule's moves, reaches
+    NONLINEAR_FLOOR of the oracle; on the market's shuffled twin it makes no trade."""
+    cfg = expmod.load(expmod.default_experiment(), "cpu").config
+    assert (cfg.screen_t, cfg.abstain) == (2.0, True)
     shares = {}
     for shuffle in (False, True):
         spec = dataclasses.replace(MARKET, structure="interaction", shuffle=shuffle)
