@@ -90,10 +90,7 @@ class Terms:
 
     def nonlinear_inputs(self) -> list[int]:
         """The inputs of the product terms, each once, in the terms' order (the learner reads them raw)."""
-        seen = []
-        for c in self.index[self.index[:, 1] >= 0].flatten().tolist():
-            seen += [] if c in seen else [c]
-        return seen
+        return list(dict.fromkeys(self.index[self.index[:, 1] >= 0].flatten().tolist()))
 
     def linear_inputs(self) -> torch.Tensor:
         """(m,) int64: the inputs kept as terms of their own."""
@@ -172,13 +169,16 @@ def screen_columns(
     heteroskedasticity-consistent HC0: sum((x - mean x)^2 e^2) / sxx^2, for returns whose
     variance moves with the volatility regime and the hour, as a market's do. Measured against
     the ridge on every input in docs/benchmarks.md ("Fresh draws", "A robust screen")."""
-    cols = (
-        torch.arange(x.shape[1], device=x.device)
-        if candidates is None
-        else torch.as_tensor(candidates, device=x.device)
-    )
+    cols = _candidates(x, candidates)
     t = t_statistics(x[:, cols], fresh, robust)
     return cols[t.abs() > t_min]
+
+
+def _candidates(x: torch.Tensor, candidates) -> torch.Tensor:
+    """(k,) int64 on x's device: the columns `candidates` names, None = all."""
+    if candidates is None:
+        return torch.arange(x.shape[1], device=x.device)
+    return torch.as_tensor(candidates, device=x.device)
 
 
 def t_statistics(X: torch.Tensor, fresh: torch.Tensor, robust: bool = True) -> torch.Tensor:
@@ -212,15 +212,8 @@ def screen_terms(x: torch.Tensor, fresh: torch.Tensor, t_min: float, candidates=
     passes as the inputs'), on the next bar's return less its least-squares fit on the inputs
     kept (a product passes for what the inputs do not already say). Inputs first, in column
     order, then products in (i, j) order."""
-    cols = (
-        torch.arange(x.shape[1], device=x.device)
-        if candidates is None
-        else torch.as_tensor(candidates, device=x.device)
-    )
+    cols = _candidates(x, candidates)
     linear = screen_columns(x, fresh, t_min, cols, robust=True)
-    f64 = dict(dtype=torch.float64, device=x.device)
-    index, shift = [torch.stack((linear, torch.full_like(linear, -1)), 1)], [torch.zeros(len(linear), 2, **f64)]
-    center, scale = [torch.zeros(len(linear), **f64)], [torch.ones(len(linear), **f64)]
     y = fresh.double() - fresh.double().mean()
     if len(linear):
         kept = x[:, linear].double()
@@ -230,18 +223,23 @@ def screen_terms(x: torch.Tensor, fresh: torch.Tensor, t_min: float, candidates=
     means = xd.mean(0)
     xd = xd - means
     m = len(cols)
-    bar = pair_t(t_min, m, m * (m + 1) // 2)
+    i, j = torch.triu_indices(m, m, device=x.device)  # the pairs i <= j, in (i, j) order
+    t, mean, sd = [], [], []
     for a in range(m):  # the products of input a with a..m-1: (n, m - a) at a time
         prod = xd[:, a : a + 1] * xd[:, a:]
-        mean, sd = prod.mean(0), prod.std(0)
-        ok = (sd > 1e-12) & (t_statistics(prod, y).abs() > bar)
-        if ok.any():
-            others = torch.arange(a, m, device=x.device)[ok]
-            index.append(torch.stack((torch.full_like(others, int(cols[a])), cols[others]), 1))
-            shift.append(torch.stack((means[a].expand(len(others)), means[others]), 1))
-            center.append(mean[ok])
-            scale.append(sd[ok])
-    return Terms(torch.cat(index), torch.cat(shift), torch.cat(center), torch.cat(scale))
+        t.append(t_statistics(prod, y))
+        mean.append(prod.mean(0))
+        sd.append(prod.std(0))
+    mean, sd = torch.cat(mean), torch.cat(sd)
+    ok = (sd > 1e-12) & (torch.cat(t).abs() > pair_t(t_min, m, len(i)))
+    i, j = i[ok], j[ok]
+    f64 = dict(dtype=torch.float64, device=x.device)
+    return Terms(
+        torch.cat((torch.stack((linear, torch.full_like(linear, -1)), 1), torch.stack((cols[i], cols[j]), 1))),
+        torch.cat((torch.zeros(len(linear), 2, **f64), torch.stack((means[i], means[j]), 1))),
+        torch.cat((torch.zeros(len(linear), **f64), mean[ok])),
+        torch.cat((torch.ones(len(linear), **f64), sd[ok])),
+    )
 
 
 HOLDOUT = 1 / 3  # the share of a train slice that checks the screened rule (checked_screen)

@@ -200,10 +200,8 @@ def min_track_record(sharpe: float, sharpe_se: float | None, n_periods: int, sr_
     return 1.0 + (n_periods - 1) * (z * sharpe_se / (sharpe - sr_benchmark)) ** 2
 
 
-SUPERVISED_RULES = (
-    "ridge",
-    "screened",
-)  # fxray.eval.baselines: ridge (linear, every input), screened (its inputs and products)
+# fxray.eval.baselines' supervised rules: ridge (linear, every input), screened (its inputs and products)
+SUPERVISED_RULES = ("ridge", "screened")
 
 
 def daily_sums(windows: list[dict]) -> np.ndarray:
