@@ -3,7 +3,7 @@
 # threshold, hold), each beside its shuffled twin, in the default experiment's profile for this
 # machine (GPU where there is one, else CPU): `fxray train` of the base config (MODE=train) or the
 # chosen trial of `fxray tune --trials $TRIALS` (MODE=tune); one JSON a market, then the table.
-#   [MODE=train|tune] [TRIALS=8] [TUNE_TIMEOUT=S] [BETA=0.04] [CPU_DQN="screen_t: 3.0, abstain: true"] [MARKETS="flow interaction"] [TWINS=true|false] bash lab/nonlinear_probe.sh [DIR]
+#   [MODE=train|tune] [TRIALS=8] [TUNE_TIMEOUT=S] [BETA=0.04] [CPU_DQN="screen_t: 3.0, abstain: true"] [MARKETS="flow interaction"] [TWINS=true|false] [TUNE_ARGS="--set seeds=1"] bash lab/nonlinear_probe.sh [DIR]
 # CPU, train: ~40 s a market on 2 cores (76 pooled test days).
 set -u
 dir=${1:-/tmp/nonlinear_probe}; mkdir -p "$dir"
@@ -19,7 +19,7 @@ for s in ${MARKETS:-flow session interaction regime threshold hold}; do
     [ -n "${CPU_DQN:-}" ] && printf 'cpu:\n  dqn: {%s}\n' "$CPU_DQN" >> "$dir/$name.yaml"
     t0=$(date +%s)
     if [ "$mode" = tune ]; then
-      timeout "${TUNE_TIMEOUT:-1800}" python3 -m fxray.tune --experiment "$dir/$name.yaml" --trials "${TRIALS:-8}" --storage "${RUNS:-$dir}/runs_$name" \
+      timeout "${TUNE_TIMEOUT:-1800}" python3 -m fxray.tune --experiment "$dir/$name.yaml" --trials "${TRIALS:-8}" ${TUNE_ARGS:-} --storage "${RUNS:-$dir}/runs_$name" \
         --tracking-uri "sqlite:///${RUNS:-$dir}/mlflow.db" --json "$dir/$name.json" > "$dir/$name.log" 2>&1
     else
       python3 -m fxray.train --experiment "$dir/$name.yaml" --json "$dir/$name.json" > "$dir/$name.log" 2>&1

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The CPU profile's power (issue: "edge" on >= 4 of 5 draws of a planted market with oracle Sharpe
+# ~4-5, "no edge" on >= 19 of 20 shuffled twins): the quick start's `fxray tune --trials 64` on
+# draws of the default market at beta $BETA (0.02: oracle ~+5 over the 76 pooled test days) and on
+# shuffled twins, interleaved so that a cut run still has both; one JSON each, then the table.
+#   [BETA=0.02] [DRAWS="1 2 3 4 5"] [TWINS="0 1 ... 19"] [TRIALS=64] [TUNE_TIMEOUT=1200] bash lab/cpu_power.sh [DIR]
+set -u
+dir=${1:-/tmp/cpu_power}; mkdir -p "$dir"
+here=$(cd "$(dirname "$0")/.." && pwd)
+export FXRAY_CACHE_DIR=${FXRAY_CACHE_DIR:-$dir/cache} PYTHONUNBUFFERED=1
+draws=(${DRAWS:-1 2 3 4 5}); twins=(${TWINS:-$(seq -s ' ' 0 19)})
+jobs=()
+for i in $(seq 0 $(( ${#twins[@]} - 1 ))); do
+  [ $(( i % 4 )) = 0 ] && [ $(( i / 4 )) -lt ${#draws[@]} ] && jobs+=("draw ${draws[$(( i / 4 ))]} false")
+  jobs+=("twin ${twins[$i]} true")
+done
+for k in $(seq ${#twins[@]} $(( ${#draws[@]} * 4 - 1 ))); do jobs+=("draw ${draws[$(( k / 4 ))]} false"); done
+for j in "${jobs[@]}"; do
+  set -- $j; name=$1$2
+  [ -s "$dir/$name.json" ] && continue
+  # beta in the cpu: section: the profile's own data.synth.beta is merged over the file's data
+  printf 'base: %s\nname: %s\ndata:\n  synth: {seed: %s, shuffle: %s}\ncpu:\n  data:\n    synth: {beta: %s}\n' \
+    "$here/experiments/default.yaml" "$name" "$2" "$3" "${BETA:-0.02}" > "$dir/$name.yaml"
+  t0=$(date +%s)
+  timeout "${TUNE_TIMEOUT:-1200}" python3 -m fxray.tune --experiment "$dir/$name.yaml" --trials "${TRIALS:-64}" \
+    --storage "$dir/runs_$name" --tracking-uri "sqlite:///$dir/mlflow.db" --json "$dir/$name.json" > "$dir/$name.log" 2>&1
+  echo "$name: exit $? in $(( $(date +%s) - t0 )) s"
+  rm -rf "$dir/runs_$name/checkpoints"
+done
+python3 - "$dir" <<'PY'
+import glob, json, os, sys
+rows = {"draw": [], "twin": []}
+for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    name = os.path.basename(p)[:-5]
+    r = json.load(open(p)); v = r.get("verdict") or {}; t = (r.get("best") or {}).get("test") or {}
+    kind = "draw" if name.startswith("draw") else "twin"
+    rows[kind].append(v.get("answer"))
+    print(f"{name:8s} {v.get('answer') or '-':13s} chosen {t.get('sharpe', float('nan')):+6.2f} ± {t.get('sharpe_se', float('nan')):.2f}"
+          f"  share {t.get('oracle_share') or float('nan'):+.2f}  days {t.get('n_days')}  wall {r.get('wall_s', 0):.0f} s")
+for kind, want in (("draw", "edge"), ("twin", "no_edge")):
+    a = rows[kind]
+    print(f"{kind}s: {want} on {sum(x == want for x in a)} of {len(a)} ({', '.join(str(x) for x in a)})")
+PY
