@@ -179,3 +179,32 @@ def test_seed_ensembles_of_one_shape_train_together_and_each_gets_what_it_gets_a
         solo = alone(data, cfg, fold, seed)
         for key in ("status", "val", "test", "val_periods", "test_periods", "seed_spread"):
             assert got[key] == getattr(solo, key), key
+
+
+def test_prepared_folds_are_computed_once_and_train_as_unprepared_ones(synth_cache):
+    """A worker prepares its sweep's folds while Tune starts (Gatherer.prepare): each fold's
+    screen, references and demonstrator once, found by the fold's first population, whose result
+    is the one an unprepared worker trains."""
+    from test_learner import BASE, FOLDS
+
+    from fxray.data import cache
+    from fxray.data.folds import make_folds
+    from fxray.rl.device import DeviceData
+
+    cfg = BASE.replace(screen_t=1.0, demo=1.0, abstain=True, epochs=1, steps_per_epoch=4)
+    market = cache.open(synth_cache)
+    folds = make_folds(market.ts, FOLDS)[:2]
+    data = DeviceData(market)
+    gatherer = Gatherer(data, k_max=1, pad=False)
+    assert gatherer.prepare(cfg.as_dict(), [f.as_dict() for f in folds]).wait(timeout=120)
+    assert len(data.screens) == len(data.references) == len(folds)
+    assert [r[3] for r in gatherer.runs] == ["warmup"] * len(folds)  # start-up, in the sweep's time_breakdown
+    done = {name: dict(getattr(data, name)) for name in ("screens", "references", "demo_moves")}
+    assert 1 <= len(done["demo_moves"]) <= len(folds)  # a fold whose screen keeps nothing has no demonstrator
+    got = [gatherer.train(cfg.as_dict(), f.as_dict(), 7) for f in folds]
+    for name, before in done.items():  # nothing computed again: the same objects, no new ones
+        after = getattr(data, name)
+        assert after.keys() == before.keys() and all(after[k] is v for k, v in before.items()), name
+    fresh = DeviceData(cache.open(synth_cache))
+    for f, result in zip(folds, got):
+        assert_same_fold(alone(fresh, cfg, f, 7), FoldResult(**{k: v for k, v in result.items() if k != "population"}))

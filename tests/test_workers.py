@@ -249,7 +249,7 @@ def test_plan_counts_the_trials_in_flight():
 def test_warmup_runs_a_short_fold_and_logs_it(pool):
     _, ref, folds, _ = pool
     fresh = FoldWorker.options(num_cpus=0, num_gpus=0).remote([ref], 7)
-    ray.get(fresh.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[0]))
+    ray.get(fresh.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[:1]))
     stats = ray.get(fresh.stats.remote())
     (call,) = stats["calls"]
     assert call[2:] == [None, folds[0]["k"], "warmup"] and call[1] > call[0]
@@ -263,7 +263,7 @@ def test_a_warmup_that_comes_after_a_fold_only_logs_itself(pool):
     _, ref, folds, _ = pool
     fresh = FoldWorker.options(num_cpus=0, num_gpus=0).remote([ref], 8)
     assert ray.get(fresh.train_fold.remote(TINY, folds[0], 1))["status"] == "ok"
-    ray.get(fresh.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[0]))
+    ray.get(fresh.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[:1]))
     stats = ray.get(fresh.stats.remote())
     assert [c[4] for c in stats["calls"]] == ["ok", "warmup"]
     warm = stats["calls"][1]

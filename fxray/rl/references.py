@@ -3,6 +3,7 @@ hyperparameters): what every trained policy is shown beside, and whether there i
 
     table, periods = references(data, fold, cost, fill, screen_t)   # kept on `data` once per fold
     abstains(data, fold, cfg)                                        # the checked screen keeps nothing
+    prepare(data, fold, cfg)                                         # all of a fold's work, ahead
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fxray.data.folds import Fold
 from fxray.eval import baselines
 from fxray.eval.backtest import buy_and_hold, evaluate
 from fxray.eval.metrics import summarize
-from fxray.rl import frontend
+from fxray.rl import demo, frontend
 from fxray.rl.config import TrainConfig
 from fxray.rl.device import DeviceData
 
@@ -65,3 +66,16 @@ def abstains(data: DeviceData, fold: Fold, cfg: TrainConfig) -> bool:
     if data.fold != fold:
         data.set_fold(fold)
     return frontend.screened_inputs(data, fold, cfg.cost, cfg.fill, cfg.screen_t).numel() == 0
+
+
+def prepare(data: DeviceData, fold: Fold, cfg: TrainConfig) -> None:
+    """A fold's work that no trial's hyperparameters change, into `data`'s caches: the checked
+    screen and abstention, the references and, where the fold trains, the demonstrator's moves
+    (for `cfg`'s cost, fill and screen_t). A FoldWorker runs it for every fold of its sweep
+    while Tune starts the trials (fxray.sweep.gather), so a fold's first population finds it
+    done; a fold's training computes whatever is not there yet, the same values."""
+    if data.fold != fold:
+        data.set_fold(fold)
+    if cfg.demo > 0 and not abstains(data, fold, cfg):
+        demo.fit(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
+    references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)

@@ -192,7 +192,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     with known_ray_lines():  # Ray's false alarm about the constructor's ref (fxray.sweep.logs)
         workers = start_workers(arrays_ref, wplan, cfg.dtype, pool_name(storage))
     # pays a device process's one-time costs while Tune starts (unordered with the trials' folds)
-    warmups = [handle.warmup.remote(cfg.as_dict(), folds[0]) for handle in workers.handles]
+    warmups = [handle.warmup.remote(cfg.as_dict(), folds) for handle in workers.handles]
     phases["workers_created"] = time.time()
     # the data proven (values, content hash) before anything is recorded under its hash: the
     # check ran while Ray and the workers started; a bad file is one line, exit 2, nothing written

@@ -2,6 +2,7 @@
 
     gatherer = Gatherer(data, k_max=4)
     result = gatherer.train(config, fold, seed, checkpoint_dir, stop)   # from any thread; blocks
+    done = gatherer.prepare(config, folds)    # the folds' shared work, while no request waits
 
 With `sweep.population: K`, up to K trials hold a lease on one worker at once, and each
 queues its next folds there (fxray.sweep.leases); K = 1 trains one trial at a time. The
@@ -30,6 +31,7 @@ from fxray.data.folds import Fold
 from fxray.rl.config import make_config
 from fxray.rl.device import DTYPES
 from fxray.rl.dqn import SHAPE_FIELDS
+from fxray.rl.references import prepare
 from fxray.rl.trainer import CaptureError, Trainer
 
 WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7 s)
@@ -70,6 +72,7 @@ class Gatherer:
         self.runs: list[list] = []
         self.capture_retries = 0  # populations trained again on a fresh trainer after a failed capture
         self.built = 0  # trainers built (each one's networks, replay and graph)
+        self.ahead: list = []  # [config, fold, done event]: fold work to do while no request waits (prepare)
         threading.Thread(target=self._loop, name="fxray-population", daemon=True).start()  # the device thread
 
     def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False) -> dict:
@@ -91,6 +94,19 @@ class Gatherer:
             raise req.error
         return req.result
 
+    def prepare(self, config: dict, folds: list[dict]) -> threading.Event:
+        """Queue each fold's work that no trial's hyperparameters change (fxray.rl.references.prepare,
+        for `config`'s cost, fill and screen): the device thread does it fold by fold whenever no
+        request waits, so that Tune's start-up hides it and a fold's first population finds it
+        done. The event is set when every fold is prepared."""
+        done = threading.Event()
+        cfg = make_config(config)
+        with self.cond:
+            self.ahead += [[cfg, Fold.from_dict(f), None] for f in folds]
+            self.ahead[-1][2] = done
+            self.cond.notify_all()
+        return done
+
     def _loop(self) -> None:
         """The device thread: train the next population, forever.
         On CUDA all of it runs on a stream of its own: nothing fxray does is queued on the legacy
@@ -107,9 +123,24 @@ class Gatherer:
     def _serve(self) -> None:
         while True:
             with self.cond:
-                self.cond.wait_for(lambda: self.queue)
-                batch = self._take()
-            self._run(batch)
+                self.cond.wait_for(lambda: self.queue or self.ahead)
+                batch, job = (self._take(), None) if self.queue else ([], self.ahead.pop(0))
+            if batch:
+                self._run(batch)
+            else:
+                self._prepare(*job)
+
+    def _prepare(self, cfg, fold: Fold, done) -> None:
+        """One fold's prepared work, logged as start-up (a "warmup" run); an error is left for the
+        fold's training to meet again, where it reaches a trial."""
+        t0 = time.time()
+        try:
+            prepare(self.data, fold, cfg)
+        except Exception:  # noqa: BLE001 - the fold's own training computes it again and reports
+            pass
+        self.runs.append([t0, time.time(), 0, "warmup"])
+        if done is not None:
+            done.set()
 
     def _take(self) -> list[Request]:
         """The oldest request and up to k_max - 1 more of its key (the lock held; waits for them)."""

@@ -95,20 +95,23 @@ class DeviceWorker:
         self.calls.append([t0, time.time(), token, fold["k"], result["status"]])
         return result
 
-    def warmup(self, config: dict, fold: dict) -> None:
+    def warmup(self, config: dict, folds: list[dict]) -> None:
         """One short fold of `config` (one epoch of a few steps), so that the one-time
         costs of a fresh device process (kernel loading, cuBLAS handles, the first graph
         capture: seconds on the H200) are paid while Tune starts its first trials, not
         inside the first trial. Logged as a call with status "warmup". Ray does not order it
         with the trials' folds (they come from other callers): where a fold came first, it
-        has paid those costs, and the warm-up is logged with no training and no length."""
+        has paid those costs, and the warm-up is logged with no training and no length.
+        Then the worker prepares every fold's shared work (fxray.sweep.gather, `prepare`)
+        whenever no trial's fold waits."""
         t0 = time.time()
         if self.n_calls:  # a trial's fold reached this worker first
-            self.calls.append([t0, t0, None, fold["k"], "warmup"])
-            return
-        small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
-        self.gatherer.train(small, fold, 0, warmup=True)  # its trainer is dropped at once
-        self.calls.append([t0, time.time(), None, fold["k"], "warmup"])
+            self.calls.append([t0, t0, None, folds[0]["k"], "warmup"])
+        else:
+            small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
+            self.gatherer.train(small, folds[0], 0, warmup=True)  # its trainer is dropped at once
+            self.calls.append([t0, time.time(), None, folds[0]["k"], "warmup"])
+        self.gatherer.prepare(config, folds)
 
     def vote(self, results: dict) -> dict:
         """The vote of the sweep's full trials on this worker's data (fxray.sweep.vote), once
