@@ -230,3 +230,20 @@ def test_its_shuffled_twin_does_not(tmp_path):
     # than 3 placebo deviations above their mean; its shuffled twin does not.
     assert placebo["z"] < 3, placebo
     assert v["spa_pvalue"] is None or v["spa_pvalue"] > 0.05
+
+
+def test_a_placebo_copy_is_made_once_and_one_of_another_sweep_is_refused(strong_cache, tmp_path):
+    """Re-running `--placebo N` finds its copies made (fxray.sweep.placebo.ensure_data): kept as
+    they are; a copy made for another index, seed or market is refused in one line."""
+    from fxray.sweep.placebo import ensure_data
+    from fxray.sweep.rundir import UsageError
+
+    market = cache.open(strong_cache)
+    real = {"data": {"path": str(strong_cache), "content_hash": market.content_hash}, "rounds": [{"seed": 0}]}
+    path = tmp_path / "placebo-1" / "market.fxcache"
+    ensure_data(path, real, 1)
+    made = path.stat().st_mtime_ns
+    ensure_data(path, real, 1)  # the re-run: the copy is there, and is this one
+    assert path.stat().st_mtime_ns == made and cache.open(path).meta["placebo"]["index"] == 1
+    with pytest.raises(UsageError, match=r"not placebo 2 \(seed 0\) of .*; delete .*placebo-1 to make it again"):
+        ensure_data(path, real, 2)
