@@ -15,7 +15,7 @@ is one line of COMMANDS.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -147,19 +147,6 @@ def _read_only(folder) -> bool:
         return False
 
 
-def _installed(module: str) -> bool:
-    """Whether `module` exists in this install (found without importing it)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # its parent package is missing
-        return False
-
-
-def available() -> dict[str, tuple[str, str]]:
-    """The COMMANDS whose module exists in this install."""
-    return {name: entry for name, entry in COMMANDS.items() if _installed(entry[0])}
-
-
 def usage(commands: dict) -> str:
     width = max(map(len, commands))
     rows = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in commands.items())
@@ -185,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = available()
+    commands = COMMANDS
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(commands))
         return 0 if argv else 2

@@ -32,7 +32,7 @@ _T_IMPORT = time.time()
 import ray  # noqa: E402, F401  (before the clock: Ray and Tune's import is not the run's)
 
 from fxray.cli import command_parser, nonnegative_int, positive_int, seed  # noqa: E402
-from fxray.data.cache import CacheError  # noqa: E402
+from fxray.data.cache import CacheError, first_line  # noqa: E402
 from fxray.data.folds import FoldError  # noqa: E402
 from fxray.rl import experiment as expmod  # noqa: E402
 from fxray.rl.config import ConfigError  # noqa: E402
@@ -140,8 +140,7 @@ def main(argv=None) -> int:
         print(e)
         return 0
     except USER_ERRORS as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"fxray.tune: error: {msg}", file=sys.stderr)
+        print(f"fxray.tune: error: {first_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fxray.tune: interrupted (if it had made its run directory, --resume continues it)", file=sys.stderr)

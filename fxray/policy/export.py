@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 import fxray
-from fxray.data.cache import Market
+from fxray.data.cache import Market, first_line
 from fxray.data.calendar import Calendar
 from fxray.data.features import MAX_LOOKBACK
 from fxray.data.folds import Fold
@@ -88,9 +88,7 @@ def load_candidate(path) -> Candidate:
     try:
         tensors, meta = load_checkpoint(path)
     except Exception as e:  # safetensors' and json's own errors: a damaged file either way
-        raise ExportError(
-            f"{path}: unreadable checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-        ) from None
+        raise ExportError(f"{path}: unreadable checkpoint ({first_line(e)})") from None
     missing = [k for k in ("config", "fold", "n_inputs") if k not in meta]
     if missing:
         raise ExportError(f"{path.with_suffix('.json')}: lacks {', '.join(missing)}; not an fxray checkpoint")

@@ -101,16 +101,8 @@ class TrainConfig:
             raise ConfigError(
                 f"algo: {self.algo!r} is not an algorithm of this config; known: {', '.join(sorted(ALGORITHMS))}"
             )
-        self._positive_ints(
-            "num_envs",
-            "episode_len",
-            "buffer_steps",
-            "updates_per_step",
-            "epochs",
-            "steps_per_epoch",
-            "patience",
-            "seeds",
-        )
+        ints = "num_envs episode_len buffer_steps updates_per_step epochs steps_per_epoch patience seeds"
+        self._positive_ints(*ints.split())
         self._in_range(("eps_start", "eps_end", "eps_decay"))
         if not _is_number(self.cost) or not 0 <= self.cost < 0.1:
             self._fail("cost", "must be in [0, 0.1) (return units)")

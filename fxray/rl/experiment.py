@@ -113,14 +113,6 @@ class Experiment:
             "a crypto perpetual ~5 bp (docs/metrics.md): an edge that exists only below that is none"
         ]
 
-    def describe(self) -> str:
-        d = self.config
-        return (
-            f"{self.sweep.trials} trials x {self.folds.max_folds or 'all'} folds "
-            f"({self.folds.train}/{self.folds.val}/{self.folds.test}) x {d.epochs} epochs "
-            f"x {d.steps_per_epoch} steps, {d.num_envs} envs, batch {d.batch_size}"
-        )
-
 
 def load(path, profile: str = "gpu", overrides: dict | None = None) -> Experiment:
     """Read and validate an experiment file. `overrides` (dotted keys -> values) come

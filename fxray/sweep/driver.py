@@ -232,9 +232,8 @@ def fit(run: Run) -> int | None:
         plan.phases["tune_done"] = time.time()
     except Exception as e:  # Tune gives up on e.g. an OOM kill of a trial; its state is saved
         run.writer.finish("FAILED")
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(
-            f"fxray.tune: the sweep stopped: {type(e).__name__}: {first}\n"
+            f"fxray.tune: the sweep stopped: {type(e).__name__}: {cache.first_line(e)}\n"
             f"continue it with: python -m fxray.tune --storage {storage} --resume",
             file=sys.stderr,
         )

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from fxray.sweep import driver
 from fxray.sweep.rundir import UsageError, read_sweep
-from fxray.track.results import fmt_s
+from fxray.track.results import fmt_s, write_json
 
 DATA = "market.fxcache"  # a placebo sweep's data, in its run directory
 
@@ -177,10 +177,7 @@ def conclude(args, storage: Path, real: dict, sweeps: list) -> int:
     verdict = snooping_verdict(results["trials"], len(results["folds"]), results["periods_per_year"], results["best"])
     add_placebo(verdict, placebo)
     results["verdict"] = json_ready(verdict)
-    text_json = json.dumps(results, indent=1)
-    path.write_text(text_json)
-    if args.json:
-        Path(args.json).write_text(text_json)
+    write_json(storage, args.json, results)
     print(f"\n== {real['experiment']}: the real sweep against {len(bests)} placebo sweep(s)")
     for s in sweeps:
         print(f"   placebo {s['index']}: best pooled test Sharpe {s['best_test_sharpe']:+.2f} ({s['storage']})")
