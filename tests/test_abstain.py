@@ -124,7 +124,7 @@ def test_the_sweeps_vote_reads_an_abstained_fold_as_a_flat_member(market_data, t
     ]
     results = {"folds": [fold.as_dict()], "storage": str(tmp_path), "periods_per_year": ppy, "trials": trials}
     assert missing_checkpoints(results, trials) == []  # their markers say they abstained
-    combined = combine_trials(results, data, sizes=[1, 2, 3], combine="vote")
+    combined = combine_trials(results, data, sizes=[1, 2, 3])
     marker = tmp_path / "checkpoints" / "c" / f"fold{fold.k}.abstained.json"
     marker.rename(marker.with_suffix(".kept"))
     assert [p.parent.name for p in missing_checkpoints(results, trials)] == ["c"]  # no marker, no weights: missing

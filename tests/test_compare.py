@@ -438,14 +438,14 @@ def test_a_vote_that_cannot_run_says_why_and_the_results_are_written_anyway(tmp_
         "storage": str(tmp_path),
         "trials": [trial("a", 1.0), trial("b", 3.0), trial("c", 9.0, folds_done=1)],
     }
-    two = vote_of_full_trials(results)
+    two = vote_of_full_trials(results, data=None)  # skipped before the data is read
     assert two["members"] == ["b", "a"] and two["skipped"] == "2 trial(s) ran every fold; a vote needs 3"
     assert vote_line(two).endswith("not run: 2 trial(s) ran every fold; a vote needs 3")
     results["trials"].append(trial("d", 2.0))
     (tmp_path / "checkpoints" / "b").mkdir(parents=True)
     for k in (0, 1):
         (tmp_path / "checkpoints" / "b" / f"fold{k}.safetensors").write_bytes(b"")
-    three = vote_of_full_trials(results)
+    three = vote_of_full_trials(results, data=None)
     assert three["n_members"] == 3 and three["skipped"].startswith("4 checkpoint(s) missing, e.g. ")
     assert str(tmp_path / "checkpoints" / "d" / "fold0.safetensors") in three["skipped"]
 

@@ -124,6 +124,6 @@ def test_a_checkpointed_ensemble_writes_its_members_and_the_vote_reads_them_as_i
     trial = {"trial_id": "a", "status": "ok", "folds_done": 1, "config": CFG.as_dict(), "val": {"sharpe": 1.0}}
     results = {"folds": [fold.as_dict()], "storage": str(tmp_path), "periods_per_year": ppy, "trials": [trial]}
     assert missing_checkpoints(results, [trial]) == []
-    vote = combine_trials(results, data, sizes=[1], combine="vote")[1]["test"]
+    vote = combine_trials(results, data, sizes=[1])[1]["test"]
     want = pooled.pooled([result.test_periods], CFG.cost, ppy)
     assert vote["n_trades"] == want["n_trades"] > 0 and vote["sharpe"] == pytest.approx(want["sharpe"], rel=1e-6)

@@ -1,29 +1,27 @@
 """The sweep's full trials as one policy: at every bar and position, the action most of them take.
 
-    ensemble = vote_of_full_trials(results)     # results.json's dict, before it is written
+    ensemble = vote_of_full_trials(results, data)     # results.json's dict, before it is written
     write_results(..., ensemble=on_worker(workers))   # the sweep: the same, on FoldWorker 0
-    combined = combine_trials(results, data, sizes=[1, 5, len(full)], combine="vote")
+    combined = combine_trials(results, data, sizes=[1, 5, len(full)])
 
 Why: a config's fold result is one draw from a distribution about as wide as the spread
 between configs, so the chosen trial is the luckiest draw on val. A vote of the trials that
 ran every fold (the ones ASHA kept, on their val windows) averages some of that luck away,
 as bagging does.
 
-Only val decides: membership is ASHA's (val scores), the ranking is by pooled val Sharpe,
-and an advantage's scale is its val window's. The rule (all full trials, a majority vote) is
-fixed before a sweep starts, so its pooled test statistics are one policy's out of sample;
-the sweep still reports and deflates its chosen trial as `best`.
+Only val decides: membership is ASHA's (val scores), the ranking is by pooled val Sharpe. The
+rule (all full trials, a majority vote) is fixed before a sweep starts, so its pooled test
+statistics are one policy's out of sample; the sweep still reports and deflates its chosen
+trial as `best`.
 
-Members may differ in gamma, n_step and reward scale, so raw Q-values are not comparable.
-"vote": each member's greedy action at every bar and previous position is one vote; the
+Members may differ in gamma, n_step and reward scale, so raw Q-values are not comparable:
+each member's greedy action at every bar and previous position is one vote; the
 policy takes the action with the most votes (ties: the lower action index, as argmax
-breaks them). "advantage": member k's advantage A_k = Q_k - its mean over actions, divided
-by its standard deviation over the fold's val window; the policy acts on their mean.
+breaks them).
 Needs the run directory's checkpoints (checkpoints/<trial>/fold<k>.safetensors; a seed
 ensemble's trial, its members' fold<k>.m<i>.safetensors, whose mean Q is its policy). A trial
 that is flat on a fold (dqn.abstain: its checked screen kept nothing, or dqn.keep won: no epoch
-won on val; no weights) is flat there: its vote is "no position" at every bar (in "advantage", a unit
-advantage toward it).
+won on val; no weights) is flat there: its vote is "no position" at every bar.
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ def votes(q):
     return torch.nn.functional.one_hot(q.argmax(-1), q.shape[-1]).to(q.dtype)
 
 
-def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote", log=None) -> dict:
+def combine_trials(results: dict, data, sizes: list[int]) -> dict:
     """{n: {"val": pooled stats, "test": pooled stats}} of the top n full trials combined, per
     fold, on that fold's val and test windows. `data`: a DeviceData of the sweep's market."""
     import torch
@@ -80,7 +78,7 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
     cost, fill = first.cost, first.fill
 
     def member(trial: dict, fold: Fold) -> dict:
-        """{window: (T, 3, 3) votes (one-hot greedy actions) or val-scaled advantages}."""
+        """{window: (T, 3, 3) votes (one-hot greedy actions)}."""
         paths = fold_checkpoints(ckpts / trial["trial_id"], fold.k)
         if not paths and abstained(ckpts / trial["trial_id"], fold.k):  # untrained, flat: it votes flat
             flat = torch.tensor([0.0, 1.0, 0.0], device=data.device)  # action 1: no position (greedy_positions)
@@ -92,11 +90,8 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
             with torch.no_grad():  # its mean Q, as the trainer scored it
                 chunks = window_bars(data, getattr(fold, w))
                 q = torch.cat([net.q_all(data.states(t).unsqueeze(0).expand(k, -1, -1)) for t in chunks], 1).mean(0)
-            out[w] = q - q.mean(-1, keepdim=True)
-        if combine == "vote":
-            return {w: votes(a) for w, a in out.items()}
-        scale = out["val"].std().clamp_min(1e-12)
-        return {w: a / scale for w, a in out.items()}
+            out[w] = votes(q - q.mean(-1, keepdim=True))
+        return out
 
     periods = {n: {"val": [], "test": []} for n in sizes}
     for fd in results["folds"]:
@@ -107,8 +102,6 @@ def combine_trials(results: dict, data, sizes: list[int], combine: str = "vote",
             for w in ("val", "test"):
                 mean = torch.stack([m[w] for m in members[:n]]).mean(0)
                 periods[n][w].append(backtest(mean, data.window(getattr(fold, w), fill), cost).periods.as_dict())
-        if log:
-            log(f"fold {fold.k}: {len(members)} members combined")
     return {n: {w: pooled.pooled(periods[n][w], cost, ppy) for w in ("val", "test")} for n in sizes}
 
 
@@ -122,20 +115,6 @@ def slim(results: dict) -> dict:
     }
 
 
-def sweep_data(results: dict, data_path=None, device: str = "auto"):
-    """A DeviceData of the sweep's market (`data_path`, else the fxcache results.json names) in
-    the storage dtype its members trained on; device "auto": CUDA where there is one."""
-    import torch
-
-    from fxray.data import cache
-    from fxray.rl.device import DeviceData
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = results["base_config"].get("dtype", "float32")
-    return DeviceData(cache.open(data_path or results["data"]["path"]), device, dtype)
-
-
 def on_worker(workers):
     """`ensemble` for fxray.track.results.write_results: the vote, run by FoldWorker 0 (torch
     and the data are loaded there, on the sweep's device; the driver imports no torch)."""
@@ -144,11 +123,11 @@ def on_worker(workers):
     return lambda results: ray.get(workers.handles[0].vote.remote(slim(results)), timeout=600)
 
 
-def vote_of_full_trials(results: dict, data_path=None, data=None) -> dict:
+def vote_of_full_trials(results: dict, data) -> dict:
     """What results.json's "ensemble" holds: the vote of all full trials, pooled on val and
     test, its shares of the oracle and the ridge rule on the chosen trial's test windows (the
     same windows: every member ran every fold); or {"skipped": why}. `data`: a DeviceData of
-    the sweep's market (a FoldWorker's), else one is loaded from `data_path` or results.json's."""
+    the sweep's market (a FoldWorker's)."""
     full = full_trials(results)
     out = {"combine": "vote", "members": [t["trial_id"] for t in full], "n_members": len(full)}
     if len(full) < MIN_MEMBERS:
@@ -158,8 +137,7 @@ def vote_of_full_trials(results: dict, data_path=None, data=None) -> dict:
         return {**out, "skipped": f"{len(missing)} checkpoint(s) missing, e.g. {missing[0]}"}
     from fxray.eval import pooled
 
-    data = data if data is not None else sweep_data(results, data_path)
-    stats = combine_trials(results, data, [len(full)], "vote")[len(full)]
+    stats = combine_trials(results, data, [len(full)])[len(full)]
     refs = results["best"].get("baselines") or {}
     stats["test"]["oracle_share"] = pooled.oracle_share(stats["test"], refs.get("oracle"))
     stats["test"]["ridge_share"] = pooled.oracle_share(stats["test"], refs.get("ridge"))

@@ -118,7 +118,7 @@ class DeviceWorker:
         the sweep's folds are done: it sets the data's fold as it goes."""
         from fxray.sweep.vote import vote_of_full_trials
 
-        return vote_of_full_trials(results, data=self.data)
+        return vote_of_full_trials(results, self.data)
 
     @ray.method(concurrency_group="control")
     def cancel(self, token: str) -> None:
