@@ -208,3 +208,25 @@ def test_prepared_folds_are_computed_once_and_train_as_unprepared_ones(synth_cac
     fresh = DeviceData(cache.open(synth_cache))
     for f, result in zip(folds, got):
         assert_same_fold(alone(fresh, cfg, f, 7), FoldResult(**{k: v for k, v in result.items() if k != "population"}))
+
+
+def test_settle_drops_the_folds_not_prepared_yet(synth_cache):
+    """A FoldWorker's vote sets folds on the data from its own thread: `settle` first leaves the
+    device thread nothing to prepare, and waits for the fold it is preparing."""
+    from test_learner import BASE, FOLDS
+
+    from fxray.data import cache
+    from fxray.data.folds import FoldSpec, make_folds
+    from fxray.rl.device import DeviceData
+
+    market = cache.open(synth_cache)
+    folds = make_folds(market.ts, FoldSpec(train=FOLDS.train, val="2d", test="2d"))
+    assert len(folds) >= 3
+    data = DeviceData(market)
+    gatherer = Gatherer(data, k_max=1, pad=False)
+    cfg = BASE.replace(screen_t=1.0, demo=1.0, abstain=True)
+    gatherer.prepare(cfg.as_dict(), [f.as_dict() for f in folds])
+    gatherer.settle()  # at once: the first fold (seconds) is still being prepared
+    prepared = len(data.screens)
+    time.sleep(3.0)  # ~1 s a fold here: without settle, two or three more would be prepared by now
+    assert len(data.screens) == prepared < len(folds)  # nothing prepared after settle returned

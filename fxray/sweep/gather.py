@@ -73,6 +73,7 @@ class Gatherer:
         self.capture_retries = 0  # populations trained again on a fresh trainer after a failed capture
         self.built = 0  # trainers built (each one's networks, replay and graph)
         self.ahead: list = []  # [config, fold, done event]: fold work to do while no request waits (prepare)
+        self.preparing = False  # the device thread is preparing a fold now
         threading.Thread(target=self._loop, name="fxray-population", daemon=True).start()  # the device thread
 
     def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False) -> dict:
@@ -98,7 +99,7 @@ class Gatherer:
         """Queue each fold's work that no trial's hyperparameters change (fxray.rl.references.prepare,
         for `config`'s cost, fill and screen): the device thread does it fold by fold whenever no
         request waits, so that Tune's start-up hides it and a fold's first population finds it
-        done. The event is set when every fold is prepared."""
+        done. The event is set when every fold is prepared (never, if `settle` drops some first)."""
         done = threading.Event()
         cfg = make_config(config)
         with self.cond:
@@ -106,6 +107,13 @@ class Gatherer:
             self.ahead[-1][2] = done
             self.cond.notify_all()
         return done
+
+    def settle(self) -> None:
+        """Drop the folds not prepared yet and wait for the one being prepared: afterwards the device
+        thread touches the data only for requests (a FoldWorker's vote sets folds on it itself)."""
+        with self.cond:
+            self.ahead.clear()
+            self.cond.wait_for(lambda: not self.preparing)
 
     def _loop(self) -> None:
         """The device thread: train the next population, forever.
@@ -125,10 +133,14 @@ class Gatherer:
             with self.cond:
                 self.cond.wait_for(lambda: self.queue or self.ahead)
                 batch, job = (self._take(), None) if self.queue else ([], self.ahead.pop(0))
+                self.preparing = job is not None
             if batch:
                 self._run(batch)
-            else:
-                self._prepare(*job)
+                continue
+            self._prepare(*job)
+            with self.cond:
+                self.preparing = False
+                self.cond.notify_all()
 
     def _prepare(self, cfg, fold: Fold, done) -> None:
         """One fold's prepared work, logged as start-up (a "warmup" run); an error is left for the

@@ -118,6 +118,7 @@ class DeviceWorker:
         the sweep's folds are done: it sets the data's fold as it goes."""
         from fxray.sweep.vote import vote_of_full_trials
 
+        self.gatherer.settle()  # no fold preparing on the device thread while the vote sets folds
         return vote_of_full_trials(results, self.data)
 
     @ray.method(concurrency_group="control")
