@@ -204,7 +204,7 @@ def load_run(args) -> dict:
     seed = int(tags["fxray.seed"]) if "fxray.seed" in tags else args.seed
     if seed is None:
         raise ValueError(f"--from-run {run_id}: the run has no fxray.seed tag; pass --seed (its sweep.seed)")
-    data_path = args.data or tags.get("fxray.data_path") or sweep_data_path(tags.get("fxray.storage"))
+    data_path = args.data or tags.get("fxray.data_path")
     if data_path is None or not Path(data_path).exists():
         raise ValueError(
             f"--from-run {run_id}: its data file {data_path or '(not recorded)'} is not here; "
@@ -229,12 +229,6 @@ def load_run(args) -> dict:
         "dataset_hash": tags["fxray.dataset_hash"],
         "logged": logged,
     }
-
-
-def sweep_data_path(storage: str | None) -> str | None:
-    """The data file in <run dir>/sweep.json (runs logged before the fxray.data_path tag)."""
-    sweep = Path(storage) / "sweep.json" if storage else None
-    return json.loads(sweep.read_text())["data"]["path"] if sweep and sweep.exists() else None
 
 
 def config_from_params(params: dict, run_id: str):

@@ -6,9 +6,9 @@
 
 Built from what the sweep records: the driver's start-up milestones (`phases`, unix times),
 each FoldWorker's stats (fxray.sweep.workers: the populations its device thread ran,
-`population_runs` [start, end, size, kind]; a results.json from before them has its `calls`,
-one at a time then), and each fold's timings (`trials[].folds[].timings`: fold_switch_s,
-train_s, eval_s, fold_time_s, and the worker and population it ran in). The driver's clock
+`population_runs` [start, end, size, kind]), and each fold's timings
+(`trials[].folds[].timings`: fold_switch_s, train_s, eval_s, fold_time_s, and the worker and
+population it ran in). The driver's clock
 runs from `started` to `started + wall_s`; the sweep's first fold starts at `lo`, its last fold
 ends at `hi`:
 
@@ -75,14 +75,9 @@ def time_breakdown(started: float, wall_s: float, phases: dict, workers: list, t
 
 
 def device_runs(worker: dict) -> list:
-    """[start, end, size, kind] of each population the worker ran; from a results.json before
-    population_runs, its calls (one fold at a time then; status "warmup", "cancelled" or a fold's)."""
-    if "population_runs" in worker:
-        return worker["population_runs"]
-    kinds = ("warmup", "cancelled")
-    return [
-        [a, b, 1, status if status in kinds else "training"] for a, b, _token, _k, status in worker.get("calls", [])
-    ]
+    """[start, end, size, kind] of each population the worker ran (a results.json from before
+    population_runs has none: its workers' time is all idle)."""
+    return worker.get("population_runs", [])
 
 
 def fold_timings(trials: list, started: float, n_workers: int) -> list[Counter]:
