@@ -100,11 +100,14 @@ class Gatherer:
         for `config`'s cost, fill and screen): the device thread does it fold by fold whenever no
         request waits, so that Tune's start-up hides it and a fold's first population finds it
         done. The event is set when every fold is prepared (never, if `settle` drops some first)."""
-        done = threading.Event()
-        cfg = make_config(config)
+        done, cfg = threading.Event(), make_config(config)
+        jobs = [[cfg, Fold.from_dict(f), None] for f in folds]
+        if not jobs:
+            done.set()
+            return done
+        jobs[-1][2] = done
         with self.cond:
-            self.ahead += [[cfg, Fold.from_dict(f), None] for f in folds]
-            self.ahead[-1][2] = done
+            self.ahead += jobs
             self.cond.notify_all()
         return done
 
