@@ -90,7 +90,7 @@ def combine_trials(results: dict, data, sizes: list[int]) -> dict:
             with torch.no_grad():  # its mean Q, as the trainer scored it
                 chunks = window_bars(data, getattr(fold, w))
                 q = torch.cat([net.q_all(data.states(t).unsqueeze(0).expand(k, -1, -1)) for t in chunks], 1).mean(0)
-            out[w] = votes(q - q.mean(-1, keepdim=True))
+            out[w] = votes(q)  # its greedy action, as the trainer's backtest takes it
         return out
 
     periods = {n: {"val": [], "test": []} for n in sizes}
