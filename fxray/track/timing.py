@@ -6,11 +6,10 @@
 
 Built from what the sweep records: the driver's start-up milestones (`phases`, unix times),
 each FoldWorker's stats (fxray.sweep.workers: the populations its device thread ran,
-`population_runs` [start, end, size, kind]), and each fold's timings
-(`trials[].folds[].timings`: fold_switch_s, train_s, eval_s, fold_time_s, and the worker and
-population it ran in). The driver's clock
-runs from `started` to `started + wall_s`; the sweep's first fold starts at `lo`, its last fold
-ends at `hi`:
+`population_runs` [start, end, size, kind]; none in a results.json from before them), and each
+fold's timings (`trials[].folds[].timings`: fold_switch_s, train_s, eval_s, fold_time_s, and the
+worker and population it ran in). The driver's clock runs from `started` to `started + wall_s`;
+the sweep's first fold starts at `lo`, its last fold ends at `hi`:
 
     [started, lo)   start-up, for every worker
     [lo, hi)        each worker's own time: its fold runs split by part (its folds' timings), the
@@ -43,7 +42,7 @@ STARTUP = (
 def time_breakdown(started: float, wall_s: float, phases: dict, workers: list, trials: list) -> dict:
     """results.json's time_breakdown (seconds; see the module's docstring). `trials`: results.json's."""
     end = started + wall_s
-    logs = [device_runs(w) for w in workers]
+    logs = [w.get("population_runs", []) for w in workers]
     folds = [r for log in logs for r in log if r[3] != "warmup"]
     lo = min(max(min((r[0] for r in folds), default=end), started), end)
     hi = min(max(max((r[1] for r in folds), default=lo), lo), end)
@@ -72,12 +71,6 @@ def time_breakdown(started: float, wall_s: float, phases: dict, workers: list, t
     }
     out["overhead_parts"]["results"] = end - hi - tune_end
     return out
-
-
-def device_runs(worker: dict) -> list:
-    """[start, end, size, kind] of each population the worker ran (a results.json from before
-    population_runs has none: its workers' time is all idle)."""
-    return worker.get("population_runs", [])
 
 
 def fold_timings(trials: list, started: float, n_workers: int) -> list[Counter]:
