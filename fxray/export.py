@@ -121,7 +121,7 @@ def export(args) -> dict:
         )
     members, t0 = choose(candidates, args.model, abstained), time.time()
 
-    def progress(done: int, n: int) -> None:  # an ensemble (12 folds x 3 seeds on the GPU profile) takes a while
+    def progress(done: int, n: int) -> None:  # an ensemble (folds x seeds) takes a while
         if n > 1:
             spent = time.time() - t0
             eta = f"; ETA ~{fmt_s(spent / done * (n - done))}" if done < n else ""
