@@ -81,7 +81,7 @@ def one_torch_thread():
 def short_folds_experiment(tmp_path_factory) -> Path:
     """The default experiment with its CPU profile's folds cut to 20 days' training and 5-day val
     and test windows (at most 4), for the train CLI's tests on the 60k-bar markets below (~41 days:
-    the profile's folds are 75 days)."""
+    the profile's first fold needs 105)."""
     default = Path(__file__).resolve().parents[1] / "experiments/default.yaml"
     path = tmp_path_factory.mktemp("exp") / "default_short.yaml"
     folds = "{train: 20d, val: 5d, test: 5d, max_folds: 4}"
