@@ -297,11 +297,12 @@ def finish(run: Run) -> int:
     print(f"results: {storage} ({', '.join(files)})")
     print(next_steps(sweep["mlflow"]["uri"], w.experiment_id, w.parent_id, w.top, next_commands(results_json, w.top)))
     if lost:
-        print(
-            f"{lost} MLflow write(s) failed (the fxray.track.writer lines above say why); "
-            f"{storage}/results.json has every fold",
-            file=sys.stderr,
+        why = (
+            f"the MLflow store never opened ({MLFLOW_FAILURE[0] if MLFLOW_FAILURE else 'the writer exited'})"
+            if lost < 0
+            else f"{lost} MLflow write(s) failed (the fxray.track.writer lines above say why)"
         )
+        print(f"{why}; {storage}/results.json has every fold", file=sys.stderr)
     if errors:
         print(f"{errors} trial(s) failed (see {storage}); --resume retries them", file=sys.stderr)
     return 1 if errors or lost else 0

@@ -187,6 +187,7 @@ def conclude(args, storage: Path, real: dict, sweeps: list) -> int:
     with Writer(storage, real["mlflow"]["uri"]) as writer:  # the finished parent run gets the verdict
         lost = writer.finish("FINISHED", summary, [("verdict", png)])
     if lost:
-        print(f"fxray.tune: the verdict did not reach MLflow ({lost} write(s) failed); {path} has it", file=sys.stderr)
+        why = f"the store did not open: {writer.error}" if lost < 0 else f"{lost} write(s) failed"
+        print(f"fxray.tune: the verdict did not reach MLflow ({why}); {path} has it", file=sys.stderr)
         return 1
     return 0

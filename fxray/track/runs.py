@@ -91,6 +91,26 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
+def create_sqlite_store(db: Path) -> None:
+    """A sqlite store that does not exist yet, made whole or not at all: MLflow creates its
+    tables one migration at a time, and a writer killed in between leaves a file no later open
+    accepts (the sweep restarts a killed writer). The tables are made in a file of this
+    process's own, which is then linked into place only if no other process made the store
+    first."""
+    from mlflow.tracking import MlflowClient
+
+    part = db.with_name(f".{db.name}.{os.getpid()}.part")
+    part.unlink(missing_ok=True)
+    try:
+        MlflowClient(f"sqlite:///{part}").search_experiments(max_results=1)
+        try:
+            os.link(part, db)
+        except FileExistsError:
+            pass  # another sweep's writer made it meanwhile: theirs is the store
+    finally:
+        part.unlink(missing_ok=True)
+
+
 SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "file", "http", "https", "databricks")
 
 
@@ -159,11 +179,13 @@ class Tracker:
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
 
+        db = sqlite_path(uri)
+        if db is not None and not db.exists():
+            create_sqlite_store(db)
         self.client = MlflowClient(uri)
         self.experiment_name = experiment
         exp = self.client.get_experiment_by_name(experiment)
-        if exp is None:
-            db = sqlite_path(uri)  # artifacts beside the db, not in whatever cwd we are in
+        if exp is None:  # artifacts beside the db, not in whatever cwd we are in
             artifacts = (db.parent / "mlartifacts" / experiment).as_uri() if db else None
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
         else:
