@@ -230,3 +230,36 @@ def test_settle_drops_the_folds_not_prepared_yet(synth_cache):
     prepared = len(data.screens)
     time.sleep(3.0)  # ~1 s a fold here: without settle, two or three more would be prepared by now
     assert len(data.screens) == prepared < len(folds)  # nothing prepared after settle returned
+
+
+def test_the_first_population_waits_for_the_trials_expected_then_trains_them_together(market_data):  # noqa: F811
+    """Trials whose processes come up apart (Tune starts them over seconds): with expect 3 the first
+    arrival is not trained alone; with the gate's time up, those that came are trained."""
+    data, fold = market_data
+    small = MEMBERS[0].replace(epochs=1, steps_per_epoch=2)
+
+    def arrive(gatherer, owners, gap_s):
+        results: dict = {}
+
+        def call(owner):
+            results[owner] = gatherer.train(small.as_dict(), fold.as_dict(), 0, owner=owner)
+
+        threads = []
+        for owner in owners:
+            threads.append(threading.Thread(target=call, args=(owner,)))
+            threads[-1].start()
+            time.sleep(gap_s)
+        for t in threads:
+            t.join(timeout=120)
+        return results
+
+    gated = Gatherer(data, k_max=4, wait_s=0.0, pad=False, expect=3)
+    results = arrive(gated, ["a", "b", "c"], 0.3)
+    assert gated.sizes == [3] and {r["population"] for r in results.values()} == {3}
+    ungated = Gatherer(data, k_max=4, wait_s=0.0, pad=False)
+    arrive(ungated, ["a", "b", "c"], 0.3)
+    assert ungated.sizes[0] == 1  # the behaviour the gate is for: the first trial alone
+    timed_out = Gatherer(data, k_max=4, wait_s=0.0, pad=False, expect=3, gate_s=0.5)
+    t0 = time.time()
+    results = arrive(timed_out, ["a", "b"], 0.0)
+    assert timed_out.sizes == [2] and time.time() - t0 >= 0.5

@@ -34,6 +34,11 @@ def test_plan_cpu_box():
 def test_plan_gpu_box():
     plan = plan_workers({"CPU": 16.0, "GPU": 2.0}, workers_per_gpu=2)
     assert (plan.kind, plan.n_workers, plan.num_gpus, plan.num_cpus) == ("gpu", 4, 0.5, 1.0)
+    assert plan.expect == 1  # one trial at a time: nothing to wait for
+    # the default GPU sweep: its 64 trials are one population; each worker waits for its share of them
+    one = plan_workers({"CPU": 16.0, "GPU": 1.0}, population=64, max_trials=64)
+    two = plan_workers({"CPU": 32.0, "GPU": 2.0}, population=64, max_trials=64)
+    assert (one.n_trials, one.expect, two.expect) == (64, 64, 32)
 
 
 @pytest.mark.parametrize("cpus, population, asked", [(2.0, 4, 8), (2.0, 16, 64), (1.0, 1, 64), (2.0, 2, 1)])

@@ -102,7 +102,8 @@ class DeviceData:
             if len(cols)
             else None
         )
-        self.references: dict = {}  # (fold, cost, fill) -> the reference rules' results (Trainer)
+        # (fold, cost, fill, screen_t) -> the reference rules' results (Trainer); ("flat", ...): a flat fold's
+        self.references: dict = {}
         self.demo_moves: dict = {}  # (fold, cost, fill) -> the ridge rule's moves on train (fxray.rl.demo)
         self.screens: dict = {}  # (fold, cost, fill, screen_t) -> the checked screen's inputs (fxray.rl.frontend)
         # host copies for counting a window's days and hours without a device sync

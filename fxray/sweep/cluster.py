@@ -162,6 +162,12 @@ class WorkerPlan:
     population: int = 1  # trials a worker trains together (fxray.sweep.gather); 1: one at a time
     cpu_per_trial: float = 0.25  # what each Tune trial reserves (it only waits on a worker)
 
+    @property
+    def expect(self) -> int:
+        """The trials a worker's first population waits for (fxray.sweep.gather's gate): its share
+        of those in flight, at most the population."""
+        return min(self.population, -(-self.n_trials // self.n_workers)) if self.population > 1 else 1
+
     def describe(self) -> str:
         per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""
         pop = f", populations of up to {self.population}" if self.population > 1 else ""

@@ -35,6 +35,7 @@ from fxray.rl.references import prepare
 from fxray.rl.trainer import CaptureError, Trainer
 
 WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7 s)
+GATE_S = 60.0  # longest wait for the first population's trials (`expect`), from the first one's request
 TRAINER_CACHE = 2  # Trainers (stacked networks + graph) kept, by shape and size
 
 
@@ -45,6 +46,7 @@ class Request:
     checkpoint_dir: str | None
     stop: object  # () -> bool, or None
     warmup: bool = False  # a worker's warm-up fold (logged apart: fxray.sweep.workers)
+    owner: object = None  # the stream of folds it came from (a trial's): the gate counts them
     key: tuple = ()  # (shape, fold): requests with the same key can share a population
     cfg: object = None
     result: dict | None = None
@@ -55,12 +57,20 @@ class Request:
 class Gatherer:
     """The queue of one worker's fold requests and the populations trained from it."""
 
-    def __init__(self, data, k_max: int, wait_s: float = WAIT_S, pad: bool | None = None):
+    def __init__(
+        self, data, k_max: int, wait_s: float = WAIT_S, pad: bool | None = None, expect: int = 1, gate_s: float = GATE_S
+    ):
         """`pad` (default: on CUDA): a population of n requests takes the slots of the next power of
         two (at most k_max), the spare slots masked from the first step. Their compute is wasted
         (< 2x), but only log2(k_max) + 1 sizes exist, so the worker keeps one captured graph per
-        size instead of capturing again whenever the size changes (seconds each on a GPU)."""
+        size instead of capturing again whenever the size changes (seconds each on a GPU).
+        `expect`: the trials this worker trains at once when all have come (Tune starts their
+        processes over seconds): its first population waits until as many streams of folds have
+        a request queued (at most `gate_s`), so that it is not trained by the first trial alone and
+        then again by each later group (a population of one costs a GPU nearly a full one's time);
+        fold work ahead (`prepare`) goes on meanwhile. From then on the trials move together."""
         self.data, self.k_max, self.wait_s = data, k_max, wait_s
+        self.expect, self.gate_s, self.gate_at = expect, gate_s, None  # gate_at: its deadline (None: no request yet)
         self.pad = data.device.type == "cuda" if pad is None else pad
         self.cache = k_max.bit_length() + 1 if self.pad else TRAINER_CACHE
         self.cond = threading.Condition()
@@ -76,7 +86,9 @@ class Gatherer:
         self.preparing = False  # the device thread is preparing a fold now
         threading.Thread(target=self._loop, name="fxray-population", daemon=True).start()  # the device thread
 
-    def train(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False) -> dict:
+    def train(
+        self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False, owner=None
+    ) -> dict:
         cfg = make_config(config)
         if DTYPES[cfg.dtype] != self.data.dtype:
             raise ValueError(
@@ -86,8 +98,10 @@ class Gatherer:
         # the fields a population's members share (fxray.rl.dqn.SHAPE_FIELDS), as a key
         shape = json.dumps({k: getattr(cfg, k) for k in SHAPE_FIELDS}, sort_keys=True)
         key = (shape, json.dumps(fold, sort_keys=True), warmup)
-        req = Request(fold, seed, checkpoint_dir, stop, warmup, key, cfg)
+        req = Request(fold, seed, checkpoint_dir, stop, warmup, owner, key, cfg)
         with self.cond:
+            if self.gate_at is None and not warmup:
+                self.gate_at = time.time() + self.gate_s
             self.queue.append(req)
             self.cond.notify_all()
             self.cond.wait_for(lambda: req.done)
@@ -131,11 +145,22 @@ class Gatherer:
         with torch.cuda.stream(stream):
             self._serve()
 
+    def _due(self) -> bool:
+        """(The lock held.) The queue may be served now: a warm-up waits, or the gate is open."""
+        if any(r.warmup for r in self.queue):
+            return True
+        if self.expect > 1 and self.queue:
+            if len({r.owner for r in self.queue}) < self.expect and time.time() < self.gate_at:
+                return False
+            self.expect = 1  # open for good
+        return bool(self.queue)
+
     def _serve(self) -> None:
         while True:
             with self.cond:
-                self.cond.wait_for(lambda: self.queue or self.ahead)
-                batch, job = (self._take(), None) if self.queue else ([], self.ahead.pop(0))
+                while not (self._due() or self.ahead):
+                    self.cond.wait(timeout=0.5 if self.queue else None)  # the gate's deadline
+                batch, job = (self._take(), None) if self._due() else ([], self.ahead.pop(0))
                 self.preparing = job is not None
             if batch:
                 self._run(batch)
@@ -158,8 +183,9 @@ class Gatherer:
             done.set()
 
     def _take(self) -> list[Request]:
-        """The oldest request and up to k_max - 1 more of its key (the lock held; waits for them)."""
-        key = self.queue[0].key
+        """The oldest request (a warm-up first) and up to k_max - 1 more of its key (the lock held;
+        waits for them)."""
+        key = next((r for r in self.queue if r.warmup), self.queue[0]).key
         self.cond.wait_for(lambda: sum(r.key == key for r in self.queue) >= self.k_max, self.wait_s)
         batch = [r for r in self.queue if r.key == key][: self.k_max]
         self.queue = [r for r in self.queue if r not in batch]

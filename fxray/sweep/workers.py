@@ -50,7 +50,7 @@ class DeviceWorker:
     """
 
     def __init__(
-        self, arrays_ref: list, index: int, torch_threads=1, dtype="float32", population=1, gather_wait_s=None
+        self, arrays_ref: list, index: int, torch_threads=1, dtype="float32", population=1, gather_wait_s=None, expect=1
     ):
         t_init = time.time()  # the process is up and Ray has loaded this class
         import torch
@@ -73,7 +73,9 @@ class DeviceWorker:
         from fxray.sweep.gather import WAIT_S, Gatherer
 
         # every fold this worker trains: up to `population` trials at once (1: one at a time)
-        self.gatherer = Gatherer(self.data, population, WAIT_S if gather_wait_s is None else gather_wait_s)
+        wait_s = WAIT_S if gather_wait_s is None else gather_wait_s
+        # a restarted worker's trials come back at once (those left): no gate for them
+        self.gatherer = Gatherer(self.data, population, wait_s, expect=1 if self.restarted else expect)
         self.cancelled: set = set()  # tokens whose queued folds are no longer wanted
         self.calls: list = []  # per call: [start, end (unix s), token, fold k, status]
         self.running: list | None = None  # [start, token, fold k] of the fold training now
@@ -88,7 +90,8 @@ class DeviceWorker:
         else:
             self.running = [t0, token, fold["k"]]
             try:
-                result = self.gatherer.train(config, fold, seed, checkpoint_dir, lambda: token in self.cancelled)
+                stop = lambda: token in self.cancelled  # noqa: E731
+                result = self.gatherer.train(config, fold, seed, checkpoint_dir, stop, owner=token)
             finally:
                 self.running = None
         result["worker"] = self.index
@@ -168,7 +171,7 @@ def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: st
     threads = {"max_concurrency": 2 * plan.population + 2} if plan.population > 1 else {}
     handles = [
         actor.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus, **threads).remote(
-            [arrays_ref], i, plan.torch_threads, dtype, plan.population
+            [arrays_ref], i, plan.torch_threads, dtype, plan.population, expect=plan.expect
         )
         for i in range(plan.n_workers)
     ]
