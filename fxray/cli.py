@@ -163,11 +163,28 @@ def main(argv: list[str] | None = None) -> int:
     status 1, nothing on stderr (stdout_closed), as `head` readers expect of a Unix command."""
     try:
         try:
-            return dispatch(argv)
+            code = dispatch(argv)
         finally:  # not at exit (nor past argparse's --help, a SystemExit): here, a closed pipe is caught
             sys.stdout.flush()
     except BrokenPipeError:
         return stdout_closed()
+    return leave(code) if argv is None else code
+
+
+def leave(code: int) -> int:
+    """The end of a command run as a process: when it started a local Ray (a sweep), the process
+    ends here, its output flushed: ray.shutdown and Python's teardown would add seconds to
+    every sweep (~3 s on the 2-core box), and the session's reaper (fxray.sweep.reaper) ends
+    Ray's processes after us, as it does however we end. Otherwise `code` comes back."""
+    cluster = sys.modules.get("fxray.sweep.cluster")
+    if cluster is None or not cluster.REAPERS:
+        return code
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def dispatch(argv: list[str] | None) -> int:

@@ -158,4 +158,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fxray.cli import leave
+
+    sys.exit(leave(main()))

@@ -349,5 +349,13 @@ def watch_workers(workers: Workers, t0: float, phases: dict) -> None:
             return
         phases["workers_ready"] = time.time()
         print(f"workers ready in {time.time() - t0:.1f}s (data put once, loaded once per worker)", flush=True)
+        # what the sweep's end imports (the verdict's bootstraps, the equity plot: seconds on the
+        # GPU machines), imported here while the trials train, not after them
+        with contextlib.suppress(ImportError):
+            import arch.bootstrap  # noqa: F401
+
+            from fxray.track.report import pyplot
+
+            pyplot()
 
     threading.Thread(target=wait, name="fxray-watch-workers", daemon=True).start()
