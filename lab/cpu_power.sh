@@ -4,6 +4,8 @@
 # draws of the default market at beta $BETA (0.02: oracle ~+5 over the 76 pooled test days) and on
 # shuffled twins, interleaved so that a cut run still has both; one JSON each, then the table.
 #   [BETA=0.02] [DRAWS="1 2 3 4 5"] [TWINS="0 1 ... 19"] [TRIALS=64] [TUNE_TIMEOUT=1200] bash lab/cpu_power.sh [DIR]
+# PAR=N (a many-core machine, e.g. the device's 16): N sweeps at once, each a local Ray of 2 CPUs
+# (--profile cpu --num-cpus 2 --num-gpus 0, its own HOME), as on the 2-core box.
 set -u
 dir=${1:-/tmp/cpu_power}; mkdir -p "$dir"
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,19 +16,30 @@ for i in $(seq 0 $(( ${#twins[@]} - 1 ))); do
   [ $(( i % 4 )) = 0 ] && [ $(( i / 4 )) -lt ${#draws[@]} ] && jobs+=("draw ${draws[$(( i / 4 ))]} false")
   jobs+=("twin ${twins[$i]} true")
 done
-for k in $(seq ${#twins[@]} $(( ${#draws[@]} * 4 - 1 ))); do jobs+=("draw ${draws[$(( k / 4 ))]} false"); done
-for j in "${jobs[@]}"; do
-  set -- $j; name=$1$2
-  [ -s "$dir/$name.json" ] && continue
+for k in $(seq ${#twins[@]} $(( ${#draws[@]} * 4 - 1 ))); do
+  [ $(( k % 4 )) = 0 ] && jobs+=("draw ${draws[$(( k / 4 ))]} false")
+done
+one() {
+  set -- $1; name=$1$2
+  [ -s "$dir/$name.json" ] && return
   # beta in the cpu: section: the profile's own data.synth.beta is merged over the file's data
   printf 'base: %s\nname: %s\ndata:\n  synth: {seed: %s, shuffle: %s}\ncpu:\n  data:\n    synth: {beta: %s}\n' \
     "$here/experiments/default.yaml" "$name" "$2" "$3" "${BETA:-0.02}" > "$dir/$name.yaml"
   t0=$(date +%s)
-  timeout "${TUNE_TIMEOUT:-1200}" python3 -m fxray.tune --experiment "$dir/$name.yaml" --trials "${TRIALS:-64}" \
-    --storage "$dir/runs_$name" --tracking-uri "sqlite:///$dir/mlflow.db" --json "$dir/$name.json" > "$dir/$name.log" 2>&1
+  local par=() env=()
+  [ "${PAR:-1}" -gt 1 ] && par=(--profile cpu --num-cpus 2 --num-gpus 0) env=(HOME="$(mktemp -d)" OMP_NUM_THREADS=1)
+  env "${env[@]}" timeout "${TUNE_TIMEOUT:-1200}" \
+    python3 -m fxray.tune --experiment "$dir/$name.yaml" --trials "${TRIALS:-64}" "${par[@]}" \
+    --storage "$dir/runs_$name" --tracking-uri "sqlite:///$dir/runs_$name.db" --json "$dir/$name.json" > "$dir/$name.log" 2>&1
   echo "$name: exit $? in $(( $(date +%s) - t0 )) s"
   rm -rf "$dir/runs_$name/checkpoints"
+}
+for j in "${jobs[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "${PAR:-1}" ]; do wait -n; done
+  one "$j" &
+  sleep 2  # Ray sessions started apart
 done
+wait
 python3 - "$dir" <<'PY'
 import glob, json, os, sys
 rows = {"draw": [], "twin": []}
