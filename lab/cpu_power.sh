@@ -48,8 +48,9 @@ for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     r = json.load(open(p)); v = r.get("verdict") or {}; t = (r.get("best") or {}).get("test") or {}
     kind = "draw" if name.startswith("draw") else "twin"
     rows[kind].append(v.get("answer"))
-    print(f"{name:8s} {v.get('answer') or '-':13s} chosen {t.get('sharpe', float('nan')):+6.2f} ± {t.get('sharpe_se', float('nan')):.2f}"
-          f"  share {t.get('oracle_share') or float('nan'):+.2f}  days {t.get('n_days')}  wall {r.get('wall_s', 0):.0f} s")
+    f = lambda k: float("nan") if t.get(k) is None else t[k]  # noqa: E731 (undefined: no trade)
+    print(f"{name:8s} {v.get('answer') or '-':13s} chosen {f('sharpe'):+6.2f} ± {f('sharpe_se'):.2f}"
+          f"  share {f('oracle_share'):+.2f}  days {t.get('n_days')}  wall {r.get('wall_s', 0):.0f} s")
 for kind, want in (("draw", "edge"), ("twin", "no_edge")):
     a = rows[kind]
     print(f"{kind}s: {want} on {sum(x == want for x in a)} of {len(a)} ({', '.join(str(x) for x in a)})")
