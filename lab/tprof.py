@@ -46,7 +46,7 @@ def finish(run):
     if prof:
         prof.disable()
         s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(35)
+        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(int(os.environ.get('TPROF_TOP', 35)))
         print(s.getvalue(), file=sys.stderr)
     mark("finish end")
     return r
@@ -56,4 +56,8 @@ driver.finish = finish
 atexit.register(lambda: mark("atexit"))
 code = tune.main()
 mark("main returned")
-sys.exit(code)
+try:
+    from fxray.cli import leave  # a tree that has it ends there, as `python -m fxray.tune` does
+except ImportError:
+    sys.exit(code)
+sys.exit(leave(code))

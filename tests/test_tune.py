@@ -724,23 +724,3 @@ def test_a_population_sweep_logs_every_config_once_with_what_it_trains_alone(tmp
     assert sum(split["population_sizes"]) == 4 * 2
     plain = plain_replay(tmp_path, env)  # each config trained alone by a plain loop: the same val Sharpe
     assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
-
-
-def test_configs_asked_ahead_are_those_asked_one_by_one(tmp_path):
-    """StudySearch.prefetch asks Tune's first trials in a thread while Tune starts: the same
-    configs and ids, in the same order, as the asks Tune would have made itself, then inline."""
-    from fxray.sweep.search import TRIAL_KEY, StudySearch
-
-    space = {
-        "lr": optuna.distributions.FloatDistribution(1e-4, 3e-3, log=True),
-        "hidden": optuna.distributions.CategoricalDistribution([8, 16]),
-    }
-    got = []
-    for ahead in (0, 4):
-        (tmp_path / str(ahead)).mkdir()
-        searcher = StudySearch(tmp_path / str(ahead), space, 7, "round-1", [], 6)
-        if ahead:
-            searcher.prefetch(ahead)
-        got.append([searcher.suggest(f"t{i}") for i in range(7)])
-    assert got[0] == got[1] and got[0][-1] == StudySearch.FINISHED
-    assert [c[TRIAL_KEY] for c in got[1][:6]] == [f"{i:04d}" for i in range(6)]

@@ -16,8 +16,6 @@ A trial that errors stays RUNNING (not told): `--resume` runs it again under its
 from __future__ import annotations
 
 import functools
-import queue
-import threading
 from pathlib import Path
 
 from ray.tune.search import Searcher
@@ -38,7 +36,6 @@ class StudySearch(Searcher):
         self.storage, self.space, self.seed, self.round_name = Path(storage), space, seed, round_name
         self.resumed, self.n_new = list(resumed), n_new  # (study number, trial id, sampled config): run first
         self.live: dict[str, int] = {}  # Tune trial id -> study number
-        self.lock, self.n_ahead = threading.Lock(), 0  # prefetch: asks made ahead, in a queue
 
     @functools.cached_property
     def study(self):
@@ -47,48 +44,18 @@ class StudySearch(Searcher):
         return load_study(self.storage, optuna.samplers.TPESampler(seed=self.seed))
 
     def __getstate__(self):  # Tune pickles its searcher into its own files: no live database handle
-        return {k: v for k, v in self.__dict__.items() if k not in ("study", "ahead", "lock")}
-
-    def prefetch(self, n: int) -> None:
-        """Ask the study for the next `n` new configs now, in a thread: Tune asks for every trial
-        it starts at once, one ask after another (~60 ms each on sqlite: 4 s for 64), before it
-        starts any trial's process. The configs are those `suggest` would ask for: the asks run
-        in the same order and a value is told only under the same lock, after them."""
-        self.lock, self.ahead, self.n_ahead = threading.Lock(), queue.Queue(), max(0, min(n, self.n_new))
-        study = self.study  # made here, not in two threads
-
-        def ask():
-            for _ in range(self.n_ahead):
-                try:
-                    self.ahead.put(self._ask(study))
-                except Exception as e:  # noqa: BLE001 - raised where Tune asked for it
-                    self.ahead.put(e)
-                    return
-
-        threading.Thread(target=ask, name="fxray-asks", daemon=True).start()
-
-    def _ask(self, study) -> tuple:
-        with self.lock:
-            trial = study.ask(fixed_distributions=self.space)
-            tid = trial_id_of(trial.number)
-            # named at once: a kill from here on leaves a trial a resume finds and runs again
-            trial.set_user_attr(TRIAL_ATTR, tid)
-            trial.set_user_attr(ROUND_ATTR, self.round_name)
-        return trial.number, tid, dict(trial.params)
+        return {k: v for k, v in self.__dict__.items() if k != "study"}
 
     def suggest(self, trial_id: str):
         if self.resumed:
             number, tid, params = self.resumed.pop(0)
         elif self.n_new > 0:
             self.n_new -= 1
-            if self.n_ahead:
-                self.n_ahead -= 1
-                got = self.ahead.get()
-                if isinstance(got, Exception):
-                    raise got
-                number, tid, params = got
-            else:
-                number, tid, params = self._ask(self.study)
+            trial = self.study.ask(fixed_distributions=self.space)
+            number, tid, params = trial.number, trial_id_of(trial.number), dict(trial.params)
+            # named at once: a kill from here on leaves a trial a resume finds and runs again
+            trial.set_user_attr(TRIAL_ATTR, tid)
+            trial.set_user_attr(ROUND_ATTR, self.round_name)
         else:
             return Searcher.FINISHED
         self.live[trial_id] = number
@@ -99,8 +66,7 @@ class StudySearch(Searcher):
         # an errored trial stays RUNNING: --resume runs it again; one that reported nothing this
         # session (Tune stopped it first) is not told
         if number is not None and score is not None and not error:
-            with self.lock:
-                self.study.tell(number, float(score))
+            self.study.tell(number, float(score))
 
     def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
         """Nothing: the study is the searcher's state, and Tune's copy would never be read back

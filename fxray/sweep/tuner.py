@@ -104,14 +104,12 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     tune_dir = storage / rnd["name"]  # Tune's logs, a folder per session of the round; never read back
     session = 1 + len(list(tune_dir.glob("session-*")))
     callbacks = [SweepLog(str(storage), None if same else job["stops"], rf), JsonLoggerCallback(), CSVLoggerCallback()]
-    searcher = StudySearch(storage, exp.space(), seed, rnd["name"], plan.resumed, plan.n_new)
-    searcher.prefetch(workers.plan.n_trials - len(plan.resumed))  # the first trials' asks, while Tune starts
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
             metric="score",
             mode="max",
-            search_alg=searcher,
+            search_alg=StudySearch(storage, exp.space(), seed, rnd["name"], plan.resumed, plan.n_new),
             scheduler=FIFOScheduler() if same else asha,
             num_samples=len(plan.resumed) + plan.n_new,
             max_concurrent_trials=workers.plan.n_trials,
