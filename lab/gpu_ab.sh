@@ -6,7 +6,7 @@
 # Needs PYTHONPATH's .site (the wheels) first; the market is generated once into $FXRAY_CACHE_DIR.
 set -u
 out=${OUT:-$PWD/gpu_ab}; here=$(cd "$(dirname "$0")/.." && pwd)
-export FXRAY_CACHE_DIR=${FXRAY_CACHE_DIR:-$(mktemp -d)} PYTHONUNBUFFERED=1 TPROF_FINISH=1
+export FXRAY_CACHE_DIR=${FXRAY_CACHE_DIR:-$(mktemp -d)} PYTHONUNBUFFERED=1 TPROF_FINISH=${TPROF_FINISH:-1}
 IFS=';' read -ra rs <<< "${RUNS:?name:tree:flags;...}"
 i=0
 for r in "${rs[@]}"; do

@@ -39,7 +39,7 @@ _finish = driver.finish
 
 def finish(run):
     mark("finish begin")
-    prof = cProfile.Profile() if os.environ.get("TPROF_FINISH") else None
+    prof = cProfile.Profile() if os.environ.get("TPROF_FINISH") == "1" else None
     if prof:
         prof.enable()
     r = _finish(run)
