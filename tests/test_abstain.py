@@ -63,7 +63,7 @@ def test_a_fold_whose_screen_keeps_nothing_is_flat_and_untrained(market_data, tm
     (again,) = Trainer(data, [NOTHING.replace(lr=NOTHING.lr * 2)]).run_fold(fold, [1])
     same = lambda r: {k: v for k, v in r.as_dict().items() if k not in ("timings", "checkpoint")}  # noqa: E731
     assert again is not result and same(again) == same(result)
-    assert sum(key[0] == "flat" for key in data.references) == 1
+    assert sum(key[0] == repr(fold.as_dict()) for key in data.flats) == 1
     # without abstain the same config trains the fold (its policy may still end flat: a learning question)
     trained = alone(data, NOTHING.replace(abstain=False), fold, 0)
     assert trained.epochs_run == 2 and not trained.abstained

@@ -102,8 +102,8 @@ class DeviceData:
             if len(cols)
             else None
         )
-        # (fold, cost, fill, screen_t) -> the reference rules' results (Trainer); ("flat", ...): a flat fold's
-        self.references: dict = {}
+        self.references: dict = {}  # (fold, cost, fill, screen_t) -> the reference rules' results (Trainer)
+        self.flats: dict = {}  # (fold, cost, fill, screen_t) -> the flat FoldResult of an abstaining fold
         self.demo_moves: dict = {}  # (fold, cost, fill) -> the ridge rule's moves on train (fxray.rl.demo)
         self.screens: dict = {}  # (fold, cost, fill, screen_t) -> the checked screen's inputs (fxray.rl.frontend)
         # host copies for counting a window's days and hours without a device sync

@@ -416,14 +416,14 @@ def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, ch
     all 0, enter the pooled statistics), the fold's references beside it; with `checkpoint_dir`,
     the fold's marker there (fxray.rl.checkpoint). The same for every config of a cost, fill and
     screen: scored once per fold on `data` (a population of 64 abstaining trials costs one)."""
-    key = ("flat", repr(fold.as_dict()), cfg.cost, cfg.fill, cfg.screen_t)
-    if key not in data.references:
+    key = (repr(fold.as_dict()), cfg.cost, cfg.fill, cfg.screen_t)
+    if key not in data.flats:
         flat = FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {}, adx=data.adx_mean(fold.train), abstained=True)
         flat.baselines, flat.baseline_periods = references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
         val, test = flat_windows(data, fold, cfg)
         flat.scored(val, test, selection_score(data, val, cfg.cost))
-        data.references[key] = flat
-    result = copy.deepcopy(data.references[key])
+        data.flats[key] = flat
+    result = copy.deepcopy(data.flats[key])
     result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
     if checkpoint_dir is not None:
         write_flat(checkpoint_dir, fold, cfg, result)
