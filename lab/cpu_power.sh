@@ -19,6 +19,10 @@ done
 for k in $(seq ${#twins[@]} $(( ${#draws[@]} * 4 - 1 ))); do
   [ $(( k % 4 )) = 0 ] && jobs+=("draw ${draws[$(( k / 4 ))]} false")
 done
+if [ "${PAR:-1}" -gt 1 ]; then  # at once: the long draws first, the twins fill the slots
+  jobs=(); for d in "${draws[@]}"; do jobs+=("draw $d false"); done
+  for t in "${twins[@]}"; do jobs+=("twin $t true"); done
+fi
 one() {
   set -- $1; name=$1$2
   [ -s "$dir/$name.json" ] && return
