@@ -39,6 +39,8 @@ def test_plan_gpu_box():
     one = plan_workers({"CPU": 16.0, "GPU": 1.0}, population=64, max_trials=64)
     two = plan_workers({"CPU": 32.0, "GPU": 2.0}, population=64, max_trials=64)
     assert (one.n_trials, one.expect, two.expect) == (64, 64, 32)
+    uneven = plan_workers({"CPU": 32.0, "GPU": 2.0}, population=64, max_trials=3)  # leased 2 + 1: wait for 1
+    assert uneven.expect == 1
 
 
 @pytest.mark.parametrize("cpus, population, asked", [(2.0, 4, 8), (2.0, 16, 64), (1.0, 1, 64), (2.0, 2, 1)])

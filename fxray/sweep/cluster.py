@@ -164,9 +164,9 @@ class WorkerPlan:
 
     @property
     def expect(self) -> int:
-        """The trials a worker's first population waits for (fxray.sweep.gather's gate): its share
-        of those in flight, at most the population."""
-        return min(self.population, -(-self.n_trials // self.n_workers)) if self.population > 1 else 1
+        """The trials a worker's first population waits for (fxray.sweep.gather's gate): the least
+        share of those in flight it gets (the pool leases the least held worker), at most the population."""
+        return max(1, min(self.population, self.n_trials // self.n_workers)) if self.population > 1 else 1
 
     def describe(self) -> str:
         per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""

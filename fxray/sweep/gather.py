@@ -36,6 +36,7 @@ from fxray.rl.trainer import CaptureError, Trainer
 
 WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7 s)
 GATE_S = 60.0  # longest wait for the first population's trials (`expect`), from the first one's request
+QUIET_S = 3.0  # ... or from the last new trial's: none came since (a resumed round may have fewer left)
 TRAINER_CACHE = 2  # Trainers (stacked networks + graph) kept, by shape and size
 
 
@@ -58,7 +59,14 @@ class Gatherer:
     """The queue of one worker's fold requests and the populations trained from it."""
 
     def __init__(
-        self, data, k_max: int, wait_s: float = WAIT_S, pad: bool | None = None, expect: int = 1, gate_s: float = GATE_S
+        self,
+        data,
+        k_max: int,
+        wait_s: float = WAIT_S,
+        pad: bool | None = None,
+        expect: int = 1,
+        gate_s: float = GATE_S,
+        quiet_s: float = QUIET_S,
     ):
         """`pad` (default: on CUDA): a population of n requests takes the slots of the next power of
         two (at most k_max), the spare slots masked from the first step. Their compute is wasted
@@ -66,11 +74,13 @@ class Gatherer:
         size instead of capturing again whenever the size changes (seconds each on a GPU).
         `expect`: the trials this worker trains at once when all have come (Tune starts their
         processes over seconds): its first population waits until as many streams of folds have
-        a request queued (at most `gate_s`), so that it is not trained by the first trial alone and
-        then again by each later group (a population of one costs a GPU nearly a full one's time);
-        fold work ahead (`prepare`) goes on meanwhile. From then on the trials move together."""
+        a request queued (at most `gate_s`, or `quiet_s` after the last new one came), so that it
+        is not trained by the first trial alone and then again by each later group (a population
+        of one costs a GPU nearly a full one's time); fold work ahead (`prepare`) goes on
+        meanwhile. From then on the trials move together."""
         self.data, self.k_max, self.wait_s = data, k_max, wait_s
-        self.expect, self.gate_s, self.gate_at = expect, gate_s, None  # gate_at: its deadline (None: no request yet)
+        self.expect, self.gate_s, self.quiet_s = expect, gate_s, quiet_s
+        self.gate_at = self.quiet_at = None  # the gate's deadlines (None: no request yet)
         self.pad = data.device.type == "cuda" if pad is None else pad
         self.cache = k_max.bit_length() + 1 if self.pad else TRAINER_CACHE
         self.cond = threading.Condition()
@@ -100,8 +110,11 @@ class Gatherer:
         key = (shape, json.dumps(fold, sort_keys=True), warmup)
         req = Request(fold, seed, checkpoint_dir, stop, warmup, owner, key, cfg)
         with self.cond:
-            if self.gate_at is None and not warmup:
-                self.gate_at = time.time() + self.gate_s
+            if not warmup and self.expect > 1:
+                now = time.time()
+                self.gate_at = self.gate_at or now + self.gate_s
+                if all(r.owner != owner for r in self.queue):
+                    self.quiet_at = now + self.quiet_s
             self.queue.append(req)
             self.cond.notify_all()
             self.cond.wait_for(lambda: req.done)
@@ -150,7 +163,7 @@ class Gatherer:
         if any(r.warmup for r in self.queue):
             return True
         if self.expect > 1 and self.queue:
-            if len({r.owner for r in self.queue}) < self.expect and time.time() < self.gate_at:
+            if len({r.owner for r in self.queue}) < self.expect and time.time() < min(self.gate_at, self.quiet_at):
                 return False
             self.expect = 1  # open for good
         return bool(self.queue)
