@@ -49,9 +49,7 @@ class DeviceWorker:
     `cancel` and `stats` run in their own thread, so they answer while a fold trains.
     """
 
-    def __init__(
-        self, arrays_ref: list, index: int, torch_threads=1, dtype="float32", population=1, gather_wait_s=None, expect=1
-    ):
+    def __init__(self, arrays_ref: list, index: int, torch_threads=1, dtype="float32", population=1, expect=1):
         t_init = time.time()  # the process is up and Ray has loaded this class
         import torch
 
@@ -70,12 +68,11 @@ class DeviceWorker:
         self.load_s = self.timeline["loaded"] - t_imported
         with warnings.catch_warnings(action="ignore"):  # the property warns about an API it uses internally
             self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        from fxray.sweep.gather import WAIT_S, Gatherer
+        from fxray.sweep.gather import Gatherer
 
         # every fold this worker trains: up to `population` trials at once (1: one at a time)
-        wait_s = WAIT_S if gather_wait_s is None else gather_wait_s
         # a restarted worker's trials come back at once (those left): no gate for them
-        self.gatherer = Gatherer(self.data, population, wait_s, expect=1 if self.restarted else expect)
+        self.gatherer = Gatherer(self.data, population, expect=1 if self.restarted else expect)
         self.cancelled: set = set()  # tokens whose queued folds are no longer wanted
         self.calls: list = []  # per call: [start, end (unix s), token, fold k, status]
         self.running: list | None = None  # [start, token, fold k] of the fold training now
@@ -90,8 +87,8 @@ class DeviceWorker:
         else:
             self.running = [t0, token, fold["k"]]
             try:
-                stop = lambda: token in self.cancelled  # noqa: E731
-                result = self.gatherer.train(config, fold, seed, checkpoint_dir, stop, owner=token)
+                stop = self.cancelled.__contains__
+                result = self.gatherer.train(config, fold, seed, checkpoint_dir, lambda: stop(token), owner=token)
             finally:
                 self.running = None
         result["worker"] = self.index
