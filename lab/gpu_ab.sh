@@ -3,6 +3,7 @@
 # its wall from the command's start, the driver's steps (lab/tprof.py), GPU busy share and results.
 #   RUNS="name:tree:flags;..." bash lab/gpu_ab.sh      results under $OUT/<i>-<name>/
 #   e.g. RUNS="base:.base:;new:.:;base:.base:;new:.:"   (.base: `git archive REV | tar -x -C .base`)
+# PLAIN=1: `python3 -m fxray.tune` itself (no step marks, no cProfile): the wall a user sees.
 # Needs PYTHONPATH's .site (the wheels) first; the market is generated once into $FXRAY_CACHE_DIR.
 set -u
 out=${OUT:-$PWD/gpu_ab}; here=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +18,7 @@ for r in "${rs[@]}"; do
   smi=$!
   t0=$(date +%s.%N)
   (cd "$tree" && PYTHONPATH="$here/.site:$tree" FXRAY_TUNE_DEBUG_LOG="$o/debug.log" timeout "${TUNE_TIMEOUT:-200}" \
-    python3 "$here/lab/tprof.py" "$t0" --trials "${TRIALS:-64}" $flags --storage "$runs/sweep" \
+    python3 $([ "${PLAIN:-0}" = 1 ] && echo "-m fxray.tune" || echo "$here/lab/tprof.py $t0") --trials "${TRIALS:-64}" $flags --storage "$runs/sweep" \
     --tracking-uri "sqlite:///$runs/mlflow.db" --json "$o/results.json" > "$o/tune.log" 2>&1)
   rc=$?; t1=$(date +%s.%N); kill $smi
   echo "=== $i $name ($tree $flags): exit $rc, wall $(python3 -c "print(round($t1-$t0,1))") s"
