@@ -46,6 +46,7 @@ def golden(tmp_path_factory):
     from fxray.data.synth import SynthSpec, to_cache
     from fxray.rl import experiment as expmod
     from fxray.sweep.driver import validate
+    from fxray.sweep.rounds import load_study
     from fxray.sweep.rundir import make_fold_dicts, prepare_storage
     from fxray.tune import build_parser
 
@@ -69,6 +70,7 @@ def golden(tmp_path_factory):
             build_parser().parse_args(["--experiment", "tiny.yaml", "--data", "m.fxcache", "--storage", "runs/t"])
         )
         prepare_storage(plan, exp, "cpu", folds)
+        load_study(g / "runs/t")
         rec = {"trial_id": "0000", "fold": 0, "status": "ok", "score": 0.1, "round": "tune", "config": {"lr": 1e-3}}
         (g / "runs/t/folds.jsonl").write_text(json.dumps(rec) + "\n")
         (g / "runs/t/events.jsonl").write_text("")
@@ -721,8 +723,14 @@ def run_dir_corruptions() -> dict:
         "folds-jsonl-no-trial-id": append("runs/t/folds.jsonl", '{"fold": 1}\n'),
         "events-jsonl-garbage-line": append("runs/t/events.jsonl", "garbage\n"),
         "events-jsonl-binary": append("runs/t/events.jsonl", "\x00\x01\n"),
-        "optuna-db-garbage": write("runs/t/optuna.db", b"not sqlite at all" * 10),
-        "optuna-db-a-directory": mkdir("runs/t/optuna.db"),
+        "optuna-journal-garbage-line": lambda ws: (ws / "runs/t/optuna.journal").write_text(
+            "garbage\n" + (ws / "runs/t/optuna.journal").read_text()
+        ),
+        "optuna-journal-a-directory": lambda ws: (
+            (ws / "runs/t/optuna.journal").unlink(),
+            (ws / "runs/t/optuna.journal").mkdir(),
+        ),
+        "optuna-db-of-an-earlier-fxray": write("runs/t/optuna.db", b"SQLite format 3\x00" + bytes(100)),
         "sweep-json-a-directory": lambda ws: ((ws / "runs/t/sweep.json").unlink(), (ws / "runs/t/sweep.json").mkdir()),
     }
 

@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -74,7 +73,9 @@ def store(tmp_path):
 
 
 def study(tmp_path):
-    return optuna.load_study(study_name="fxray", storage=f"sqlite:///{tmp_path / 'runs/t/optuna.db'}")
+    from fxray.sweep.rounds import load_study
+
+    return load_study(tmp_path / "runs/t")
 
 
 def check_complete_sweep(tmp_path, n_trials):
@@ -273,10 +274,11 @@ def test_asha_stops_waste_no_fold(tmp_path):
     pair = sweep_report().speedup(str(tmp_path / "out.json"), str(tmp_path / "again.json"))
     assert pair["same_work"] and pair["folds_a"] == pair["folds_b"] == sum(done)
     assert pair["val_sharpe_max_abs_diff"] == 0.0 and pair["speedup"] > 0
+    from fxray.sweep.rounds import load_study
     from fxray.sweep.rundir import read_same_trials
 
     started = [sampled for sampled, _ in read_same_trials(str(tmp_path / "out.json"))["trials"]]
-    replayed = optuna.load_study(study_name="fxray", storage=f"sqlite:///{tmp_path / 'again/optuna.db'}")
+    replayed = load_study(tmp_path / "again")
     assert [t.params for t in replayed.trials] == started
     calls = [c for w in again["workers"] for c in w["calls"] if c[4] != "warmup"]
     assert len(calls) == sum(done) and [c[4] for c in calls].count("cancelled") == 0
@@ -500,9 +502,9 @@ def test_same_trials_interrupted_then_resumed(tmp_path):
 
 def test_close_orphans(tmp_path):
     """A trial asked for and not yet named (a hard kill in between) is closed, the others kept."""
-    from fxray.sweep.rounds import STUDY, close_orphans
+    from fxray.sweep.rounds import close_orphans, load_study
 
-    study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    study = load_study(tmp_path)
     study.tell(study.ask(), 1.0)
     study.ask()  # the orphan
     assert close_orphans(tmp_path) == 1

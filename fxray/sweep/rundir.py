@@ -57,7 +57,11 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
         raise UsageError(f"{storage}: no sweep to resume (no sweep.json); run without --resume")
     if sweep is None:
         return file, storage, None
-    check_study(storage / "optuna.db")  # a resumed or extended sweep loads it next
+    if (storage / "optuna.db").exists():  # an SQLite study: fxray before its journal
+        raise UsageError(
+            f"{storage / 'optuna.db'}: the study of an earlier fxray's sweep (SQLite), which this one "
+            "cannot resume or extend: start a new sweep with --storage DIR"
+        )
     check_logs(storage)
     if args.resume and sweep["rounds"][-1]["done"] and not getattr(args, "same_trials", None):  # before Ray starts
         raise NothingToResume(
@@ -236,12 +240,12 @@ def check_record(sweep) -> None:
 
 # --- the sweep's logs: a crash's torn last line is dropped, anything else refused -------------
 
-LOGS = {"folds.jsonl": ("trial_id", "fold", "status"), "events.jsonl": ("kind",)}
+LOGS = {"folds.jsonl": ("trial_id", "fold", "status"), "events.jsonl": ("kind",), "optuna.journal": ("op_code",)}
 
 
 def check_logs(storage: Path) -> None:
-    """UsageError naming the file and line of a complete line of folds.jsonl or events.jsonl that
-    is not a record the driver writes (a crash cannot make one; a torn LAST line, without its
+    """UsageError naming the file and line of a complete line of a log (folds.jsonl, events.jsonl,
+    the Optuna journal) that is not a record the driver writes (a crash cannot make one; a torn LAST line, without its
     newline, is what a kill in mid-write leaves: `drop_torn_lines` drops it, and its fold runs again)."""
     for name, keys in LOGS.items():
         path = storage / name
@@ -271,34 +275,6 @@ def drop_torn_lines(storage: Path) -> None:
         data = path.read_bytes() if path.exists() else b""
         if data and not data.endswith(b"\n"):
             os.truncate(path, data.rfind(b"\n") + 1)
-
-
-def check_study(path: Path) -> None:
-    """UsageError if optuna.db holds the sweep's study more than once. A kill while Optuna
-    created it, under fxray before the study was built apart and renamed into place
-    (fxray.sweep.rounds.load_study), could leave a file that a resume filled with a second
-    study of the same name; Optuna then fails on every load. An absent or empty file passes."""
-    import sqlite3
-
-    from fxray.sweep.rounds import STUDY
-
-    if not path.exists():
-        return
-    if not path.is_file() or path.read_bytes()[:16] not in (b"", b"SQLite format 3\x00"):
-        raise UsageError(
-            f"{path}: not an SQLite database (the sweep's Optuna study); restore it, or pass --storage DIR"
-        )
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            n = db.execute("SELECT COUNT(*) FROM studies WHERE study_name = ?", (STUDY,)).fetchone()[0]
-    except sqlite3.Error:
-        return  # no studies table yet (or not SQLite): Optuna says what it finds when it loads
-    if n > 1:
-        raise UsageError(
-            f"{path}: holds {n} Optuna studies named {STUDY!r} (left by a kill while the study was "
-            "created, before fxray built it apart); this sweep cannot resume: start it again with "
-            "--storage DIR (a new directory)"
-        )
 
 
 def write_sweep(storage: Path, sweep: dict) -> None:
