@@ -156,10 +156,10 @@ def superior_ability(returns: np.ndarray, benchmark: np.ndarray | None, trial_id
     options = {"block_size": b, "reps": reps, "bootstrap": "stationary", "seed": seed}
     spa = SPA(zeros, -studentized, **options)
     spa.compute()
+    p = {k: float(v) for k, v in spa.pvalues.items()}
     rc = RealityCheck(zeros, -d, studentize=False, **options)
     rc.compute()
-    superior = stepm_superior(SPA(zeros, -studentized, **options), SIZE)  # on an SPA of its own, as arch's StepM
-    p = {k: float(v) for k, v in spa.pvalues.items()}
+    superior = stepm_superior(spa, SIZE)  # its first step is this SPA
     if d.mean(axis=0).max() <= 0:
         # Hansen's statistic is max(max_k t_k, 0): 0 when no trial's mean beats the benchmark,
         # and its bootstrap (>= 0) always reaches it: p = 1. arch leaves out the max with 0
@@ -181,20 +181,21 @@ def superior_ability(returns: np.ndarray, benchmark: np.ndarray | None, trial_id
 
 def stepm_superior(spa, size: float) -> list[int]:
     """Romano & Wolf's StepM as arch's StepM.compute runs it (SPA on the models not yet
-    rejected, until a step rejects none), stopped also when none is left: arch 8.0's loop
-    tests only the last step's rejections against the number of models, so when its steps
-    reject them all between them (the CPU quick start's full trials, each beating flat) it
-    runs SPA on no model and raises. Up to that point both are the same computation."""
+    rejected, until a step rejects none), from `spa` computed on all the models (its first
+    step; arch's StepM computes that SPA again, from the same seed), and stopped also when
+    none is left: arch 8.0's loop tests only the last step's rejections against the number of
+    models, so when its steps reject them all between them (the CPU quick start's full trials,
+    each beating flat) it runs SPA on no model and raises. Up to that point both are the same
+    computation."""
     rest, found = np.ones(spa.k, dtype=bool), []
-    while rest.any():
-        spa.subset(rest)
-        spa.compute()
+    while True:
         step = [int(i) for i in spa.better_models(size)]
-        if not step:
-            break
         found += step
         rest[step] = False
-    return sorted(found)
+        if not step or not rest.any():
+            return sorted(found)
+        spa.subset(rest)
+        spa.compute()
 
 
 # --- the placebo sweeps ----------------------------------------------------------------------
