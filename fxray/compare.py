@@ -95,11 +95,10 @@ def load_experiment(client, name: str, uri: str) -> dict:
         and r.info.status == "FINISHED"
         and "best_test_sharpe" in r.data.metrics
     ]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     trials = []
     with tempfile.TemporaryDirectory() as tmp:
-        for r in runs:
-            if r.data.tags.get("mlflow.parentRunId") != parent.info.run_id:
-                continue
+        for r in children:
             folds = read_folds(client, r.info.run_id, Path(tmp) / r.info.run_id)
             if not folds:  # a trial with no finished fold has nothing to compare
                 continue
@@ -216,11 +215,9 @@ def report(s: dict) -> str:
         "(per-window values: for the table only)",
     ]
     for r in b["folds"]:
-        lines.append(
-            f"   {r['fold']:>4} {fmt(r['val_sharpe'], '+7.2f', '    n/a')} "
-            f"{fmt(r['test_sharpe'], '+7.2f', '    n/a')} {fmt(r['bh_test_sharpe'], '+7.2f', '    n/a')} "
-            f"{r['flat_test_sharpe']:+7.2f} {fmt(r['test_turnover'], '8.4f', '     n/a')}"
-        )
+        sharpes = " ".join(fmt(r[k], "+7.2f", "    n/a") for k in ("val_sharpe", "test_sharpe", "bh_test_sharpe"))
+        turnover = fmt(r["test_turnover"], "8.4f", "     n/a")
+        lines.append(f"   {r['fold']:>4} {sharpes} {r['flat_test_sharpe']:+7.2f} {turnover}")
     lines += [
         f"   out of sample, pooled over {test['n_days']} test days ({test['n_periods']} hours) at "
         f"{bp(s['cost'])}: Sharpe {sharpe_line(test)}  PSR(0) {fmt(test['psr'], '.3f')}  DSR {fmt(b['dsr'], '.3f')}",
@@ -314,31 +311,20 @@ def plot_all(exps: list[dict], sums: list[dict], out: Path) -> list[Path]:
             ax.plot(x, edge, "^" if v > 0 else "v", color=c, mec="k", ms=9, clip_on=False, zorder=5)
             ax.annotate(f"{v:+.0f}", (x, edge), xytext=(0, -18 if v > 0 else 9), fontweight="bold", **label)
         if clipped:
-            ax.annotate(
-                f"{len(clipped)} value(s) beyond the axis, marked at its edge (the axis keeps the 5-95 % range)",
-                (0.01, 0.02),
-                xycoords="axes fraction",
-                fontsize=8,
-                color="0.3",
-            )
+            note = f"{len(clipped)} value(s) beyond the axis, marked at its edge (the axis keeps the 5-95 % range)"
+            ax.annotate(note, (0.01, 0.02), xycoords="axes fraction", fontsize=8, color="0.3")
     ax.axhline(0.0, color="0.5", lw=0.8)
     ax.set_xticks(sorted({r["fold"] for s in sums for r in s["best"]["folds"]}))
-    ax.set(
-        xlabel="fold",
-        ylabel="Sharpe of one window (annualised)",
-        title="the chosen trial of each sweep, per fold (one window is noise: see the pooled numbers)",
-    )
+    title = "the chosen trial of each sweep, per fold (one window is noise: see the pooled numbers)"
+    ax.set(xlabel="fold", ylabel="Sharpe of one window (annualised)", title=title)
     ax.legend(fontsize=8.5, ncol=len(sums), loc="upper center", bbox_to_anchor=(0.5, -0.15))
     save(fig, paths[0], 110)
     # equity of each chosen trial over its test windows, dated, beside the references
     fig, axes = plt.subplots(len(exps), 1, figsize=(10, 4.2 * len(exps)), squeeze=False)
     for ax, e, s in zip(axes[:, 0], exps, sums):
         best = next(t for t in e["trials"] if t["trial_id"] == s["best"]["trial_id"])
-        plot_equity(
-            ax,
-            [FoldRecord.from_flat(f) for f in best["folds"]],
-            f"{e['name']}: chosen {s['best']['run_name']}, test windows (out of sample)",
-        )
+        folds = [FoldRecord.from_flat(f) for f in best["folds"]]
+        plot_equity(ax, folds, f"{e['name']}: chosen {s['best']['run_name']}, test windows (out of sample)")
         ax.tick_params(axis="x", labelrotation=30)  # each panel its own dates (sweeps may cover other data)
     save(fig, paths[1], 110)
     # Optuna's fANOVA importance of the searched hyperparameters for the score
@@ -373,9 +359,8 @@ def importance(exp: dict) -> dict:
         params = {n: cast(d, t["params"][n]) for n, d in space.items()}
         study.add_trial(optuna.trial.create_trial(params=params, distributions=space, value=t["score"]))
     try:
-        return optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)
-        )
+        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+        return optuna.importance.get_param_importances(study, evaluator=evaluator)
     except (RuntimeError, ValueError):  # e.g. every trial scored the same
         return {}
 
