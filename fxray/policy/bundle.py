@@ -183,12 +183,11 @@ def reads_ofi(members, n_features: int, ofi_names) -> list[str]:
     ofi columns are zeros) reads no order flow, and a column its front end dropped (dqn.inputs:
     ridge with a screen) none at all. `members`: (first-layer weight (H, n_inputs), mean,
     inv_std) per member."""
-    read = []
-    for j, name in enumerate(ofi_names):
-        col = n_features + j
-        if any(np.any(w[:, col] != 0) and not (mean[col] == 0 and inv_std[col] == 1) for w, mean, inv_std in members):
-            read.append(name)
-    return read
+    return [
+        name
+        for col, name in enumerate(ofi_names, start=n_features)
+        if any(np.any(w[:, col] != 0) and not (mean[col] == 0 and inv_std[col] == 1) for w, mean, inv_std in members)
+    ]
 
 
 def check_manifest(m: dict) -> None:
