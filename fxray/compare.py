@@ -56,9 +56,8 @@ class CompareError(ValueError):
 def sweep_experiments(client) -> list[str]:
     """Names of the experiments holding at least one fxray sweep (a run tagged with its folds)."""
     exps = client.search_experiments()
-    ids = {
-        r.info.experiment_id for r in search_all(client, [e.experiment_id for e in exps], "tags.`fxray.folds` != ''")
-    }
+    sweeps = search_all(client, [e.experiment_id for e in exps], "tags.`fxray.folds` != ''")
+    ids = {r.info.experiment_id for r in sweeps}
     return [e.name for e in exps if e.experiment_id in ids]
 
 
