@@ -61,14 +61,12 @@ def linear_line(test: dict) -> str:
 def beside_lines(test: dict, refs: dict, walk: dict | None) -> list[str]:
     """What the last screen and fxray compare say after the chosen trial's pooled test line:
     the references on the same windows, what it adds over the supervised rule, walk-forward selection."""
-    lines = [
-        "beside it: " + ", ".join(f"{n} {sharpe_line(r)}" for n, r in refs.items()) + ", flat 0" + share_text(test)
-    ]
-    lines += [linear_line(test)] if linear_line(test) else []
+    beside = ", ".join(f"{n} {sharpe_line(r)}" for n, r in refs.items())
+    lines = [f"beside it: {beside}, flat 0{share_text(test)}", linear_line(test)]  # linear_line: '' without a rule
     if walk:
         why = "each test window's trial chosen on the val windows before it"
         lines.append(f"walk-forward selection ({why}): {sharpe_line(walk)}")
-    return lines
+    return [line for line in lines if line]
 
 
 def ranked(trials: list, n_folds: int) -> list:
@@ -304,20 +302,14 @@ def plot_equity(ax, folds: list, title: str) -> None:
         "buy_and_hold": ("0.4", 1.0),
     }
     series: dict = {name: ([], []) for name in lines}
+    label = {"xycoords": ("data", "axes fraction"), "fontsize": 8, "color": "0.35", "va": "bottom"}  # "fold k" text
     for f in folds:
         if not f.ok:
             continue
         t = np.asarray(f.test_periods["hours"], dtype="int64") * 3600  # hours since the epoch -> seconds
         dates = t.astype("datetime64[s]")
         ax.axvspan(dates[0], dates[-1], color="0.93", zorder=0)
-        ax.annotate(
-            f"fold {f.fold}",
-            (dates[0], 0.02),
-            xycoords=("data", "axes fraction"),
-            fontsize=8,
-            color="0.35",
-            va="bottom",
-        )
+        ax.annotate(f"fold {f.fold}", (dates[0], 0.02), **label)
         windows = {"policy": f.test_periods, **{k: v["test"] for k, v in f.baseline_periods.items()}}
         for name, w in windows.items():
             if name in series:
