@@ -409,6 +409,24 @@ def test_item4_a_torn_last_line_is_dropped_and_a_garbage_line_refused(tmp_path):
         check_logs(tmp_path)
 
 
+def test_a_torn_last_line_of_the_study_is_dropped_before_the_study_is_read(tmp_path):
+    """Optuna's journal cannot be asked again after a torn last line (a kill in mid-append);
+    the run directory's torn-line cut, under the lock before the driver reads anything, gives
+    back the study as it was."""
+    from fxray.sweep.rounds import STUDY_FILE, load_study
+    from fxray.sweep.rundir import check_logs, drop_torn_lines
+
+    load_study(tmp_path).ask()
+    journal = tmp_path / STUDY_FILE
+    whole = journal.read_bytes()
+    journal.write_bytes(whole + b'{"op_code": 5, "worker_id": "x", "trial_id": 0, "sta')
+    check_logs(tmp_path)  # what a crash leaves: accepted
+    drop_torn_lines(tmp_path)
+    assert journal.read_bytes() == whole
+    load_study(tmp_path).ask()
+    assert [t.state.name for t in load_study(tmp_path).trials] == ["RUNNING", "RUNNING"]
+
+
 def test_item4_an_out_of_range_seed_in_sweep_json_is_refused(tmp_path):
     from fxray.sweep.rundir import UsageError, read_sweep
 
