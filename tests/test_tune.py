@@ -706,20 +706,24 @@ def test_the_driver_start_up_path_imports_no_torch_scipy_or_mlflow():
 
 @pytest.mark.slow
 def test_a_population_sweep_logs_every_config_once_with_what_it_trains_alone(tmp_path):
-    """--population 2 on 2 CPU workers: one MLflow child run per config, every fold logged once,
-    and every fold's val Sharpe what the plain one-config-at-a-time loop gives, to the bit."""
-    exp, env = setup(tmp_path, trials=4)
-    out = cli(["--experiment", exp, "--num-cpus", 2, "--population", 2, "--json", "out.json"], env, tmp_path)
+    """--population 4 on one CPU worker, no rung before the last fold: the searcher queues each
+    trial's folds on the worker as it asks the trial (before Tune starts its process), each trial
+    collects them, one MLflow child run per config, every fold trained and logged once, and
+    every fold's val Sharpe what the plain one-config-at-a-time loop gives, to the bit."""
+    exp, env = setup(tmp_path, trials=4)  # 2 folds, grace 2: ASHA cannot stop a trial before its last
+    args = ["--experiment", exp, "--num-cpus", 2, "--cpu-workers", 1, "--population", 4, "--json", "out.json"]
+    out = cli(args, env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "populations of up to 2" in out.stdout
+    assert "populations of up to 4" in out.stdout
     results = check_complete_sweep(tmp_path, 4)
-    workers = results["workers"]
-    # every fold went through a worker's populations (so may its warmup, in whatever order Ray
-    # delivers the calls: it may still be running when the sweep ends)
-    assert sum(w["n_calls"] for w in workers) == 4 * 2
-    assert 4 * 2 <= sum(sum(w["populations"]) for w in workers) <= 4 * 2 + len(workers)
-    assert all(1 <= size <= 2 for w in workers for size in w["populations"])
-    assert all(f["population"] in (1, 2) for t in results["trials"] for f in t["folds"])
+    (w,) = results["workers"]
+    # Ray orders no calls across callers: a trial's own call may reach the worker first (that fold is
+    # then not queued as asked); on a CPU the worker's data load usually lets the searcher's come first
+    assert 1 <= w["n_asked"] == w["n_asked_collected"] <= w["n_calls"] == 4 * 2
+    # every fold through the worker's populations, once (and its warm-up, which Ray may deliver late)
+    assert 4 * 2 <= sum(w["populations"]) <= 4 * 2 + 1
+    assert all(1 <= size <= 4 for size in w["populations"])
+    assert all(1 <= f["population"] <= 4 for t in results["trials"] for f in t["folds"])
     split = sweep_report().report(str(tmp_path / "out.json"))  # device time counted once per population
     shares = [split[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
     assert sum(shares) == pytest.approx(1.0) and 0 < split["training_share"] < 1

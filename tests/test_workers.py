@@ -321,3 +321,30 @@ def test_a_population_worker_trains_two_trials_together_as_each_alone(pool):
             assert a["population"] == 2 and (a["val"], a["test"]) == (b["val"], b["test"])
     assert ray.get(gathering.stats.remote())["populations"] == [2] * len(folds)
     ray.kill(gathering, no_restart=True)
+
+
+def test_folds_queued_as_a_trial_is_asked_are_what_its_own_calls_get(pool):
+    """The searcher queues each new trial's folds on a population worker as it asks the trial
+    (queue_asked); the trial's calls then collect those results, each what the one-at-a-time
+    worker returns for that config; a fold the trial's own call reached first is trained by it,
+    once: the late queue_asked leaves it alone."""
+    from fxray.sweep.leases import FoldStream
+    from fxray.sweep.workers import FoldWorker
+
+    workers, ref, folds, _ = pool
+    gathering = FoldWorker.options(num_cpus=0.1, num_gpus=0, max_concurrency=6).remote([ref], 8, 1, "float32", 2, 2)
+    configs = {"a": {**TINY, "lr": 1e-3}, "b": {**TINY, "lr": 2e-4, "gamma": 0.9, "n_step": 2}}
+    ray.get([gathering.queue_asked.remote(c, folds, 4, None, tid) for tid, c in configs.items()])
+    asked = {tid: list(FoldStream(gathering, c, folds, seed=4, trial_id=tid)) for tid, c in configs.items()}
+    stats = ray.get(gathering.stats.remote())
+    assert stats["n_asked"] == stats["n_asked_collected"] == stats["n_calls"] == 2 * len(folds)
+    assert stats["populations"] == [2] * len(folds)
+    with workers.lease("trial-q") as index:
+        for tid, c in configs.items():
+            alone = [train_fold(workers, index, c, f, seed=4) for f in folds]
+            assert [(r["val"], r["test"]) for r in asked[tid]] == [(r["val"], r["test"]) for r in alone]
+    late = list(FoldStream(gathering, configs["a"], folds[:1], seed=4, trial_id="c"))  # its call first
+    ray.get(gathering.queue_asked.remote(configs["a"], folds[:1], 4, None, "c"))
+    stats = ray.get(gathering.stats.remote())
+    assert late[0]["status"] == "ok" and stats["n_asked"] == 2 * len(folds) and len(stats["populations"]) == 3
+    ray.kill(gathering, no_restart=True)

@@ -2,6 +2,7 @@
 
     gatherer = Gatherer(data, k_max=4)
     result = gatherer.train(config, fold, seed, checkpoint_dir, stop)   # from any thread; blocks
+    req = gatherer.submit(config, fold, seed, ...); result = gatherer.wait(req)  # the same, in two
     done = gatherer.prepare(config, folds)    # the folds' shared work, while no request waits
 
 With `sweep.population: K`, up to K trials hold a lease on one worker at once, and each
@@ -99,6 +100,12 @@ class Gatherer:
     def train(
         self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False, owner=None
     ) -> dict:
+        return self.wait(self.submit(config, fold, seed, checkpoint_dir, stop, warmup, owner))
+
+    def submit(
+        self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False, owner=None
+    ) -> Request:
+        """Queue a request without waiting for it (`wait` gets its result)."""
         cfg = make_config(config)
         if DTYPES[cfg.dtype] != self.data.dtype:
             raise ValueError(
@@ -117,6 +124,10 @@ class Gatherer:
                     self.quiet_at = now + self.quiet_s
             self.queue.append(req)
             self.cond.notify_all()
+        return req
+
+    def wait(self, req: Request) -> dict:
+        with self.cond:
             self.cond.wait_for(lambda: req.done)
         if req.error is not None:
             raise req.error

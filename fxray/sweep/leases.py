@@ -117,7 +117,7 @@ class Workers:
         """The folds' results in order, the next fold always queued on the worker; with
         `owner` (the lease's), idle workers are borrowed for later folds (see FoldStream)."""
         borrow = (lambda: self.borrow(owner)) if owner and len(self.handles) > 1 else None
-        return FoldStream(self.handles[index], config, folds, seed, checkpoint_dir, borrow)
+        return FoldStream(self.handles[index], config, folds, seed, checkpoint_dir, borrow, owner)
 
     def borrow(self, owner: str):
         """(handle, give-back function) of a worker idle with no trial waiting, or None."""
@@ -152,8 +152,8 @@ class FoldStream:
     contextlib.closing) cancels what is still queued, on every worker it used: the
     running fold ends at its next step, so the worker is free for the next trial."""
 
-    def __init__(self, handle, config: dict, folds: list, seed: int, checkpoint_dir=None, borrow=None):
-        self.folds, self.token, self.borrow = list(folds), uuid.uuid4().hex, borrow
+    def __init__(self, handle, config: dict, folds: list, seed: int, checkpoint_dir=None, borrow=None, trial_id=None):
+        self.folds, self.token, self.borrow, self.trial_id = list(folds), uuid.uuid4().hex, borrow, trial_id
         self.config, self.seed, self.checkpoint_dir = config, seed, checkpoint_dir
         self.handles = [handle]  # slot 0: the leased worker; then the borrowed ones
         self.give_back = {}  # slot -> function returning a borrowed worker still held
@@ -163,7 +163,8 @@ class FoldStream:
         self._place()
 
     def _submit(self, slot: int, fold: dict):
-        return self.handles[slot].train_fold.remote(self.config, fold, self.seed, self.checkpoint_dir, self.token)
+        handle = self.handles[slot]
+        return handle.train_fold.remote(self.config, fold, self.seed, self.checkpoint_dir, self.token, self.trial_id)
 
     def _place(self) -> None:
         """Submit folds while a held worker has fewer than two unfinished; borrow when none has."""

@@ -31,8 +31,9 @@ def split_config(config: dict) -> tuple[str, dict]:
 
 
 class StudySearch(Searcher):
-    def __init__(self, storage: Path, space: dict, seed: int, round_name: str, resumed: list, n_new: int):
+    def __init__(self, storage: Path, space: dict, seed: int, round_name: str, resumed: list, n_new: int, asked=None):
         super().__init__(metric="score", mode="max")
+        self.asked = asked  # (trial id, sampled config) of each new trial, as it is asked: or None
         self.storage, self.space, self.seed, self.round_name = Path(storage), space, seed, round_name
         self.resumed, self.n_new = list(resumed), n_new  # (study number, trial id, sampled config): run first
         self.live: dict[str, int] = {}  # Tune trial id -> study number
@@ -44,7 +45,7 @@ class StudySearch(Searcher):
         return load_study(self.storage, optuna.samplers.TPESampler(seed=self.seed))
 
     def __getstate__(self):  # Tune pickles its searcher into its own files: no live database handle
-        return {k: v for k, v in self.__dict__.items() if k != "study"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("study", "asked")}
 
     def suggest(self, trial_id: str):
         if self.resumed:
@@ -56,6 +57,8 @@ class StudySearch(Searcher):
             # named at once: a kill from here on leaves a trial a resume finds and runs again
             trial.set_user_attr(TRIAL_ATTR, tid)
             trial.set_user_attr(ROUND_ATTR, self.round_name)
+            if self.asked is not None:
+                self.asked(tid, params)
         else:
             return Searcher.FINISHED
         self.live[trial_id] = number

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -95,6 +96,15 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     trainable = tune.with_resources(
         tune.with_parameters(fold_trial, job=job, workers=workers), trial_resources(workers.plan.cpu_per_trial)
     )  # on the head if multi-node
+    asked = None
+    if len(workers.handles) == 1 and workers.plan.population > 1 and job["stops"] == [n_folds] and not same:
+        # one worker training populations, no rung before the last fold: a new trial's folds are
+        # queued on the worker as the searcher asks it, while Tune starts the trial's process
+        def asked(trial_id: str, sampled: dict) -> None:
+            checkpoint_dir = os.path.join(job["checkpoints"], trial_id)  # as fold_trial's
+            cfg = {**job["base"], **sampled}
+            workers.handles[0].queue_asked.remote(cfg, job["folds"], job["seed"], checkpoint_dir, trial_id)
+
     study = load_study(storage)
     if same and not study.get_trials(deepcopy=False):  # the first session of the round: enqueue once
         for sampled, _ in same["trials"]:
@@ -109,7 +119,7 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
         tune_config=tune.TuneConfig(
             metric="score",
             mode="max",
-            search_alg=StudySearch(storage, exp.space(), seed, rnd["name"], plan.resumed, plan.n_new),
+            search_alg=StudySearch(storage, exp.space(), seed, rnd["name"], plan.resumed, plan.n_new, asked),
             scheduler=FIFOScheduler() if same else asha,
             num_samples=len(plan.resumed) + plan.n_new,
             max_concurrent_trials=workers.plan.n_trials,

@@ -18,8 +18,10 @@ store; the trial that was using it retries its fold there.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import threading
 import time
 import warnings
 
@@ -39,6 +41,7 @@ def put_market(market) -> ray.ObjectRef:
 
 # --- the actor -----------------------------------------------------------------------
 
+CLAIMED = "claimed"  # an asked fold its trial's own call trains (see DeviceWorker.asked)
 ACTOR_OPTIONS = dict(max_restarts=-1, max_task_retries=2, concurrency_groups={"control": 1})
 
 
@@ -74,15 +77,30 @@ class DeviceWorker:
         # a restarted worker's trials come back at once (those left): no gate for them
         self.gatherer = Gatherer(self.data, population, expect=1 if self.restarted else expect)
         self.cancelled: set = set()  # tokens whose queued folds are no longer wanted
+        # (trial id, fold k) -> its Request, queued when the searcher asked the trial; CLAIMED: the
+        # trial's own call came first (Ray orders no calls across callers), so none is queued
+        self.asked: dict = {}
+        self.asked_lock = threading.Lock()
+        self.n_asked = self.n_asked_collected = 0  # such folds queued, and collected by their trial
         self.calls: list = []  # per call: [start, end (unix s), token, fold k, status]
         self.running: list | None = None  # [start, token, fold k] of the fold training now
 
-    def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, token=None) -> dict:
+    def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, token=None, trial_id=None) -> dict:
         """Train `config` on `fold`. A fold whose `token` was cancelled returns status
-        "cancelled" (at once if not started, else at its next step)."""
+        "cancelled" (at once if not started, else at its next step). A fold `queue_asked` queued
+        for `trial_id` is that request's result (the same config, fold, seed and checkpoint)."""
         t0 = time.time()
         self.n_calls += 1
-        if token in self.cancelled:
+        asked = None
+        if trial_id is not None:
+            with self.asked_lock:
+                asked = self.asked.pop((trial_id, fold["k"]), None)
+                if asked is None:
+                    self.asked[(trial_id, fold["k"])] = CLAIMED
+        if asked is not None:
+            result = self.gatherer.wait(asked)
+            self.n_asked_collected += 1
+        elif token in self.cancelled:
             result = {"status": "cancelled", "fold": fold, "epochs_run": 0, "timings": {"total_s": 0.0}}
         else:
             self.running = [t0, token, fold["k"]]
@@ -94,6 +112,21 @@ class DeviceWorker:
         result["worker"] = self.index
         self.calls.append([t0, time.time(), token, fold["k"], result["status"]])
         return result
+
+    @ray.method(concurrency_group="control")
+    def queue_asked(self, config: dict, folds: list[dict], seed: int, checkpoint_dir: str, trial_id: str) -> None:
+        """Queue a trial's folds when the searcher asks it (fxray.sweep.search), before Tune has
+        started its process: the populations train while the trial processes come up, and
+        each trial's train_fold then collects its fold. A fold its config cannot train is left
+        for the trial's own call, which reports why."""
+        for fold in folds:
+            with self.asked_lock, contextlib.suppress(Exception):
+                if self.asked.pop((trial_id, fold["k"]), None) is CLAIMED:
+                    continue
+                self.asked[(trial_id, fold["k"])] = self.gatherer.submit(
+                    config, fold, seed, checkpoint_dir, owner=trial_id
+                )
+                self.n_asked += 1
 
     def warmup(self, config: dict, folds: list[dict]) -> None:
         """One short fold of `config` (one epoch of a few steps), so that the one-time
@@ -132,6 +165,8 @@ class DeviceWorker:
             "index": self.index,
             "n_loads": self.n_loads,
             "n_calls": self.n_calls,
+            "n_asked": self.n_asked,
+            "n_asked_collected": self.n_asked_collected,
             "n_trainers": self.gatherer.built,
             "populations": list(self.gatherer.sizes),
             "population_runs": list(self.gatherer.runs),
