@@ -343,8 +343,11 @@ def test_folds_queued_as_a_trial_is_asked_are_what_its_own_calls_get(pool):
         for tid, c in configs.items():
             alone = [train_fold(workers, index, c, f, seed=4) for f in folds]
             assert [(r["val"], r["test"]) for r in asked[tid]] == [(r["val"], r["test"]) for r in alone]
-    late = list(FoldStream(gathering, configs["a"], folds[:1], seed=4, trial_id="c"))  # its call first
+    # trial c's calls first, its first fold twice (as a retried trial process asks again), then its queue
+    late = list(FoldStream(gathering, configs["a"], folds[:1] * 2, seed=4, trial_id="c"))
     ray.get(gathering.queue_asked.remote(configs["a"], folds[:1], 4, None, "c"))
+    assert [(r["val"], r["test"]) for r in late] == [(asked["a"][0]["val"], asked["a"][0]["test"])] * 2
     stats = ray.get(gathering.stats.remote())
-    assert late[0]["status"] == "ok" and stats["n_asked"] == 2 * len(folds) and len(stats["populations"]) == 3
+    assert stats["n_asked"] == stats["n_asked_collected"] == 2 * len(folds)
+    assert sum(stats["populations"]) == 2 * len(folds) + 2  # c's two calls, nothing more
     ray.kill(gathering, no_restart=True)

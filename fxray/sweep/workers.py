@@ -94,9 +94,9 @@ class DeviceWorker:
         asked = None
         if trial_id is not None:
             with self.asked_lock:
-                asked = self.asked.pop((trial_id, fold["k"]), None)
-                if asked is None:
-                    self.asked[(trial_id, fold["k"])] = CLAIMED
+                asked = self.asked.pop((trial_id, fold["k"]), CLAIMED)
+                if asked is CLAIMED:  # none queued (or its trial asks again: a retried trial process)
+                    asked, self.asked[(trial_id, fold["k"])] = None, CLAIMED
         if asked is not None:
             result = self.gatherer.wait(asked)
             self.n_asked_collected += 1
