@@ -39,7 +39,7 @@ for k in ("startup_parts", "fold_setup_parts", "overhead_parts"):
     print(f"  {k}: " + ", ".join(f"{n} {x:.1f}" for n, x in (tb.get(k) or {}).items()))
 print("  phases: " + ", ".join(f"{n} {x - r['started']:+.1f}" for n, x in (r.get("phases") or {}).items() if isinstance(x, (int, float)) and not n.endswith("_s")))
 for w in r["workers"]:
-    print(f"  worker {w['index']}: populations {w['populations']}; folds queued as asked {w.get('n_asked')}, collected {w.get('n_asked_collected')}")
+    print(f"  worker {w['index']}: populations {w['populations']}; folds asked ahead {w.get('n_asked')}, queued and collected {w.get('n_asked_collected')}")
     print("  runs: " + ", ".join(f"{a - r['started']:.1f}-{b - r['started']:.1f}/{n}{k[0]}" for a, b, n, k in w["population_runs"]))
 small = lambda x: {k: small(v) for k, v in x.items()} if isinstance(x, dict) else ([small(v) for v in x] if isinstance(x, list) and len(x) <= 64 else (f"<{len(x)}>" if isinstance(x, list) else x))
 json.dump(small(r), open(f"{o}/small.json", "w"), indent=1)

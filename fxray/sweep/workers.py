@@ -81,7 +81,7 @@ class DeviceWorker:
         # trial's own call came first (Ray orders no calls across callers), so none is queued
         self.asked: dict = {}
         self.asked_lock = threading.Lock()
-        self.n_asked = self.n_asked_collected = 0  # such folds queued, and collected by their trial
+        self.n_asked = self.n_asked_collected = 0  # folds the searcher asked for; those queued and collected
         self.calls: list = []  # per call: [start, end (unix s), token, fold k, status]
         self.running: list | None = None  # [start, token, fold k] of the fold training now
 
@@ -121,12 +121,12 @@ class DeviceWorker:
         for the trial's own call, which reports why."""
         for fold in folds:
             with self.asked_lock, contextlib.suppress(Exception):
+                self.n_asked += 1
                 if self.asked.pop((trial_id, fold["k"]), None) is CLAIMED:
                     continue
                 self.asked[(trial_id, fold["k"])] = self.gatherer.submit(
                     config, fold, seed, checkpoint_dir, owner=trial_id
                 )
-                self.n_asked += 1
 
     def warmup(self, config: dict, folds: list[dict]) -> None:
         """One short fold of `config` (one epoch of a few steps), so that the one-time
