@@ -112,7 +112,7 @@ def test_placebo_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
 # --- the sweeps -------------------------------------------------------------------------------
 
 # A strong planted market (the DQN learns it in seconds) in 3 folds of 3-day test windows: each
-# sweep is 3 trials, one in flight, ~20 s on the 2-core box. N = 3 placebos: the smallest
+# sweep is 2 trials, one in flight, ~20 s on the 2-core box. N = 3 placebos: the smallest
 # p-value there is 1 / 4 (the GPU measurement runs 8: docs/benchmarks.md).
 PLANTED = """\
 name: {name}
@@ -123,7 +123,7 @@ dqn: {{num_envs: 128, batch_size: 512, hidden: 64, epochs: 3, steps_per_epoch: 8
 search:
   lr: {{type: loguniform, low: 3.0e-4, high: 3.0e-3}}
   gamma: {{type: uniform, low: 0.8, high: 0.95}}
-sweep: {{trials: 3, seed: 0, grace_folds: 1, reduction_factor: 2, cpu_per_trial: 0.25, trials_per_worker: 1}}
+sweep: {{trials: 2, seed: 0, grace_folds: 1, reduction_factor: 2, cpu_per_trial: 0.25, trials_per_worker: 1}}
 """
 N_PLACEBO = 3
 
