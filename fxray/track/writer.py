@@ -129,12 +129,7 @@ class Writer(contextlib.AbstractContextManager):
         return self.parent_id is not None and self.error is None
 
     def finish(
-        self,
-        status: str,
-        summary: dict | None = None,
-        artifacts: list | None = None,
-        timeout: float = 600,
-        report: dict | None = None,
+        self, status: str, summary: dict | None = None, artifacts: list | None = None, report: dict | None = None
     ) -> int:
         """Write the sweep's end, wait until the writer has caught up with the log and ended
         the parent run; returns how many writes failed. A writer that died meanwhile is
@@ -156,7 +151,7 @@ class Writer(contextlib.AbstractContextManager):
         if self.proc.poll() is not None and self.failed is None:
             self.opened.clear()
             self._restart(self.proc.returncode)
-        self.close(timeout)  # it writes what the log holds, its sweep_end last, then exits
+        self.close(600)  # it writes what the log holds, its sweep_end last, then exits
         self.reader.join(timeout=5)
         return self.failed if self.failed is not None else 1
 
