@@ -89,21 +89,10 @@ def run_url(base: str, experiment_id: str, run_id: str) -> str:
 def metric_url(base: str, experiment_id: str, run_ids: list, metric: str) -> str:
     """MLflow's metric page of `run_ids` (the format of Routes.getMetricPageRoute in its UI):
     one line per run, x = step (= fold k for fxray's per-fold metrics)."""
-    q = {
-        "runs": _json(list(run_ids)),
-        "metric": _json(metric),
-        "experiments": _json([experiment_id]),
-        "plot_metric_keys": _json([metric]),
-        "plot_layout": "{}",
-        "x_axis": "step",
-        "y_axis_scale": "linear",
-        "line_smoothness": "1",
-        "show_point": "true",
-        "deselected_curves": "[]",
-        "last_linear_y_axis_range": "[]",
-        "workflowType": "machine_learning",
-    }
-    return f"{base}/#/metric?" + _query(q)
+    q = {"runs": _json(list(run_ids)), "metric": _json(metric), "experiments": _json([experiment_id])}
+    q |= {"plot_metric_keys": _json([metric]), "plot_layout": "{}", "x_axis": "step", "y_axis_scale": "linear"}
+    q |= {"line_smoothness": "1", "show_point": "true", "deselected_curves": "[]", "last_linear_y_axis_range": "[]"}
+    return f"{base}/#/metric?" + _query(q | {"workflowType": "machine_learning"})
 
 
 def rank_tags(ranking: list[str]) -> dict[str, str]:
