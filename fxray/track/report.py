@@ -209,14 +209,8 @@ def mlflow_report(results: dict | None, n_folds: int) -> dict:
     def defined(s: dict | None, key: str):  # a window with no trade has no Sharpe: no point, not a 0 that ranks
         return None if not s or s.get("evidence") == "none" else s.get(key)
 
-    pooled = {
-        t["trial_id"]: {
-            "pooled_val_sharpe": defined(t.get("val"), "sharpe"),
-            "pooled_test_sharpe": defined(t.get("test"), "sharpe"),
-            "pooled_test_sharpe_se": defined(t.get("test"), "sharpe_se"),
-        }
-        for t in trials
-    }
+    named = (("val", "sharpe"), ("test", "sharpe"), ("test", "sharpe_se"))  # pooled_val_sharpe, ...
+    pooled = {t["trial_id"]: {f"pooled_{w}_{k}": defined(t.get(w), k) for w, k in named} for t in trials}
     params = sorted({k for t in trials for k in t.get("sampled", {})})
     return {"ranking": [t["trial_id"] for t in trials], "pooled": pooled, "params": params}
 
@@ -294,13 +288,8 @@ def plot_equity(ax, folds: list, title: str) -> None:
     no line is drawn across the days no window covers)."""
     import numpy as np
 
-    lines = {
-        "policy": ("tab:blue", 2.0),
-        "oracle": ("tab:green", 1.2),
-        "ridge": ("tab:orange", 1.2),
-        "screened": ("tab:purple", 1.2),
-        "buy_and_hold": ("0.4", 1.0),
-    }
+    lines = {"policy": ("tab:blue", 2.0), "oracle": ("tab:green", 1.2), "ridge": ("tab:orange", 1.2)}  # colour, width
+    lines |= {"screened": ("tab:purple", 1.2), "buy_and_hold": ("0.4", 1.0)}
     series: dict = {name: ([], []) for name in lines}
     label = {"xycoords": ("data", "axes fraction"), "fontsize": 8, "color": "0.35", "va": "bottom"}  # "fold k" text
     for f in folds:
