@@ -90,18 +90,16 @@ def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
         windows = [f.baseline_periods[name]["test"] for f in ok if name in f.baseline_periods]
         if windows and len(windows) == len(ok):
             refs[name], ref_windows[name] = pooled.pooled(windows, cost, periods_per_year), windows
-    test_windows = [f.test_periods for f in ok]
+    test, test_windows = out["test"], [f.test_periods for f in ok]
     for key, name in (("oracle_share", "oracle"), ("ridge_share", "ridge")):
-        out["test"][key] = pooled.oracle_share(out["test"], refs.get(name))
-        out["test"][f"{key}_se"] = (
-            pooled.oracle_share_se(test_windows, ref_windows[name]) if out["test"][key] is not None else None
-        )
+        test[key] = pooled.oracle_share(test, refs.get(name))
+        test[f"{key}_se"] = pooled.oracle_share_se(test_windows, ref_windows[name]) if test[key] is not None else None
     linear = {  # the learner's value: over the better by val of the supervised rules, on the same test days
         n: {w: [f.baseline_periods[n][w] for f in ok if w in f.baseline_periods[n]] for w in ("val", "test")}
         for n in ref_windows
         if n in pooled.SUPERVISED_RULES
     }
-    out["test"].update(pooled.minus_linear(out["test"], test_windows, linear, cost, periods_per_year))
+    test.update(pooled.minus_linear(test, test_windows, linear, cost, periods_per_year))
     out["baselines"] = refs
     return out
 
