@@ -159,6 +159,11 @@ def summarize(exp: dict) -> dict:
         {"fold": f["fold"], **{k: pf[k].get(f["fold"]) for k in pf}, "flat_test_sharpe": 0.0} for f in best["folds"]
     ]
     scores = [t["score"] for t in trials if t["status"] == "ok"]
+    vote = None  # the vote of the full trials needs their checkpoints: the sweep's own record of it
+    if "ensemble_test_sharpe" in metrics:
+        vote = {"n_members": int(metrics["ensemble_members"]), "test_sharpe": metrics["ensemble_test_sharpe"]}
+        vote["test_sharpe_se"] = metrics.get("ensemble_test_sharpe_se")
+        vote.update(oracle_share=metrics.get("ensemble_test_oracle_share"), dsr=metrics.get("ensemble_test_dsr"))
     return {
         "experiment": exp["name"],
         "experiment_id": exp["experiment_id"],
@@ -182,18 +187,7 @@ def summarize(exp: dict) -> dict:
             **judged,  # val, test and the references' (baselines) pooled statistics, DSR, walk-forward
             "folds": rows,
         },
-        # the vote of the full trials needs their checkpoints: the sweep's own record of it
-        "ensemble": (
-            {
-                "n_members": int(metrics["ensemble_members"]),
-                "test_sharpe": metrics["ensemble_test_sharpe"],
-                "test_sharpe_se": metrics.get("ensemble_test_sharpe_se"),
-                "oracle_share": metrics.get("ensemble_test_oracle_share"),
-                "dsr": metrics.get("ensemble_test_dsr"),
-            }
-            if "ensemble_test_sharpe" in metrics
-            else None
-        ),
+        "ensemble": vote,
     }
 
 
