@@ -78,11 +78,10 @@ def search_all(client, experiment_ids: list, query: str = "") -> list:
 
 
 def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
-        )
-        return out.stdout.strip() or None if out.returncode == 0 else None
+    cmd, here = ["git", "rev-parse", "HEAD"], Path(__file__).resolve().parent
+    try:  # check: outside a repository rev-parse fails (CalledProcessError, a SubprocessError)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, cwd=here, check=True)
+        return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
