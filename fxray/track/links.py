@@ -64,14 +64,9 @@ def saved_view(parent_run_id: str, name: str, params: list, now_ms: int) -> tupl
     flat), ranked by RANK_TAG, with the last screen's columns: rank, VIEW_METRICS, the searched
     `params`. The value is MLflow's envelope {name, createdAt, updatedAt, state: JSON text}."""
     columns = [f"tags.`{RANK_TAG}`", *(f"metrics.`{m}`" for m in VIEW_METRICS), *(f"params.`{p}`" for p in params)]
-    state = {
-        "searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
-        "orderByKey": f"tags.`{RANK_TAG}`",
-        "orderByAsc": True,
-        "selectedColumns": columns,
-        "columnOrder": columns,
-        "columnWidths": {c: max(90, 7 * len(c.split("`")[1]) + 24) for c in columns},  # px: each name whole
-    }
+    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'", "orderByKey": f"tags.`{RANK_TAG}`"}
+    state |= {"orderByAsc": True, "selectedColumns": columns, "columnOrder": columns}
+    state["columnWidths"] = {c: max(90, 7 * len(c.split("`")[1]) + 24) for c in columns}  # px: each name whole
     envelope = {"name": name, "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(state)}
     return VIEW_TAG + parent_run_id, json.dumps(envelope)
 
