@@ -87,12 +87,9 @@ def load_experiment(client, name: str, uri: str) -> dict:
     parent = max(parents, key=lambda r: r.info.start_time)
     # the placebo sweeps of this one (fxray.tune --placebo): their best trial's pooled test Sharpe, as
     # each logged it in its parent's summary (recomputing it would download every placebo trial's folds)
+    done = [r for r in sweeps if r.info.status == "FINISHED" and "best_test_sharpe" in r.data.metrics]
     placebos = [
-        r.data.metrics["best_test_sharpe"]
-        for r in sweeps
-        if r.data.tags.get("fxray.placebo_of") == parent.info.run_id
-        and r.info.status == "FINISHED"
-        and "best_test_sharpe" in r.data.metrics
+        r.data.metrics["best_test_sharpe"] for r in done if r.data.tags.get("fxray.placebo_of") == parent.info.run_id
     ]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     trials = []
@@ -181,9 +178,7 @@ def summarize(exp: dict) -> dict:
         "best": {
             "run_id": best["run_id"],
             "run_name": best["name"] or trial_label(best["trial_id"]),
-            "trial_id": best["trial_id"],
-            "folds_done": best["folds_done"],
-            "score": best["score"],
+            **{k: best[k] for k in ("trial_id", "folds_done", "score")},
             **judged,  # val, test and the references' (baselines) pooled statistics, DSR, walk-forward
             "folds": rows,
         },
