@@ -208,7 +208,7 @@ class Tracker:
         self.finished: set[str] = set()  # trial ids whose run is FINISHED: never touched again
         self.steps: dict[str, set] = {}  # run id -> folds already logged
         self.without_params: set[str] = set()  # trial ids whose run was created, its params not logged
-        for run in self.child_runs():
+        for run in search_all(self.client, [self.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'"):
             tid = run.data.tags.get("fxray.trial_id")
             self.children[tid] = run.info.run_id
             if not run.data.params:  # a writer killed between create_run and its params
@@ -217,9 +217,6 @@ class Tracker:
                 self.finished.add(tid)
             elif run.info.status != "RUNNING":  # a FAILED trial that --resume retries: same run
                 self.client.update_run(run.info.run_id, status="RUNNING")
-
-    def child_runs(self) -> list:
-        return search_all(self.client, [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'")
 
     def _child(self, trial_id: str, name: str, params: dict) -> str:
         if trial_id not in self.children:
