@@ -34,9 +34,8 @@ def eval_trials(trials: list[dict]) -> tuple[list[dict], dict]:
             if f["status"] != "ok" or not f.get("val_periods"):
                 continue  # a diverged or cancelled fold ends what the trial ran
             folds[f["fold"]] = {"val": f["val_periods"], "test": f["test_periods"]}
-            ref = (f.get("baseline_periods") or {}).get("buy_and_hold")
-            if ref and f["fold"] not in bh:
-                bh[f["fold"]] = ref["test"]
+            if ref := (f.get("baseline_periods") or {}).get("buy_and_hold"):
+                bh.setdefault(f["fold"], ref["test"])
         out.append({"trial_id": t["trial_id"], "folds": folds})
     return out, bh
 
