@@ -190,11 +190,8 @@ def write_results(
     n_started = max(n_trials_started or 0, len(trials))
     stats, judged, verdict = judge(list(trials.values()), best, n_folds, cost, ppy, n_started)
     best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
-    equity = equity_png(
-        storage / "equity.png",
-        best_folds,
-        f"{sweep['experiment']}: chosen {trial_label(best['trial_id'])}, test windows (out of sample)",
-    )
+    title = f"{sweep['experiment']}: chosen {trial_label(best['trial_id'])}, test windows (out of sample)"
+    equity = equity_png(storage / "equity.png", best_folds, title)
     # --- results.json -------------------------------------------------------------------
     results.update(n_trials_started=n_started, periods_per_year=ppy)
     for row, (tid, t) in zip(results["trials"], trials.items()):
