@@ -174,11 +174,8 @@ def closing_lines(results: dict, verdict_sentence: str) -> list[str]:
     beside = [f"oracle {sharpe_line(refs['oracle'])}" if "oracle" in refs else "oracle unknown (not a planted market)"]
     beside += [f"ridge rule {sharpe_line(refs['ridge'])}"] if "ridge" in refs else []
     days = f"{test['n_days']} test days"
-    record = (
-        f"no trade in its {days}"
-        if test["evidence"] == "none"
-        else f"pooled test Sharpe {sharpe_line(test)} over {days}"
-    )
+    traded = test["evidence"] != "none"
+    record = f"pooled test Sharpe {sharpe_line(test)} over {days}" if traded else f"no trade in its {days}"
     return [
         f"market:  {market_line(results['data'])}",
         f"chosen:  trial-{b['trial_id']}, {record}; " + ", ".join(beside) + " on the same days",
@@ -243,12 +240,8 @@ def seed_spread(folds: list) -> dict | None:
         return None
     per_seed = [v for f in folds for v in f["seed_test_sharpe"] if v is not None]
     stds = [f["seed_test_sharpe_std"] for f in folds if f.get("seed_test_sharpe_std") is not None]
-    return {
-        "seeds": folds[0]["seeds"],
-        "mean": sum(per_seed) / max(len(per_seed), 1),
-        "std": sum(stds) / len(stds) if stds else float("nan"),
-        "folds": len(folds),
-    }
+    mean, std = sum(per_seed) / max(len(per_seed), 1), sum(stds) / len(stds) if stds else float("nan")
+    return {"seeds": folds[0]["seeds"], "mean": mean, "std": std, "folds": len(folds)}
 
 
 def fmt_value(v) -> str:
