@@ -146,7 +146,7 @@ def decide(c: dict | None, spa: dict | None, pbo: float | None, placebo: dict | 
     record = f"{s:+.2f} ± {_p(se, '.2f')} over {days} test days"
     kept, spa_p = list((spa or {}).get("stepm_kept") or []), (spa or {}).get("spa_pvalue")
     by_stepm = c.get("trial_id") in kept
-    dsr = c.get("dsr")
+    dsr, overfit = c.get("dsr"), pbo is not None and pbo >= 0.5  # overfit: the val windows' choice does not carry
     if dsr is not None:
         reasons.append(
             f"DSR {dsr:.3f} {'>=' if dsr >= DSR_LEVEL else '<'} {DSR_LEVEL}: "
@@ -159,7 +159,7 @@ def decide(c: dict | None, spa: dict | None, pbo: float | None, placebo: dict | 
             f"StepM keeps {len(kept)}" + (", the chosen one among them" if by_stepm else "")
         )
     if pbo is not None:
-        reasons.append(f"PBO {pbo:.3f}: the val windows' choice {'does not carry' if pbo >= 0.5 else 'carries'} over")
+        reasons.append(f"PBO {pbo:.3f}: the val windows' choice {'does not carry' if overfit else 'carries'} over")
     pl_p, pl_n = (placebo or {}).get("pvalue"), (placebo or {}).get("n") or 0
     if pl_p is not None:
         reasons.append(f"placebo p {pl_p:.3f}: rank {placebo['rank']} of {pl_n + 1} sweeps")
@@ -188,9 +188,7 @@ def decide(c: dict | None, spa: dict | None, pbo: float | None, placebo: dict | 
                 f"inconclusive: the chosen trial earns {record} ({why}), but a sweep on signal-free data came as "
                 f"high (placebo p {pl_p:.3f}): more placebo sweeps (--placebo N) would decide it",
             )
-        caveat = (
-            "; the val windows did not pick the better trials (PBO >= 0.5)" if pbo is not None and pbo >= 0.5 else ""
-        )
+        caveat = "; the val windows did not pick the better trials (PBO >= 0.5)" if overfit else ""
         return done(
             "edge", f"edge: the chosen trial earns {record} out of sample, more than luck explains ({why}){caveat}"
         )
