@@ -57,9 +57,7 @@ def placebo_targets(targets: np.ndarray, seed: int, index: int) -> tuple[np.ndar
     body2 = s * body + (1.0 - s) * mu  # s = -1: -body + 2 mu, so r' = 2 mu - r
     hi2 = np.where(s > 0, wick_hi, -wick_lo)  # mirrored around the previous close: high <-> low
     lo2 = np.where(s > 0, wick_lo, -wick_hi)
-    log_close = np.empty_like(c)
-    log_close[0] = c[0]
-    log_close[1:] = c[0] + np.cumsum(gap2 + body2)
+    log_close = np.r_[c[0], c[0] + np.cumsum(gap2 + body2)]
     prev2 = log_close[:-1]
     out = np.empty_like(targets, dtype=np.float64)
     out[0] = targets[0]

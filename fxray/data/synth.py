@@ -134,10 +134,8 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
         edge = None
 
     # --- returns: bar t's return is predicted by z at t-1 (where the gate is on) ------
-    eps = rng.standard_normal(n)
-    ret = np.empty(n)
-    ret[0] = sigma[0] * eps[0]
-    ret[1:] = spec.beta * gate[:-1] * sigma[1:] * z[:-1] + sigma[1:] * eps[1:]
+    ret = sigma * rng.standard_normal(n)  # the noise; the edge is added onto it (+ is exact either way round)
+    ret[1:] += spec.beta * gate[:-1] * sigma[1:] * z[:-1]
     if spec.structure in NONLINEAR:
         ret[1:] += spec.beta * sigma[1:] * edge[:-1]
     if spec.shuffle:  # the twin: every return's sign a coin around the mean (as fxray.data.placebo)
@@ -146,9 +144,7 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
         mu = ret.mean()
         ret = mu + np.where(rng.random(n) < 0.5, -1.0, 1.0) * (ret - mu)
     close = spec.price0 * np.exp(np.cumsum(ret))
-    open_ = np.empty(n)
-    open_[0] = spec.price0
-    open_[1:] = close[:-1]
+    open_ = np.r_[spec.price0, close[:-1]]
     # the wicks lean with the close-location view: a high view shortens the upper wick
     clv_view = z + spec.clv_noise * rng.standard_normal(n)
     lean = np.exp(spec.clv_strength * np.clip(clv_view, -3, 3))
@@ -268,7 +264,6 @@ def to_cache(spec: SynthSpec, out) -> str:
         out,
         instrument="SYNTH",
         source=f"fxray.synth v{GENERATOR_VERSION}",
-        bar="1min",
         ofi=m.ofi,
         ofi_names=ofi_names(spec),
         extra_meta={"synth": asdict(spec), "oracle": oracle_meta(spec)},
@@ -308,8 +303,6 @@ def oracle_columns(meta: dict, n_features: int):
     if not oracle:
         return None
     names = {"features": meta["feature_names"], "ofi": meta["ofi_names"]}
-    cols = []
-    for item in oracle["inputs"]:
-        kind, _, name = item.partition(":")
-        cols.append(names[kind].index(name) + (n_features if kind == "ofi" else 0))
+    inputs = [item.partition(":") for item in oracle["inputs"]]
+    cols = [names[kind].index(name) + (n_features if kind == "ofi" else 0) for kind, _, name in inputs]
     return cols, oracle.get("hours"), oracle.get("form")
