@@ -134,6 +134,7 @@ def build_cache(
     features = compute_features(bars.ts, bars.open, bars.high, bars.low, bars.close, bars.volume)
     keep = slice(MAX_LOOKBACK, None)
     targets = np.stack([bars.open, bars.high, bars.low, bars.close], axis=1)[keep]
+    meta = {"warmup_bars_dropped": MAX_LOOKBACK, "bars.stats": getattr(bars, "stats", {}), **(extra_meta or {})}
     return cache.write(
         out,
         bars.ts[keep],
@@ -145,11 +146,7 @@ def build_cache(
         instrument=instrument,
         bar=bar,
         source=source,
-        extra_meta={
-            "warmup_bars_dropped": MAX_LOOKBACK,
-            "bars.stats": getattr(bars, "stats", {}),
-            **(extra_meta or {}),
-        },
+        extra_meta=meta,
     )
 
 
@@ -227,8 +224,7 @@ def _read_table_file(path: Path, fmt: str, tz: str | None) -> dict:
     cols = {name.strip().lower(): name for name in table.column_names}
     ts_name = next((cols[k] for k in _CLOSE_TS if k in cols), None)
     stamped_at_open = ts_name is None
-    if ts_name is None:
-        ts_name = next((cols[k] for k in _OPEN_TS if k in cols), None)
+    ts_name = ts_name or next((cols[k] for k in _OPEN_TS if k in cols), None)
     prices = {k: next((cols[a] for a in aliases if a in cols), None) for k, aliases in _PRICE.items()}
     missing = [k for k, v in prices.items() if v is None] + ([] if ts_name else ["timestamp"])
     if missing:
@@ -242,8 +238,7 @@ def _read_table_file(path: Path, fmt: str, tz: str | None) -> dict:
     if table.num_rows == 0:
         _fail(path, "no rows after the header")
     column = table[ts_name].combine_chunks()
-    if pa.types.is_date(column.type):
-        stamped_at_open = True  # a date labels the bar that starts on it
+    stamped_at_open |= pa.types.is_date(column.type)  # a date labels the bar that starts on it
     ts = _to_utc_ns(path, column, ts_name, tz or "UTC")
     out = {k: _numeric(path, table, v) for k, v in prices.items()}
     vol_name = next((cols[a] for a in _VOLUME if a in cols), None)
@@ -301,12 +296,10 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
     _, member, table = best
     period_ns = 1 * _NS if "_second_" in member else 60 * _NS  # Lean stamps the bar's open
     day = np.datetime64("-".join(m.groups()), "ns").astype(np.int64)  # midnight, data tz
-    ms = _numeric(f"{path}!{member}", table, "ms")
-    local = day + ms.astype(np.int64) * 10**6
+    local = day + _numeric(f"{path}!{member}", table, "ms").astype(np.int64) * 10**6
     out = {k: _numeric(f"{path}!{member}", table, k) for k in names[1:]}
-    if "equity" in (p.lower() for p in path.parts):
-        for k in ("open", "high", "low", "close"):
-            out[k] = out[k] / 10_000.0  # Lean equity prices are deci-cents
+    if "equity" in (p.lower() for p in path.parts):  # Lean equity prices are deci-cents
+        out.update({k: out[k] / 10_000.0 for k in _PRICE})
     out["ts"] = _localize(path, local, tz or "UTC") + period_ns
     return out
 
