@@ -232,8 +232,7 @@ def read_trades(path: str, instrument_id=None) -> Trades:
     for lineno, kind, t, js in iter_lines(path, ("trade",)):
         if kind == "eof":
             break
-        m = _TRADE.search(js)
-        if m:
+        if m := _TRADE.search(js):
             p, q, maker = m.group(1), m.group(2), m.group(3) == b"true"
         else:
             try:

@@ -291,8 +291,7 @@ def _check_schema(path: str, schema: pa.Schema) -> None:
     for name, (dtype, width) in COLUMNS.items():
         t, vtype = schema.field(name).type, pa.from_numpy_dtype(dtype)
         if width is None:
-            ok = t == vtype
-            want = str(vtype)
+            ok, want = t == vtype, str(vtype)
         else:
             ok = pa.types.is_fixed_size_list(t) and t.list_size == width and t.value_type == vtype
             want = f"fixed_size_list<{vtype}>[{width}]"

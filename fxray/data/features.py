@@ -217,8 +217,7 @@ def adx(high, low, close, n: int = 14, *, tr=None):
     minus_dm = np.where((down > up) & (down > 0), down, 0.0)
     tr = true_range(h, l, close) if tr is None else tr
     sums = [wilder(x, n, n, x[1 : n + 1].sum(), total=True) for x in (tr, plus_dm, minus_dm)]
-    plus_di = 100.0 * _ratio(sums[1], sums[0])
-    minus_di = 100.0 * _ratio(sums[2], sums[0])
+    plus_di, minus_di = (100.0 * _ratio(dm, sums[0]) for dm in sums[1:])
     dx = 100.0 * _ratio(np.abs(plus_di - minus_di), plus_di + minus_di)
     seed = dx[n : 2 * n].mean() if len(dx) >= 2 * n else 0.0
     return plus_di, minus_di, wilder(dx, n, 2 * n - 1, seed)

@@ -88,10 +88,8 @@ class FeatureStream:
         self.last_ts: int | None = None
         self.log_close: deque[float] = deque(maxlen=_KEEP)  # ln C_{t-60} .. ln C_t
         self.close: deque[float] = deque(maxlen=20)  # Bollinger's window
-        self.high: deque[float] = deque(maxlen=60)  # Donchian's window
-        self.low: deque[float] = deque(maxlen=60)
-        self.high14: deque[float] = deque(maxlen=14)  # the stochastic's
-        self.low14: deque[float] = deque(maxlen=14)
+        self.high, self.low = deque(maxlen=60), deque(maxlen=60)  # Donchian's window
+        self.high14, self.low14 = deque(maxlen=14), deque(maxlen=14)  # the stochastic's
         self.sums = {k: _Cumsum() for k in ("r2", "pk2", "c", "v", "signed_v", "typical_v", "events")}
         self.prev: tuple[float, float, float] | None = None  # previous (high, low, close)
         self.ema12 = self.ema26 = self.signal = 0.0
@@ -273,8 +271,7 @@ class FeatureStream:
             up, down = h - ph, -(l - pl)
             tr = max(h - l, max(abs(h - pc), abs(l - pc)))
         else:
-            up = down = 0.0
-            tr = h - l
+            up, down, tr = 0.0, 0.0, h - l
         plus = up if (up > down and up > 0) else 0.0
         minus = down if (down > up and down > 0) else 0.0
         if t < _N:
