@@ -93,7 +93,7 @@ def load_candidate(path) -> Candidate:
     if missing:
         raise ExportError(f"{path.with_suffix('.json')}: lacks {', '.join(missing)}; not an fxray checkpoint")
     # a seed ensemble's member: the ensemble's val score
-    stored = meta["ensemble"].get("val_score") if "ensemble" in meta else meta.get("val_score")
+    stored = meta.get("ensemble", meta).get("val_score")
     return Candidate(path, tensors, meta, None if stored is None else float(stored), int(meta["fold"]["k"]))
 
 
@@ -203,11 +203,11 @@ def _agree(members: list[Candidate]) -> dict:
 
 
 def export_bundle(
-    members: list[Candidate], market: Market, out, *, model: str, source: dict, force: bool = False, progress=None
+    members: list[Candidate], market: Market, out, *, model: str, source: dict, force=False, progress=lambda i, n: None
 ) -> dict:
     """Write the bundle of `members` (trained on `market`) at `out`; returns its manifest.
     Nothing is left at `out` if anything fails; an existing `out` is replaced only with `force`.
-    `progress(done, n)`, if given, is called as each member is written and checked."""
+    `progress(done, n)` is called as each member is written and checked."""
     out = Path(out)
     check_out(out, force)
     config = _agree(members)
@@ -246,8 +246,7 @@ def export_bundle(
                     "normalisation_from": origin,
                 }
             )
-            if progress is not None:
-                progress(i + 1, len(members))
+            progress(i + 1, len(members))
         from safetensors.numpy import save_file
 
         save_file(norm, str(tmp / NORMALISATION))
