@@ -28,6 +28,7 @@ p-value).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -49,10 +50,7 @@ class RungMatrix:
 
 def folds_run(trial: dict) -> int:
     """How many folds the trial ran from fold 0 without a gap (ASHA stops at a rung)."""
-    k = 0
-    while k in trial["folds"]:
-        k += 1
-    return k
+    return next(k for k in itertools.count() if k not in trial["folds"])
 
 
 def rungs(trials: list[dict]) -> list[int]:
