@@ -20,7 +20,7 @@ import json
 import math
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from fxray import __version__
@@ -61,11 +61,9 @@ def bounded_int(low: int, high: float, what: str):
     says `what` it must be (`argument --seed: '-1' is not a seed: ...`)."""
 
     def parse(text: str) -> int:
-        try:
+        with suppress(ValueError):
             if low <= (value := int(text)) < high:
                 return value
-        except ValueError:
-            pass
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
 
     return parse
@@ -139,6 +137,16 @@ def check_file_out(path, flag: str) -> None:
         raise ValueError(f"{flag} {path}: {parent} is not writable")
 
 
+def same_data(path, content_hash: str, run_id: str, trained_on: str) -> None:
+    """ValueError (one line) unless `content_hash`, the hash of the data at `path`, is `trained_on`,
+    that of the data MLflow run `run_id` trained on (fxray export RUN_ID, fxray train --from-run)."""
+    if content_hash != trained_on:
+        raise ValueError(
+            f"{path}: content hash {content_hash} differs from the data run {run_id} trained on ({trained_on}); "
+            "pass --data with that file"
+        )
+
+
 def _read_only(folder) -> bool:
     """A folder on a read-only mount (os.access says yes to root there)."""
     try:
@@ -147,9 +155,9 @@ def _read_only(folder) -> bool:
         return False
 
 
-def usage(commands: dict) -> str:
-    width = max(map(len, commands))
-    rows = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in commands.items())
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items())
     intro = __doc__.split("\n\n")[0]
     return (
         f"usage: fxray [--version] COMMAND [ARGS ...]\n\n{intro}\n\ncommands:\n{rows}\n\n"
@@ -189,18 +197,17 @@ def leave(code: int) -> int:
 
 def dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = COMMANDS
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage(commands))
+        print(usage())
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
         print(f"fxray {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
-    if name not in commands:
-        print(f"fxray: error: {name!r} is not a command; known: {', '.join(commands)} (fxray --help)", file=sys.stderr)
+    if name not in COMMANDS:
+        print(f"fxray: error: {name!r} is not a command; known: {', '.join(COMMANDS)} (fxray --help)", file=sys.stderr)
         return 2
-    return importlib.import_module(commands[name][0]).main(rest) or 0
+    return importlib.import_module(COMMANDS[name][0]).main(rest) or 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from fxray.cli import Parser, check_file_out, run_command
+from fxray.cli import Parser, check_file_out, run_command, same_data
 from fxray.data import cache
 from fxray.policy.bundle import need_export_extra
 from fxray.policy.export import MODELS, ExportError, check_out, choose, export_bundle, load_candidate, load_folder
@@ -113,12 +113,8 @@ def export(args) -> dict:
         )
     data_path = args.data or Path(source["data_path"])
     market = cache.open(data_path)
-    expected_hash = source.get("dataset_hash")  # a run's; a checkpoint names no data
-    if expected_hash is not None and market.content_hash != expected_hash:
-        raise ExportError(
-            f"{data_path}: content hash {market.content_hash} differs from the data run {args.source} trained on "
-            f"({expected_hash}); pass --data with that file"
-        )
+    if "dataset_hash" in source:  # a run's; a checkpoint names no data
+        same_data(data_path, market.content_hash, args.source, source["dataset_hash"])
     members, t0 = choose(candidates, args.model, abstained), time.time()
 
     def progress(done: int, n: int) -> None:  # an ensemble (folds x seeds) takes a while

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from fxray.cli import check_file_out, command_parser, fail, positive_int, seed, write_json
+from fxray.cli import check_file_out, command_parser, fail, positive_int, same_data, seed, write_json
 from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
@@ -134,21 +134,16 @@ def run(args) -> dict:
     t0 = time.perf_counter()
     market = cache.open(data_path, verify="background")  # values + content hash: in a thread
     if origin:
-        if market.content_hash != origin["dataset_hash"]:
-            raise ValueError(
-                f"{data_path}: content hash {market.content_hash} differs from the data run "
-                f"{args.from_run} trained on ({origin['dataset_hash']}); pass --data with that file"
-            )
+        same_data(data_path, market.content_hash, args.from_run, origin["dataset_hash"])
         folds = origin["folds"]
         chosen = [k for k in parse_folds(args.folds, len(folds)) if k in origin["logged"]["fold_time_s"]]
+        # a logged trial's folds: how long the sweep took for them, an estimate before the first fold ends
+        took = f"; the sweep trained them in {fmt_s(sum(origin['logged']['fold_time_s'][k] for k in chosen))}"
     else:
         folds = make_folds(market.ts, spec)
-        chosen = parse_folds(args.folds, len(folds))
+        chosen, took = parse_folds(args.folds, len(folds)), ""
     data = DeviceData(market, device, dtype=cfg.dtype)
     t_load = time.perf_counter() - t0
-    took = ""  # a logged trial's folds: how long the sweep took for them, an estimate before the first fold ends
-    if origin:
-        took = f"; the sweep trained them in {fmt_s(sum(origin['logged']['fold_time_s'][k] for k in chosen))}"
     print(
         f"fxray.train: {name} on {data_path} ({market.n_bars:,} bars), {len(chosen)}/{len(folds)} folds, "
         f"device {device}, {cfg.epochs} epochs x {cfg.steps_per_epoch} steps, batch {cfg.batch_size}, "
