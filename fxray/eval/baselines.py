@@ -80,9 +80,7 @@ class Terms:
         """(T, k) float64 of x (T, n_inputs)."""
         xd = x.double()
         j = self.index[:, 1]
-        other = torch.where(
-            j >= 0, xd[:, j.clamp_min(0)] - self.shift[:, 1], torch.ones((), dtype=xd.dtype, device=xd.device)
-        )
+        other = torch.where(j >= 0, xd[:, j.clamp_min(0)] - self.shift[:, 1], xd.new_ones(()))
         return ((xd[:, self.index[:, 0]] - self.shift[:, 0]) * other - self.center) / self.scale
 
     def numel(self) -> int:
@@ -313,7 +311,5 @@ def fit_rule(
                 if best is None or sharpe > best.train_sharpe:
                     best = Rule(w, columns, enter, share * enter, h, sharpe, form)
     if not best.train_sharpe > 0:  # nothing pays on train: stay flat
-        return Rule(
-            torch.zeros(X.shape[1], dtype=torch.float64, device=X.device), columns, math.inf, math.inf, 1, 0.0, form
-        )
+        return Rule(X.new_zeros(X.shape[1]), columns, math.inf, math.inf, 1, 0.0, form)
     return best
