@@ -27,7 +27,6 @@ import numpy as np
 from fxray.eval.pooled import sharpe_per_period
 
 PERIODS_PER_YEAR = 252
-EULER_GAMMA = float(np.euler_gamma)  # 0.5772..., in the expected-max-Sharpe formula
 
 
 def _as_returns(returns) -> np.ndarray:
@@ -105,7 +104,7 @@ def expected_max_sharpe(n_trials: int, var_sharpe: float) -> float:
         return 0.0
     from scipy.stats import norm
 
-    z = (1 - EULER_GAMMA) * norm.ppf(1 - 1 / n_trials) + EULER_GAMMA * norm.ppf(1 - 1 / (n_trials * math.e))
+    z = (1 - np.euler_gamma) * norm.ppf(1 - 1 / n_trials) + np.euler_gamma * norm.ppf(1 - 1 / (n_trials * math.e))
     return float(math.sqrt(var_sharpe) * z)
 
 
