@@ -207,8 +207,7 @@ def load_run(args) -> dict:
         )
     # [k, train, val, test] and, where the sweep chose its epochs on a holdout window, that window
     folds = [
-        Fold(f[0], tuple(f[1]), tuple(f[2]), tuple(f[3]), tuple(f[4]) if len(f) > 4 else None)
-        for f in json.loads(tags["fxray.folds"])
+        Fold.from_dict(dict(zip(("k", "train", "val", "test", "holdout"), f))) for f in json.loads(tags["fxray.folds"])
     ]
     # fold_time_s: logged for every fold that ran; a window's Sharpe is not logged where it is
     # undefined (fxray.track.records.mlflow_metrics), which the trainer reports as 0.0
