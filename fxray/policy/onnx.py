@@ -33,8 +33,7 @@ def export_q(q_network: QNetwork, path) -> None:
     positions (T, 3, 3), as an ONNX graph at `path` (CPU, float32, dynamic T)."""
     n_inputs = q_network.params[1].shape[2]
     model = Member(q_network).eval()
-    with warnings.catch_warnings():  # the TorchScript exporter announces its own deprecation
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):  # the TorchScript exporter announces its own deprecation
         torch.onnx.export(
             model,
             (torch.zeros(2, n_inputs),),
