@@ -29,6 +29,7 @@ stays valid when it changes.
 from __future__ import annotations
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from fxray.rl import demo, frontend
 from fxray.rl.config import ConfigError, DQNConfig
@@ -88,11 +89,8 @@ class DQN:
         # agents: bar, position, steps this episode
         self.t, self.position, self.ep_step = (torch.zeros(K, E, dtype=i64, device=dev) for _ in range(3))
         # the replay ring: row i % S holds collect step i
-        self.replay_t, self.replay_position, self.replay_action = (
-            torch.zeros(K, S, E, dtype=i64, device=dev) for _ in range(3)
-        )
-        self.replay_reward = torch.zeros(K, S, E, dtype=f32, device=dev)
-        self.replay_done = torch.zeros(K, S, E, dtype=torch.bool, device=dev)
+        self.replay = tuple(torch.zeros(K, S, E, dtype=d, device=dev) for d in (i64, i64, i64, f32, torch.bool))
+        self.replay_t, self.replay_position, self.replay_action, self.replay_reward, self.replay_done = self.replay
         self.replay_steps, self.global_step = (torch.zeros(K, dtype=i64, device=dev) for _ in range(2))
         self.loss_sum, self.q_abs_max = torch.zeros(K, device=dev), torch.zeros(K, device=dev)
         cfg = cfgs[0]
@@ -116,6 +114,7 @@ class DQN:
         n_max, n_inputs = max(c.n_step for c in cfgs), self.data.n_inputs
         # inputs: ridge: noise on the clock only (the front end's predictions read clean)
         keep = frontend.clock_mask(n_inputs, dev) if self.cfg.inputs == "ridge" else torch.ones(n_inputs, device=dev)
+        powers = [c.gamma ** torch.arange(c.n_step + 1, dtype=f32) for c in cfgs]  # gamma_k^j, j = 0..n_k
         # (K, 1...) tensors of the float32 (int64) values
         settings = {
             "eps_end": _col([c.eps_end for c in cfgs], f32, dev, 0),
@@ -124,12 +123,7 @@ class DQN:
             "cost": _col([c.cost for c in cfgs], f32, dev),  # (K, 1)
             "episode_len": _col([c.episode_len for c in cfgs], i64, dev),
             "n": _col([c.n_step for c in cfgs], i64, dev),
-            "discounts": torch.stack(  # (K, n_max + 1): gamma_k^j, zero past n_k
-                [
-                    torch.cat([c.gamma ** torch.arange(c.n_step + 1, dtype=f32), torch.zeros(n_max - c.n_step)])
-                    for c in cfgs
-                ]
-            ).to(dev),
+            "discounts": pad_sequence(powers, batch_first=True).to(dev),  # (K, n_max + 1): zero past n_k
             "reward_scale": _col([c.reward_scale for c in cfgs], f32, dev),
             "huber_delta": _col([c.huber_delta for c in cfgs], f32, dev),
             # (K, 1, n_inputs): member k's noise std per input
@@ -141,11 +135,8 @@ class DQN:
         }
         structure = (n_max, tuple(c.input_noise > 0 for c in cfgs), any(c.demo > 0 for c in cfgs))
         changed = structure != self.structure
-        for name, value in settings.items():
-            if changed:
-                setattr(self, name, value)
-            else:
-                getattr(self, name).copy_(value)
+        for name, value in settings.items():  # in place where the structure stays: a captured graph reads them
+            setattr(self, name, value) if changed else getattr(self, name).copy_(value)
         self.structure, self.n_max = structure, n_max
         if not structure[2]:
             self.demo_table = None
@@ -201,21 +192,12 @@ class DQN:
         done = (ep_step >= self.episode_len) | (t + 1 >= self.data.bounds[1] - 1)
         t0, p0 = self._random_starts(members)
         keep = None if members is None else torch.tensor(members, device=t.device).unsqueeze(1)  # (K, 1)
-        for state, new in (
-            (self.t, torch.where(done, t0, t + 1)),
-            (self.position, torch.where(done, p0, new_position)),
-            (self.ep_step, ep_step.masked_fill(done, 0)),
-        ):
+        news = (torch.where(done, t0, t + 1), torch.where(done, p0, new_position), ep_step.masked_fill(done, 0))
+        for state, new in zip((self.t, self.position, self.ep_step), news):
             state.copy_(new if keep is None else torch.where(keep, new, state))
         # --- the replay write: row steps_k % S of member k (indices into the data, not states)
         row = (self.replay_steps % self.S).view(-1, 1, 1).expand(-1, 1, self.E)  # (K, 1, E)
-        for buf, value in (
-            (self.replay_t, t),
-            (self.replay_position, position),
-            (self.replay_action, action),
-            (self.replay_reward, reward),
-            (self.replay_done, done),
-        ):
+        for buf, value in zip(self.replay, (t, position, action, reward, done)):
             value = value.unsqueeze(1)
             if keep is not None:
                 value = torch.where(keep.unsqueeze(2), value, buf.gather(1, row))
@@ -249,16 +231,9 @@ class DQN:
         k = keep.sum(2).to(torch.int64)  # (K, B) steps included, 1..n_k
         last_row = rows.gather(2, (k - 1).unsqueeze(2)).squeeze(2)
         m = member[..., 0]
-        t0 = self.replay_t[m, rows[..., 0], env]
-        return (
-            t0,
-            self.replay_position[m, rows[..., 0], env],
-            self.replay_action[m, rows[..., 0], env],
-            return_n,
-            t0 + k,
-            self.replay_action[m, last_row, env] - 1,
-            self.discounts.gather(1, k),
-        )
+        t0, position, action = (buf[m, rows[..., 0], env] for buf in self.replay[:3])
+        next_position = self.replay_action[m, last_row, env] - 1
+        return t0, position, action, return_n, t0 + k, next_position, self.discounts.gather(1, k)
 
     # --- learning ------------------------------------------------------------------------
     def td_loss(self, step: torch.Tensor, env: torch.Tensor, noise):
