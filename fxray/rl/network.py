@@ -101,11 +101,9 @@ class QNetwork:
     def state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's weights as a plain network's, by checkpoint name: with a front end, the map
         folded into the first layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1)."""
-        state = {name: p[k].detach().clone() for name, p in zip(names(self.depth), self.params)}
-        state["market_in.weight"], state["market_in.bias"] = self._plain_first(
-            state["market_in.weight"], state["market_in.bias"]
-        )
-        return state
+        weights = [p[k].detach().clone() for p in self.params]
+        weights[1], weights[2] = self._plain_first(weights[1], weights[2])  # market_in.weight, market_in.bias
+        return dict(zip(names(self.depth), weights))
 
     def _plain_first(self, w1: torch.Tensor, b1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One member's first layer (H, width), (H,) as the plain network's: with a front end,
@@ -145,10 +143,7 @@ class QNetwork:
     def _embed(self, one_hot: torch.Tensor) -> torch.Tensor:
         """one_hot (K, N, 3) @ position_embed (K, 3, H). A matmul, not an index: the backward of
         indexing with 3 distinct rows is a serialised scatter-add on CUDA (ms at B=8192)."""
-        embed = self.params[0]
-        if self.per_member:
-            return torch.stack([one_hot[k] @ embed[k] for k in range(embed.shape[0])])
-        return self._linear(one_hot, embed.mT, None)
+        return self._linear(one_hot, self.params[0].mT, None)  # per member on the CPU: one_hot[k] @ embed[k]
 
     def __call__(self, market: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """market (K, N, n_inputs), position (K, N) in {-1,0,1} -> Q (K, N, 3)."""
