@@ -53,10 +53,12 @@ def atomic_path(path: Path):
             os.unlink(tmp)
 
 
-def write_marker(folder, k: int, meta: dict) -> None:
-    """The marker of fold k (its config, fold, val and test in `meta`)."""
-    with atomic_path(marker(folder, k)) as tmp:
-        Path(tmp).write_text(json.dumps({"abstained": True, **meta}, indent=1))
+def write_marker(folder, fold, cfg, result) -> None:
+    """The marker of a flat fold (a Fold), where its weights would be: its config, fold, and the
+    val and test metrics of its FoldResult."""
+    meta = {"abstained": True, "config": cfg.as_dict(), "fold": fold.as_dict(), "val": result.val, "test": result.test}
+    with atomic_path(marker(folder, fold.k)) as tmp:
+        Path(tmp).write_text(json.dumps(meta, indent=1))
 
 
 def write_checkpoint(folder, name: str, state: dict, meta: dict, mean, inv_std) -> Path:

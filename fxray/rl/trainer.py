@@ -315,12 +315,9 @@ class Trainer:
             if k in vals:
                 best_val[k], best_score[k] = vals[k], selection_score(self.data, vals[k], self.members[k].cost)
             results[k].scored(best_val[k], tests[k], best_score[k])
-        flat = [k for k in range(len(self.members)) if best_val[k] is None and status[k] == "ok"]
+        flat = [results[k] for k in range(len(self.members)) if best_val[k] is None and status[k] == "ok"]
         if flat:  # no epoch won on the chooser: the flat policy
-            val, test = flat_windows(self.data, fold, cfg)
-            for k in flat:
-                results[k].scored(val, test, selection_score(self.data, val, cfg.cost))
-                results[k].abstained = True
+            score_flat(self.data, fold, cfg, *flat)
         t4 = time.perf_counter()
         for k, result in enumerate(results):
             if result.status != "cancelled":
@@ -356,10 +353,10 @@ class Trainer:
         chosen = mean_q(fold.chooser)
         if cfg.keep == "best" or keeps(chosen, selection_score(self.data, chosen, cfg.cost)):
             val = chosen if fold.holdout is None else mean_q(fold.val)
-            test = mean_q(fold.test)
+            result.scored(val, mean_q(fold.test), selection_score(self.data, val, cfg.cost))
         else:  # its members won there, their mean did not: flat
-            (val, test), result.best_epoch, result.abstained = flat_windows(self.data, fold, cfg), -1, True
-        result.scored(val, test, selection_score(self.data, val, cfg.cost))
+            result.best_epoch = -1
+            score_flat(self.data, fold, cfg, result)
         result.timings = {**first.timings, "total_s": time.perf_counter() - t0}
         return result
 
@@ -367,7 +364,7 @@ class Trainer:
         """A trial's kept weights: fold<k> of a single seed, or each "ok" member's as fold<k>.m<i>
         with the ensemble's scores (fxray export takes them together: its policy is their mean Q)."""
         if result.abstained:  # flat: no weights
-            return write_flat(folder, fold, cfg, result)
+            return checkpoint.write_marker(folder, fold, cfg, result)
         if cfg.seeds == 1:
             ok = result.status == "ok" and result.best_epoch >= 0
             return str(self._save(folder, f"fold{fold.k}", lo, fold, result)) if ok else None
@@ -418,27 +415,24 @@ def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, ch
     screen: scored once per fold on `data` (a population of 64 abstaining trials costs one)."""
     key = (repr(fold.as_dict()), cfg.cost, cfg.fill, cfg.screen_t)
     if key not in data.flats:
-        flat = FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {}, adx=data.adx_mean(fold.train), abstained=True)
+        flat = FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {}, adx=data.adx_mean(fold.train))
         flat.baselines, flat.baseline_periods = references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
-        val, test = flat_windows(data, fold, cfg)
-        flat.scored(val, test, selection_score(data, val, cfg.cost))
+        score_flat(data, fold, cfg, flat)
         data.flats[key] = flat
     result = copy.deepcopy(data.flats[key])
     result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
     if checkpoint_dir is not None:
-        write_flat(checkpoint_dir, fold, cfg, result)
+        checkpoint.write_marker(checkpoint_dir, fold, cfg, result)
     return result
 
 
-def write_flat(folder, fold: Fold, cfg: TrainConfig, result: FoldResult) -> None:
-    """The marker of a flat fold (fxray.rl.checkpoint), where its weights would be."""
-    meta = {"config": cfg.as_dict(), "fold": fold.as_dict(), "val": result.val, "test": result.test}
-    checkpoint.write_marker(folder, fold.k, meta)
-
-
-def flat_windows(data: DeviceData, fold: Fold, cfg: TrainConfig) -> tuple[BacktestResult, BacktestResult]:
-    """The flat policy's backtests on the fold's val and test windows (all its returns 0)."""
-    return tuple(
+def score_flat(data: DeviceData, fold: Fold, cfg: TrainConfig, *results: FoldResult) -> None:
+    """Score each of `results` as the flat policy (all its returns 0) on the fold's val and test
+    windows, backtested once: abstained."""
+    val, test = (
         evaluate(torch.zeros(w[1] - 1 - w[0], dtype=torch.int8, device=data.device), data.window(w, cfg.fill), cfg.cost)
         for w in (fold.val, fold.test)
     )
+    for result in results:
+        result.scored(val, test, selection_score(data, val, cfg.cost))
+        result.abstained = True
