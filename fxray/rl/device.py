@@ -85,8 +85,7 @@ class DeviceData:
             host = [torch.from_numpy(a) for a in (features, ofi, close, open_)]
         x = torch.empty((n, self.n_inputs), dtype=torch.float32, device=self.device)
         _upload_rows(x, host[0], host[1])
-        log_close = torch.log(host[2].to(self.device))  # float64 on device: log returns before the cast
-        log_open = torch.log(host[3].to(self.device))
+        log_close, log_open = (torch.log(h.to(self.device)) for h in host[2:])  # float64 on device: before the cast
         self.returns, self.gap, self.bar = (torch.zeros(n, dtype=torch.float32, device=self.device) for _ in range(3))
         self.returns[:-1] = torch.diff(log_close).float()
         self.gap[:-1] = (log_open[1:] - log_close[:-1]).float()
@@ -108,8 +107,7 @@ class DeviceData:
         self.screens: dict = {}  # (fold, cost, fill, screen_t) -> the checked screen's inputs (fxray.rl.frontend)
         # host copies for counting a window's days and hours without a device sync
         self.day_host, self.period_host = self.calendar.session_day(ts), self.calendar.period(ts)
-        self.day = torch.from_numpy(self.day_host).to(self.device)
-        self.period = torch.from_numpy(self.period_host).to(self.device)
+        self.day, self.period = (torch.from_numpy(h).to(self.device) for h in (self.day_host, self.period_host))
         self.raw_adx = x[:, ADX_INDEX].clone()  # ADX(14), raw, for the fold's difficulty
         self.x = x if self.dtype == torch.float32 else x.to(self.dtype)
         del x, log_close, log_open
@@ -125,9 +123,8 @@ class DeviceData:
         if not (0 <= a < b <= self.n_bars):
             raise ValueError(f"fold {fold.k}: train range {fold.train} outside 0..{self.n_bars}")
         train = self.x[a:b].float()
-        mean = train.mean(0)
         std = train.std(0, unbiased=False)
-        self.mean.copy_(mean)
+        self.mean.copy_(train.mean(0))
         # Constant columns (e.g. zero OFI on bar-only data) get 1, not 1/0.
         self.inv_std.copy_(torch.where(std > 1e-8, 1.0 / std, torch.ones_like(std)))
         self.bounds.copy_(torch.tensor([a, b], dtype=torch.int64), non_blocking=True)

@@ -39,8 +39,7 @@ class Adam:
     def __init__(self, params: list, lrs: list[float], weight_decays: list[float], active):
         dev = params[0].device
         self.params, self.active = params, active
-        self.exp_avg = [torch.zeros_like(p) for p in params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
+        self.exp_avg, self.exp_avg_sq = ([torch.zeros_like(p) for p in params] for _ in range(2))
         self.steps = torch.zeros(len(lrs), dtype=torch.float32, device=dev)
         self.stacked = dev.type != "cpu"
         self.lr = torch.zeros(len(lrs), dtype=torch.float64, device=dev)
