@@ -103,7 +103,7 @@ class DeviceData:
         )
         self.references: dict = {}  # (fold, cost, fill, screen_t) -> the reference rules' results (Trainer)
         self.flats: dict = {}  # (fold, cost, fill, screen_t) -> the flat FoldResult of an abstaining fold
-        self.demo_moves: dict = {}  # (fold, cost, fill) -> the ridge rule's moves on train (fxray.rl.demo)
+        self.demo_moves: dict = {}  # (fold, cost, fill, screen_t) -> the ridge rule's moves on train (fxray.rl.demo)
         self.screens: dict = {}  # (fold, cost, fill, screen_t) -> the checked screen's inputs (fxray.rl.frontend)
         # host copies for counting a window's days and hours without a device sync
         self.day_host, self.period_host = self.calendar.session_day(ts), self.calendar.period(ts)

@@ -276,12 +276,11 @@ class DQN:
         clip_grad_norms_(self.params, self.grad_clip)
         self.optimizer.step()
         with torch.no_grad():
-            active = self.active
-            weight = self.tau * active  # soft target update; 0: target unchanged
+            weight = self.tau * self.active  # soft target update; 0: target unchanged
             for tp, p in zip(self.target_params, self.params):
                 tp.lerp_(p, weight.view(-1, *([1] * (p.ndim - 1))))
-            self.loss_sum.add_(torch.where(active, loss.detach(), 0.0))
-            self.q_abs_max.copy_(torch.where(active, torch.maximum(self.q_abs_max, q_max), self.q_abs_max))
+            self.loss_sum.add_(torch.where(self.active, loss.detach(), 0.0))
+            self.q_abs_max.copy_(torch.where(self.active, torch.maximum(self.q_abs_max, q_max), self.q_abs_max))
 
     # --- what the trainer calls ------------------------------------------------------------
     def begin(self, seeds: list[int]) -> None:
@@ -310,9 +309,8 @@ class DQN:
         for x in (self.replay_steps, self.global_step, self.ep_step):
             x.zero_()
         self.reset_epoch_stats()
-        t, p = self._random_starts()
-        self.t.copy_(t)
-        self.position.copy_(p)
+        for state, start in zip((self.t, self.position), self._random_starts()):
+            state.copy_(start)
         w_max = max(self.warmup)
         for i in range(w_max):  # member k collects in the last warmup_k of these rounds
             self.collect([i >= w_max - w for w in self.warmup])

@@ -278,9 +278,8 @@ def _build(file, profile, d, where) -> Experiment:
 
     algo = d.get("algo", "dqn")
     config_cls = config_class(algo)  # ConfigError: named with the file by _load_merged
-    section = config_cls.SECTION
     fields = {f.name for f in dataclasses.fields(config_cls)} - {"algo"}
-    config = config_cls(algo=algo, **_typed_section(file, d, section, config_cls, where, fail))
+    config = config_cls(algo=algo, **_typed_section(file, d, config_cls.SECTION, config_cls, where, fail))
 
     search_raw = d.get("search") or {}
     if not isinstance(search_raw, dict):
