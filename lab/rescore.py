@@ -32,9 +32,9 @@ def main(argv=None) -> int:
     from fxray.data import cache
     from fxray.data.folds import Fold
     from fxray.eval import pooled
+    from fxray.rl.checkpoint import abstained
     from fxray.rl.config import make_config
     from fxray.rl.device import DeviceData
-    from fxray.rl.markers import abstained
     from fxray.rl.trainer import Trainer, flat_fold, load_checkpoint
 
     res = json.loads(args.results.read_text())

@@ -136,7 +136,10 @@ class DQN:
         structure = (n_max, tuple(c.input_noise > 0 for c in cfgs), any(c.demo > 0 for c in cfgs))
         changed = structure != self.structure
         for name, value in settings.items():  # in place where the structure stays: a captured graph reads them
-            setattr(self, name, value) if changed else getattr(self, name).copy_(value)
+            if changed:
+                setattr(self, name, value)
+            else:
+                getattr(self, name).copy_(value)
         self.structure, self.n_max = structure, n_max
         if not structure[2]:
             self.demo_table = None
