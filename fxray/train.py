@@ -4,7 +4,7 @@
     fxray train --data eurusd.fxcache --epochs 3 --folds 0,1 --device cuda
     fxray train --set lr=1e-3 --set hidden=128 --json result.json
     # tiny CPU run (seconds):
-    fxray train --synth-bars 80000 --set steps_per_epoch=50 --epochs 2 --folds 0
+    fxray train --synth-bars 120000 --set steps_per_epoch=50 --epochs 2 --folds 0
     # re-train a sweep's trial from MLflow (config, folds, data hash, seed) and check its Sharpe:
     fxray train --from-run 20ed2998c1e44394887c65ed43ac6c64 --device cpu
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from fxray.cli import check_file_out, command_parser, fail, positive_int, same_data, seed, write_json
+from fxray.cli import check_file_out, command_parser, fail, positive_int, same_data, seed, stdout_closed, write_json
 from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
@@ -335,6 +335,8 @@ def main(argv=None) -> int:
                 raise ValueError(f"{flag} {path}: is {'not ' if want_dir else ''}a directory")
         check_file_out(args.json, "--json")
         result = run(args)
+    except BrokenPipeError:  # not the command's error: its reader has gone (`fxray train ... | head`)
+        return stdout_closed()
     except (ValueError, OSError) as e:
         return fail(e)
     write_json(args.json, result)

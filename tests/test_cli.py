@@ -144,17 +144,23 @@ def test_too_few_bars_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("buffering", [1, -1], ids=["line-buffered", "block-buffered"])
-def test_a_stdout_closed_by_its_reader_ends_quietly(buffering, synth_cache, monkeypatch, capsys):
-    """Any command (here `fxray data info`) and run_command (backtest, live, export) end with exit
-    status 1 and nothing on stderr, not a BrokenPipeError traceback (or 'error: [Errno 32] Broken
-    pipe'). The pipe is real, its read end closed as `head` leaves it: line-buffered, the command's
-    first print raises; block-buffered, the flush of what is buffered."""
+def test_a_stdout_closed_by_its_reader_ends_quietly(
+    buffering, synth_cache, short_folds_experiment, monkeypatch, capsys
+):
+    """Any command (here `fxray data info` and `fxray train`) and run_command (backtest, live,
+    export) end with exit status 1 and nothing on stderr, not a BrokenPipeError traceback (or
+    'error: [Errno 32] Broken pipe'). The pipe is real, its read end closed as `head` leaves it:
+    line-buffered, the command's first print raises; block-buffered, the flush of what is buffered."""
     from argparse import Namespace
 
     from fxray.cli import main, run_command
 
     commands = {
         "fxray data info": lambda: main(["data", "info", str(synth_cache)]),
+        "fxray train": lambda: main(
+            ["train", "--data", str(synth_cache), "--experiment", str(short_folds_experiment), "--device", "cpu"]
+            + ["--folds", "0", "--epochs", "1", "--set", "select_from=0", "--set", "steps_per_epoch=5"]
+        ),
         "run_command": lambda: run_command(lambda args: print("ts,position\n" * 5000) or {}, Namespace(json=None)),
     }
     for name, command in commands.items():
