@@ -27,7 +27,7 @@ from fxray.policy.export import MODELS, ExportError, check_out, choose, export_b
 from fxray.track.results import fmt_s
 
 
-def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict]:
+def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict, tuple]:
     """(candidates, source, abstained folds) of an MLflow trial run: its fold checkpoints with
     their val scores, and the folds it abstained on."""
     from fxray.track.runs import trial_run
