@@ -158,9 +158,13 @@ def summarize(exp: dict) -> dict:
     scores = [t["score"] for t in trials if t["status"] == "ok"]
     vote = None  # the vote of the full trials needs their checkpoints: the sweep's own record of it
     if "ensemble_test_sharpe" in metrics:
-        vote = {"n_members": int(metrics["ensemble_members"]), "test_sharpe": metrics["ensemble_test_sharpe"]}
-        vote["test_sharpe_se"] = metrics.get("ensemble_test_sharpe_se")
-        vote.update(oracle_share=metrics.get("ensemble_test_oracle_share"), dsr=metrics.get("ensemble_test_dsr"))
+        vote = {
+            "n_members": int(metrics["ensemble_members"]),
+            "test_sharpe": metrics["ensemble_test_sharpe"],
+            "test_sharpe_se": metrics.get("ensemble_test_sharpe_se"),
+            "oracle_share": metrics.get("ensemble_test_oracle_share"),
+            "dsr": metrics.get("ensemble_test_dsr"),
+        }
     return {
         "experiment": exp["name"],
         "experiment_id": exp["experiment_id"],

@@ -64,9 +64,14 @@ def saved_view(parent_run_id: str, name: str, params: list, now_ms: int) -> tupl
     flat), ranked by RANK_TAG, with the last screen's columns: rank, VIEW_METRICS, the searched
     `params`. The value is MLflow's envelope {name, createdAt, updatedAt, state: JSON text}."""
     columns = [f"tags.`{RANK_TAG}`", *(f"metrics.`{m}`" for m in VIEW_METRICS), *(f"params.`{p}`" for p in params)]
-    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'", "orderByKey": f"tags.`{RANK_TAG}`"}
-    state |= {"orderByAsc": True, "selectedColumns": columns, "columnOrder": columns}
-    state["columnWidths"] = {c: max(90, 7 * len(c.split("`")[1]) + 24) for c in columns}  # px: each name whole
+    state = {
+        "searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
+        "orderByKey": f"tags.`{RANK_TAG}`",
+        "orderByAsc": True,
+        "selectedColumns": columns,
+        "columnOrder": columns,
+        "columnWidths": {c: max(90, 7 * len(c.split("`")[1]) + 24) for c in columns},  # px: each name whole
+    }
     envelope = {"name": name, "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(state)}
     return VIEW_TAG + parent_run_id, json.dumps(envelope)
 
@@ -84,10 +89,21 @@ def run_url(base: str, experiment_id: str, run_id: str) -> str:
 def metric_url(base: str, experiment_id: str, run_ids: list, metric: str) -> str:
     """MLflow's metric page of `run_ids` (the format of Routes.getMetricPageRoute in its UI):
     one line per run, x = step (= fold k for fxray's per-fold metrics)."""
-    q = {"runs": _json(list(run_ids)), "metric": _json(metric), "experiments": _json([experiment_id])}
-    q |= {"plot_metric_keys": _json([metric]), "plot_layout": "{}", "x_axis": "step", "y_axis_scale": "linear"}
-    q |= {"line_smoothness": "1", "show_point": "true", "deselected_curves": "[]", "last_linear_y_axis_range": "[]"}
-    return f"{base}/#/metric?" + _query(q | {"workflowType": "machine_learning"})
+    q = {
+        "runs": _json(list(run_ids)),
+        "metric": _json(metric),
+        "experiments": _json([experiment_id]),
+        "plot_metric_keys": _json([metric]),
+        "plot_layout": "{}",
+        "x_axis": "step",
+        "y_axis_scale": "linear",
+        "line_smoothness": "1",
+        "show_point": "true",
+        "deselected_curves": "[]",
+        "last_linear_y_axis_range": "[]",
+        "workflowType": "machine_learning",
+    }
+    return f"{base}/#/metric?" + _query(q)
 
 
 def rank_tags(ranking: list[str]) -> dict[str, str]:

@@ -140,8 +140,11 @@ class FoldRecord:
     def flat(self) -> dict:
         out = {}
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)  # a window's metrics: one key each
-            out.update({f"{f.name}_{k}": v.get(k) for k in WINDOW_METRICS} if f.name in WINDOWS else {f.name: v})
+            value = getattr(self, f.name)
+            if f.name in WINDOWS:  # a window's metrics: one key each
+                out.update({f"{f.name}_{k}": value.get(k) for k in WINDOW_METRICS})
+            else:
+                out[f.name] = value
         return out
 
     @classmethod

@@ -240,8 +240,12 @@ def seed_spread(folds: list) -> dict | None:
         return None
     per_seed = [v for f in folds for v in f["seed_test_sharpe"] if v is not None]
     stds = [f["seed_test_sharpe_std"] for f in folds if f.get("seed_test_sharpe_std") is not None]
-    mean, std = sum(per_seed) / max(len(per_seed), 1), sum(stds) / len(stds) if stds else float("nan")
-    return {"seeds": folds[0]["seeds"], "mean": mean, "std": std, "folds": len(folds)}
+    return {
+        "seeds": folds[0]["seeds"],
+        "mean": sum(per_seed) / max(len(per_seed), 1),
+        "std": sum(stds) / len(stds) if stds else float("nan"),
+        "folds": len(folds),
+    }
 
 
 def fmt_value(v) -> str:
@@ -281,8 +285,13 @@ def plot_equity(ax, folds: list, title: str) -> None:
     no line is drawn across the days no window covers)."""
     import numpy as np
 
-    lines = {"policy": ("tab:blue", 2.0), "oracle": ("tab:green", 1.2), "ridge": ("tab:orange", 1.2)}  # colour, width
-    lines |= {"screened": ("tab:purple", 1.2), "buy_and_hold": ("0.4", 1.0)}
+    lines = {  # colour, width
+        "policy": ("tab:blue", 2.0),
+        "oracle": ("tab:green", 1.2),
+        "ridge": ("tab:orange", 1.2),
+        "screened": ("tab:purple", 1.2),
+        "buy_and_hold": ("0.4", 1.0),
+    }
     series: dict = {name: ([], []) for name in lines}
     label = {"xycoords": ("data", "axes fraction"), "fontsize": 8, "color": "0.35", "va": "bottom"}  # "fold k" text
     for f in folds:
