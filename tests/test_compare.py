@@ -355,10 +355,11 @@ def test_config_round_trips_through_mlflow_params():
 
 
 @pytest.mark.slow
-def test_the_sweep_reports_the_vote_of_its_full_trials(store, sweep_t):
+def test_the_sweep_reports_the_vote_of_its_full_trials(store, sweep_t, one_torch_thread):
     """results.json's "ensemble": all the trials that ran every fold, best val first, voting;
     pooled over the chosen trial's test windows with the oracle's share; on the last screen, in
-    the parent run and in fxray compare."""
+    the parent run and in fxray compare. The sweep's worker votes on both workers' threads; the
+    same vote here on one thread gives the same numbers."""
     d, uri, env = store
     n_folds = len(sweep_t["folds"])
     full = sorted(
@@ -375,6 +376,12 @@ def test_the_sweep_reports_the_vote_of_its_full_trials(store, sweep_t):
     )
     oracle = best["baselines"]["oracle"]["sharpe"]
     assert vote["test"]["oracle_share"] == pytest.approx(vote["test"]["sharpe"] / oracle)
+    from fxray.data import cache
+    from fxray.rl.device import DeviceData
+    from fxray.sweep.vote import vote_of_full_trials
+
+    again = vote_of_full_trials(sweep_t, DeviceData(cache.open(sweep_t["data"]["path"])))
+    assert {w: again[w] for w in ("val", "test")} == {w: vote[w] for w in ("val", "test")}
     # deflated by the same trials and N as the best trial (whose DSR is recomputed here too)
     from fxray.eval import selection
 

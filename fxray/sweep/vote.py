@@ -117,10 +117,13 @@ def slim(results: dict) -> dict:
 
 def on_worker(workers):
     """`ensemble` for fxray.track.results.write_results: the vote, run by FoldWorker 0 (torch
-    and the data are loaded there, on the sweep's device; the driver imports no torch)."""
+    and the data are loaded there, on the sweep's device; the driver imports no torch), on
+    the CPU with every worker's threads (its forwards of every member over every val and test
+    window are most of a CPU sweep's end)."""
     import ray
 
-    return lambda results: ray.get(workers.handles[0].vote.remote(slim(results)), timeout=600)
+    threads = workers.plan.n_workers * workers.plan.torch_threads
+    return lambda results: ray.get(workers.handles[0].vote.remote(slim(results), threads), timeout=600)
 
 
 def vote_of_full_trials(results: dict, data) -> dict:

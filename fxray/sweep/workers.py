@@ -146,13 +146,21 @@ class DeviceWorker:
             self.calls.append([t0, time.time(), None, folds[0]["k"], "warmup"])
         self.gatherer.prepare(config, folds)
 
-    def vote(self, results: dict) -> dict:
+    def vote(self, results: dict, threads: int = 1) -> dict:
         """The vote of the sweep's full trials on this worker's data (fxray.sweep.vote), once
-        the sweep's folds are done: it sets the data's fold as it goes."""
+        the sweep's folds are done: it sets the data's fold as it goes. On the CPU it runs on
+        `threads` torch threads (the other workers' too: they are idle by then)."""
+        import torch
+
         from fxray.sweep.vote import vote_of_full_trials
 
         self.gatherer.settle()  # no fold preparing on the device thread while the vote sets folds
-        return vote_of_full_trials(results, self.data)
+        before = torch.get_num_threads()
+        torch.set_num_threads(max(before, min(threads, os.cpu_count() or 1)) if self.device == "cpu" else before)
+        try:
+            return vote_of_full_trials(results, self.data)
+        finally:
+            torch.set_num_threads(before)
 
     @ray.method(concurrency_group="control")
     def cancel(self, token: str) -> None:
