@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CPU profile's power (issue: "edge" on >= 4 of 5 draws of a planted market with oracle Sharpe
 # ~4-5, "no edge" on >= 19 of 20 shuffled twins): the quick start's `fxray tune --trials 64` on
-# draws of the default market at beta $BETA (0.02: oracle ~+5 over the 76 pooled test days) and on
-# shuffled twins, interleaved so that a cut run still has both; one JSON each, then the table.
-#   [BETA=0.02] [DRAWS="1 2 3 4 5"] [TWINS="0 1 ... 19"] [TRIALS=64] [TUNE_TIMEOUT=1200] bash lab/cpu_power.sh [DIR]
+# draws of the default market at beta $BETA (0.025: oracles ~+3 to +6 over the CPU profile's
+# pooled test days) and on shuffled twins, interleaved so that a cut run still has both; one
+# JSON each, then the table.
+#   [BETA=0.025] [DRAWS="1 2 3 4 5"] [TWINS="0 1 ... 19"] [TRIALS=64] [TUNE_TIMEOUT=1200] bash lab/cpu_power.sh [DIR]
 # PAR=N (a many-core machine, e.g. the device's 16): N sweeps at once, each a local Ray of 2 CPUs
 # (--profile cpu --num-cpus 2 --num-gpus 0, its own HOME), as on the 2-core box.
 set -u
@@ -28,7 +29,7 @@ one() {
   [ -s "$dir/$name.json" ] && return
   # beta in the cpu: section: the profile's own data.synth.beta is merged over the file's data
   printf 'base: %s\nname: %s\ndata:\n  synth: {seed: %s, shuffle: %s}\ncpu:\n  data:\n    synth: {beta: %s}\n' \
-    "$here/experiments/default.yaml" "$name" "$2" "$3" "${BETA:-0.02}" > "$dir/$name.yaml"
+    "$here/experiments/default.yaml" "$name" "$2" "$3" "${BETA:-0.025}" > "$dir/$name.yaml"
   t0=$(date +%s)
   local par=() env=()
   [ "${PAR:-1}" -gt 1 ] && par=(--profile cpu --num-cpus 2 --num-gpus 0) env=(HOME="$(mktemp -d)" OMP_NUM_THREADS=1)
