@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 # One thread a process for torch's and numpy's OpenMP pools, set before they load, so that the
@@ -12,6 +13,11 @@ from pathlib import Path
 # The numbers do not depend on it: `fxray.train --from-run` on two threads reproduced a sweep's
 # one-thread folds bit for bit (tests/test_compare.py) before this line was added.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One Ray auth token for every process of the suite, whatever HOME says: tests/test_tour.py runs
+# Ray in its pytest process under a fresh HOME, and Ray keeps the token it read there for the rest
+# of the process; a later in-process local cluster (tests/test_cluster.py) then starts its GCS
+# with the real HOME's token and refuses its own driver ("InvalidAuthToken").
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
