@@ -156,7 +156,8 @@ class DeviceWorker:
 
         self.gatherer.settle()  # no fold preparing on the device thread while the vote sets folds
         before = torch.get_num_threads()
-        torch.set_num_threads(max(before, min(threads, os.cpu_count() or 1)) if self.device == "cpu" else before)
+        if self.device == "cpu":
+            torch.set_num_threads(max(before, min(threads, os.cpu_count() or 1)))
         try:
             return vote_of_full_trials(results, self.data)
         finally:
