@@ -100,6 +100,23 @@ def test_rc_spa_stepm_equal_arch_called_directly_on_the_same_matrix(against):
     assert got["spa_pvalue"] < 0.05 and "a" in got["stepm_kept"] and "b" not in got["stepm_kept"]
 
 
+@pytest.mark.parametrize("test", [SPA, RealityCheck])
+def test_the_fast_bootstrap_tests_are_arch_s_own_numbers(test):
+    """snooping.fast(test): the same p-values and better models as arch's class, on a matrix of
+    a sweep's shape (many trials, some better than the benchmark, blocks of hours)."""
+    rng = np.random.default_rng(5)
+    losses = rng.standard_normal((700, 24)) + np.linspace(-0.2, 0.15, 24)
+    losses[1:] += 0.4 * losses[:-1]  # serially correlated, as hourly returns of held positions are
+    options = {"block_size": 3, "reps": 400, "seed": 11}
+    plain, quick = test(np.zeros(700), -losses, **options), snooping.fast(test)(np.zeros(700), -losses, **options)
+    plain.compute()
+    quick.compute()
+    assert quick.pvalues.to_dict() == plain.pvalues.to_dict()
+    for level in (0.01, 0.05, 0.5):  # quantiles of the bootstrap distribution, to float rounding
+        np.testing.assert_allclose(quick.critical_values(level), plain.critical_values(level), rtol=1e-12, atol=0)
+    assert list(quick.better_models(0.05)) == list(plain.better_models(0.05)) != []
+
+
 @pytest.mark.parametrize("edge_b, seed", [(0.07, 0), (0.10, 1), (0.25, 0), (0.0, 0)])
 def test_stepm_keeps_every_trial_when_its_steps_reject_them_all(edge_b, seed):
     """Trial a beats flat by far, b barely: in the first two cases StepM's first step rejects
