@@ -706,10 +706,11 @@ def test_the_driver_start_up_path_imports_no_torch_scipy_or_mlflow():
 
 @pytest.mark.slow
 def test_a_population_sweep_logs_every_config_once_with_what_it_trains_alone(tmp_path):
-    """--population 4 on one CPU worker, no rung before the last fold: the searcher queues each
-    trial's folds on the worker as it asks the trial (before Tune starts its process), each trial
-    collects them, one MLflow child run per config, every fold trained and logged once, and
-    every fold's val Sharpe what the plain one-config-at-a-time loop gives, to the bit."""
+    """--population 4 on one CPU worker, no rung before the last fold: the searcher asks the 4
+    trials at once and queues their folds on the worker (before Tune starts a process), a
+    process per core collects them in turn (Tune reuses it), one MLflow child run per config,
+    every fold trained and logged once, and every fold's val Sharpe what the plain
+    one-config-at-a-time loop gives, to the bit."""
     exp, env = setup(tmp_path, trials=4)  # 2 folds, grace 2: ASHA cannot stop a trial before its last
     args = ["--experiment", exp, "--num-cpus", 2, "--cpu-workers", 1, "--population", 4, "--json", "out.json"]
     out = cli(args, env, tmp_path)
@@ -724,6 +725,13 @@ def test_a_population_sweep_logs_every_config_once_with_what_it_trains_alone(tmp
     assert 4 * 2 <= sum(w["populations"]) <= 4 * 2 + 1
     assert all(1 <= size <= 4 for size in w["populations"])
     assert all(1 <= f["population"] <= 4 for t in results["trials"] for f in t["folds"])
+    # the 4 trials ran in at most as many processes as this machine has cores (Tune's own records)
+    pids = {
+        json.loads(line)["pid"]
+        for f in (tmp_path / "runs/t").glob("*/session-*/*/result.json")
+        for line in f.read_text().splitlines()
+    }
+    assert 1 <= len(pids) <= min(4, os.cpu_count()), pids
     split = sweep_report().report(str(tmp_path / "out.json"))  # device time counted once per population
     shares = [split[f"{k}_share"] for k in ("training", "cancelled", "warmup", "startup", "within", "between", "tail")]
     assert sum(shares) == pytest.approx(1.0) and 0 < split["training_share"] < 1

@@ -31,11 +31,14 @@ def split_config(config: dict) -> tuple[str, dict]:
 
 
 class StudySearch(Searcher):
-    def __init__(self, storage: Path, space: dict, seed: int, round_name: str, resumed: list, n_new: int, asked=None):
+    def __init__(
+        self, storage: Path, space: dict, seed: int, round_name: str, resumed: list, n_new: int, asked=None, ahead=1
+    ):
         super().__init__(metric="score", mode="max")
         self.asked = asked  # (trial id, sampled config) of each new trial, as it is asked: or None
         self.storage, self.space, self.seed, self.round_name = Path(storage), space, seed, round_name
         self.resumed, self.n_new = list(resumed), n_new  # (study number, trial id, sampled config): run first
+        self.ahead, self.next = ahead, []  # new trials asked `ahead` at a time; those Tune has not taken yet
         self.live: dict[str, int] = {}  # Tune trial id -> study number
 
     @functools.cached_property
@@ -50,15 +53,20 @@ class StudySearch(Searcher):
     def suggest(self, trial_id: str):
         if self.resumed:
             number, tid, params = self.resumed.pop(0)
-        elif self.n_new > 0:
-            self.n_new -= 1
-            trial = self.study.ask(fixed_distributions=self.space)
-            number, tid, params = trial.number, trial_id_of(trial.number), dict(trial.params)
-            # named at once: a kill from here on leaves a trial a resume finds and runs again
-            trial.set_user_attr(TRIAL_ATTR, tid)
-            trial.set_user_attr(ROUND_ATTR, self.round_name)
-            if self.asked is not None:
-                self.asked(tid, params)
+        elif self.next or self.n_new > 0:
+            # `ahead` > 1: the worker trains them (`asked`) while Tune starts a few trial processes
+            # that collect their results in turn, not a process per trial at once
+            for _ in range(0 if self.next else min(self.ahead, self.n_new)):
+                self.n_new -= 1
+                trial = self.study.ask(fixed_distributions=self.space)
+                tid = trial_id_of(trial.number)
+                # named at once: a kill from here on leaves a trial a resume finds and runs again
+                trial.set_user_attr(TRIAL_ATTR, tid)
+                trial.set_user_attr(ROUND_ATTR, self.round_name)
+                if self.asked is not None:
+                    self.asked(tid, dict(trial.params))
+                self.next.append((trial.number, tid, dict(trial.params)))
+            number, tid, params = self.next.pop(0)
         else:
             return Searcher.FINISHED
         self.live[trial_id] = number

@@ -96,7 +96,7 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     trainable = tune.with_resources(
         tune.with_parameters(fold_trial, job=job, workers=workers), trial_resources(workers.plan.cpu_per_trial)
     )  # on the head if multi-node
-    asked = None
+    asked, ahead, in_flight = None, 1, workers.plan.n_trials
     if len(workers.handles) == 1 and workers.plan.population > 1 and job["stops"] == [n_folds] and not same:
         # one worker training populations, no rung before the last fold: a new trial's folds are
         # queued on the worker as the searcher asks it, while Tune starts the trial's process
@@ -104,6 +104,11 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
             checkpoint_dir = os.path.join(job["checkpoints"], trial_id)  # as fold_trial's
             cfg = {**job["base"], **sampled}
             workers.handles[0].queue_asked.remote(cfg, job["folds"], job["seed"], checkpoint_dir, trial_id)
+
+        # a population's trials asked at once, their folds queued; a process per core of this (head)
+        # node collects their results in turn (Tune reuses it for the next trial): not a process per
+        # trial, started at once beside the worker's own start (each imports ray.tune: ~2 CPU-s)
+        ahead, in_flight = workers.plan.population, min(in_flight, os.cpu_count() or 1)
 
     study = load_study(storage)
     if same and not study.get_trials(deepcopy=False):  # the first session of the round: enqueue once
@@ -119,10 +124,10 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
         tune_config=tune.TuneConfig(
             metric="score",
             mode="max",
-            search_alg=StudySearch(storage, exp.space(), seed, rnd["name"], plan.resumed, plan.n_new, asked),
+            search_alg=StudySearch(storage, exp.space(), seed, rnd["name"], plan.resumed, plan.n_new, asked, ahead),
             scheduler=FIFOScheduler() if same else asha,
             num_samples=len(plan.resumed) + plan.n_new,
-            max_concurrent_trials=workers.plan.n_trials,
+            max_concurrent_trials=in_flight,
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
