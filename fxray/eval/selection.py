@@ -50,7 +50,7 @@ def walk_forward(trials: list[dict], n_folds: int, cost: float, periods_per_year
     search's. None when no trial ran a fold."""
     windows, choices = [], []
     for k in range(n_folds):
-        ran = [t for t in trials if k in t["folds"] and all(j in t["folds"] for j in range(k + 1))]
+        ran = [t for t in trials if all(j in t["folds"] for j in range(k + 1))]
         if not ran:
             continue
 
