@@ -32,7 +32,7 @@ try:
 except (OSError, ValueError) as e:
     sys.exit(f"  no results.json ({e})")
 t, v, tb = r["best"]["test"], r["verdict"], r.get("time_breakdown") or {}
-print(f"  wall_s {r['wall_s']:.1f}; chosen {r['best']['trial_id']} {t['sharpe']:+.2f} ± {t['sharpe_se']:.2f} over {t['n_days']} days, "
+print(f"  wall_s {r['wall_s']:.1f}; chosen {r['best']['trial_id']} {t['sharpe'] or 0:+.2f} ± {t['sharpe_se'] or float('nan'):.2f} over {t['n_days']} days, "
       f"share {t.get('oracle_share') or float('nan'):.2f} ± {t.get('oracle_share_se') or float('nan'):.2f}; {v.get('answer')}")
 print("  " + ", ".join(f"{k} {tb[k]:.1f}" for k in ("startup_s", "fold_setup_s", "learner_s", "backtest_s", "overhead_s", "idle_s") if k in tb))
 for k in ("startup_parts", "fold_setup_parts", "overhead_parts"):
