@@ -24,7 +24,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from fxray import __version__
-from fxray.rl.checkpoint import atomic_path
+from fxray.data.cache import atomic_path
 
 # name -> (module with main(argv), one line of help); listed in this order
 COMMANDS = {

@@ -815,3 +815,19 @@ def test_a_fifo_is_refused_at_once(tmp_path):
     t0 = time.perf_counter()
     open_error(fifo, "is a FIFO, not an fxcache file")
     assert time.perf_counter() - t0 < 1.0
+
+
+def test_atomic_path_writes_whole_or_nothing_under_the_umask(tmp_path):
+    """The one way fxray writes a file (fxcache, checkpoints, sweep.json, results.json, --json):
+    the file appears whole, under the umask's mode, or not at all, with no temporary left."""
+    old = os.umask(0o022)
+    try:
+        with cache.atomic_path(tmp_path / "new" / "x.json") as tmp:
+            tmp.write_text("{}")
+        with pytest.raises(RuntimeError), cache.atomic_path(tmp_path / "new" / "y.json") as tmp:
+            tmp.write_text('{"half": ')
+            raise RuntimeError("killed mid-write")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new" / "x.json").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["x.json"]

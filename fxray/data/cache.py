@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,21 +145,28 @@ def write(
     }
     meta = {"fxray.version": FORMAT_VERSION, **{k: json.dumps(v) for k, v in values.items()}}
     table = pa.table({name: _column(arrays[name], width) for name, (_, width) in COLUMNS.items()}, metadata=meta)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Not mkstemp: its 0600 mode would survive the rename; os.open applies the umask.
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with ipc.new_file(f, table.schema) as w:  # uncompressed: mmap gives zero-copy views
-                w.write_table(table, max_chunksize=max(n, 1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, tmp.open("wb") as f:
+        with ipc.new_file(f, table.schema) as w:  # uncompressed: mmap gives zero-copy views
+            w.write_table(table, max_chunksize=max(n, 1))
+        f.flush()
+        os.fsync(f.fileno())
     return digest
+
+
+@contextmanager
+def atomic_path(path):
+    """A temporary path beside `path` to write; renamed to `path` when the block ends without an
+    error, removed otherwise: a reader never sees half a file (the one way fxray writes a file
+    whole). Made by os.open, so the umask applies (mkstemp's 0600 would survive the rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.open

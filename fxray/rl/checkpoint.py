@@ -15,10 +15,9 @@ before any data or network is opened).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
+
+from fxray.data.cache import atomic_path
 
 ABSTAINED = ".abstained.json"
 
@@ -36,21 +35,6 @@ def abstained(folder, k: int) -> bool:
 def abstained_folds(folder) -> tuple[int, ...]:
     """Every fold of a checkpoint folder that the learner abstained on, in order."""
     return tuple(sorted(int(p.name[4 : -len(ABSTAINED)]) for p in Path(folder).glob(f"fold*{ABSTAINED}")))
-
-
-@contextmanager
-def atomic_path(path: Path):
-    """A temporary path beside `path` to write; renamed to `path` when the block ends without an
-    error, removed otherwise: a reader never sees half a file (the one way fxray writes one whole)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_marker(folder, fold, cfg, result) -> None:

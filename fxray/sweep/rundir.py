@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+from fxray.data.cache import atomic_path
 from fxray.data.folds import FoldError, make_folds
 from fxray.rl import experiment as expmod
 
@@ -278,9 +279,8 @@ def drop_torn_lines(storage: Path) -> None:
 
 
 def write_sweep(storage: Path, sweep: dict) -> None:
-    tmp = storage / ".sweep.json.tmp"
-    tmp.write_text(json.dumps(sweep, indent=1))
-    os.replace(tmp, storage / "sweep.json")  # atomic: a reader never sees half a file
+    with atomic_path(storage / "sweep.json") as tmp:  # a reader never sees half a file
+        tmp.write_text(json.dumps(sweep, indent=1))
 
 
 def make_fold_dicts(file, exp, market) -> list[dict]:

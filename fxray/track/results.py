@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from fxray.data.cache import atomic_path
 from fxray.eval import pooled, selection
 from fxray.track.records import CSV_COLUMNS, FoldRecord, fold_checkpoints
 from fxray.track.report import closing_lines, equity_png, market_info, print_last_screen, seed_spread
@@ -305,7 +306,6 @@ def write_json(storage: Path, json_path, results: dict) -> None:
     """results.json in the run directory, and a copy at --json: one line per top-level key
     (json's C encoder; with `indent` the pure-Python one took seconds on a GPU sweep's ~40 MB)."""
     text = "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in results.items()) + "\n}\n"
-    (storage / "results.json").write_text(text)
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(text)
+    for path in [storage / "results.json", *([json_path] if json_path else [])]:
+        with atomic_path(path) as tmp:  # whole or not at all
+            tmp.write_text(text)
