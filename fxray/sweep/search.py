@@ -54,23 +54,26 @@ class StudySearch(Searcher):
         if self.resumed:
             number, tid, params = self.resumed.pop(0)
         elif self.next or self.n_new > 0:
-            # `ahead` > 1: the worker trains them (`asked`) while Tune starts a few trial processes
-            # that collect their results in turn, not a process per trial at once
-            for _ in range(0 if self.next else min(self.ahead, self.n_new)):
-                self.n_new -= 1
-                trial = self.study.ask(fixed_distributions=self.space)
-                tid = trial_id_of(trial.number)
-                # named at once: a kill from here on leaves a trial a resume finds and runs again
-                trial.set_user_attr(TRIAL_ATTR, tid)
-                trial.set_user_attr(ROUND_ATTR, self.round_name)
-                if self.asked is not None:
-                    self.asked(tid, dict(trial.params))
-                self.next.append((trial.number, tid, dict(trial.params)))
+            if not self.next:  # `ahead` > 1: the worker trains them (`asked`) while Tune starts a
+                # few trial processes that collect their results in turn, not a process per trial
+                self.next = [self.ask_new() for _ in range(min(self.ahead, self.n_new))]
+                self.n_new -= len(self.next)
             number, tid, params = self.next.pop(0)
         else:
             return Searcher.FINISHED
         self.live[trial_id] = number
         return {**params, TRIAL_KEY: tid}
+
+    def ask_new(self) -> tuple[int, str, dict]:
+        """A new trial of the study, named at once (a kill from here on leaves a trial a resume
+        finds and runs again): (study number, trial id, sampled config)."""
+        trial = self.study.ask(fixed_distributions=self.space)
+        tid, params = trial_id_of(trial.number), dict(trial.params)
+        trial.set_user_attr(TRIAL_ATTR, tid)
+        trial.set_user_attr(ROUND_ATTR, self.round_name)
+        if self.asked is not None:
+            self.asked(tid, params)
+        return trial.number, tid, params
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         number, score = self.live.pop(trial_id, None), (result or {}).get("score")
