@@ -32,9 +32,9 @@ import numpy as np
 from fxray.cli import command_parser, write_json
 from fxray.eval import snooping
 from fxray.track.records import FoldRecord
-from fxray.track.report import beside_lines, bp, flat_text, fmt, plot_equity, pyplot, save, sharpe_line
+from fxray.track.report import beside_lines, bp, flat_text, fmt, plot_equity, pyplot, save, share_text, sharpe_line
 from fxray.track.results import chosen, judge, trial_label
-from fxray.track.runs import RETURNS_DIR, open_store, search_all
+from fxray.track.runs import RETURNS_DIR, RETURNS_FIELDS, open_store, search_all
 from fxray.track.verdict import KEYS, add_placebo, json_ready, verdict_png
 from fxray.track.verdict import text as verdict_text
 
@@ -67,9 +67,8 @@ def read_folds(client, run_id: str, dst: Path) -> list[dict]:
         return []
     dst.mkdir(parents=True)
     local = Path(client.download_artifacts(run_id, RETURNS_DIR, str(dst)))
-    # fold_returns' keys (fxray.track.runs) -> FoldRecord's
-    names = {"val": "val_periods", "test": "test_periods", "baselines": "baseline_periods"}
-    folds = [{names.get(k, k): v for k, v in json.loads(p.read_text()).items()} for p in local.glob("fold*.json")]
+    folds = [json.loads(p.read_text()) for p in local.glob("fold*.json")]
+    folds = [{RETURNS_FIELDS.get(k, k): v for k, v in f.items()} for f in folds]  # fold_returns' keys -> FoldRecord's
     return sorted(folds, key=lambda f: f["fold"])
 
 
@@ -220,12 +219,11 @@ def report(s: dict) -> str:
         *("     " + line for line in beside_lines(test, refs, b.get("walk_forward"))),
     ]
     vote = s.get("ensemble")
-    if vote:
-        share = vote.get("oracle_share")
+    if vote:  # share_text: its oracle_share (the sweep logged no error of it)
         lines.append(
             f"     vote of the {vote['n_members']} trials that ran every fold (the sweep's record): "
             f"{vote['test_sharpe']:+.2f} ± {fmt(vote.get('test_sharpe_se'), '.2f')}"
-            + (f"; share of the oracle {share:.2f}" if share is not None else "")
+            + share_text(vote)
             + (f"; DSR {vote['dsr']:.3f}" if vote.get("dsr") is not None else "")
         )
     lines.append(verdict_text(s["verdict"]))  # the sentence, then the evidence

@@ -87,11 +87,10 @@ def pbo(returns: np.ndarray, n_blocks: int = N_BLOCKS, periods_per_year: float =
     rows = np.arange(len(pick))
     ann = math.sqrt(periods_per_year)
     is_best, oos_best = is_sr[rows, pick] * ann, oos_sr[rows, pick] * ann
+    slope = intercept = r2 = None  # the line is undefined when every split's pick has one in-sample Sharpe
     if np.ptp(is_best) > 0:
         slope, intercept = (float(v) for v in np.polyfit(is_best, oos_best, 1))
         r2 = float(np.corrcoef(is_best, oos_best)[0, 1] ** 2)
-    else:
-        slope, intercept, r2 = None, None, None
     counts, _ = np.histogram(np.clip(logits, HIST_BINS[0], HIST_BINS[-1]), bins=HIST_BINS)
     return {
         "pbo": float(np.mean(logits <= 0)),

@@ -114,8 +114,7 @@ class FoldRecord:
             status=r["status"],
             epochs=r["epochs_run"],
             best_epoch=r["best_epoch"],
-            val={k: float(r["val"][k]) for k in WINDOW_METRICS} if has else {},
-            test={k: float(r["test"][k]) for k in WINDOW_METRICS} if has else {},
+            **{w: {k: float(r[w][k]) for k in WINDOW_METRICS} if has else {} for w in WINDOWS},
             val_score=r.get("val_score") if has else None,
             bh_test_sharpe=r["baselines"].get("buy_and_hold", {}).get("sharpe"),
             adx=r["adx"] if math.isfinite(r["adx"]) else 0.0,
@@ -191,9 +190,6 @@ class FoldRecord:
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 
-CSV_COLUMNS = tuple(
-    k
-    for f in dataclasses.fields(FoldRecord)
-    if f.metadata["csv"]
-    for k in ([f"{f.name}_{m}" for m in WINDOW_METRICS] if f.name in WINDOWS else [f.name])
-)
+# folds.csv's columns: the flat form's keys, less the fields marked csv=False
+_NOT_CSV = {f.name for f in dataclasses.fields(FoldRecord) if not f.metadata["csv"]}
+CSV_COLUMNS = tuple(k for k in FoldRecord().flat() if k not in _NOT_CSV)

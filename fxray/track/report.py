@@ -83,49 +83,44 @@ def ranked(trials: list, n_folds: int) -> list:
 
 def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -> None:
     trials = ranked(results["trials"], n_folds)[:top]
-    print(
+    lines = [
         f"\ntop {len(trials)} of {results['n_trials']} trials by score (pooled val Sharpe of the folds each ran; "
-        f"{n_folds} folds, fewer = stopped by ASHA); wall time {results['wall_s'] / 60:.1f} min"
-    )
-    print(
+        f"{n_folds} folds, fewer = stopped by ASHA); wall time {results['wall_s'] / 60:.1f} min",
         f"  {'trial':<20} {'folds':>5} {'score':>7} {'val SR':>14} {'test SR':>14}  "
-        + "  ".join(f"{n:>10}" for n in names)
-    )
+        + "  ".join(f"{n:>10}" for n in names),
+    ]
     for t in trials:
         score = "diverged" if t["status"] != "ok" else f"{t['score']:+.2f}"
         val, test = (f"{s['sharpe']:+6.2f}±{fmt(s['sharpe_se'], '.2f'):>5}" for s in (t["val"], t["test"]))
-        print(
+        lines.append(
             f"  {'trial-' + t['trial_id']:<20} {t['folds_done']:>5} {score:>7} {val:>14} {test:>14}  "
             + "  ".join(f"{fmt_value(t['sampled'].get(n)):>10}" for n in names)
         )
     b = results["best"]
     test, refs, cost = b["test"], b["baselines"], results["base_config"]["cost"]
     which = "of the trials that ran every fold" if b["folds_done"] >= n_folds else "(no trial ran every fold)"
-    print(
+    lines += [
         f"\nchosen trial-{b['trial_id']} (the highest score {which}) out of sample: {b['folds_done']} test windows, "
         f"{test['n_days']} days, {test['n_periods']} hours; cost {bp(cost)} per unit traded, "
-        f"fill {results['base_config'].get('fill')}"
-    )
-    print(
+        f"fill {results['base_config'].get('fill')}",
         f"  pooled test Sharpe {sharpe_line(test)}  PSR {fmt(test['psr'], '.3f')}  DSR {fmt(b.get('dsr'), '.3f')} "
-        f"(N = {b.get('n_trials_counted')} trials started)"
-    )
-    print(
+        f"(N = {b.get('n_trials_counted')} trials started)",
         f"  at 2x cost {test['sharpe_2x']:+.2f}, 3x cost {test['sharpe_3x']:+.2f}; break-even cost "
         f"{bp(test['break_even_cost'])}; {test['n_trades']} trades, turnover {test['turnover']:.4f} per bar"
-        + flat_text(test)
-    )
-    print("\n".join("  " + line for line in beside_lines(test, refs, b.get("walk_forward"))))
+        + flat_text(test),
+        *("  " + line for line in beside_lines(test, refs, b.get("walk_forward"))),
+    ]
     spread = b.get("seed_spread")
     if spread:
-        print(
+        lines.append(
             f"  a seed ensemble of {spread['seeds']} (mean Q); each seed alone, per fold: test Sharpe "
             f"{spread['mean']:+.2f} on average, spread between seeds {spread['std']:.2f} (mean std over "
             f"{spread['folds']} folds)"
         )
     vote = results.get("ensemble")
     if vote:
-        print("  " + vote_line(vote))
+        lines.append("  " + vote_line(vote))
+    print("\n".join(lines))
 
 
 def market_info(path) -> dict:
@@ -199,9 +194,7 @@ def mlflow_report(results: dict | None, n_folds: int) -> dict:
     """What MLflow is told at the end of a sweep besides its screen (fxray.track.runs.end_sweep):
     the trial ids ranked as the last screen lists them, each one's pooled Sharpes (the last
     screen's numbers, not the running means of per-window values) and the searched names."""
-    if not results:
-        return {"ranking": [], "pooled": {}, "params": []}
-    trials = ranked(results["trials"], n_folds)
+    trials = ranked(results["trials"] if results else [], n_folds)
 
     def defined(s: dict | None, key: str):  # a window with no trade has no Sharpe: no point, not a 0 that ranks
         return None if not s or s.get("evidence") == "none" else s.get(key)

@@ -138,13 +138,23 @@ def write_results(
     `ensemble(results) -> dict`, if given, fills results["ensemble"] (fxray.sweep.vote).
     `asha` ({"grace_folds", "reduction_factor", "rungs": folds done at each rung}, None where no
     scheduler stopped trials) fills results["asha"] with the trials stopped at each rung."""
-    storage, n_folds = Path(storage), len(sweep["folds"])
+    storage, n_folds, phases = Path(storage), len(sweep["folds"]), phases or {}
     trials = trials_table(records)
     if not trials:
         print("no trial finished a fold")
         return {"mlflow_summary": {}, "artifacts": [(None, storage / "experiment.yaml")]}
     cost, ppy = sweep["base"]["cost"], periods_per_year or sweep.get("calendar", {}).get("periods_per_year", 6261.0)
     best = chosen(trials.values(), n_folds)
+    rows = [
+        {
+            "trial_id": tid,
+            "config": {**sweep["base"], **t["config"]},
+            "sampled": t["config"],
+            **{k: t[k] for k in ("folds_done", "status", "score")},
+            "folds": [FoldRecord.from_flat(r).results_json() for r in t["folds"]],
+        }
+        for tid, t in trials.items()
+    ]
     results = {
         "experiment": sweep["experiment"],
         "profile": sweep["profile"],
@@ -155,25 +165,14 @@ def write_results(
         "base_config": sweep["base"],
         "rounds": sweep["rounds"],
         "started": started,
-        "phases": phases or {},
+        "phases": phases,
         "wall_s": wall_s,
-        "time_breakdown": None,  # below, from the trials' folds
+        "time_breakdown": None if started is None else time_breakdown(started, wall_s, phases, worker_stats, rows),
         "workers": worker_stats,
         "n_trials": len(trials),
-        "trials": [
-            {
-                "trial_id": tid,
-                "config": {**sweep["base"], **t["config"]},
-                "sampled": t["config"],
-                **{k: t[k] for k in ("folds_done", "status", "score")},
-                "folds": [FoldRecord.from_flat(r).results_json() for r in t["folds"]],
-            }
-            for tid, t in trials.items()
-        ],
+        "trials": rows,
         "best": None,
     }
-    if started is not None:
-        results["time_breakdown"] = time_breakdown(started, wall_s, phases or {}, worker_stats, results["trials"])
     if best is None:  # every trial diverged: results.json says so (no chosen trial, no verdict)
         write_json(storage, json_path, results)
         print(f"\nno chosen trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
@@ -206,10 +205,10 @@ def write_results(
         "sampled": best["config"],
         **{k: best[k] for k in ("trial_id", "folds_done", "score", "mean_val_sharpe", "mean_test_sharpe")},
         **judged,  # val, test and the references' (baselines) pooled statistics, DSR, walk-forward
+        "seed_spread": seed_spread(best["folds"]),  # None unless seeds > 1
     }
     results["verdict"] = json_ready(verdict)  # fxray.sweep.placebo adds the placebo sweeps' p-value
     results["selection"] = val_test_ranks(results["trials"], n_folds)
-    results["best"]["seed_spread"] = seed_spread(best["folds"])  # None unless seeds > 1
     if ensemble is not None:
         results["ensemble"] = run_ensemble(ensemble, results)
         if "test" in results["ensemble"]:  # deflated as the best trial is: see below

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 RETURNS_DIR = "fold_returns"  # child-run artifacts fold<k>.json: fold_returns(record)
+# fold_returns' keys of FoldRecord's fields (fxray.compare reads them back)
+RETURNS_FIELDS = {"val": "val_periods", "test": "test_periods", "baselines": "baseline_periods"}
 STEP_METRIC = "fold_time_s"  # a metric every logged fold has: which folds a child run holds
 
 # mlflow (1-3 s to import) is bound here by Tracker(): the driver imports this module for
@@ -127,7 +129,7 @@ def check_uri(uri: str, label: str = "MLFLOW_TRACKING_URI", timeout: float = 5.0
     if scheme == "sqlite" and not uri.startswith("sqlite:///"):
         raise ValueError(f"{label} {uri}: names no file; write sqlite:///relative.db or sqlite:////abs.db")
     if scheme == "file":  # a local folder (mlflow makes it, not its parents)
-        folder = Path(uri.split("://", 1)[-1] if "://" in uri else uri)
+        folder = Path(uri.split("://", 1)[-1])
         if not folder.is_dir() and not folder.absolute().parent.is_dir():
             raise ValueError(f"{label} {uri}: {folder.absolute().parent} is not a folder")
     path = sqlite_path(uri)
@@ -328,8 +330,6 @@ def fold_returns(record) -> dict:
     return {
         "fold": record.fold,
         "status": record.status,
-        "val": record.val_periods,
-        "test": record.test_periods,
-        "baselines": record.baseline_periods,
+        **{key: getattr(record, name) for key, name in RETURNS_FIELDS.items()},
         "test_daily_returns": list(record.test_daily_returns),
     }

@@ -54,23 +54,22 @@ def time_breakdown(started: float, wall_s: float, phases: dict, workers: list, t
         busy.append(sum(v for k, v in mine.items() if k not in ("warmup", "between", "idle")) / max(wall_s, 1e-9))
         total.update(mine)
     mean = {k: v / max(len(workers), 1) for k, v in total.items()}
+    between, tail = mean.get("between", 0.0), end - hi  # tail: [hi, end), Tune ending then the driver's results
     done = phases.get("tune_done")
-    tune_end = min(max(done - hi, 0.0), end - hi) if done else 0.0
-    out = {
+    tune_end = min(max(done - hi, 0.0), tail) if done else 0.0
+    return {
         "startup_s": (lo - started) + mean.get("warmup", 0.0),
         "fold_setup_s": sum(mean.get(k, 0.0) for k in SETUP),
         "learner_s": mean.get("learner", 0.0) + mean.get("cancelled", 0.0),
         "backtest_s": mean.get("backtest", 0.0),
-        "overhead_s": mean.get("between", 0.0) + (end - hi),
+        "overhead_s": between + tail,
         "idle_s": mean.get("idle", 0.0),
         "workers": len(workers),
         "busy_share": busy,  # per worker: its fold runs / wall_s
         "startup_parts": startup_parts(started, lo, phases) | {"warmup": mean.get("warmup", 0.0)},
         "fold_setup_parts": {k: mean.get(k, 0.0) for k in SETUP},
-        "overhead_parts": {"between_folds": mean.get("between", 0.0), "tune_end": tune_end},
+        "overhead_parts": {"between_folds": between, "tune_end": tune_end, "results": tail - tune_end},
     }
-    out["overhead_parts"]["results"] = end - hi - tune_end
-    return out
 
 
 def fold_timings(trials: list, started: float, n_workers: int) -> list[Counter]:

@@ -51,8 +51,7 @@ def snooping_verdict(trials: list[dict], n_folds: int, periods_per_year: float, 
     ev, bh = eval_trials(trials)
     ks = snooping.rungs(ev)
     v = {
-        "dsr": (chosen or {}).get("dsr"),
-        "n_trials_counted": (chosen or {}).get("n_trials_counted"),
+        **{k: (chosen or {}).get(k) for k in ("dsr", "n_trials_counted")},
         "n_folds": n_folds,
         "rungs": [],
         "placebo": None,
@@ -69,17 +68,9 @@ def snooping_verdict(trials: list[dict], n_folds: int, periods_per_year: float, 
         p = cscv.pbo(snooping.rung_matrix(ev, k, "val").returns, periods_per_year=periods_per_year)
         if p is not None:
             pbo_rung = (k, p)
-        v["rungs"].append(
-            {
-                "k": k,
-                "n_trials": len(test.trial_ids),
-                "n_test_periods": int(test.returns.shape[0]),
-                "spa_pvalue": flat["spa_pvalue"],
-                "reality_check_pvalue": flat["reality_check_pvalue"],
-                "n_stepm_kept": len(flat["stepm_kept"]),
-                "pbo": p["pbo"] if p else None,
-            }
-        )
+        sizes = {"k": k, "n_trials": len(test.trial_ids), "n_test_periods": int(test.returns.shape[0])}
+        pvalues = {key: flat[key] for key in ("spa_pvalue", "reality_check_pvalue")}
+        v["rungs"].append({**sizes, **pvalues, "n_stepm_kept": len(flat["stepm_kept"]), "pbo": p["pbo"] if p else None})
     top = ks[-1]  # the headline: the deepest rung, whose matrix and test against flat are the loop's last
     v["spa"] = {"k": top, **flat}
     v["spa_buy_and_hold"] = None
