@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fxray.cli import Parser, atomic_open, check_file_out, run_command
+from fxray.cli import Parser, atomic_open, check_file_out, iso, run_command
 from fxray.data import cache
 from fxray.data.arrays import host_arrays
 from fxray.policy.bundle import MAX_COST, check_engine, check_features, load, ofi_inputs
@@ -32,10 +32,6 @@ from fxray.policy.frozen import ENGINES, as_trained, q_values, score
 from fxray.rl.device import DeviceData
 from fxray.track.report import bp, fmt, sharpe_line
 from fxray.train import resolve_device
-
-
-def iso(ns: int) -> str:
-    return str(np.datetime64(int(ns), "ns").astype("datetime64[s]")) + "Z"
 
 
 def parse_time(text: str, flag: str) -> int:
@@ -180,11 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    code = run_command(run, args)
-    if code == 0 and args.json:
-        print(f"wrote {args.json}")
-    return code
+    return run_command(run, build_parser().parse_args(argv), announce=True)
 
 
 if __name__ == "__main__":

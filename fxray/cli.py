@@ -23,6 +23,8 @@ import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import numpy as np
+
 from fxray import __version__
 from fxray.data.cache import atomic_path
 
@@ -88,10 +90,11 @@ def stdout_closed() -> int:
     return 1
 
 
-def run_command(work, args) -> int:
+def run_command(work, args, announce: bool = False, status=lambda result: 0) -> int:
     """A command's main after its flags: `work(args)`; its ValueError or OSError as one line, exit
     status 2 (nothing else written: outputs are checked before the work and written atomically),
-    else its result dict to --json, exit status 0. A stdout closed by its reader: stdout_closed."""
+    else its result dict to --json (`announce`: then "wrote PATH" said), exit status `status(result)`.
+    A stdout closed by its reader: stdout_closed."""
     try:
         result = work(args)
     except BrokenPipeError:  # an OSError, but not the command's: its reader has gone
@@ -99,7 +102,9 @@ def run_command(work, args) -> int:
     except (ValueError, OSError) as e:  # BundleError, ExportError, StreamError are ValueErrors
         return fail(e)
     write_json(args.json, result)
-    return 0
+    if announce and args.json:
+        print(f"wrote {args.json}")
+    return status(result)
 
 
 def write_json(path: Path | None, result: dict) -> None:
@@ -133,7 +138,10 @@ def check_file_out(path, flag: str) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise ValueError(f"{flag} {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK) or _read_only(parent):
+    read_only = False  # a read-only mount: os.access says yes to root there
+    with suppress(OSError):
+        read_only = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
+    if not os.access(parent, os.W_OK) or read_only:
         raise ValueError(f"{flag} {path}: {parent} is not writable")
 
 
@@ -147,12 +155,9 @@ def same_data(path, content_hash: str, run_id: str, trained_on: str) -> None:
         )
 
 
-def _read_only(folder) -> bool:
-    """A folder on a read-only mount (os.access says yes to root there)."""
-    try:
-        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
+def iso(ns: int) -> str:
+    """A time in int ns since epoch as ISO 8601 UTC to the second: 2017-04-03T12:00:00Z."""
+    return str(np.datetime64(int(ns), "ns").astype("datetime64[s]")) + "Z"
 
 
 def usage() -> str:

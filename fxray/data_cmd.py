@@ -23,16 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fxray.cli import check_file_out, command_parser, fail, seed, write_json
+from fxray.cli import check_file_out, command_parser, fail, iso, seed, write_json
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, bar_spacing, make_folds
 from fxray.data.synth import STRUCTURES, SynthSpec, to_cache
 
 BOOK_EXTRA = ("numba", "databento_dbn", "zstandard")  # what `pip install 'fxray[book]'` brings
-
-
-def _iso(ns: int) -> str:
-    return np.datetime64(int(ns), "ns").astype("datetime64[s]").astype(str) + "Z"
 
 
 def cmd_synth(args) -> dict:
@@ -84,7 +80,7 @@ def cmd_build(args) -> dict:
     seconds = time.perf_counter() - t0
     print(
         f"wrote {args.out}: {market.n_bars:,} bars of {instrument} "
-        f"({_iso(market.ts[0])} .. {_iso(market.ts[-1])}), book coverage {covered:.0%}, "
+        f"({iso(market.ts[0])} .. {iso(market.ts[-1])}), book coverage {covered:.0%}, "
         f"hash {digest} ({seconds:.1f}s)"
     )
     return {
@@ -105,8 +101,7 @@ def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) ->
         mean, std = values.mean(0, dtype=np.float64), values.std(0, dtype=np.float64)
         columns += [{"name": n, "mean": float(m), "std": float(s)} for n, m, s in zip(names, mean, std)]
     try:
-        folds = [f.as_dict() for f in make_folds(ts, spec)]
-        folds_error = None
+        folds, folds_error = [f.as_dict() for f in make_folds(ts, spec)], None
     except ValueError as e:
         folds, folds_error = [], str(e)
     return {
@@ -118,8 +113,8 @@ def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) ->
         "content_hash": market.content_hash,
         "content_hash_algo": market.meta.get("content_hash_algo", "sha256"),
         "verified": proof,  # None: the stored hash, not recomputed (--verify does)
-        "first": _iso(ts[0]),
-        "last": _iso(ts[-1]),
+        "first": iso(ts[0]),
+        "last": iso(ts[-1]),
         "span_days": float((ts[-1] - ts[0]) / 86400e9),
         "bar_spacing_s": bar_spacing(ts) / 1e9,
         "gaps_over_1h": int(np.count_nonzero(np.diff(ts) > 3600 * 10**9)),
@@ -171,7 +166,7 @@ def cmd_info(args) -> dict:
         print(f"  folds ({spec.train} train / {spec.val} val / {spec.test} test): {len(info['folds'])}")
         for f in info["folds"]:
             rng = " ".join(
-                f"{k} {_iso(market.ts[f[k][0]])[:16]}..{_iso(market.ts[f[k][1] - 1])[:16]}"
+                f"{k} {iso(market.ts[f[k][0]])[:16]}..{iso(market.ts[f[k][1] - 1])[:16]}"
                 for k in ("train", "val", "test")
             )
             print(f"    fold {f['k']}: {rng}")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from fxray.cli import check_file_out, command_parser, fail, positive_int, same_data, seed, stdout_closed, write_json
+from fxray.cli import check_file_out, command_parser, positive_int, run_command, same_data, seed
 from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
 from fxray.rl.config import config_class, make_config
@@ -125,6 +125,12 @@ def pooled_report(pooled: dict, cost: float, fill: str) -> str:
 
 
 def run(args) -> dict:
+    if args.from_run and (args.set or args.epochs is not None or args.experiment or args.synth_bars):
+        raise ValueError("--from-run takes its config from the run: drop --set/--epochs/--experiment/--synth-bars")
+    for flag, path, want_dir in (("--json", args.json, False), ("--checkpoint-dir", args.checkpoint_dir, True)):
+        if path is not None and path.exists() and path.is_dir() != want_dir:  # found now, not after training
+            raise ValueError(f"{flag} {path}: is {'not ' if want_dir else ''}a directory")
+    check_file_out(args.json, "--json")
     device = args.device = resolve_device(args.device)
     origin = load_run(args) if args.from_run else None
     if origin:
@@ -327,22 +333,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if not args.from_run and args.seed is None:
         args.seed = 0
-    try:
-        if args.from_run and (args.set or args.epochs is not None or args.experiment or args.synth_bars):
-            raise ValueError("--from-run takes its config from the run: drop --set/--epochs/--experiment/--synth-bars")
-        for flag, path, want_dir in (("--json", args.json, False), ("--checkpoint-dir", args.checkpoint_dir, True)):
-            if path is not None and path.exists() and path.is_dir() != want_dir:  # found now, not after training
-                raise ValueError(f"{flag} {path}: is {'not ' if want_dir else ''}a directory")
-        check_file_out(args.json, "--json")
-        result = run(args)
-    except BrokenPipeError:  # not the command's error: its reader has gone (`fxray train ... | head`)
-        return stdout_closed()
-    except (ValueError, OSError) as e:
-        return fail(e)
-    write_json(args.json, result)
-    if args.json:
-        print(f"wrote {args.json}")
-    return 1 if "from_run" in result and not result["from_run"]["reproduced"] else 0
+    # exit status 1: a --from-run whose Sharpe was not reproduced
+    return run_command(
+        run, args, announce=True, status=lambda r: int("from_run" in r and not r["from_run"]["reproduced"])
+    )
 
 
 if __name__ == "__main__":

@@ -188,7 +188,7 @@ def check_out(out: Path, force: bool) -> None:
             f"--out {out}: is not a policy bundle (no {MANIFEST} of format {FORMAT}); --force replaces only "
             "a bundle fxray wrote: name another --out"
         )
-    if not os.access(out.parent if str(out.parent) else ".", os.W_OK):
+    if not os.access(out.parent, os.W_OK):
         raise ExportError(f"--out {out}: its directory {out.parent} is not writable")
 
 

@@ -88,7 +88,7 @@ LOCAL_IP = "127.0.0.1"
 REAPERS: list = []  # held for the process's life: a reaper acts when its stdin pipe closes
 
 
-def start_ray(args):
+def start_ray(args) -> None:
     """Join a cluster (--address) or start a local one; dashboard off, namespace fixed
     (the driver's callbacks find the worker pool by name).
 
@@ -97,12 +97,11 @@ def start_ray(args):
     loopback one, and turns `_node_ip_address="127.0.0.1"` into the machine's address
     unless it is told there is no cluster (ray_constants.ENABLE_RAY_CLUSTER, the switch
     behind RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER). A cluster run (--address) binds as its nodes
-    were started (`ray start --node-ip-address <private IP>`: docs/cluster.md). Returns the
-    reaper of a local session (fxray.sweep.reaper; None with --address), kept in REAPERS.
-    A Ray already started in this process is kept: the placebo sweeps (fxray.sweep.placebo)
-    run in the real one's."""
+    were started (`ray start --node-ip-address <private IP>`: docs/cluster.md). A local
+    session's reaper (fxray.sweep.reaper) is kept in REAPERS. A Ray already started in this
+    process is kept: the placebo sweeps (fxray.sweep.placebo) run in the real one's."""
     if ray.is_initialized():
-        return REAPERS[-1] if REAPERS else None
+        return
 
     # Our SweepLog prints a line per fold: Tune's own tables and its warning about the
     # per-fold state snapshot (wanted: it makes --resume lose nothing) would drown it.
@@ -129,7 +128,7 @@ def start_ray(args):
                 f"--address {args.address}: cannot join the Ray cluster "
                 f"({str(e).strip().splitlines()[0]}); is it up (ray status)?"
             ) from None
-        return None
+        return
     import ray._private.ray_constants as ray_constants
 
     from fxray.sweep.logs import local_ray_env
@@ -145,7 +144,6 @@ def start_ray(args):
     ray.init("local", num_cpus=args.num_cpus, num_gpus=args.num_gpus, _node_ip_address=LOCAL_IP, **kw)
     node = ray._private.worker._global_node
     REAPERS.append(start_reaper(node.node_id, node.get_session_dir_path()))  # its pipe open until we exit
-    return REAPERS[-1]
 
 
 # --- how many workers, with which resources ------------------------------------------

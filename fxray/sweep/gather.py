@@ -22,6 +22,7 @@ on. No Ray here: tests drive it with threads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -97,10 +98,9 @@ class Gatherer:
         self.preparing = False  # the device thread is preparing a fold now
         threading.Thread(target=self._loop, name="fxray-population", daemon=True).start()  # the device thread
 
-    def train(
-        self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False, owner=None
-    ) -> dict:
-        return self.wait(self.submit(config, fold, seed, checkpoint_dir, stop, warmup, owner))
+    def train(self, *args, **kwargs) -> dict:
+        """`submit` (the same arguments), then `wait`."""
+        return self.wait(self.submit(*args, **kwargs))
 
     def submit(
         self, config: dict, fold: dict, seed: int, checkpoint_dir=None, stop=None, warmup=False, owner=None
@@ -198,10 +198,8 @@ class Gatherer:
         """One fold's prepared work, logged as start-up (a "warmup" run); an error is left for the
         fold's training to meet again, where it reaches a trial."""
         t0 = time.time()
-        try:
+        with contextlib.suppress(Exception):  # the fold's own training computes it again and reports
             prepare(self.data, fold, cfg)
-        except Exception:  # noqa: BLE001 - the fold's own training computes it again and reports
-            pass
         self.runs.append([t0, time.time(), 0, "warmup"])
         if done is not None:
             done.set()

@@ -149,11 +149,9 @@ def resume_plan(storage: Path, sweep: dict) -> ResumePlan:
 
     rnd, n_folds = sweep["rounds"][-1], len(sweep["folds"])
     limits = fold_limits(rnd.get("same_trials"))
-    plan = ResumePlan([], [], 0, 0)
     if not (Path(storage) / STUDY_FILE).exists():
-        plan.n_new = rnd["trials"]
-        return plan
-    plan.orphans = close_orphans(storage)
+        return ResumePlan([], [], rnd["trials"], 0)
+    plan = ResumePlan([], [], 0, close_orphans(storage))
     study = load_study(storage)
     ends = trial_ends(storage)
     mine = round_trials(study, rnd["name"])

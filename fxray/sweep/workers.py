@@ -171,21 +171,13 @@ class DeviceWorker:
     @ray.method(concurrency_group="control")
     def stats(self) -> dict:
         return {
-            "index": self.index,
-            "n_loads": self.n_loads,
-            "n_calls": self.n_calls,
-            "n_asked": self.n_asked,
-            "n_asked_collected": self.n_asked_collected,
+            **{k: getattr(self, k) for k in ("index", "n_loads", "n_calls", "n_asked", "n_asked_collected")},
             "n_trainers": self.gatherer.built,
             "populations": list(self.gatherer.sizes),
             "population_runs": list(self.gatherer.runs),
             "capture_retries": self.gatherer.capture_retries,
             "calls": list(self.calls),
-            "running": self.running,
-            "restarted": self.restarted,
-            "device": self.device,
-            "load_s": self.load_s,
-            "timeline": self.timeline,
+            **{k: getattr(self, k) for k in ("running", "restarted", "device", "load_s", "timeline")},
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "pid": os.getpid(),
             "node": ray.get_runtime_context().get_node_id(),
