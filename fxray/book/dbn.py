@@ -140,21 +140,19 @@ def iter_book(path: str, st: dict, stats: dict, instrument_id: int | None):
     dbn = DbnFile(path)
     dbn.require(BOOK_SCHEMAS, "an order book")
     stats["end"] = dbn.end
-    if dbn.schema == "mbp-10":
-        first = True
-        for rec in dbn.chunks(instrument_id):
-            stats["messages"] += len(rec)
+    st["state"][eng.IN_SNAP] = 0  # a new file starts a new snapshot run (MBO)
+    first = True  # MBP-10: the file's first snapshot is a reset
+    for rec in dbn.chunks(instrument_id):
+        stats["messages"] += len(rec)
+        if dbn.schema == "mbp-10":
             if len(snap := _mbp10_snapshots(rec, first)):
                 first = False
                 yield snap
-        return
-    st["state"][eng.IN_SNAP] = 0  # a new file starts a new snapshot run
-    for rec in dbn.chunks(instrument_id):
-        stats["messages"] += len(rec)
-        cols = [rec[k] for k in ("order_id", "price", "size", "flags", "action", "side")]
-        inputs = (rec["ts_recv"].view(np.int64), *cols, st["orders"])
-        yield from eng.run(eng.mbo_apply, inputs, len(rec), st, slack=4)
-    yield from eng.flush_snapshot(st)
+        else:
+            cols = [rec[k] for k in ("order_id", "price", "size", "flags", "action", "side")]
+            inputs = (rec["ts_recv"].view(np.int64), *cols, st["orders"])
+            yield from eng.run(eng.mbo_apply, inputs, len(rec), st, slack=4)
+    yield from eng.flush_snapshot(st)  # (MBP-10 leaves no snapshot run open: nothing)
 
 
 def _mbp10_snapshots(rec: np.ndarray, first_of_file: bool) -> BookSnapshots:

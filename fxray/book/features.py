@@ -82,9 +82,9 @@ def assign(ts: np.ndarray, bar_ts: np.ndarray, starts: np.ndarray):
     return kc, (k < len(bar_ts)) & (ts > starts[kc])
 
 
-def covered_by(bar_ts: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """(N,) bool: bar close lies in some [start, end] segment."""
-    seg = np.asarray(segments).reshape(-1, 2)
+def covered_by(bar_ts: np.ndarray, segments, span=None) -> np.ndarray:
+    """(N,) bool: bar close lies in some [start, end] segment (in `span` when there are none)."""
+    seg = np.asarray(segments if len(segments) or span is None else [span]).reshape(-1, 2)
     return ((bar_ts[:, None] >= seg[:, 0]) & (bar_ts[:, None] <= seg[:, 1])).any(axis=1)
 
 
@@ -197,9 +197,7 @@ def trade_pass(trades: Trades, bar_ts, starts, p: OfiParams) -> np.ndarray:
     N = len(bar_ts)
     k, inside = assign(trades.ts, bar_ts, starts)
     k, size, side = k[inside], trades.size[inside], trades.side[inside]
-    vol = np.bincount(k, size, minlength=N)
-    buy = np.bincount(k, size * (side > 0), minlength=N)
-    sell = np.bincount(k, size * (side < 0), minlength=N)
+    vol, buy, sell = (np.bincount(k, w, minlength=N) for w in (size, size * (side > 0), size * (side < 0)))
     trade_imb = np.divide(buy - sell, buy + sell, out=np.zeros(N), where=(buy + sell) > 0)
 
     # price at each close = last trade at or before it; dP in bps between consecutive closes
@@ -282,17 +280,11 @@ def ofi_features(
     if book is not None:
         chunks = [book] if isinstance(book, BookSnapshots) else book
         feats, has_state, span = book_pass(chunks, bar_ts, starts, params)
-        segments = getattr(book, "segments", ())  # a BookStream's, once iterated
-        if len(segments) == 0 and span is not None:
-            segments = [span]
-        cov = covered_by(bar_ts, segments) & has_state
+        cov = covered_by(bar_ts, getattr(book, "segments", ()), span) & has_state  # a BookStream's, once iterated
         out[:, BOOK_COLS] = np.where(cov[:, None], feats, 0.0)
         covered &= cov
     if trades is not None:
-        segments = trades.segments
-        if len(segments) == 0 and len(trades):
-            segments = [trades.ts[[0, -1]]]
-        cov = covered_by(bar_ts, segments)
+        cov = covered_by(bar_ts, trades.segments, trades.ts[[0, -1]] if len(trades) else None)
         if len(trades):
             out[:, TRADE_COLS] = np.where(cov[:, None], trade_pass(trades, bar_ts, starts, params), 0.0)
         covered &= cov

@@ -53,9 +53,7 @@ from fxray.data.schema import OFI_NAMES
 
 FORMATS = ("auto", "csv", "parquet", "histdata", "lean")
 MIN_BARS_AFTER_WARMUP = 10
-_CLOSE_TS = tuple(
-    "timestamp_utc timestamp ts datetime date_time time date close_time ts_close time_close bar_end".split()
-)
+_CLOSE_TS = "timestamp_utc timestamp ts datetime date_time time date close_time ts_close time_close bar_end".split()
 _OPEN_TS = ("open_time", "ts_open", "time_open", "ts_event", "bar_start")
 _PRICE = {"open": ("open", "o"), "high": ("high", "h"), "low": ("low", "l"), "close": ("close", "c")}
 _VOLUME = ("volume", "vol", "v")
@@ -283,21 +281,20 @@ def _read_lean(path: Path, fmt: str, tz: str | None) -> dict:
     if not members:
         _fail(path, "empty zip (no CSV inside)")
     names = ["ms", "open", "high", "low", "close", "volume"]
-    best = None  # the most-traded contract of the day (front month)
+    contracts = []  # (volume traded, member, table) of each contract's trade-bar CSV
     for member, data in members:
-        if "_tick_" in member or "_quote" in member:
-            continue
-        table = _read_csv(f"{path}!{member}", pa.BufferReader(data), read_options=pcsv.ReadOptions(column_names=names))
-        vol = _numeric(f"{path}!{member}", table, "volume")
-        if best is None or np.nansum(vol) > best[0]:
-            best = (np.nansum(vol), member, table)
-    if best is None:
+        if "_tick_" not in member and "_quote" not in member:
+            where = f"{path}!{member}"
+            table = _read_csv(where, pa.BufferReader(data), read_options=pcsv.ReadOptions(column_names=names))
+            contracts.append((np.nansum(_numeric(where, table, "volume")), member, table))
+    if not contracts:
         _fail(path, "no trade-bar CSV inside the zip")
-    _, member, table = best
+    _, member, table = max(contracts, key=lambda contract: contract[0])  # the most traded: the front month
+    where = f"{path}!{member}"
     period_ns = 1 * _NS if "_second_" in member else 60 * _NS  # Lean stamps the bar's open
     day = np.datetime64("-".join(m.groups()), "ns").astype(np.int64)  # midnight, data tz
-    local = day + _numeric(f"{path}!{member}", table, "ms").astype(np.int64) * 10**6
-    out = {k: _numeric(f"{path}!{member}", table, k) for k in names[1:]}
+    local = day + _numeric(where, table, "ms").astype(np.int64) * 10**6
+    out = {k: _numeric(where, table, k) for k in names[1:]}
     if "equity" in (p.lower() for p in path.parts):  # Lean equity prices are deci-cents
         out.update({k: out[k] / 10_000.0 for k in _PRICE})
     out["ts"] = _localize(path, local, tz or "UTC") + period_ns
@@ -310,14 +307,12 @@ def _clean(path: Path, raw: dict) -> Bars:
     v = raw["volume"]
     n_read = len(ts)
     ok = np.isfinite(o) & np.isfinite(h) & np.isfinite(l) & np.isfinite(c)  # finite prices are > 0 (refused else)
-    order = np.argsort(ts[ok], kind="stable")
-    keep = np.flatnonzero(ok)[order]
-    ts = ts[keep]
-    last = np.ones(len(ts), bool)
-    last[:-1] = ts[1:] != ts[:-1]  # of equal stamps keep the last row (stable sort: file order)
-    keep, ts = keep[last], ts[last]
-    if len(ts) == 0:
+    if not ok.any():
         _fail(path, f"no valid bars ({n_read} rows read, none with finite positive prices)")
+    keep = np.flatnonzero(ok)[np.argsort(ts[ok], kind="stable")]
+    ts = ts[keep]
+    last = np.r_[ts[1:] != ts[:-1], True]  # of equal stamps keep the last row (stable sort: file order)
+    keep, ts = keep[last], ts[last]
     o, h, l, c = o[keep], h[keep], l[keep], c[keep]
     hi = np.maximum(np.maximum(o, c), np.maximum(h, l))
     lo = np.minimum(np.minimum(o, c), np.minimum(h, l))

@@ -32,6 +32,7 @@ import numpy as np
 
 HOUR_NS = 3600 * 10**9
 DAY_NS = 24 * HOUR_NS
+WEEK_NS = 7 * DAY_NS
 HOURS_PER_YEAR = 365.25 * 24
 
 
@@ -79,7 +80,7 @@ def periods_per_year(ts: np.ndarray, period_ns: int = HOUR_NS) -> float:
     if len(ts) < 2:
         return HOURS_PER_YEAR * HOUR_NS / period_ns
     active = np.unique((np.asarray(ts, dtype=np.int64) - 1) // period_ns)
-    per_week = 7 * DAY_NS // period_ns
+    per_week = WEEK_NS // period_ns
     span = np.arange(active[0], active[-1] + 1)
     covered = np.bincount(span % per_week, minlength=per_week)
     held = np.bincount(active % per_week, minlength=per_week)

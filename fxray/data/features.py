@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from fxray.data.calendar import DAY_NS
+from fxray.data.calendar import DAY_NS, WEEK_NS
 from fxray.data.schema import ADX_INDEX, CALENDAR_INDICES, N_FEATURES
 
 # scipy (~0.6-1 s to import) is imported where it is used: the sweep driver reads
@@ -91,9 +91,6 @@ MAX_LOOKBACK = max(LOOKBACKS)  # 120 bars
 CUSUM_H = 5.0  # CUSUM threshold in units of rv_60 (per-bar sigma)
 assert len(FEATURE_NAMES) == N_FEATURES and FEATURE_NAMES[ADX_INDEX] == "adx_14"
 assert tuple(FEATURE_NAMES[i] for i in CALENDAR_INDICES) == ("tod_sin", "tod_cos", "dow_sin", "dow_cos")
-
-_WEEK_NS = 7 * DAY_NS
-
 
 # --- rolling helpers (trailing windows; NaN before the first full window) -----------
 
@@ -411,7 +408,7 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
     # float32 phases: sin/cos run ~10x faster and the output is float32 anyway (~5 ms)
     day = ((ts % DAY_NS) / DAY_NS * (2.0 * np.pi)).astype(np.float32)
     # 1970-01-01 was a Thursday: + 3 days puts Monday 00:00 at phase 0
-    week = ((ts + 3 * DAY_NS) % _WEEK_NS / _WEEK_NS * (2.0 * np.pi)).astype(np.float32)
+    week = ((ts + 3 * DAY_NS) % WEEK_NS / WEEK_NS * (2.0 * np.pi)).astype(np.float32)
     for j, x in zip(CALENDAR_INDICES, (np.sin(day), np.cos(day), np.sin(week), np.cos(week))):
         out[j] = x  # tod_sin, tod_cos, dow_sin, dow_cos: no warm-up
 

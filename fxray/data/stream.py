@@ -32,11 +32,10 @@ from collections import deque
 
 import numpy as np
 
-from fxray.data.calendar import DAY_NS
+from fxray.data.calendar import DAY_NS, WEEK_NS
 from fxray.data.features import CUSUM_H, FEATURE_NAMES, LOOKBACKS, MAX_LOOKBACK
 from fxray.data.schema import CALENDAR_INDICES, N_FEATURES
 
-_WEEK_NS = 7 * DAY_NS
 _PK = 4.0 * math.log(2.0)  # the batch's constant, computed the batch's way
 _TWO_PI = 2.0 * np.pi
 _N = 14  # Wilder's period (RSI, DI, ADX, ATR)
@@ -93,12 +92,12 @@ class FeatureStream:
         self.sums = {k: _Cumsum() for k in ("r2", "pk2", "c", "v", "signed_v", "typical_v", "events")}
         self.prev: tuple[float, float, float] | None = None  # previous (high, low, close)
         self.ema12 = self.ema26 = self.signal = 0.0
-        self.avg_gain = self.avg_loss = _NAN  # RSI's Wilder averages (from t = 14)
-        self.dm_sums = [_NAN, _NAN, _NAN]  # Wilder sums of TR, +DM, -DM (from t = 14)
-        self.adx = self.atr = _NAN  # from t = 27 and t = 13
         self.cusum_up = self.cusum_down = 0.0  # S+ and -S- (both >= 0, as cusum_filter keeps them)
-        # the first bars' values, for the Wilder seeds (numpy's mean / sum of the same values)
-        self.seeds: dict[str, list[float]] = {k: [] for k in ("gain", "loss", "tr", "plus", "minus", "dx")}
+        # Wilder recursions (`_wilder`): RSI's average gain / loss, ATR, the sums of TR, +DM, -DM,
+        # ADX; NaN until seeded (numpy's mean / sum of the first values, kept in `seeds`)
+        wilders = ("gain", "loss", "atr", "tr", "plus", "minus", "adx")
+        self.wilders = dict.fromkeys(wilders, _NAN)
+        self.seeds: dict[str, list[float]] = {k: [] for k in wilders}
 
     @property
     def ready(self) -> bool:
@@ -202,8 +201,7 @@ class FeatureStream:
         f[_INDEX["vwap_dev_60"]] = lc - logs[4] if vwap > 0 else 0.0
 
         # --- calendar (UTC, from the bar close time): float32 phases, as the batch ---
-        phases = np.array((ts % DAY_NS / DAY_NS * _TWO_PI, (ts + 3 * DAY_NS) % _WEEK_NS / _WEEK_NS * _TWO_PI))
-        phases = phases.astype(np.float32)
+        phases = np.array((ts % DAY_NS / DAY_NS * _TWO_PI, (ts + 3 * DAY_NS) % WEEK_NS / WEEK_NS * _TWO_PI), np.float32)
         sin, cos = np.sin(phases).tolist(), np.cos(phases).tolist()
         for j, x in zip(CALENDAR_INDICES, (sin[0], cos[0], sin[1], cos[1])):  # tod_sin, tod_cos, dow_sin, dow_cos
             f[j] = x
@@ -222,20 +220,24 @@ class FeatureStream:
 
     # --- the recursions ------------------------------------------------------------------
 
+    def _wilder(self, key: str, t: int, start: int, x: float, total: bool = False) -> float:
+        """fxray.data.features.wilder, one value at a time: series `key` after x_t, seeded at
+        t = start by numpy's mean (`total`: sum) of x over the last _N bars, NaN before."""
+        if start - _N < t <= start:
+            self.seeds[key].append(x)
+        if t == start:
+            seed = np.array(self.seeds[key])
+            self.wilders[key] = float(np.sum(seed) if total else np.mean(seed))
+        elif t > start:  # lfilter's first-order step: b0 x + y p
+            self.wilders[key] = (1.0 if total else _B) * x + self.wilders[key] * _P
+        return self.wilders[key]
+
     def _rsi(self, t: int, c: float, f: list) -> None:
         d = c - self.prev[2] if t else 0.0
-        gain, loss = max(d, 0.0), max(-d, 0.0)
-        if 1 <= t <= _N:
-            self.seeds["gain"].append(gain)
-            self.seeds["loss"].append(loss)
-        if t == _N:  # seeded by the mean of the first 14 changes
-            self.avg_gain = float(np.mean(np.array(self.seeds["gain"])))
-            self.avg_loss = float(np.mean(np.array(self.seeds["loss"])))
-        elif t > _N:  # lfilter's first-order step: b0 x + y p
-            self.avg_gain = _B * gain + self.avg_gain * _P
-            self.avg_loss = _B * loss + self.avg_loss * _P
+        # Wilder averages seeded at t = 14 by the mean of the first 14 changes
+        avg_gain, avg_loss = self._wilder("gain", t, _N, max(d, 0.0)), self._wilder("loss", t, _N, max(-d, 0.0))
         if t >= _N:
-            rsi = 100.0 * _ratio(self.avg_gain, self.avg_gain + self.avg_loss, 0.5)
+            rsi = 100.0 * _ratio(avg_gain, avg_gain + avg_loss, 0.5)
             f[_INDEX["rsi_14"]] = (rsi - 50.0) / 50.0
 
     def _macd(self, t: int, c: float, f: list) -> None:
@@ -265,7 +267,6 @@ class FeatureStream:
 
     def _directional(self, t: int, h: float, l: float, c: float, f: list) -> None:
         """Wilder's +DI, -DI, ADX (sums seeded at t = 14, ADX at t = 27) and ATR (at t = 13)."""
-        seeds = self.seeds
         if t:
             ph, pl, pc = self.prev
             up, down = h - ph, -(l - pl)
@@ -274,30 +275,11 @@ class FeatureStream:
             up, down, tr = 0.0, 0.0, h - l
         plus = up if (up > down and up > 0) else 0.0
         minus = down if (down > up and down > 0) else 0.0
-        if t < _N:
-            seeds["tr"].append(tr)
-        if t == _N - 1:
-            self.atr = float(np.mean(np.array(seeds["tr"])))
-        elif t >= _N:
-            self.atr = _B * tr + self.atr * _P
-        if 1 <= t <= _N:
-            seeds["plus"].append(plus)
-            seeds["minus"].append(minus)
-        if t == _N:  # Wilder sums seeded by the sum of x_1 .. x_14
-            tr_seed = seeds["tr"][1:] + [tr]
-            self.dm_sums = [float(np.sum(np.array(x))) for x in (tr_seed, seeds["plus"], seeds["minus"])]
-        elif t > _N:
-            self.dm_sums = [x + s * _P for x, s in zip((tr, plus, minus), self.dm_sums)]
+        f[_INDEX["atr_14"]] = self._wilder("atr", t, _N - 1, tr) / c
+        s_tr = self._wilder("tr", t, _N, tr, total=True)  # Wilder sums, seeded by the sum of x_1 .. x_14
+        s_plus, s_minus = self._wilder("plus", t, _N, plus, total=True), self._wilder("minus", t, _N, minus, total=True)
         if t >= _N:
-            s_tr, s_plus, s_minus = self.dm_sums
             plus_di, minus_di = 100.0 * _ratio(s_plus, s_tr), 100.0 * _ratio(s_minus, s_tr)
             dx = 100.0 * _ratio(abs(plus_di - minus_di), plus_di + minus_di)
-            if t < 2 * _N:
-                seeds["dx"].append(dx)
-            if t == 2 * _N - 1:
-                self.adx = float(np.mean(np.array(seeds["dx"])))
-            elif t >= 2 * _N:
-                self.adx = _B * dx + self.adx * _P
             f[_INDEX["plus_di_14"]], f[_INDEX["minus_di_14"]] = plus_di, minus_di
-            f[_INDEX["adx_14"]] = self.adx
-        f[_INDEX["atr_14"]] = self.atr / c
+            f[_INDEX["adx_14"]] = self._wilder("adx", t, 2 * _N - 1, dx)

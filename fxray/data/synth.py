@@ -94,10 +94,9 @@ def session_timestamps(n: int, start_ns: int = EPOCH_START_NS) -> np.ndarray:
     """First n minute-bar close times of a 24x5 calendar (closed Fri 22:00 - Sun 22:00 UTC)."""
     minutes_per_week = 7 * 1440
     weeks = n // (5 * 1440) + 2
-    t = start_ns + MINUTE_NS * (1 + np.arange(weeks * minutes_per_week, dtype=np.int64))
-    # minutes since the Sunday 22:00 open; the first 5 x 1440 minutes of each week trade
-    since_open = ((t - start_ns - 1) // MINUTE_NS) % minutes_per_week
-    return t[since_open < 5 * 1440][:n]
+    minute = np.arange(weeks * minutes_per_week, dtype=np.int64)  # minutes since the first Sunday 22:00 open
+    t = start_ns + MINUTE_NS * (1 + minute)  # each bar closes at the end of its minute
+    return t[minute % minutes_per_week < 5 * 1440][:n]  # the first 5 x 1440 minutes of each week trade
 
 
 def _ar1(x: np.ndarray, phi: float) -> np.ndarray:
@@ -127,17 +126,15 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
     z[0] = rng.standard_normal()  # (lfilter starts at 0; close enough after the warm-up)
     if spec.structure in NONLINEAR:  # its own stream: the default market's draws stay as they were
         edge, planted_cols = planted(spec, n)
-        gate = np.zeros(n)
+        gate, drive = np.zeros(n), edge
     else:
         start, end = spec.session_hours  # "session": on for bars whose close hour (UTC) is in [start, end)
         gate = np.ones(n) if spec.structure == "flow" else ((hour >= start) & (hour < end)).astype(np.float64)
-        edge = None
+        edge, drive = None, gate * z  # z where the gate is on (g is 0 or 1: exactly z or 0)
 
-    # --- returns: bar t's return is predicted by z at t-1 (where the gate is on) ------
+    # --- returns: bar t's return is predicted by z at t-1 (where the gate is on), or by f at t-1 ---
     ret = sigma * rng.standard_normal(n)  # the noise; the edge is added onto it (+ is exact either way round)
-    ret[1:] += spec.beta * gate[:-1] * sigma[1:] * z[:-1]
-    if spec.structure in NONLINEAR:
-        ret[1:] += spec.beta * sigma[1:] * edge[:-1]
+    ret[1:] += spec.beta * sigma[1:] * drive[:-1]
     if spec.shuffle:  # the twin: every return's sign a coin around the mean (as fxray.data.placebo)
         # (a permutation within each day, the twin of generator v2, kept each day's drift, and
         # the day's order flow told it: day-level corr 0.40 on the CPU market; docs/metrics.md)
@@ -164,7 +161,7 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
     ofi[:, 1] = 0.5 * bar_flow + rng.standard_normal(n)  # depth imbalance: this bar's, noisier
     ofi[:, 2] = np.tanh(0.3 * bar_flow + 0.5 * rng.standard_normal(n))  # trade imbalance in [-1,1]
     ofi[:, 3] = np.abs(bar_flow) + 0.3 * rng.standard_normal(n)  # flow intensity
-    if spec.structure in NONLINEAR:
+    if edge is not None:
         ofi[:, 4 : 4 + planted_cols.shape[1]] = planted_cols
     return SynthMarket(ts, open_, high, low, close, volume, ofi, z, sigma, gate, edge)
 
