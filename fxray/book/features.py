@@ -17,6 +17,7 @@ from scipy.special import ndtr
 
 from fxray.book.types import BookError, BookSnapshots, Trades
 from fxray.data.bars import Bars
+from fxray.data.libm import log
 from fxray.data.schema import OFI_NAMES
 
 BOOK_COLS = (0, 1, 2, 5, 6)  # columns zeroed where the book does not cover a bar
@@ -206,7 +207,7 @@ def trade_pass(trades: Trades, bar_ts, starts, p: OfiParams) -> np.ndarray:
     ok = np.isfinite(px) & (px > 0)
     valid = np.r_[False, ok[1:] & ok[:-1]]
     dp = np.zeros(N)
-    dp[1:] = BPS * np.log(np.where(valid[1:], px[1:] / np.where(valid[1:], px[:-1], 1.0), 1.0))
+    dp[1:] = BPS * log(np.where(valid[1:], px[1:] / np.where(valid[1:], px[:-1], 1.0), 1.0))
 
     # Kyle's lambda: Cov_W(dP, S) / Var_W(S), S = signed volume of the bar
     sv = np.where(valid, buy - sell, 0.0)

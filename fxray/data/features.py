@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 from fxray.data.calendar import DAY_NS, WEEK_NS
+from fxray.data.libm import log
 from fxray.data.schema import ADX_INDEX, CALENDAR_INDICES, N_FEATURES
 
 # scipy (~0.6-1 s to import) is imported where it is used: the sweep driver reads
@@ -349,7 +350,7 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
 
     if n == 0:
         return out.T.copy()
-    lc, lo, lh, ll = np.log(c), np.log(o), np.log(h), np.log(l)
+    lc, lo, lh, ll = log(c), log(o), log(h), log(l)
     r = np.diff(lc, prepend=lc[:1])  # r_0 = 0
     for k in (1, 2, 5, 10, 20, 60):
         col = np.zeros(n)
@@ -369,12 +370,12 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
         put(f"rv_{w}", rv[w])
         put(f"pk_{w}", np.sqrt(np.maximum(_rolling_sum(pk2, w, cs_pk2) / w, 0.0)))
     both = (rv[10] > 0) & (rv[60] > 0)
-    put("rv_ratio", np.where(both, np.log(_ratio(rv[10], np.where(both, rv[60], 0.0), 1.0)), 0.0))
+    put("rv_ratio", np.where(both, log(_ratio(rv[10], np.where(both, rv[60], 0.0), 1.0)), 0.0))
 
     # --- trend, oscillators ---
     cs_c = np.cumsum(c)
     for w in (20, 60):
-        put(f"ma_dev_{w}", lc - np.log(_rolling_sum(c, w, cs_c) / w))
+        put(f"ma_dev_{w}", lc - log(_rolling_sum(c, w, cs_c) / w))
     for name, w in (("donchian_60", 60), ("stoch_k_14", 14)):
         hh, lo_ = _rolling_extreme(h, w, "max"), _rolling_extreme(l, w, "min")
         put(name, _ratio(c - lo_, hh - lo_, where_zero=0.5) - 0.5)
@@ -399,10 +400,10 @@ def compute_features(ts, open, high, low, close, volume=None) -> np.ndarray:  # 
     if v is not None and v.any():
         vsum60 = _rolling_sum(v, 60)
         m60 = vsum60 / 60.0
-        put("vol_rel_60", np.log(_ratio(v + m60, 2.0 * m60, where_zero=1.0)))  # 0 where m60 = 0
+        put("vol_rel_60", log(_ratio(v + m60, 2.0 * m60, where_zero=1.0)))  # 0 where m60 = 0
         put("vol_imb_20", _ratio(_rolling_sum(np.sign(c - o) * v, 20), _rolling_sum(v, 20)))
         vwap = _ratio(_rolling_sum((h + l + c) / 3.0 * v, 60), vsum60)
-        put("vwap_dev_60", np.where(vwap > 0, lc - np.log(np.where(vwap > 0, vwap, 1.0)), 0.0))
+        put("vwap_dev_60", np.where(vwap > 0, lc - log(np.where(vwap > 0, vwap, 1.0)), 0.0))
 
     # --- calendar (UTC, from the bar close time) ---
     # float32 phases: sin/cos run ~10x faster and the output is float32 anyway (~5 ms)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from fxray.data import cache
+from fxray.data.libm import exp, log
 
 METHOD = "sign-randomised around the mean bar return"
 DROPPED_META = ("synth", "oracle")  # what a placebo must not claim: a planted signal and its oracle
@@ -46,7 +47,7 @@ DROPPED_META = ("synth", "oracle")  # what a placebo must not claim: a planted s
 def placebo_targets(targets: np.ndarray, seed: int, index: int) -> tuple[np.ndarray, np.ndarray]:
     """(targets', signs): OHLC (N, 4) float64 rebuilt from the sign-randomised returns, and
     the coins s (N,) int8 (s[0] = 1: the first bar is kept)."""
-    o, h, l, c = (np.log(targets[:, i].astype(np.float64)) for i in range(4))
+    o, h, l, c = (log(targets[:, i]) for i in range(4))
     prev = c[:-1]  # log close of bar j-1, for bars j = 1..N-1
     gap, body = o[1:] - prev, c[1:] - o[1:]
     wick_hi, wick_lo = h[1:] - prev, l[1:] - prev
@@ -61,11 +62,11 @@ def placebo_targets(targets: np.ndarray, seed: int, index: int) -> tuple[np.ndar
     prev2 = log_close[:-1]
     out = np.empty_like(targets, dtype=np.float64)
     out[0] = targets[0]
-    out[1:, 0] = np.exp(prev2 + gap2)
-    out[1:, 3] = np.exp(log_close[1:])
+    out[1:, 0] = exp(prev2 + gap2)
+    out[1:, 3] = exp(log_close[1:])
     # the close moved by 2 mu: the wicks widen to contain the open and the close, as real bars do
-    out[1:, 1] = np.maximum(np.exp(prev2 + hi2), np.maximum(out[1:, 0], out[1:, 3]))
-    out[1:, 2] = np.minimum(np.exp(prev2 + lo2), np.minimum(out[1:, 0], out[1:, 3]))
+    out[1:, 1] = np.maximum(exp(prev2 + hi2), np.maximum(out[1:, 0], out[1:, 3]))
+    out[1:, 2] = np.minimum(exp(prev2 + lo2), np.minimum(out[1:, 0], out[1:, 3]))
     return out, np.concatenate(([1], s)).astype(np.int8)
 
 

@@ -12,7 +12,7 @@ re-derivation: the rolling sums are differences of running float64 cumsums (what
 `_rolling_sum` does), the EMA / Wilder recursions are the two float operations of
 scipy's `lfilter` for a first-order filter, the Wilder seeds are numpy means/sums of the
 same values, the CUSUM is the sequential recursion `cusum_filter` is bit-identical to,
-and every log / sin / cos is numpy's (`math.log` differs from `np.log` in the last bit).
+every log is fxray.data.libm's (the C library's, as the batch's) and every sin / cos numpy's.
 What it keeps per bar is O(1): ring buffers of the last 61 values, a few scalars, and the
 first 28 bars' values for the Wilder seeds.
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from fxray.data.calendar import DAY_NS, WEEK_NS
 from fxray.data.features import CUSUM_H, FEATURE_NAMES, LOOKBACKS, MAX_LOOKBACK
+from fxray.data.libm import log
 from fxray.data.schema import CALENDAR_INDICES, N_FEATURES
 
 _PK = 4.0 * math.log(2.0)  # the batch's constant, computed the batch's way
@@ -123,7 +124,7 @@ class FeatureStream:
             raise StreamError(f"bar {self.n_bars} (ts {ts}): volume = {v!r}; it must be finite and >= 0 (0: none)")
         t = self.n_bars
         f = [0.0] * N_FEATURES
-        lc, lo, lh, ll = np.log(np.array((c, o, h, l))).tolist()
+        lc, lo, lh, ll = log(np.array((c, o, h, l))).tolist()
         prev_lc = self.log_close[-1] if t else lc
         self.log_close.append(lc)
         r = lc - prev_lc if t else 0.0  # r_0 = 0
@@ -191,7 +192,7 @@ class FeatureStream:
         vwap = _ratio(sums["typical_v"].window(60, n), vsum60)
 
         # the second round of logs, in one numpy call (1.0 where a log is not taken)
-        logs = np.log(
+        logs = log(
             np.array((sma20, sma60, _ratio(rv[10], rv[60], 1.0) if both else 1.0, vol_ratio, vwap if vwap > 0 else 1.0))
         ).tolist()
         f[_INDEX["ma_dev_20"]] = lc - logs[0]

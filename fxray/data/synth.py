@@ -44,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fxray.data.libm import exp
+
 GENERATOR_VERSION = "3"  # 3: the twin by sign coins, not a permutation within days
 MINUTE_NS = 60 * 10**9
 # Sunday 2020-01-05 22:00 UTC: the first session opens here.
@@ -117,7 +119,7 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
     switch = rng.random(n) < 1.0 / spec.regime_bars
     regime = np.cumsum(switch) % 2  # 0 calm, 1 turbulent
     hour = (ts // (3600 * 10**9)) % 24
-    seasonal = 0.8 + 0.6 * np.exp(-0.5 * ((hour - 14.5) / 3.0) ** 2)  # peak at 14:30 UTC
+    seasonal = 0.8 + 0.6 * exp(-0.5 * ((hour - 14.5) / 3.0) ** 2)  # peak at 14:30 UTC
     sigma = spec.base_vol * np.where(regime == 1, spec.high_vol_mult, 1.0) * seasonal
 
     # --- the latent signal: AR(1) with unit stationary variance --------------------
@@ -140,14 +142,14 @@ def simulate(spec: SynthSpec, n_bars: int | None = None) -> SynthMarket:
         # the day's order flow told it: day-level corr 0.40 on the CPU market; docs/metrics.md)
         mu = ret.mean()
         ret = mu + np.where(rng.random(n) < 0.5, -1.0, 1.0) * (ret - mu)
-    close = spec.price0 * np.exp(np.cumsum(ret))
+    close = spec.price0 * exp(np.cumsum(ret))
     open_ = np.r_[spec.price0, close[:-1]]
     # the wicks lean with the close-location view: a high view shortens the upper wick
     clv_view = z + spec.clv_noise * rng.standard_normal(n)
-    lean = np.exp(spec.clv_strength * np.clip(clv_view, -3, 3))
+    lean = exp(spec.clv_strength * np.clip(clv_view, -3, 3))
     wick = sigma * np.abs(rng.standard_normal((2, n))) * 0.6
-    high = np.maximum(open_, close) * np.exp(wick[0] / lean)
-    low = np.minimum(open_, close) * np.exp(-wick[1] * lean)
+    high = np.maximum(open_, close) * exp(wick[0] / lean)
+    low = np.minimum(open_, close) * exp(-wick[1] * lean)
     volume = np.round(
         100 * seasonal * np.where(regime == 1, 1.8, 1.0) * rng.lognormal(0.0, 0.4, n) * (1 + 0.3 * np.abs(z))
     )
@@ -276,7 +278,8 @@ def default_path(spec: SynthSpec) -> Path:
     from fxray.data import cache
     from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK
 
-    key = json.dumps([asdict(spec), FEATURE_NAMES, MAX_LOOKBACK, cache.FORMAT_VERSION], default=str)
+    # "libm": exp and log the C library's on every CPU (a file made before, on an AVX-512 CPU, differs)
+    key = json.dumps([asdict(spec), FEATURE_NAMES, MAX_LOOKBACK, cache.FORMAT_VERSION, "libm"], default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     cache_dir = Path(os.environ.get("FXRAY_CACHE_DIR", Path.home() / ".cache" / "fxray"))
     return cache_dir / f"synth-v{GENERATOR_VERSION}-seed{spec.seed}-{spec.n_bars}-{digest}.fxcache"
