@@ -33,13 +33,12 @@ from fxray.cli import command_parser, write_json
 from fxray.eval import snooping
 from fxray.track.records import FoldRecord
 from fxray.track.report import beside_lines, bp, flat_text, fmt, plot_equity, pyplot, save, share_text, sharpe_line
-from fxray.track.results import chosen, judge, trial_label
+from fxray.track.results import DEFAULT_PPY, chosen, judge, trial_label
 from fxray.track.runs import RETURNS_DIR, RETURNS_FIELDS, open_store, search_all
 from fxray.track.verdict import KEYS, add_placebo, json_ready, verdict_png
 from fxray.track.verdict import text as verdict_text
 
 PLOTS = ("sharpe_by_fold.png", "equity.png", "importance.png", "verdict.png")
-DEFAULT_PPY = 6261.0  # periods per year of a 24x5 market, for sweeps that did not log theirs
 
 
 class CompareError(ValueError):

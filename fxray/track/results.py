@@ -27,6 +27,7 @@ from fxray.track.verdict import eval_trials, json_ready, sentence, snooping_verd
 from fxray.track.verdict import metrics as verdict_metrics
 from fxray.track.verdict import text as verdict_text
 
+DEFAULT_PPY = 6261.0  # periods per year of a 24x5 market, for sweeps that did not log theirs
 REFERENCES = ("oracle", "ridge", "screened", "buy_and_hold")  # the rules beside every policy (fxray.eval.baselines)
 
 
@@ -143,7 +144,8 @@ def write_results(
     if not trials:
         print("no trial finished a fold")
         return {"mlflow_summary": {}, "artifacts": [(None, storage / "experiment.yaml")]}
-    cost, ppy = sweep["base"]["cost"], periods_per_year or sweep.get("calendar", {}).get("periods_per_year", 6261.0)
+    cost = sweep["base"]["cost"]
+    ppy = periods_per_year or sweep.get("calendar", {}).get("periods_per_year", DEFAULT_PPY)
     best = chosen(trials.values(), n_folds)
     rows = [
         {
