@@ -94,16 +94,18 @@ def run_command(work, args, announce: bool = False, status=lambda result: 0) -> 
     """A command's main after its flags: `work(args)`; its ValueError or OSError as one line, exit
     status 2 (nothing else written: outputs are checked before the work and written atomically),
     else its result dict to --json (`announce`: then "wrote PATH" said), exit status `status(result)`.
-    A stdout closed by its reader: stdout_closed."""
+    A stdout closed by its reader: stdout_closed (met here, by a flush: not at the exit of a
+    `python -m fxray.<command>`, which would print Python's own complaint)."""
     try:
         result = work(args)
+        write_json(args.json, result)
+        if announce and args.json:
+            print(f"wrote {args.json}")
+        sys.stdout.flush()
     except BrokenPipeError:  # an OSError, but not the command's: its reader has gone
         return stdout_closed()
     except (ValueError, OSError) as e:  # BundleError, ExportError, StreamError are ValueErrors
         return fail(e)
-    write_json(args.json, result)
-    if announce and args.json:
-        print(f"wrote {args.json}")
     return status(result)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fxray.cli import check_file_out, command_parser, fail, iso, seed, write_json
+from fxray.cli import check_file_out, command_parser, iso, run_command, seed
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, bar_spacing, make_folds
 from fxray.data.synth import STRUCTURES, SynthSpec, to_cache
@@ -224,15 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run(args) -> dict:
+    check_file_out(args.json, "--json")  # before minutes of work
+    return {"synth": cmd_synth, "build": cmd_build, "info": cmd_info}[args.cmd](args)
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        check_file_out(args.json, "--json")
-        result = {"synth": cmd_synth, "build": cmd_build, "info": cmd_info}[args.cmd](args)
-    except (ValueError, FileNotFoundError) as e:
-        return fail(e)
-    write_json(args.json, result)
-    return 0
+    return run_command(run, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

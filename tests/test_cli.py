@@ -147,16 +147,19 @@ def test_too_few_bars_is_one_line(tmp_path):
 def test_a_stdout_closed_by_its_reader_ends_quietly(
     buffering, synth_cache, short_folds_experiment, monkeypatch, capsys
 ):
-    """Any command (here `fxray data info` and `fxray train`) and run_command (backtest, live,
-    export) end with exit status 1 and nothing on stderr, not a BrokenPipeError traceback (or
-    'error: [Errno 32] Broken pipe'). The pipe is real, its read end closed as `head` leaves it:
+    """Any command (here `fxray data info` and `fxray train`, and `python -m fxray.data_cmd`) and
+    run_command (backtest, live, export) end with exit status 1 and nothing on stderr, not a
+    BrokenPipeError traceback (or 'error: [Errno 32] Broken pipe'). The pipe is real, its read
+    end closed as `head` leaves it:
     line-buffered, the command's first print raises; block-buffered, the flush of what is buffered."""
     from argparse import Namespace
 
+    from fxray import data_cmd
     from fxray.cli import main, run_command
 
     commands = {
         "fxray data info": lambda: main(["data", "info", str(synth_cache)]),
+        "python -m fxray.data_cmd info": lambda: data_cmd.main(["info", str(synth_cache)]),
         "fxray train": lambda: main(
             ["train", "--data", str(synth_cache), "--experiment", str(short_folds_experiment), "--device", "cpu"]
             + ["--folds", "0", "--epochs", "1", "--set", "select_from=0", "--set", "steps_per_epoch=5"]
