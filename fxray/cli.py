@@ -23,10 +23,8 @@ import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-import numpy as np
-
 from fxray import __version__
-from fxray.data.cache import atomic_path
+from fxray.data.atomic import atomic_path
 
 # name -> (module with main(argv), one line of help); listed in this order
 COMMANDS = {
@@ -159,6 +157,8 @@ def same_data(path, content_hash: str, run_id: str, trained_on: str) -> None:
 
 def iso(ns: int) -> str:
     """A time in int ns since epoch as ISO 8601 UTC to the second: 2017-04-03T12:00:00Z."""
+    import numpy as np  # here: `fxray --help` and the commands that print no time need none
+
     return str(np.datetime64(int(ns), "ns").astype("datetime64[s]")) + "Z"
 
 

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fxray.data import cache, integrity
+from fxray.data.atomic import atomic_path
 from fxray.data.cache import CacheError
 
 FEATURE_NAMES = [f"feat_{i}" for i in range(cache.N_FEATURES)]
@@ -822,9 +823,9 @@ def test_atomic_path_writes_whole_or_nothing_under_the_umask(tmp_path):
     the file appears whole, under the umask's mode, or not at all, with no temporary left."""
     old = os.umask(0o022)
     try:
-        with cache.atomic_path(tmp_path / "new" / "x.json") as tmp:
+        with atomic_path(tmp_path / "new" / "x.json") as tmp:
             tmp.write_text("{}")
-        with pytest.raises(RuntimeError), cache.atomic_path(tmp_path / "new" / "y.json") as tmp:
+        with pytest.raises(RuntimeError), atomic_path(tmp_path / "new" / "y.json") as tmp:
             tmp.write_text('{"half": ')
             raise RuntimeError("killed mid-write")
     finally:

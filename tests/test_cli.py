@@ -265,3 +265,12 @@ def test_train_cli_bad_input_is_one_line(tmp_path, synth_cache, short_folds_expe
         *needles,
     )
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_command_line_and_the_live_process_start_without_pyarrow_or_torch():
+    """`fxray` itself (every command goes through fxray.cli) and `fxray live` import neither:
+    the one atomic write they share (fxray.data.atomic) is standard library only."""
+    code = "import sys, fxray.cli, fxray.live\nprint(sorted({'pyarrow', 'torch'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

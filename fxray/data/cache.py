@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from fxray.data import integrity
+from fxray.data.atomic import atomic_path
 from fxray.data.integrity import CacheError
 from fxray.data.schema import N_FEATURES, N_OFI, TARGET_NAMES
 
@@ -151,22 +150,6 @@ def write(
         f.flush()
         os.fsync(f.fileno())
     return digest
-
-
-@contextmanager
-def atomic_path(path):
-    """A temporary path beside `path` to write; renamed to `path` when the block ends without an
-    error, removed otherwise: a reader never sees half a file (the one way fxray writes a file
-    whole). Made by os.open, so the umask applies (mkstemp's 0600 would survive the rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.open

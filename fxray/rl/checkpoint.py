@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fxray.data.cache import atomic_path
+from fxray.data.atomic import atomic_path
 
 ABSTAINED = ".abstained.json"
 

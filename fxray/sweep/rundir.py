@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fxray.data.cache import atomic_path
+from fxray.data.atomic import atomic_path
 from fxray.data.folds import FoldError, make_folds
 from fxray.rl import experiment as expmod
 

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from fxray.data.cache import atomic_path
+from fxray.data.atomic import atomic_path
 from fxray.eval import pooled, selection
 from fxray.track.records import CSV_COLUMNS, FoldRecord, fold_checkpoints
 from fxray.track.report import closing_lines, equity_png, market_info, print_last_screen, seed_spread
