@@ -71,6 +71,33 @@ def read_folds(client, run_id: str, dst: Path) -> list[dict]:
     return sorted(folds, key=lambda f: f["fold"])
 
 
+def search_space(client, parent, trials: list, dst: Path) -> dict:
+    """Optuna distributions of the searched params: from the sweep's experiment.yaml artifact,
+    else inferred from the values the trials logged (linear ranges, categories)."""
+    from fxray.rl import experiment as expmod
+
+    if any(a.path == "experiment.yaml" for a in client.list_artifacts(parent.info.run_id)):
+        dst.mkdir(parents=True)
+        path = client.download_artifacts(parent.info.run_id, "experiment.yaml", str(dst))
+        try:
+            return expmod.load(path, parent.data.tags.get("fxray.profile", "gpu")).space()
+        except expmod.ExperimentError:  # written by another fxray version: infer below
+            pass
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    space = {}
+    for n in sorted({k for t in trials for k in t["params"]}):
+        values = {t["params"].get(n) for t in trials}
+        if len(values) < 2 or None in values:
+            continue
+        try:
+            nums = [float(v) for v in values]
+            space[n] = FloatDistribution(min(nums), max(nums))
+        except ValueError:
+            space[n] = CategoricalDistribution(sorted(values))
+    return space
+
+
 def load_experiment(client, name: str, uri: str) -> dict:
     """The latest sweep of experiment `name`: its parent run, folds and trials (child runs)."""
     exp = client.get_experiment_by_name(name)
@@ -352,33 +379,6 @@ def importance(exp: dict) -> dict:
         return optuna.importance.get_param_importances(study, evaluator=evaluator)
     except (RuntimeError, ValueError):  # e.g. every trial scored the same
         return {}
-
-
-def search_space(client, parent, trials: list, dst: Path) -> dict:
-    """Optuna distributions of the searched params: from the sweep's experiment.yaml artifact,
-    else inferred from the values the trials logged (linear ranges, categories)."""
-    from fxray.rl import experiment as expmod
-
-    if any(a.path == "experiment.yaml" for a in client.list_artifacts(parent.info.run_id)):
-        dst.mkdir(parents=True)
-        path = client.download_artifacts(parent.info.run_id, "experiment.yaml", str(dst))
-        try:
-            return expmod.load(path, parent.data.tags.get("fxray.profile", "gpu")).space()
-        except expmod.ExperimentError:  # written by another fxray version: infer below
-            pass
-    from optuna.distributions import CategoricalDistribution, FloatDistribution
-
-    space = {}
-    for n in sorted({k for t in trials for k in t["params"]}):
-        values = {t["params"].get(n) for t in trials}
-        if len(values) < 2 or None in values:
-            continue
-        try:
-            nums = [float(v) for v in values]
-            space[n] = FloatDistribution(min(nums), max(nums))
-        except ValueError:
-            space[n] = CategoricalDistribution(sorted(values))
-    return space
 
 
 def cast(dist, text: str):
