@@ -167,6 +167,21 @@ def test_train_from_run_and_on_the_embedded_market(tour, capsys):
     # how long it will take: the sweep's time for these folds up front, then an ETA after each fold
     assert "; the sweep trained them in 0m" in text and "fxray.train: fold 0 ok (1/2 folds, 0m" in text
     assert "s; ETA ~0m" in text
+    # a logged Sharpe that training does not give again (here: a later value logged to a copy of
+    # the store) is reported, fold by fold, and the exit status is 1
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    shutil.copy(tour["dir"] / "mlflow.db", tour["dir"] / "altered.db")
+    uri, last = f"sqlite:///{tour['dir'] / 'altered.db'}", check["folds"][-1]
+    MlflowClient(uri).log_metric(tour["run_id"], "test_sharpe", last["logged_test_sharpe"] + 0.5, step=last["fold"])
+    argv = ["train", "--from-run", tour["run_id"], "--tracking-uri", uri, "--json", "altered.json"]
+    code, text = cli.main(argv), capsys.readouterr().out
+    check = json.loads(Path("altered.json").read_text())["from_run"]
+    assert code == 1 and not check["reproduced"] and check["max_abs_diff"] == pytest.approx(0.5)
+    assert [f["bitwise"] for f in check["folds"]] == [True] * (len(check["folds"]) - 1) + [False]
+    assert "2 fold(s) reproduced NOT (max |diff| 0.5)" in text
     (synth,) = need(tour, "synth")
     train, text = fxray(
         tour, capsys, f"train --experiment {SMOKE} --epochs 1 --checkpoint-dir ckpt --json train.json", "train"
