@@ -6,7 +6,6 @@
         --tz Etc/GMT+5 --instrument EURUSD --out eurusd.fxcache
     fxray data build --book ESH4.mbo.dbn.zst --trades ESH4.mbo.dbn.zst --bar 1min --out es.fxcache
     fxray data info eurusd.fxcache [--experiment experiments/default.yaml] [--json info.json]
-    fxray data info eurusd.fxcache --verify   # every value checked, the content hash recomputed
 
 Each also as python -m fxray.data_cmd. --book and --trades need the `book` extra
 (pip install 'fxray[book]'). Every failure is one line on stderr naming the file and the fix, exit status 2,
@@ -93,7 +92,7 @@ def cmd_build(args) -> dict:
     }
 
 
-def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) -> dict:
+def describe(market: cache.Market, spec: FoldSpec) -> dict:
     """Rows, span, spacing, per-column stats and the folds `spec` makes on this cache."""
     ts = market.ts
     columns = []
@@ -112,7 +111,6 @@ def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) ->
         "source": market.meta.get("source"),
         "content_hash": market.content_hash,
         "content_hash_algo": market.meta.get("content_hash_algo", "sha256"),
-        "verified": proof,  # None: the stored hash, not recomputed (--verify does)
         "first": iso(ts[0]),
         "last": iso(ts[-1]),
         "span_days": float((ts[-1] - ts[0]) / 86400e9),
@@ -127,35 +125,22 @@ def describe(market: cache.Market, spec: FoldSpec, proof: dict | None = None) ->
 
 
 def cmd_info(args) -> dict:
-    t0 = time.perf_counter()
-    market = cache.open(args.path, verify="background" if args.verify else "no")  # structure + metadata
-    open_s = time.perf_counter() - t0
+    market = cache.open(args.path)  # every value checked, the content hash recomputed
     spec = FoldSpec()
     if args.experiment:
         from fxray.rl.experiment import load
 
         spec = load(args.experiment).folds
-    if args.verify:  # every value, and the content hash recomputed
-        proof = {**market.verify(), "open_s": open_s}
-    else:  # every value; the stored hash is reported as stored
-        from fxray.data.integrity import COLUMN_ORDER, check_values
-
-        proof = None
-        check_values(market.path, {k: getattr(market, k) for k in COLUMN_ORDER})
-    info = describe(market, spec, proof)
+    info = describe(market, spec)
     print(f"{info['path']}: {info['rows']:,} rows of {info['instrument']} ({info['bar']}), source {info['source']}")
     print(
         f"  span {info['first']} .. {info['last']} ({info['span_days']:.1f} days), "
         f"bar spacing {info['bar_spacing_s']:.0f}s, {info['gaps_over_1h']} gaps > 1h"
     )
-    if proof:
-        print(
-            f"  verified: ts increasing, no NaN/Inf, prices > 0, content hash {proof['algo']} "
-            f"{proof['content_hash']} matches (open {open_s * 1e3:.0f} ms, values {proof['values_s']:.2f}s, "
-            f"hash {proof['hash_s']:.2f}s)"
-        )
-    else:
-        print(f"  ts increasing, no NaN/Inf, prices > 0; stored hash {info['content_hash']} (--verify recomputes it)")
+    print(
+        f"  verified: ts increasing, no NaN/Inf, prices > 0, content hash {info['content_hash_algo']} "
+        f"{info['content_hash']} matches"
+    )
     print(f"  book coverage {info['book_coverage']:.0%}")
     print(f"  {'column':<24}{'mean':>12}{'std':>12}")
     for c in info["columns"]:
@@ -215,10 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="bar length label (1min, 10s); with --trades/--book only: the bar to build",
     )
     b.add_argument("--out", required=True, type=Path, metavar="FXCACHE", help="the file to write")
-    i = sub.add_parser("info", help="describe an fxcache and the folds an experiment makes on it")
+    i = sub.add_parser("info", help="check an fxcache (every value, its content hash) and describe it and its folds")
     i.add_argument("path", type=Path, metavar="FXCACHE", help="the file to describe")
     i.add_argument("--experiment", type=Path, metavar="YAML", help="experiment YAML whose folds to show")
-    i.add_argument("--verify", action="store_true", help="check every value and recompute the content hash (O(rows))")
     for sp in (s, b, i):
         sp.add_argument("--json", type=Path, metavar="PATH", help="also write the result as JSON here")
     return p

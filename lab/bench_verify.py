@@ -2,10 +2,9 @@
 
     python lab/bench_verify.py /tmp/big.fxcache     # make one: python -m fxray.data synth --bars 4000000 --out ...
 
-Prints, page cache warm: the open (structure + metadata: `verify="no"`), first call in
+Prints, page cache warm: the open (structure + metadata: `verify=False`), first call in
 a fresh process and warm; the O(N) checks (values; the BLAKE3 content hash; sha256, the
-hash of files written before it, for comparison); and the checks in the background
-while the data is uploaded (DeviceData on the CPU), with what the caller still waited.
+hash of files written before it, for comparison); and the whole open (`verify=True`).
 """
 
 from __future__ import annotations
@@ -33,32 +32,24 @@ def main(path: str) -> None:
             sys.executable,
             "-c",
             "import time; from fxray.data import cache; t = time.perf_counter(); "
-            f"cache.open({path!r}, verify='no'); print(time.perf_counter() - t)",
+            f"cache.open({path!r}, verify=False); print(time.perf_counter() - t)",
         ],
         capture_output=True,
         text=True,
         check=True,
     )
-    m = cache.open(path, verify="no")
+    m = cache.open(path, verify=False)
     cols = [m.ts, m.features, m.ofi, m.targets]
     rows = {
         "bars": m.n_bars,
         "file_mib": round(sum(a.nbytes for a in cols) / 2**20),
         "open_first_call_ms": float(first.stdout) * 1e3,
-        "open_warm_ms": best_of(lambda: cache.open(path, verify="no"), 20) * 1e3,
+        "open_warm_ms": best_of(lambda: cache.open(path, verify=False), 20) * 1e3,
         "values_s": best_of(lambda: integrity.check_values(path, dict(zip(integrity.COLUMN_ORDER, cols)))),
         "blake3_s": best_of(lambda: integrity.content_hash(*cols)),
         "sha256_s": best_of(lambda: integrity.content_hash(*cols, algo="sha256"), 3),
-        "open_and_verify_s": best_of(lambda: cache.open(path, verify="now"), 3),
+        "open_and_verify_s": best_of(lambda: cache.open(path, verify=True), 3),
     }
-    from fxray.rl.device import DeviceData
-
-    t0 = time.perf_counter()
-    m = cache.open(path, verify="background")
-    DeviceData(m, "cpu")
-    upload = time.perf_counter() - t0
-    proof = m.verify()
-    rows.update(upload_with_checks_behind_s=upload, then_waited_s=proof["waited_s"])
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in rows.items()}, indent=1))
 
 

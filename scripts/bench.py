@@ -103,7 +103,7 @@ def bench_data(args, rows, tmp: Path) -> Path:
         (
             "data",
             f"open (structure + metadata) {args.bars:,} bars",
-            best_of(lambda: cache.open(path, verify="no")) * 1e3,
+            best_of(lambda: cache.open(path, verify=False)) * 1e3,
             "ms",
             "<= 50 ms",
         )

@@ -70,7 +70,7 @@ def test_mbp10_fixture_decodes_to_documented_fields(shared_data):
                 assert ours["levels"][i][f] == getattr(lv, f), (i, f)
         for f in ("price", "size", "flags", "depth", "ts_recv", "ts_event", "sequence", "ts_in_delta"):
             assert ours[f] == getattr(theirs, f), f
-    snap = load_book([str(path)]).collect()  # both records end an event (F_LAST)
+    snap = BookSnapshots.concat(load_book([str(path)]))  # both records end an event (F_LAST)
     assert len(snap) == 2
     assert snap.bid_px[0, 0] == 3720.25 and snap.ask_px[0, 9] == 3722.75
     assert snap.bid_sz[1, 1] == 30 and snap.reset.tolist() == [True, False]
@@ -145,7 +145,7 @@ def test_mbo_rebuild_matches_plain_python(shared_data, tmp_path):
     meta_end = 8 + int.from_bytes(raw[4:8], "little")
     cut = tmp_path / "es_head.dbn"
     cut.write_bytes(raw[: meta_end + 56 * 20_000])
-    fast = load_book([str(cut)]).collect()
+    fast = BookSnapshots.concat(load_book([str(cut)]))
     ref = plain_mbo_states(records(cut))
     assert len(fast) == len(ref) > 5_000
     assert np.array_equal(fast.ts, [s[0] for s in ref])
@@ -155,7 +155,7 @@ def test_mbo_rebuild_matches_plain_python(shared_data, tmp_path):
 
 def test_chunking_and_level_growth_do_not_change_the_book(shared_data, monkeypatch):
     path = str(shared_data / ES_DAY)
-    whole = load_book([path]).collect()
+    whole = BookSnapshots.concat(load_book([path]))
     monkeypatch.setattr(book_engine, "LEVEL_CAPACITY", 8)  # forces grow-and-resume steps
     grown = []
     real_grow = book_engine.grow_levels
@@ -172,7 +172,7 @@ def test_chunking_and_level_growth_do_not_change_the_book(shared_data, monkeypat
 
 def test_es_book_is_crossed_only_in_the_preopen_auction(shared_data):
     stream = load_book([str(shared_data / ES_SNAP), str(shared_data / ES_DAY)])
-    book = stream.collect()
+    book = BookSnapshots.concat(stream)
     assert stream.stats["unknown_orders"] == 0  # every cancel / modify found its order
     first_trade = load_trades(str(shared_data / ES_DAY)).ts[0]  # the 23:00 opening auction print
     crossed = book.bid_px[:, 0] >= book.ask_px[:, 0]
@@ -182,7 +182,7 @@ def test_es_book_is_crossed_only_in_the_preopen_auction(shared_data):
     after = book.ts > first_trade
     assert after.sum() > 20_000 and (book.bid_px[after, 0] < book.ask_px[after, 0]).all()
     # the day file's own snapshot replaces the snapshot file's book (no double-counted orders)
-    day_only = load_book([str(shared_data / ES_DAY)]).collect()
+    day_only = BookSnapshots.concat(load_book([str(shared_data / ES_DAY)]))
     assert np.array_equal(book.bid_sz[-len(day_only) :], day_only.bid_sz)
     assert book.reset.sum() == 2 and stream.segments.shape == (2, 2)
 
@@ -224,7 +224,7 @@ def test_binance_trade_counts_match_raw_lines(shared_data):
 def test_binance_top_of_book_matches_book_ticker(shared_data):
     """After each diff (final id u) the best bid/ask equal the last bookTicker with id <= u."""
     path = shared_data / BTC
-    book = load_book([str(path)]).collect()
+    book = BookSnapshots.concat(load_book([str(path)]))
     diffs, tickers, snap = [], [], None
     for ts, d in _binance_lines(path):
         if "lastUpdateId" in d:

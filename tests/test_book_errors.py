@@ -11,7 +11,6 @@ pytest.importorskip("databento_dbn")
 pytest.importorskip("numba")
 zstandard = pytest.importorskip("zstandard")
 
-from fxray.book import dbn as book_dbn  # noqa: E402
 from fxray.book.reader import OFI_NAMES, BookError, bars_from_trades, load_book, load_trades, ofi_features  # noqa: E402
 from fxray.data import cache  # noqa: E402
 
@@ -119,7 +118,7 @@ def test_mixed_record_types(tmp_path, shared_data):
     fails(tmp_path, bad, r"record 1 has rtype 0x00")
 
 
-def test_two_instruments_need_a_choice(tmp_path, shared_data):
+def test_two_instruments_in_one_file_are_refused(tmp_path, shared_data):
     raw, start = mbo_records(shared_data)
     first_id = int.from_bytes(raw[start + 4 : start + 8], "little")
     raw[start + 56 + 4 : start + 56 + 8] = (first_id + 1).to_bytes(4, "little")  # record 1: another
@@ -129,13 +128,8 @@ def test_two_instruments_need_a_choice(tmp_path, shared_data):
         tmp_path,
         bad,
         rf"record 1 is instrument {first_id + 1}, record 0 is {first_id}: "
-        r"pass instrument_id=",
+        r"fxray reads one instrument per file; download one symbol per file",
     )
-    for iid in (first_id, first_id + 1):  # naming one reads just its record
-        dbn = book_dbn.DbnFile(str(bad))
-        assert [len(rec) for rec in dbn.chunks(instrument_id=iid)] == [1]
-    load_book(str(bad), instrument_id=first_id).collect()
-    load_trades(str(bad), instrument_id=first_id)
 
 
 # --- Binance -------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ def es(shared_data):
     path = str(shared_data / ES_DAY)
     trades = load_trades(path)
     bars = bars_from_trades(trades, bar="1min")
-    return path, trades, bars, load_book([path]).collect()
+    return path, trades, bars, BookSnapshots.concat(load_book([path]))
 
 
 def test_features_use_nothing_after_the_bar_close(es):

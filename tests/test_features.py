@@ -100,23 +100,23 @@ def test_atr_matches_worksheet(name, n):
     np.testing.assert_allclose(mine[defined], ws["ATR"][defined], atol=1e-9)
 
 
-def test_rsi_matches_worksheet_zero_seed_and_hand_sma_seed():
+def test_rsi_matches_worksheet_smoothing_and_a_plain_loop():
     ws = worksheet("cs-rsi.csv")
     c = ws["Close"]
-    mine = F.rsi(c, 14, seed="zero")
-    defined = ~np.isnan(ws["RSI"])
-    assert np.array_equal(np.isnan(mine), ~defined)
-    np.testing.assert_allclose(mine[defined], ws["RSI"][defined], atol=6e-6)
-    # Wilder's own seeding: the first RSI is from plain means of the first 14 changes.
-    d = np.diff(c)
-    gain, loss = np.clip(d[:14], 0, None).mean(), np.clip(-d[:14], 0, None).mean()
-    sma = F.rsi(c, 14)
-    assert sma[14] == pytest.approx(100 - 100 / (1 + gain / loss), abs=1e-12)
-    g15 = (13 * gain + max(d[14], 0)) / 14
-    l15 = (13 * loss + max(-d[14], 0)) / 14
-    assert sma[15] == pytest.approx(100 - 100 / (1 + g15 / l15), abs=1e-12)
-    with pytest.raises(ValueError, match="seed"):
-        F.rsi(c, 14, seed="ema")
+    # the worksheet's averages of the gains/losses start at 0 at t=0; Wilder smoothing seeded so
+    # gives them (the features seed it at t=14 by the mean of the first 14 changes instead)
+    gain, loss = np.nan_to_num(ws["Gain"]), np.nan_to_num(ws["Loss"])
+    np.testing.assert_allclose(F.wilder(gain, 14, 0, 0.0), ws["Avg Gain"], atol=6e-7)
+    np.testing.assert_allclose(F.wilder(loss, 14, 0, 0.0), ws["Avg Loss"], atol=6e-7)
+    # Wilder's own seeding (1978), by a plain loop over the worksheet's gains and losses
+    want, avg_gain, avg_loss = [], gain[1:15].mean(), loss[1:15].mean()
+    for t in range(14, len(c)):
+        if t > 14:
+            avg_gain, avg_loss = (13 * avg_gain + gain[t]) / 14, (13 * avg_loss + loss[t]) / 14
+        want.append(100 - 100 / (1 + avg_gain / avg_loss))
+    mine = F.rsi(c, 14)
+    assert np.isnan(mine[:14]).all()
+    np.testing.assert_allclose(mine[14:], want, atol=1e-9)
 
 
 def test_macd_matches_worksheet():

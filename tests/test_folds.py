@@ -390,6 +390,7 @@ def test_no_feature_window_or_reward_crosses_a_boundary():
         (np.int64(3), 3 * DAY_NS),
         (np.float64(2.0), 2 * DAY_NS),
         ("1min", MIN_NS),
+        ("10s", MIN_NS // 6),
     ],
 )
 def test_parse_duration_accepts(text, ns):
@@ -461,34 +462,10 @@ def test_too_short_because_the_embargo_eats_the_val_window():
     assert make_folds(ts, FoldSpec(train="20d", val="5d", test="5d", embargo=4))
 
 
-@pytest.mark.parametrize(
-    "ts", [np.array([], dtype=np.int64), [], np.array([T0])], ids=["empty", "empty-list", "one-bar"]
-)
-def test_empty_or_single_bar(ts):
+def test_a_single_bar_is_too_short():
     with pytest.raises(FoldError) as err:
-        make_folds(ts, FoldSpec(train="1d", val="1d", test="1d", embargo=1))
-    assert "\n" not in str(err.value)
-    assert ("no bars" if len(ts) == 0 else "1 bars") in str(err.value)
-
-
-@pytest.mark.parametrize("how", ["equal", "decreasing"])
-def test_non_increasing_ts(how):
-    ts = T0 + np.arange(40 * 24, dtype=np.int64) * 3600 * 10**9
-    ts[100] = ts[99] if how == "equal" else ts[99] - 1
-    with pytest.raises(FoldError, match="not strictly increasing at bar 100"):
-        make_folds(ts, FoldSpec(train="10d", val="2d", test="2d", embargo=2))
-
-
-@pytest.mark.parametrize("ts", [np.linspace(0, 1e15, 100), np.zeros((10, 2), np.int64)], ids=["float", "2-D"])
-def test_ts_must_be_1d_integers(ts):
-    with pytest.raises(FoldError, match="1-D array of int64"):
-        make_folds(ts, FoldSpec(train="1d", val="1d", test="1d", embargo=1))
-
-
-def test_datetime64_ts_equals_int_ns():
-    ts = T0 + np.arange(30 * 24, dtype=np.int64) * 3600 * 10**9
-    spec = FoldSpec(train="10d", val="2d", test="2d", embargo=2)
-    assert make_folds(ts.astype("datetime64[ns]").astype("datetime64[h]"), spec) == make_folds(ts, spec)
+        make_folds(np.array([T0]), FoldSpec(train="1d", val="1d", test="1d", embargo=1))
+    assert "\n" not in str(err.value) and "1 bars" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -512,8 +489,6 @@ def test_datetime64_ts_equals_int_ns():
         ("test", None, "folds.test"),
         ("step", "x", "folds.step"),
         ("step", 0, "folds.step"),
-        ("anchored", "yes", "folds.anchored"),
-        ("anchored", 1, "folds.anchored"),
     ],
 )
 def test_spec_validate_names_the_key(field, value, key):

@@ -149,16 +149,13 @@ def test_data_out_naming_a_directory(work, cmd):
     assert list((work / "outdir").iterdir()) == []
 
 
-def test_data_info_verify_finds_a_flipped_byte(work):
-    out = run("fxray.data_cmd", "info", "m.fxcache", "--verify", "--json", "i.json", cwd=work)
+def test_data_info_finds_a_flipped_byte(work):
+    out = run("fxray.data_cmd", "info", "m.fxcache", "--json", "i.json", cwd=work)
     assert out.returncode == 0 and "content hash blake3" in out.stdout and "matches" in out.stdout, out.stderr
-    info = json.loads((work / "i.json").read_text())
-    assert info["verified"]["content_hash"] == info["content_hash"]
     raw = bytearray((work / "m.fxcache").read_bytes())
     raw[len(raw) // 2] ^= 0x10
     (work / "m.fxcache").write_bytes(bytes(raw))
-    assert run("fxray.data_cmd", "info", "m.fxcache", cwd=work).returncode in (0, 2)  # values alone may pass
-    one_line(run("fxray.data_cmd", "info", "m.fxcache", "--verify", cwd=work), "do not match its stored content hash")
+    one_line(run("fxray.data_cmd", "info", "m.fxcache", cwd=work), "do not match its stored content hash")
 
 
 def test_data_info_on_feature_names_of_the_wrong_type(work):
@@ -535,7 +532,7 @@ def test_item7_a_full_length_content_hash_is_accepted(work):
         with ipc.new_file(work / f"{name}.fxcache", edited.schema) as w:
             w.write_table(edited)
     ok = cache.open(work / "full.fxcache")
-    assert ok.content_hash == m.content_hash and ok.verify()["content_hash"] == m.content_hash
+    assert ok.content_hash == m.content_hash  # opened: values and the 64-digit hash checked
     with pytest.raises(cache.CacheError, match="first 32 or all 64 hex digits"):
         cache.open(work / "short.fxcache")
 

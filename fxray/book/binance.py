@@ -197,9 +197,9 @@ class _Sync:
         yield from eng.run(eng.levels_apply, levels, len(ts), self.st, slack=2)
 
 
-def iter_book(path: str, st: dict, stats: dict, instrument_id=None):
-    """Yield BookSnapshots for one capture file (one symbol: no `instrument_id` to pick); `st` is the
-    engine state. stats["end"]: the last line's time."""
+def iter_book(path: str, st: dict, stats: dict):
+    """Yield BookSnapshots for one capture file (one symbol); `st` is the engine state.
+    stats["end"]: the last line's time."""
     sync = _Sync(path, st)
     for lineno, kind, ts, js in iter_lines(path, ("snapshot", "diff")):
         if kind == "eof":
@@ -222,9 +222,9 @@ def iter_book(path: str, st: dict, stats: dict, instrument_id=None):
 _TRADE = re.compile(rb'"p":"([0-9.eE+-]+)","q":"([0-9.eE+-]+)"[^{}]*"m":(true|false)')
 
 
-def read_trades(path: str, instrument_id=None) -> Trades:
-    """All `@trade` lines (one symbol: no `instrument_id` to pick); side from `m` (buyer is maker =>
-    the seller was the aggressor).
+def read_trades(path: str) -> Trades:
+    """All `@trade` lines (one symbol); side from `m` (buyer is maker => the seller was the
+    aggressor).
 
     Canonical lines are read by one regex (JSON parsing would dominate); others by JSON.
     """

@@ -81,7 +81,7 @@ class DbnFile:
                 f"(record 0); use one of {', '.join(allowed)}"
             )
 
-    def chunks(self, instrument_id: int | None = None):
+    def chunks(self):
         """Yield chunks of CHUNK_RECORDS records (fewer at the end), validated: rtype, size, order, instrument."""
         rtype, base = DTYPES[self.schema]
         first = self._reader.read(1)
@@ -117,12 +117,10 @@ class DbnFile:
                 )
             last_ts = int(ts[-1])
             ids = rec["instrument_id"]
-            if instrument_id is not None:
-                rec = rec[ids == instrument_id]
-            elif (i := _first(ids != ids[0])) is not None:
+            if (i := _first(ids != ids[0])) is not None:
                 raise BookError(
-                    f"{self.path}: record {index + i} is instrument {ids[i]}, record "
-                    f"{index} is {ids[0]}: pass instrument_id= to pick one book"
+                    f"{self.path}: record {index + i} is instrument {ids[i]}, record {index} is {ids[0]}: "
+                    "fxray reads one instrument per file; download one symbol per file (or split this one)"
                 )
             yield rec
             index += n_full
@@ -134,7 +132,7 @@ class DbnFile:
 # --- book ----------------------------------------------------------------------------------
 
 
-def iter_book(path: str, st: dict, stats: dict, instrument_id: int | None):
+def iter_book(path: str, st: dict, stats: dict):
     """Yield BookSnapshots from an MBO or MBP-10 file; `st` is the engine state (persists).
     stats["end"]: the end of the time range the file's metadata asked for (None if open)."""
     dbn = DbnFile(path)
@@ -142,7 +140,7 @@ def iter_book(path: str, st: dict, stats: dict, instrument_id: int | None):
     stats["end"] = dbn.end
     st["state"][eng.IN_SNAP] = 0  # a new file starts a new snapshot run (MBO)
     first = True  # MBP-10: the file's first snapshot is a reset
-    for rec in dbn.chunks(instrument_id):
+    for rec in dbn.chunks():
         stats["messages"] += len(rec)
         if dbn.schema == "mbp-10":
             if len(snap := _mbp10_snapshots(rec, first)):
@@ -176,12 +174,12 @@ SIDE_SIGN = np.zeros(256, np.int8)
 SIDE_SIGN[[ord("B"), ord("A")]] = 1, -1
 
 
-def read_trades(path: str, instrument_id: int | None = None) -> Trades:
+def read_trades(path: str) -> Trades:
     """Trades (action 'T' records) from a trades / MBO / MBP-1 / TBBO / MBP-10 file."""
     dbn = DbnFile(path)
     dbn.require(TRADE_SCHEMAS, "trades")
     parts, spans = [], []  # the trade records and the [first, last] ts_recv of every record, per chunk
-    for rec in dbn.chunks(instrument_id):
+    for rec in dbn.chunks():
         if len(rec):
             parts.append(rec[rec["action"] == ACTION_TRADE])
             spans.append(rec["ts_recv"][[0, -1]].astype(np.int64))

@@ -58,11 +58,10 @@ class BookStream:
     previous day's snapshot file); each Binance file is its own snapshot + diffs.
     """
 
-    def __init__(self, paths: Sequence[str], instrument_id: int | None = None):
+    def __init__(self, paths: Sequence[str]):
         self.paths = _paths(paths)
         if not self.paths:
             raise BookError("load_book: no files given")
-        self.instrument_id = instrument_id
         self.segments = np.zeros((0, 2), np.int64)
         self.stats: dict = {}
 
@@ -72,7 +71,7 @@ class BookStream:
         segments, last_ts = [], None
         for path in self.paths:
             first = None
-            for snap in reader_of(path).iter_book(path, st, stats, self.instrument_id):
+            for snap in reader_of(path).iter_book(path, st, stats):
                 if last_ts is not None and snap.ts[0] < last_ts:
                     raise BookError(
                         f"{path}: record 0 (ts {snap.ts[0]}) is earlier than the end "
@@ -86,22 +85,17 @@ class BookStream:
         self.stats = {"messages": stats["messages"], "unknown_orders": int(st["state"][eng.UNKNOWN])}
         self.segments = np.array(segments, np.int64).reshape(-1, 2)
 
-    def collect(self) -> BookSnapshots:
-        """Every snapshot in one BookSnapshots (tests, small files; a day of MBO fits too)."""
-        return BookSnapshots.concat(iter(self))
 
-
-def load_book(paths: Sequence[str] | str, *, instrument_id: int | None = None) -> BookStream:
+def load_book(paths: Sequence[str] | str) -> BookStream:
     """Open book files (DBN MBO / MBP-10, Binance captures), in time order, lazily.
 
     Headers are checked on iteration, not here: nothing is read until `ofi_features`
-    (or `collect`) iterates. `instrument_id` picks one book from a multi-instrument
-    DBN file (otherwise such a file is an error).
+    iterates. A DBN file must hold one instrument.
     """
-    return BookStream(paths, instrument_id)
+    return BookStream(paths)
 
 
-def load_trades(paths: Sequence[str] | str, *, instrument_id: int | None = None) -> Trades:
+def load_trades(paths: Sequence[str] | str) -> Trades:
     """The trade tape of the given files, concatenated in the order given.
 
     DBN: action 'T' records of trades / MBO / MBP-1 / TBBO / MBP-10 files, side =
@@ -110,7 +104,7 @@ def load_trades(paths: Sequence[str] | str, *, instrument_id: int | None = None)
     """
     parts = []
     for path in _paths(paths):
-        parts.append(reader_of(path).read_trades(path, instrument_id))
+        parts.append(reader_of(path).read_trades(path))
         if len(parts) > 1 and len(parts[-1]) and len(parts[-2]) and parts[-1].ts[0] < parts[-2].ts[-1]:
             raise BookError(
                 f"{path}: trade 0 (ts {parts[-1].ts[0]}) is earlier than the last "

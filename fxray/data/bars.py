@@ -24,7 +24,7 @@ Time-stamp conventions (all converted to the bar CLOSE time, ns since epoch, UTC
 - `tz` is the zone of naive (offset-less) times; None means the format's own zone (UTC,
   or Etc/GMT+5 for HistData). DST ambiguities resolve to the earliest instant.
 
-Cleaning (counts land in `Bars.stats`): rows with a missing, non-finite or non-positive
+Cleaning: rows with a missing, non-finite or non-positive
 price are dropped; NaN/negative volume becomes 0; rows are sorted by time and duplicate
 stamps keep the last row; high/low are widened to contain open and close (vendor bars,
 e.g. bid bars, are sometimes inconsistent; dropping them would punch holes instead).
@@ -38,7 +38,7 @@ from __future__ import annotations
 import gzip
 import re
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +75,6 @@ class Bars:
     close: np.ndarray  # (N,) float64
     volume: np.ndarray | None = None  # (N,) float64 or None (no volume in the source)
     source: str = ""  # the path it was read from
-    stats: dict = field(default_factory=dict)  # rows read / dropped / repaired
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -125,14 +124,9 @@ def build_cache(
             f"{n} bars, need at least {need} ({MAX_LOOKBACK} feature warm-up + "
             f"{MIN_BARS_AFTER_WARMUP}); give it a longer history",
         )
-    if ofi is not None:
-        ofi = np.asarray(ofi, np.float32)
-        if ofi.shape != (n, cache.N_OFI):
-            _fail(where, f"ofi has shape {ofi.shape}, expected ({n}, {cache.N_OFI}) (aligned to bars)")
     features = compute_features(bars.ts, bars.open, bars.high, bars.low, bars.close, bars.volume)
     keep = slice(MAX_LOOKBACK, None)
     targets = np.stack([bars.open, bars.high, bars.low, bars.close], axis=1)[keep]
-    meta = {"warmup_bars_dropped": MAX_LOOKBACK, "bars.stats": getattr(bars, "stats", {}), **(extra_meta or {})}
     return cache.write(
         out,
         bars.ts[keep],
@@ -144,7 +138,7 @@ def build_cache(
         instrument=instrument,
         bar=bar,
         source=source,
-        extra_meta=meta,
+        extra_meta=extra_meta,
     )
 
 
@@ -305,10 +299,9 @@ def _clean(path: Path, raw: dict) -> Bars:
     ts = np.asarray(raw["ts"], np.int64)
     o, h, l, c = (np.asarray(raw[k], np.float64) for k in ("open", "high", "low", "close"))
     v = raw["volume"]
-    n_read = len(ts)
     ok = np.isfinite(o) & np.isfinite(h) & np.isfinite(l) & np.isfinite(c)  # finite prices are > 0 (refused else)
     if not ok.any():
-        _fail(path, f"no valid bars ({n_read} rows read, none with finite positive prices)")
+        _fail(path, f"no valid bars ({len(ts)} rows read, none with finite positive prices)")
     keep = np.flatnonzero(ok)[np.argsort(ts[ok], kind="stable")]
     ts = ts[keep]
     last = np.r_[ts[1:] != ts[:-1], True]  # of equal stamps keep the last row (stable sort: file order)
@@ -316,16 +309,9 @@ def _clean(path: Path, raw: dict) -> Bars:
     o, h, l, c = o[keep], h[keep], l[keep], c[keep]
     hi = np.maximum(np.maximum(o, c), np.maximum(h, l))
     lo = np.minimum(np.minimum(o, c), np.minimum(h, l))
-    repaired = int(np.count_nonzero((hi != h) | (lo != l)))
     if v is not None:
         v = np.asarray(v, np.float64)[keep]
         v = np.where(np.isfinite(v) & (v > 0), v, 0.0)
         if not v.any():
             v = None
-    stats = {
-        "rows_read": n_read,
-        "dropped_bad_price": int(n_read - np.count_nonzero(ok)),
-        "dropped_duplicate_ts": int(np.count_nonzero(~last)),
-        "repaired_high_low": repaired,
-    }
-    return Bars(ts=ts, open=o, high=hi, low=lo, close=c, volume=v, source=str(path), stats=stats)
+    return Bars(ts=ts, open=o, high=hi, low=lo, close=c, volume=v, source=str(path))

@@ -6,13 +6,11 @@
     targets   fixed_size_list<f64>[4]  open, high, low, close
 
 `write` is atomic (temp file + rename); `open` maps the file and returns numpy
-views into the mapping: no per-row Python and no copy. `open` itself reads the
-structure and the metadata only (milliseconds whatever the size); the O(N) checks
-(every value, and the content hash recomputed: fxray.data.integrity) run before it
-returns (`verify="now"`, the default), in a thread (`verify="background"`: then
-`market.verify()` waits for them, and a caller records nothing before it returns),
-or not at all (`"no"`). Every problem a reader can meet is a `CacheError` whose
-message is one line naming the file.
+views into the mapping: no per-row Python and no copy. `open` reads the structure
+and the metadata (milliseconds whatever the size), then runs the O(N) checks (every
+value, and the content hash recomputed: fxray.data.integrity) before it returns, unless
+`verify=False` (a caller that reads the metadata only). Every problem a reader can meet
+is a `CacheError` whose message is one line naming the file.
 """
 
 from __future__ import annotations
@@ -54,15 +52,6 @@ class Market:
     ofi: np.ndarray  # (N, 8) float32
     targets: np.ndarray  # (N, 4) float64 open/high/low/close
     meta: dict = field(repr=False)
-    check: object = field(default=None, repr=False, compare=False)  # integrity.Verification, or None
-
-    def verify(self) -> dict:
-        """The O(N) checks (values, content hash): waits for the background ones, or runs them
-        now; CacheError (one line) if the file is bad. Call it before recording a result."""
-
-        if self.check is None:
-            object.__setattr__(self, "check", integrity.Verification(self))
-        return self.check.wait()
 
     @property
     def n_bars(self) -> int:
@@ -122,11 +111,6 @@ def write(
         if arrays[name].shape != (n, width):
             raise CacheError(f"{path}: {name} must have shape ({n}, {width}), got {arrays[name].shape}")
     integrity.check_values(str(path), arrays)
-    if len(feature_names) != N_FEATURES or len(ofi_names) != N_OFI:
-        raise CacheError(
-            f"{path}: need {N_FEATURES} feature names and {N_OFI} ofi names, "
-            f"got {len(feature_names)} and {len(ofi_names)}"
-        )
     reserved = sorted(set(extra_meta or {}) & set(RESERVED_META))
     if reserved:
         raise CacheError(f"{path}: extra_meta may not set reserved key(s) {', '.join(reserved)}")
@@ -143,6 +127,7 @@ def write(
         **(extra_meta or {}),
     }
     meta = {"fxray.version": FORMAT_VERSION, **{k: json.dumps(v) for k, v in values.items()}}
+    parse_meta(str(path), meta)  # what open checks of the metadata (the names: one per column)
     table = pa.table({name: _column(arrays[name], width) for name, (_, width) in COLUMNS.items()}, metadata=meta)
     with atomic_path(path) as tmp, tmp.open("wb") as f:
         with ipc.new_file(f, table.schema) as w:  # uncompressed: mmap gives zero-copy views
@@ -152,12 +137,11 @@ def write(
     return digest
 
 
-def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.open
+def open(path, *, verify: bool = True) -> Market:  # noqa: A001 - mirrors io.open
     """Memory-map an fxcache and return zero-copy views, after validating its structure
-    and metadata (O(metadata)). `verify`: "now" also runs the O(N) checks of
+    and metadata (O(metadata)) and, unless `verify=False`, the O(N) checks of
     fxray.data.integrity (ts strictly increasing, no NaN/Inf, prices > 0, the content hash
-    recomputed) before returning; "background" starts them in a thread (`market.verify()`
-    waits for them); "no" skips them (`market.verify()` runs them when called).
+    recomputed).
     """
     path = str(path)
     try:
@@ -210,10 +194,8 @@ def open(path, *, verify: str = "now") -> Market:  # noqa: A001 - mirrors io.ope
         flat = np.frombuffer(data, dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
         cols[name] = flat if width is None else flat.reshape(len(col), width)
     market = Market(path=path, meta=meta, **cols)
-    if verify == "now":
-        market.verify()
-    elif verify == "background":
-        object.__setattr__(market, "check", integrity.Verification(market))
+    if verify:
+        integrity.verify(market)
     return market
 
 

@@ -163,24 +163,14 @@ def wilder(x, n: int, start: int, seed: float, *, total: bool = False) -> np.nda
 # --- classic indicators (raw units, NaN before they are defined) -----------------------
 
 
-def rsi(close, n: int = 14, *, seed: str = "sma") -> np.ndarray:
-    """Wilder's RSI in points (0..100), defined from index n.
-
-    seed="sma": average gain/loss seeded at t=n by the mean of the first n changes
-    (Wilder 1978; used by the features). seed="zero": averages start at 0 at t=0 (the
-    StockCharts worksheet cs-rsi.csv).
-    """
+def rsi(close, n: int = 14) -> np.ndarray:
+    """Wilder's RSI in points (0..100), defined from index n: average gain/loss seeded at
+    t=n by the mean of the first n changes (Wilder 1978)."""
     c = np.asarray(close, np.float64)
     d = np.diff(c, prepend=c[:1])  # d_0 = 0
     gain, loss = np.maximum(d, 0.0), np.maximum(-d, 0.0)
-    if seed == "sma":
-        start = n
-        g0, l0 = (gain[1 : n + 1].mean(), loss[1 : n + 1].mean()) if len(c) > n else (0.0, 0.0)
-    elif seed == "zero":
-        start, g0, l0 = 0, 0.0, 0.0
-    else:
-        raise ValueError(f"rsi: seed must be 'sma' or 'zero', got {seed!r}")
-    avg_gain, avg_loss = wilder(gain, n, start, g0), wilder(loss, n, start, l0)
+    g0, l0 = (gain[1 : n + 1].mean(), loss[1 : n + 1].mean()) if len(c) > n else (0.0, 0.0)
+    avg_gain, avg_loss = wilder(gain, n, n, g0), wilder(loss, n, n, l0)
     out = 100.0 * _ratio(avg_gain, avg_gain + avg_loss, where_zero=0.5)  # = 100 - 100/(1+RS)
     out[:n] = np.nan
     return out

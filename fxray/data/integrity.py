@@ -1,11 +1,10 @@
 """Is an fxcache what it claims to be: the value scans and the content hash.
 
     digest = content_hash(ts, features, ofi, targets)        # BLAKE3, what `cache.write` stores
-    report = verify(market)                                  # O(N): raises CacheError, one line
-    check = Verification(market)                             # the same in a thread; check.wait()
+    verify(market)                                           # O(N): raises CacheError, one line
 
-`cache.open` reads the structure and the metadata only (O(metadata): milliseconds for
-any size); these are the O(N) checks. A file's stored `content_hash` is proven here by
+`cache.open` reads the structure and the metadata (O(metadata): milliseconds for any
+size), then runs these O(N) checks unless told `verify=False`. A file's stored `content_hash` is proven here by
 hashing its four columns again, so a flipped byte or a file cut short is found, and
 what a sweep or a training run records under that hash is what it trained on.
 
@@ -21,9 +20,6 @@ is refused at open, in one line that says so.
 from __future__ import annotations
 
 import hashlib
-import os
-import threading
-import time
 
 import numpy as np
 
@@ -62,30 +58,11 @@ def content_hash(ts, features, ofi, targets, algo: str = DEFAULT_ALGO, digits: i
         import blake3
 
         h = blake3.blake3(max_threads=blake3.blake3.AUTO)  # a tree hash: the same digest on any thread count
-    elif algo == "sha256":
+    else:  # "sha256" (cache.parse_meta refuses any other name)
         h = hashlib.sha256()
-    else:
-        raise ValueError(f"unknown content hash {algo!r}; known: {', '.join(HASH_ALGOS)}")
     for a in (ts, features, ofi, targets):
         h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     return h.hexdigest()[:digits]
-
-
-def _parallel_sum(a: np.ndarray, min_chunk_rows: int = 262_144) -> float:
-    """Sum of all elements, row chunks summed on threads (numpy releases the GIL)."""
-    n_chunks = min(os.cpu_count() or 1, 16, max(1, len(a) // min_chunk_rows))
-    bounds = np.linspace(0, len(a), n_chunks + 1).astype(int)
-
-    def part(i: int) -> float:
-        with np.errstate(over="ignore", invalid="ignore"):  # per thread: errstate is a contextvar
-            return float(a[bounds[i] : bounds[i + 1]].sum())
-
-    if n_chunks == 1:
-        return part(0)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(n_chunks) as pool, np.errstate(over="ignore", invalid="ignore"):
-        return float(np.sum(list(pool.map(part, range(n_chunks)))))
 
 
 def check_values(path: str, cols: dict) -> None:
@@ -105,8 +82,9 @@ def check_values(path: str, cols: dict) -> None:
         # A sum in the column's own dtype propagates NaN/Inf in one SIMD pass with no
         # temporary; only when it is not finite (a bad value, or an overflow of huge
         # but finite values) do we pay for the exact elementwise check.
-        if np.isfinite(_parallel_sum(a)):
-            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(a.sum()):
+                continue
         bad_rows = np.flatnonzero(~np.isfinite(a).all(axis=1))
         if len(bad_rows):
             row = int(bad_rows[0])
@@ -125,49 +103,16 @@ def check_values(path: str, cols: dict) -> None:
         )
 
 
-def verify(market) -> dict:
-    """Every value of `market` checked and its content hash recomputed against the stored one.
-    Returns {"algo", "content_hash", "values_s", "hash_s"}; CacheError (one line) otherwise."""
+def verify(market) -> None:
+    """Every value of `market` checked and its content hash recomputed against the stored one;
+    CacheError (one line) otherwise."""
     cols = {k: getattr(market, k) for k in COLUMN_ORDER}
-    t0 = time.perf_counter()
     check_values(market.path, cols)
-    t1 = time.perf_counter()
     algo = market.meta.get("content_hash_algo", LEGACY_ALGO)
     stored = market.meta.get("content_hash_full") or market.content_hash  # 64 or 32 hex digits
     digest = content_hash(*cols.values(), algo=algo, digits=len(stored))
-    t2 = time.perf_counter()
     if digest != stored:
         raise CacheError(
             f"{market.path}: its contents do not match its stored content hash ({algo} {digest} != "
             f"{stored}): the file was changed or damaged; rebuild it with `fxray data`"
         )
-    return {"algo": algo, "content_hash": digest[:HASH_DIGITS], "values_s": t1 - t0, "hash_s": t2 - t1}
-
-
-class Verification:
-    """`verify(market)` in a daemon thread, started at once (numpy and BLAKE3 release the GIL,
-    so it overlaps whatever the caller does next); `wait()` returns its report or raises."""
-
-    def __init__(self, market):
-        self.market = market
-        self.outcome: dict | BaseException | None = None  # verify's report, or what it raised
-        self.thread = threading.Thread(target=self._run, name="fxray-verify-data", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.outcome = verify(self.market)
-        except BaseException as e:  # noqa: BLE001 (handed to wait(), in the caller's thread)
-            self.outcome = e
-
-    def wait(self) -> dict:
-        """The report, once the checks are done (CacheError if the file is bad). `waited_s`:
-        how long the caller waited here: what the overlap did not hide."""
-        t0 = time.perf_counter()
-        self.thread.join()
-        outcome = self.outcome
-        if isinstance(outcome, CacheError):
-            raise CacheError(str(outcome)) from None
-        if isinstance(outcome, BaseException):
-            raise CacheError(f"{self.market.path}: could not be verified ({type(outcome).__name__}: {outcome})")
-        return {**outcome, "waited_s": time.perf_counter() - t0}

@@ -34,7 +34,6 @@ STARTUP = (
     ("validated", "validate"),  # flags, experiment, data opened, folds, the store checked
     ("ray_up", "ray"),
     ("workers_created", "workers"),  # the data into the object store, the FoldWorkers created
-    ("data_verified", "verify"),  # the wait for the data's content hash
     ("tune_started", "run_dir"),  # sweep.json, the MLflow writer let go, what is left to run
 )
 
