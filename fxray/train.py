@@ -30,12 +30,12 @@ import torch
 from fxray.cli import check_file_out, command_parser, positive_int, run_command, same_data, seed
 from fxray.data import cache
 from fxray.data.folds import Fold, make_folds
-from fxray.rl.config import config_class, make_config
+from fxray.rl.config import DQNConfig, make_config
 from fxray.rl.device import DeviceData
 from fxray.rl.overrides import parse_sets
 from fxray.rl.trainer import Trainer
 from fxray.track.records import FoldRecord
-from fxray.track.report import bp, flat_text, fmt, share_text, sharpe_line
+from fxray.track.report import pooled_lines, sharpe_line
 from fxray.track.results import fmt_s, pooled_stats
 
 
@@ -88,12 +88,12 @@ def load_setup(args):
 
 def fold_table(results: list[dict]) -> str:
     """Per-fold values (a window's own daily Sharpe: for the table, not for judging); status
-    "flat": a fold the learner abstained on (TrainConfig.abstain), not trained."""
+    "flat": a fold the learner abstained on (DQNConfig.abstain), not trained."""
     refs = [n for n in ("oracle", "ridge", "screened") if results and n in results[0]["baselines"]]
     head = (
         f"{'fold':>4} {'status':>8} {'best':>4} {'val SR':>8} {'test SR':>8} {'B&H SR':>8} "
         + "".join(f" {n + ' SR':>11}" for n in refs)
-        + f" {'test DD log':>11} {'trades':>7} {'ADX':>6} {'time s':>7}"
+        + f" {'test DD log':>11} {'trades':>7} {'time s':>7}"
     )
     rows = [head, "-" * len(head)]
     nan = float("nan")
@@ -104,24 +104,15 @@ def fold_table(results: list[dict]) -> str:
             f"{r['fold']['k']:>4} {status:>8} {r['best_epoch']:>4} {val.get('sharpe', nan):>8.2f} "
             f"{test.get('sharpe', nan):>8.2f} {base['buy_and_hold']['sharpe']:>8.2f} "
             + "".join(f" {base[n]['sharpe']:>11.2f}" for n in refs)
-            + f" {test.get('max_drawdown', nan):>11.4f} {test.get('n_trades', 0):>7} {r['adx']:>6.1f} "
-            f"{r['timings']['total_s']:>7.1f}"
+            + f" {test.get('max_drawdown', nan):>11.4f} {test.get('n_trades', 0):>7} {r['timings']['total_s']:>7.1f}"
         )
     return "\n".join(rows)
 
 
 def pooled_report(pooled: dict, cost: float, fill: str) -> str:
     """The numbers to judge by: val and test windows pooled, with errors and the references."""
-    val, test, refs = pooled["val"], pooled["test"], pooled["baselines"]
-    lines = [
-        f"pooled over {test['n_days']} test days ({test['n_periods']} hours) at {bp(cost)}, fill {fill}:",
-        f"  val  Sharpe {sharpe_line(val)}",
-        f"  test Sharpe {sharpe_line(test)}  PSR {fmt(test['psr'], '.3f')}; at 2x cost {test['sharpe_2x']:+.2f}, "
-        f"3x {test['sharpe_3x']:+.2f}; break-even cost {bp(test['break_even_cost'])}; {test['n_trades']} trades"
-        + flat_text(test),
-        "  beside it: " + ", ".join(f"{n} {sharpe_line(s)}" for n, s in refs.items()) + ", flat 0" + share_text(test),
-    ]
-    return "\n".join(lines)
+    val = f"val windows pooled: Sharpe {sharpe_line(pooled['val'])}; fill {fill}"
+    return "\n".join([val, *pooled_lines(pooled, cost)])
 
 
 def run(args) -> dict:
@@ -138,7 +129,7 @@ def run(args) -> dict:
     else:
         data_path, spec, cfg, name = load_setup(args)
     t0 = time.perf_counter()
-    market = cache.open(data_path, verify="background")  # values + content hash: in a thread
+    market = cache.open(data_path)  # values and content hash verified
     if origin:
         same_data(data_path, market.content_hash, args.from_run, origin["dataset_hash"])
         folds = origin["folds"]
@@ -157,7 +148,6 @@ def run(args) -> dict:
         flush=True,
     )
     trainer = Trainer(data, [cfg])  # built once, reused fold after fold
-    market.verify()  # the data proven (values, content hash) before a fold is trained and reported
     results, t_folds = [], time.perf_counter()
     for i, k in enumerate(chosen):
         seed = origin["seed"] if origin else args.seed + k  # a sweep trains every fold with its seed
@@ -234,11 +224,10 @@ def load_run(args) -> dict:
 def config_from_params(params: dict, run_id: str):
     """The config a trial logged as MLflow params (strings), with its exact Python types:
     str(float) round-trips bit for bit; an int given to a float field stays an int."""
-    cls = config_class(params.get("algo", "dqn"))
-    types = {f.name: f.type for f in dataclasses.fields(cls)}  # "int", "float", "bool", "str"
+    types = {f.name: f.type for f in dataclasses.fields(DQNConfig)}  # "int", "float", "bool", "str"
     values = {}
     for key, text in params.items():
-        kind = types.get(key, "str")  # an unknown key: from_dict names it
+        kind = types.get(key, "str")  # an unknown key: make_config names it (an older run's algo: read past)
         try:
             if kind == "bool":
                 values[key] = {"true": True, "false": False}[text.lower()]
@@ -248,7 +237,7 @@ def config_from_params(params: dict, run_id: str):
                 values[key] = float(text) if kind == "float" else text
         except (KeyError, ValueError):
             raise ValueError(f"--from-run {run_id}: param {key}={text!r} is not a valid {kind}") from None
-    return cls.from_dict(values, where=f"--from-run {run_id}: params")
+    return make_config(values, where=f"--from-run {run_id}: params")
 
 
 def check_reproduced(run_id: str, logged: dict, results: list[dict], tolerance: float) -> dict:

@@ -42,6 +42,6 @@ class FaultyWorker(DeviceWorker):
             # what rl/trainer.py returns for a fold whose loss or |Q| blew up: no val/test result
             result.update(
                 status="diverged", best_epoch=-1, val={}, test={}, val_score=None, checkpoint="",
-                val_periods={}, test_periods={}, test_daily_returns=[],
+                val_periods={}, test_periods={},
             )  # fmt: skip
         return result

@@ -61,13 +61,13 @@ def test_the_table_is_the_ridge_rules_path_on_the_train_slice_only(market_data):
     market = data.returns.clone()
     data.returns[b:] = torch.randn(data.returns.shape[0] - b, generator=torch.Generator().manual_seed(1)) * 1e-3
     key = (repr(fold.as_dict()), cfg.cost, cfg.fill, 0.0)  # screen_t 0: no screen
-    assert torch.equal(data.demo_moves[key], table[a:b])  # fitted once per (fold, cost, fill, screen)
-    data.demo_moves.clear()  # fitted again, on the changed returns
+    assert torch.equal(data.references[key][2], table[a:b])  # the reference rule's, fitted once per fold
+    data.references.clear()  # fitted again, on the changed returns
     try:
         assert torch.equal(demo.fit(data, fold, cfg.cost, cfg.fill), table)
     finally:
         data.returns.copy_(market)
-        data.demo_moves.clear()  # what was fitted on the changed returns goes with them
+        data.references.clear()  # what was fitted on the changed returns goes with them
 
 
 def test_the_loss_is_the_td_loss_plus_the_weighted_margin_term(market_data):
@@ -76,7 +76,7 @@ def test_the_loss_is_the_td_loss_plus_the_weighted_margin_term(market_data):
     trainer = Trainer(data, [cfg])
     trainer.run_fold(fold, [0])
     dqn = trainer.dqn
-    assert torch.equal(dqn.demo_table[0], demo.fit(data, fold, cfg.cost, cfg.fill))
+    assert torch.equal(dqn.demo_table, demo.fit(data, fold, cfg.cost, cfg.fill))
     step, env = dqn.sample_indices()
     noise = torch.randn(1, 128, data.n_inputs, generator=torch.Generator().manual_seed(2))
     got, q_got = dqn.td_loss(step, env, noise)
@@ -87,7 +87,7 @@ def test_the_loss_is_the_td_loss_plus_the_weighted_margin_term(market_data):
         q = dqn.q_network((data.states(t) + noise[0, :64]).unsqueeze(0), position.unsqueeze(0))[0]
     by_hand = []
     for i in range(64):
-        e = int(dqn.demo_table[0, t[i], int(position[i]) + 1])
+        e = int(dqn.demo_table[t[i], int(position[i]) + 1])
         by_hand.append(max(float(q[i, a]) + (0.0 if a == e else 0.5) for a in range(3)) - float(q[i, e]))
     assert got.item() == pytest.approx(td.item() + cfg.demo * sum(by_hand) / 64, rel=1e-5)
     assert torch.equal(q_got, q_td) and sum(by_hand) > 0
@@ -115,7 +115,7 @@ def test_members_with_demonstrations_train_what_they_train_alone(market_data):
         ours, theirs = population.dqn.q_network.state(k), solo.dqn.q_network.state(0)
         assert all(torch.equal(ours[n], theirs[n]) for n in theirs), k
         if cfg.demo > 0:
-            assert torch.equal(population.dqn.demo_table[k], solo.dqn.demo_table[0])
+            assert torch.equal(population.dqn.demo_table, solo.dqn.demo_table)
     # reconfigured without demonstrations: the table goes, the structure changes
     population.configure([BASE, BASE, BASE])
     assert population.dqn.demo_table is None and population.dqn.structure[2] is False

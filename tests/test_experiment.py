@@ -75,6 +75,11 @@ def test_unknown_top_level_key(tmp_path):
     assert "sweeep: unknown key" in msg and "search" in msg
 
 
+def test_an_older_files_algo_is_dqn_or_a_one_line_error(tmp_path):
+    assert E.load(write(tmp_path, "algo: dqn\n" + GOOD)).config == E.load(write(tmp_path, GOOD, "y.yaml")).config
+    assert "algo: 'ppo' is not an algorithm fxray trains" in error(write(tmp_path, "algo: ppo\n" + GOOD))
+
+
 def test_unknown_dqn_key(tmp_path):
     msg = error(write(tmp_path, GOOD.replace("epochs: 2,", "epochz: 2,")))
     assert "dqn.epochz: unknown key" in msg and "epochs" in msg

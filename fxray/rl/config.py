@@ -1,8 +1,5 @@
-"""Typed configs of one fold's training: what every algorithm shares, and what DQN adds.
-
-    TrainConfig   collection, trading, schedule, execution: every algorithm has them
-    DQNConfig     + the Q-network and its learning (the only algorithm so far)
-    ALGORITHMS    {"dqn": DQNConfig}: the experiment file's `algo:` picks one
+"""The typed config of one fold's training: Double DQN with n-step returns and a dueling MLP
+(fxray.rl.dqn, fxray.rl.network), its collection, trading, schedule and execution.
 
 A config is flat (one namespace of fields, as MLflow params and search spaces want
 it), frozen, documented field by field (the attribute docstrings are `--help` and
@@ -22,11 +19,9 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """The fields every algorithm shares. Not used alone: see ALGORITHMS."""
+class DQNConfig:
+    """Every setting of a fold's training; the experiment file's `dqn:` section."""
 
-    algo: str = "dqn"
-    """the algorithm these settings are for (a key of fxray.rl.config.ALGORITHMS)"""
     # --- collection ----------------------------------------------------------------
     num_envs: int = 256
     """parallel agents collecting in the train range"""
@@ -69,76 +64,6 @@ class TrainConfig:
     """capture collect+learn in a CUDA graph (CUDA only; same maths as eager)"""
     matmul: str = "tf32"
     """float32 matmuls on CUDA: tf32 (tensor cores, ~1e-3 relative error) or fp32 (exact)"""
-
-    SECTION = "train"  # the experiment-file section (and error prefix) of these fields
-    CHOICES = {
-        "fill": ("next_open", "close"),
-        "keep": ("best", "won"),
-        "dtype": ("float32", "bfloat16"),
-        "matmul": ("tf32", "fp32"),
-    }
-
-    def __post_init__(self):
-        self.validate()
-
-    def _fail(self, key: str, rule: str):
-        raise ConfigError(f"{self.SECTION}.{key}: {getattr(self, key)!r} {rule}")
-
-    def _positive_ints(self, *keys: str) -> None:
-        for key in keys:
-            v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                self._fail(key, "must be an integer >= 1")
-
-    def _in_range(self, keys, high: float = 1, note: str = "") -> None:
-        for key in keys:
-            v = getattr(self, key)
-            if not _is_number(v) or not 0 <= v <= high:
-                self._fail(key, f"must be a number in [0, {high}]{note}")
-
-    def validate(self) -> None:
-        if self.algo not in ALGORITHMS or not isinstance(self, ALGORITHMS[self.algo]):
-            raise ConfigError(
-                f"algo: {self.algo!r} is not an algorithm of this config; known: {', '.join(sorted(ALGORITHMS))}"
-            )
-        ints = "num_envs episode_len buffer_steps updates_per_step epochs steps_per_epoch patience seeds"
-        self._positive_ints(*ints.split())
-        self._in_range(("eps_start", "eps_end", "eps_decay"))
-        if not _is_number(self.cost) or not 0 <= self.cost < 0.1:
-            self._fail("cost", "must be in [0, 0.1) (return units)")
-        sf, rule = self.select_from, f"must be an integer in [0, epochs) = [0, {self.epochs})"
-        if not isinstance(sf, int) or isinstance(sf, bool) or sf < 0:
-            self._fail("select_from", rule)
-        if sf >= self.epochs:
-            self._fail("select_from", f"{rule}: lower it (--set select_from=0) or train more epochs")
-        for key, allowed in self.CHOICES.items():
-            if getattr(self, key) not in allowed:
-                self._fail(key, "must be " + " or ".join(map(repr, allowed)))
-        if self.eps_end > self.eps_start:
-            raise ConfigError(f"{self.SECTION}.eps_end: {self.eps_end} must be <= eps_start ({self.eps_start})")
-
-    @classmethod
-    def from_dict(cls, values: dict, where: str | None = None) -> TrainConfig:
-        """Build from a plain dict; an unknown key is an error naming it and the known ones."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ConfigError(
-                f"{where or cls.SECTION}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
-            )
-        return cls(**values)
-
-    def replace(self, **changes) -> TrainConfig:
-        return dataclasses.replace(self, **changes)
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class DQNConfig(TrainConfig):
-    """Double DQN with n-step returns and a dueling MLP (fxray.rl.dqn, fxray.rl.network)."""
-
     # --- network -------------------------------------------------------------------
     hidden: int = 256
     """width of each hidden layer of the Q-network"""
@@ -176,12 +101,50 @@ class DQNConfig(TrainConfig):
     demo_margin: float = 0.8
     """how much more the rule's action must be worth than the others before the margin loss lets go"""
 
-    SECTION = "dqn"
-    CHOICES = {**TrainConfig.CHOICES, "inputs": ("raw", "ridge")}
+    SECTION = "dqn"  # the experiment-file section (and error prefix) of these fields
+    CHOICES = {
+        "fill": ("next_open", "close"),
+        "keep": ("best", "won"),
+        "dtype": ("float32", "bfloat16"),
+        "matmul": ("tf32", "fp32"),
+        "inputs": ("raw", "ridge"),
+    }
+
+    def __post_init__(self):
+        self.validate()
+
+    def _fail(self, key: str, rule: str):
+        raise ConfigError(f"{self.SECTION}.{key}: {getattr(self, key)!r} {rule}")
+
+    def _positive_ints(self, *keys: str) -> None:
+        for key in keys:
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                self._fail(key, "must be an integer >= 1")
+
+    def _in_range(self, keys, high: float = 1, note: str = "") -> None:
+        for key in keys:
+            v = getattr(self, key)
+            if not _is_number(v) or not 0 <= v <= high:
+                self._fail(key, f"must be a number in [0, {high}]{note}")
 
     def validate(self) -> None:
-        super().validate()
-        self._positive_ints("hidden", "depth", "n_step", "batch_size")
+        ints = "num_envs episode_len buffer_steps updates_per_step epochs steps_per_epoch patience seeds"
+        ints += " hidden depth n_step batch_size"
+        self._positive_ints(*ints.split())
+        self._in_range(("eps_start", "eps_end", "eps_decay"))
+        if not _is_number(self.cost) or not 0 <= self.cost < 0.1:
+            self._fail("cost", "must be in [0, 0.1) (return units)")
+        sf, rule = self.select_from, f"must be an integer in [0, epochs) = [0, {self.epochs})"
+        if not isinstance(sf, int) or isinstance(sf, bool) or sf < 0:
+            self._fail("select_from", rule)
+        if sf >= self.epochs:
+            self._fail("select_from", f"{rule}: lower it (--set select_from=0) or train more epochs")
+        for key, allowed in self.CHOICES.items():
+            if getattr(self, key) not in allowed:
+                self._fail(key, "must be " + " or ".join(map(repr, allowed)))
+        if self.eps_end > self.eps_start:
+            raise ConfigError(f"{self.SECTION}.eps_end: {self.eps_end} must be <= eps_start ({self.eps_start})")
         self._in_range(("lr", "gamma", "tau", "weight_decay"))
         self._in_range(("input_noise",), 10)
         self._in_range(("screen_t",), 100, " (0: no screen)")
@@ -195,10 +158,13 @@ class DQNConfig(TrainConfig):
             if not _is_number(v) or v <= 0:
                 self._fail(key, "must be a number > 0")
         if self.buffer_steps <= self.n_step:
-            raise ConfigError(f"dqn.buffer_steps: {self.buffer_steps} must exceed n_step ({self.n_step})")
+            raise ConfigError(f"{self.SECTION}.buffer_steps: {self.buffer_steps} must exceed n_step ({self.n_step})")
 
+    def replace(self, **changes) -> DQNConfig:
+        return dataclasses.replace(self, **changes)
 
-ALGORITHMS: dict[str, type[TrainConfig]] = {"dqn": DQNConfig}
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def _is_number(v) -> bool:
@@ -206,13 +172,17 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def config_class(algo: str) -> type[TrainConfig]:
-    """The config class of an algorithm name (ConfigError naming the known ones)."""
-    if not isinstance(algo, str) or algo not in ALGORITHMS:
-        raise ConfigError(f"algo: {algo!r} is not an algorithm; known: {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[algo]
-
-
-def make_config(values: dict, where: str | None = None) -> TrainConfig:
-    """The config of a plain dict, of the class its `algo` names (default dqn)."""
-    return config_class(values.get("algo", "dqn")).from_dict(values, where)
+def make_config(values: dict, where: str | None = None) -> DQNConfig:
+    """The config of a plain dict (a sidecar's, a run directory's, MLflow params); an unknown key
+    is an error naming it and the known ones. An `algo: dqn` of an older record is read past."""
+    values = dict(values)
+    algo = values.pop("algo", "dqn")
+    if algo != "dqn":
+        raise ConfigError(f"algo: {algo!r} is not an algorithm fxray trains (dqn only)")
+    names = {f.name for f in dataclasses.fields(DQNConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(
+            f"{where or DQNConfig.SECTION}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+        )
+    return DQNConfig(**values)

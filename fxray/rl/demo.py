@@ -7,8 +7,8 @@ Deep Q-learning from Demonstrations (Hester et al. 2018, AAAI, eq. 2) adds to th
 which is zero once the demonstrator's action a_E is worth `margin` more than every other,
 and pulls Q toward it otherwise. Here the demonstrator is the ridge rule, the supervised
 baseline beside every result (fxray.eval.baselines.fit_rule: ridge regression of the next
-h bars' return on the normalised inputs, hysteresis thresholds tuned for net Sharpe), fitted
-on the fold's train slice only, as the baseline itself is. At each train bar and previous
+h bars' return on the normalised inputs, hysteresis thresholds tuned for net Sharpe), the
+very fit shown beside the policy (fxray.rl.references), on the fold's train slice only. At each train bar and previous
 position the rule says where to move; the TD loss keeps working beside it, so the learner
 starts from the baseline's policy and leaves it where the returns it samples pay more than
 the margin (in Q's units: reward_scale 1e4 makes 1 a basis point). Every state the replay
@@ -20,28 +20,20 @@ from __future__ import annotations
 import torch
 
 from fxray.data.folds import Fold
-from fxray.eval import baselines
-from fxray.rl import frontend
+from fxray.rl.references import references
 
 
 def fit(data, fold: Fold, cost: float, fill: str, screen_t: float = 0.0) -> torch.Tensor:
     """(n_bars, 3) int8 on the data's device: at each train bar (with a next bar) and previous
     position index (0 short, 1 flat, 2 long), the index the ridge rule moves to; 1 elsewhere.
     `data.set_fold(fold)` must have run (the inputs' normalisation is the train slice's). The
-    rule's moves depend on the fold, the cost and the fill only: fitted once per data
-    (`data.demo_moves`), as the reference rules are, not once per trial and fold. `screen_t` > 0:
-    the rule on the market inputs the checked screen keeps only (fxray.rl.frontend.screened_inputs;
-    none kept: a flat rule)."""
+    rule is the fold's reference rule (fxray.rl.references, fitted once per fold, cost, fill
+    and screen_t): with `screen_t` > 0 the "screened" one, on the market inputs the checked
+    screen keeps (fxray.rl.frontend.screened_inputs; none kept: a flat rule), else "ridge"."""
+    references(data, fold, cost, fill, screen_t)
     a, b = fold.train[0], fold.train[1] - 1
-    key = (repr(fold.as_dict()), cost, fill, screen_t)
-    if key not in data.demo_moves:
-        train = data.window(fold.train, fill)
-        x = data.states(torch.arange(a, b, device=data.device))
-        columns = frontend.screened_inputs(data, fold, cost, fill, screen_t) if screen_t > 0 else None
-        rule = baselines.fit_rule(x, train.fresh, cost, carry=train.carry, columns=columns)  # none kept: flat
-        data.demo_moves[key] = baselines.hysteresis_moves(rule.signal(x), rule.enter, rule.exit).to(torch.int8)
     table = torch.ones(data.n_bars, 3, dtype=torch.int8, device=data.device)
-    table[a:b] = data.demo_moves[key]
+    table[a:b] = data.references[(repr(fold.as_dict()), cost, fill, screen_t)][2]
     return table
 
 

@@ -29,7 +29,6 @@ from fxray.data.arrays import host_arrays
 from fxray.data.cache import Market
 from fxray.data.calendar import HOUR_NS, Calendar
 from fxray.data.folds import Fold
-from fxray.data.schema import ADX_INDEX
 from fxray.eval.backtest import Window
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -101,14 +100,12 @@ class DeviceData:
             if len(cols)
             else None
         )
-        self.references: dict = {}  # (fold, cost, fill, screen_t) -> the reference rules' results (Trainer)
-        self.flats: dict = {}  # (fold, cost, fill, screen_t) -> the flat FoldResult of an abstaining fold
-        self.demo_moves: dict = {}  # (fold, cost, fill, screen_t) -> the ridge rule's moves on train (fxray.rl.demo)
+        # (fold, cost, fill, screen_t) -> the reference rules' results and the demonstrator's moves (rl.references)
+        self.references: dict = {}
         self.screens: dict = {}  # (fold, cost, fill, screen_t) -> the checked screen's inputs (fxray.rl.frontend)
         # host copies for counting a window's days and hours without a device sync
         self.day_host, self.period_host = self.calendar.session_day(ts), self.calendar.period(ts)
         self.day, self.period = (torch.from_numpy(h).to(self.device) for h in (self.day_host, self.period_host))
-        self.raw_adx = x[:, ADX_INDEX].clone()  # ADX(14), raw, for the fold's difficulty
         self.x = x if self.dtype == torch.float32 else x.to(self.dtype)
         del x, log_close, log_open
         # --- the active fold's persistent state (updated in place) ---------------------
@@ -159,7 +156,3 @@ class DeviceData:
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-    def adx_mean(self, window: tuple[int, int]) -> float:
-        a, b = window
-        return float(self.raw_adx[a:b].float().mean())  # host sync: once per fold

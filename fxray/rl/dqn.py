@@ -39,7 +39,7 @@ from fxray.rl.optim import Adam, clip_grad_norms_
 
 # fields every member of a population shares: they set the loop, the data, a tensor shape or the step
 SHAPE_FIELDS = (
-    *("algo", "num_envs", "buffer_steps", "updates_per_step", "epochs", "steps_per_epoch", "fill", "cost"),
+    *("num_envs", "buffer_steps", "updates_per_step", "epochs", "steps_per_epoch", "fill", "cost"),
     *("dtype", "graphs", "matmul", "hidden", "depth", "batch_size", "seeds", "inputs", "screen_t", "abstain"),
 )
 
@@ -141,10 +141,8 @@ class DQN:
             else:
                 getattr(self, name).copy_(value)
         self.structure, self.n_max = structure, n_max
-        if not structure[2]:
-            self.demo_table = None
-        elif changed or self.demo_table is None:  # (K, n_bars, 3) int8, filled per fold by begin
-            self.demo_table = torch.ones(self.K, self.data.n_bars, 3, dtype=torch.int8, device=dev)
+        if changed:  # (n_bars, 3) int8, the fold's demonstrations (one rule: cost, fill, screen_t are shared)
+            self.demo_table = torch.ones(self.data.n_bars, 3, dtype=torch.int8, device=dev) if structure[2] else None
         self.noisy = structure[1]  # the members that draw input noise
         self.warmup = [c.n_step + 1 for c in cfgs]  # collect steps before a member's first update
         self.optimizer.configure([c.lr for c in cfgs], [c.weight_decay for c in cfgs])
@@ -258,8 +256,7 @@ class DQN:
         z, delta = (q_sa - td_target).abs(), self.huber_delta
         loss = torch.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta)).mean(1)
         if self.demo_table is not None:  # DQfD's margin toward the rule's move (weight 0: adds exactly 0)
-            member = torch.arange(self.K, device=t.device).unsqueeze(1)
-            expert = self.demo_table[member, t, position + 1].long()  # (K, B)
+            expert = self.demo_table[t, position + 1].long()  # (K, B)
             loss = loss + self.demo_weight * demo.margin_loss(q, expert, self.demo_margin)
         return loss, q.detach().abs().amax((1, 2))
 
@@ -303,10 +300,8 @@ class DQN:
             for net in (self.q_network, self.target_network):
                 net.front_w.copy_(weight)
                 net.front_b.copy_(bias)
-        if self.demo_table is not None:  # each member's demonstrations (the rule depends on its cost)
-            for k, c in enumerate(self.cfgs):
-                if c.demo > 0:
-                    self.demo_table[k].copy_(demo.fit(self.data, self.data.fold, c.cost, self.cfg.fill, c.screen_t))
+        if self.demo_table is not None:  # the fold's demonstrations
+            self.demo_table.copy_(demo.fit(self.data, self.data.fold, self.cfg.cost, self.cfg.fill, self.cfg.screen_t))
         self.active.fill_(True)
         self.optimizer.reset()
         for x in (self.replay_steps, self.global_step, self.ep_step):

@@ -3,8 +3,7 @@
     name: default                      # MLflow experiment name and the run directory name
     data: {path: null, synth: {n_bars: 300000, seed: 0}}
     folds: {train: 20d, val: 5d, test: 5d, step: null, anchored: false, embargo: null, max_folds: 4}
-    algo: dqn                          # the learning algorithm (fxray.rl.config.ALGORITHMS)
-    dqn: {epochs: 8}                   # its config's overrides (DQNConfig): the base config of every trial
+    dqn: {epochs: 8}                   # the config's overrides (DQNConfig): the base config of every trial
     search: {lr: {type: loguniform, low: 1.0e-4, high: 3.0e-3}, ...}
     sweep: {trials: 64, seed: 0, grace_folds: 1, reduction_factor: 2, workers_per_gpu: 1, cpu_per_trial: 0.25}
     cpu: {...}                         # deep-merged over the rest when the cluster has no GPU
@@ -32,10 +31,10 @@ import yaml
 
 from fxray.data.folds import FoldError, FoldSpec, default_embargo
 from fxray.data.synth import SynthSpec
-from fxray.rl.config import ALGORITHMS, ConfigError, TrainConfig, config_class
+from fxray.rl.config import ConfigError, DQNConfig
 
-# the config sections: one per algorithm (dqn)
-SECTIONS = ("name", "algo", "data", "folds", *(cls.SECTION for cls in ALGORITHMS.values()), "search", "sweep", "cpu")
+# a file's sections; `algo:` (older files name the one algorithm there, dqn) is read past
+SECTIONS = ("name", "algo", "data", "folds", DQNConfig.SECTION, "search", "sweep", "cpu")
 SEARCH_TYPES = {
     "uniform": ("low", "high"),
     "loguniform": ("low", "high"),
@@ -94,7 +93,7 @@ class Experiment:
     data_path: str | None  # an fxcache; None = the embedded synthetic market
     synth: SynthSpec
     folds: FoldSpec
-    config: TrainConfig  # base config of every trial (of the class `algo:` names)
+    config: DQNConfig  # base config of every trial
     search: tuple[Param, ...]
     sweep: SweepSpec
 
@@ -276,14 +275,14 @@ def _build(file, profile, d, where) -> Experiment:
             f"would straddle the train|val and val|test boundaries; leave it out (default {least}) or raise it",
         )
 
-    algo = d.get("algo", "dqn")
-    config_cls = config_class(algo)  # ConfigError: named with the file by _load_merged
-    fields = {f.name for f in dataclasses.fields(config_cls)} - {"algo"}
-    config = config_cls(algo=algo, **_typed_section(file, d, config_cls.SECTION, config_cls, where, fail))
+    if d.get("algo", "dqn") != "dqn":
+        fail("algo", f"{d['algo']!r} is not an algorithm fxray trains (dqn only)")
+    fields = {f.name for f in dataclasses.fields(DQNConfig)}
+    config = DQNConfig(**_typed_section(file, d, DQNConfig.SECTION, DQNConfig, where, fail))
 
     search_raw = d.get("search") or {}
     if not isinstance(search_raw, dict):
-        fail("search", f"{search_raw!r} must map {config_cls.__name__} fields to distributions")
+        fail("search", f"{search_raw!r} must map DQNConfig fields to distributions")
     search = tuple(_param(file, fail, config, fields, k, v, where) for k, v in search_raw.items())
 
     sweep = SweepSpec(**_typed_section(file, d, "sweep", SweepSpec, where, fail))
@@ -301,7 +300,7 @@ def _build(file, profile, d, where) -> Experiment:
     return Experiment(name, file, profile, data_path, synth, folds, config, search, sweep)
 
 
-def _param(file, fail, base: TrainConfig, fields, name, spec, where) -> Param:
+def _param(file, fail, base: DQNConfig, fields, name, spec, where) -> Param:
     key = f"search.{name}"
     if name not in fields:
         fail(key, f"not a {type(base).__name__} field; known: {', '.join(sorted(fields))}")
@@ -354,8 +353,8 @@ def _section(file, d, name, allowed, where) -> dict:
 
 
 def _typed_section(file, d, name, cls, where, fail) -> dict:
-    """Section `name` of `d`: the fields of dataclass `cls` (but algo), each of its field's type."""
-    fields = {f.name: f.default for f in dataclasses.fields(cls) if f.name != "algo"}
+    """Section `name` of `d`: the fields of dataclass `cls`, each of its field's type."""
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
     sec = _section(file, d, name, fields, where)
     for k, v in sec.items():
         _check_type(fail, f"{name}.{k}", v, fields[k])

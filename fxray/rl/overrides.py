@@ -1,6 +1,6 @@
 """Command-line overrides of an experiment file: `--set KEY=VALUE`, each VALUE read as the
 file's own YAML values are (fxray.rl.experiment.Loader: `1e-3` is a number), each KEY
-checked against the file's sections and its algorithm's config fields."""
+checked against the file's sections and the config's fields."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import dataclasses
 
 import yaml
 
-from fxray.rl.config import ALGORITHMS
-from fxray.rl.experiment import SECTIONS, ExperimentError, read_yaml, yaml_value
+from fxray.rl.config import DQNConfig
+from fxray.rl.experiment import SECTIONS, ExperimentError, yaml_value
 
 
 def parse_sets(pairs: list[str], flag: str = "--set") -> dict:
@@ -29,13 +29,11 @@ def parse_sets(pairs: list[str], flag: str = "--set") -> dict:
     return out
 
 
-def set_overrides(pairs: list[str], file) -> dict:
-    """--set pairs as load()'s dotted overrides: a bare KEY is a field of the file's algorithm
-    config (lr -> dqn.lr), a dotted one any key of the file (sweep.grace_folds, folds.max_folds).
-    Values are then validated by load() like the file's own; unknown names fail here."""
-    algo = read_yaml(file).get("algo", "dqn")  # an unknown one: load() names it
-    cls = ALGORITHMS.get(algo, ALGORITHMS["dqn"]) if isinstance(algo, str) else ALGORITHMS["dqn"]
-    fields = {f.name for f in dataclasses.fields(cls)} - {"algo"}
+def set_overrides(pairs: list[str]) -> dict:
+    """--set pairs as load()'s dotted overrides: a bare KEY is a config field (lr -> dqn.lr), a
+    dotted one any key of the file (sweep.grace_folds, folds.max_folds). Values are then
+    validated by load() like the file's own; unknown names fail here."""
+    fields = {f.name for f in dataclasses.fields(DQNConfig)}
     out = {}
     for key, value in parse_sets(pairs).items():
         top = key.split(".")[0]
@@ -45,5 +43,5 @@ def set_overrides(pairs: list[str], file) -> dict:
             raise ExperimentError(f"--set {key}: {top} is not a section; known: {', '.join(SECTIONS)}")
         if top in ("name", "cpu"):
             raise ExperimentError(f"--set {key}: use --name / --profile for that")
-        out[key if "." in key else f"{cls.SECTION}.{key}"] = value
+        out[key if "." in key else f"{DQNConfig.SECTION}.{key}"] = value
     return out

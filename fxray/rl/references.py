@@ -3,7 +3,6 @@ hyperparameters): what every trained policy is shown beside, and whether there i
 
     table, periods = references(data, fold, cost, fill, screen_t)   # kept on `data` once per fold
     abstains(data, fold, cfg)                                        # the checked screen keeps nothing
-    prepare(data, fold, cfg)                                         # all of a fold's work, ahead
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ from fxray.data.folds import Fold
 from fxray.eval import baselines
 from fxray.eval.backtest import buy_and_hold, evaluate
 from fxray.eval.metrics import summarize
-from fxray.rl import demo, frontend
-from fxray.rl.config import TrainConfig
+from fxray.rl import frontend
+from fxray.rl.config import DQNConfig
 from fxray.rl.device import DeviceData
 
 
@@ -28,10 +27,11 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
     rule, fxray.rl.demo), and, on a planted market, the oracle (the same rule on the columns that
     carry the signal, in the hours it is on; fxray.eval.baselines), all fitted on the train
     slice only. Returns (test metrics by name, hourly returns by name and window), computed once
-    per (fold, cost, fill, screen_t) on `data` and kept there."""
+    per (fold, cost, fill, screen_t) on `data` and kept there, beside the demonstrator's moves on
+    the train bars (the rule's path from each previous position: "screened", else "ridge")."""
     key = (repr(fold.as_dict()), cost, fill, screen_t)
     if key in data.references:
-        return data.references[key]
+        return data.references[key][:2]
     windows = {w: data.window(getattr(fold, w), fill) for w in ("val", "test")}
     runs = {"buy_and_hold": {w: buy_and_hold(windows[w], cost) for w in windows}}
     train = data.window(fold.train, fill)
@@ -51,14 +51,16 @@ def references(data: DeviceData, fold: Fold, cost: float, fill: str, screen_t: f
         runs[name] = {
             w: evaluate(rule.positions(x[w], data.hour_gate(*spans[w], hours)), windows[w], cost) for w in windows
         }
+        if name == ("screened" if screen_t > 0 else "ridge"):  # the demonstrator (fxray.rl.demo)
+            moves = baselines.hysteresis_moves(rule.signal(x["train"]), rule.enter, rule.exit).to(torch.int8)
     table = {name: asdict(run["test"].metrics) for name, run in runs.items()}
     table["flat"] = asdict(summarize(np.zeros(runs["buy_and_hold"]["test"].metrics.n_days)))
     periods = {name: {w: r.periods.as_dict() for w, r in run.items()} for name, run in runs.items()}
-    data.references[key] = table, periods
+    data.references[key] = table, periods, moves
     return table, periods
 
 
-def abstains(data: DeviceData, fold: Fold, cfg: TrainConfig) -> bool:
+def abstains(data: DeviceData, fold: Fold, cfg: DQNConfig) -> bool:
     """`cfg.abstain` and the checked screen keeps no input on `fold`'s train slice. Leaves `fold`
     active on `data`."""
     if not cfg.abstain:
@@ -66,16 +68,3 @@ def abstains(data: DeviceData, fold: Fold, cfg: TrainConfig) -> bool:
     if data.fold != fold:
         data.set_fold(fold)
     return frontend.screened_inputs(data, fold, cfg.cost, cfg.fill, cfg.screen_t).numel() == 0
-
-
-def prepare(data: DeviceData, fold: Fold, cfg: TrainConfig) -> None:
-    """A fold's work that no trial's hyperparameters change, into `data`'s caches: the checked
-    screen and abstention, the references and, where the fold trains, the demonstrator's moves
-    (for `cfg`'s cost, fill and screen_t). A FoldWorker runs it for every fold of its sweep
-    while Tune starts the trials (fxray.sweep.gather), so a fold's first population finds it
-    done; a fold's training computes whatever is not there yet, the same values."""
-    if data.fold != fold:
-        data.set_fold(fold)
-    if cfg.demo > 0 and not abstains(data, fold, cfg):
-        demo.fit(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
-    references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)

@@ -28,7 +28,6 @@ way: `abstained`, best_epoch -1, the flat policy scored, a marker for its checkp
 
 from __future__ import annotations
 
-import copy
 import gc
 import math
 import time
@@ -42,7 +41,7 @@ from fxray.eval import pooled
 from fxray.eval.backtest import BacktestResult, backtest, backtest_many, evaluate
 from fxray.eval.selection import keeps
 from fxray.rl import checkpoint
-from fxray.rl.config import ConfigError, TrainConfig
+from fxray.rl.config import ConfigError, DQNConfig
 from fxray.rl.device import DeviceData
 from fxray.rl.dqn import DQN
 from fxray.rl.references import abstains, references
@@ -63,8 +62,6 @@ class FoldResult:
     baselines: dict  # the references' metrics on the test window (`references`)
     curve: list = field(default_factory=list)  # per epoch: loss, q_max, val_sharpe, val_score, eps, times
     timings: dict = field(default_factory=dict)  # seconds: fold_switch, train, eval, total
-    adx: float = float("nan")  # mean raw ADX(14) over the train slice (the fold's "difficulty")
-    test_daily_returns: list = field(default_factory=list)  # for equity curves (per session day)
     checkpoint: str | None = None
     val_score: float = float("nan")  # the kept weights' score on the val window
     # hourly returns (fxray.eval.backtest.PeriodReturns.as_dict()), what fxray.eval.pooled pools:
@@ -78,11 +75,10 @@ class FoldResult:
         return asdict(self)
 
     def scored(self, val: BacktestResult, test: BacktestResult, val_score: float) -> None:
-        """The policy's backtests on val and test (metrics, hourly returns, daily test returns), its score."""
+        """The policy's backtests on val and test (metrics, hourly returns), its score."""
         self.val, self.test = asdict(val.metrics), asdict(test.metrics)
         self.val_periods, self.test_periods = val.periods.as_dict(), test.periods.as_dict()
         self.val_score = val_score
-        self.test_daily_returns = test.daily_returns.tolist()
 
 
 class CaptureError(RuntimeError):
@@ -90,7 +86,7 @@ class CaptureError(RuntimeError):
     be left mid-capture); a fresh one may capture (fxray.sweep.gather)."""
 
 
-def q_bound(cfg: TrainConfig, max_abs_return: float) -> float:
+def q_bound(cfg: DQNConfig, max_abs_return: float) -> float:
     """The largest |Q| (scaled reward units) a member may reach before it has diverged: Q_SLACK
     times the discounted sum of the largest reward the fold's train slice allows, a move of the
     largest bar return less two units of cost, for ever: r_max x reward_scale / (1 - gamma)."""
@@ -101,7 +97,7 @@ def q_bound(cfg: TrainConfig, max_abs_return: float) -> float:
 class Trainer:
     """A DQN of the trials' members and its CUDA graph on one device, built once, reused across folds."""
 
-    def __init__(self, data: DeviceData, cfgs: list[TrainConfig]):
+    def __init__(self, data: DeviceData, cfgs: list[DQNConfig]):
         self.data = data
         self._set(cfgs)
         self.dqn = DQN(data, self.members)
@@ -109,13 +105,13 @@ class Trainer:
         self.best_params = [p.detach().clone() for p in self.dqn.params]
         self.graph: torch.cuda.CUDAGraph | None = None
 
-    def _set(self, cfgs: list[TrainConfig]) -> None:
+    def _set(self, cfgs: list[DQNConfig]) -> None:
         self.cfgs = list(cfgs)
         # trial j's members are slots offsets[j] .. offsets[j] + seeds_j - 1
         self.members = [c.replace(seeds=1) for c in self.cfgs for _ in range(c.seeds)]
         self.offsets = np.cumsum([0] + [c.seeds for c in self.cfgs]).tolist()
 
-    def configure(self, cfgs: list[TrainConfig]) -> None:
+    def configure(self, cfgs: list[DQNConfig]) -> None:
         """Other trials of the same shape in the same slots, in place (a sweep's next configs). The
         captured graph is kept unless the step's structure changed (DQN.configure)."""
         if [c.seeds for c in cfgs] != [c.seeds for c in self.cfgs]:
@@ -294,7 +290,7 @@ class Trainer:
         """Every member's FoldResult: the fold's references, and its kept weights on test (one pass)."""
         train_s, eval_s, t_switch, t_start = times
         t3 = time.perf_counter()
-        cfg, adx = self.cfgs[0], self.data.adx_mean(fold.train)
+        cfg = self.cfgs[0]
         refs, ref_periods = references(self.data, fold, cfg.cost, cfg.fill, cfg.screen_t)
         results = []
         for k in range(len(self.members)):
@@ -302,7 +298,7 @@ class Trainer:
             if status[k] == "cancelled":
                 result.best_epoch, result.timings = -1, {"total_s": time.perf_counter() - t_start}
             else:
-                result.adx, result.baselines, result.baseline_periods = adx, refs, ref_periods
+                result.baselines, result.baseline_periods = refs, ref_periods
             results.append(result)
         kept = [k for k in range(len(self.members)) if best_val[k] is not None and status[k] == "ok"]
         with torch.no_grad():
@@ -407,26 +403,21 @@ def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHU
 # --- a fold the learner abstains on ----------------------------------------------------
 
 
-def flat_fold(data: DeviceData, fold: Fold, cfg: TrainConfig, t_start: float, checkpoint_dir=None) -> FoldResult:
+def flat_fold(data: DeviceData, fold: Fold, cfg: DQNConfig, t_start: float, checkpoint_dir=None) -> FoldResult:
     """The FoldResult of a fold the learner abstains on (not trained): no epoch (best_epoch -1, epochs_run 0,
     no weights), the flat policy scored on val and test as any policy is (its hourly returns,
     all 0, enter the pooled statistics), the fold's references beside it; with `checkpoint_dir`,
-    the fold's marker there (fxray.rl.checkpoint). The same for every config of a cost, fill and
-    screen: scored once per fold on `data` (a population of 64 abstaining trials costs one)."""
-    key = (repr(fold.as_dict()), cfg.cost, cfg.fill, cfg.screen_t)
-    if key not in data.flats:
-        flat = FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {}, adx=data.adx_mean(fold.train))
-        flat.baselines, flat.baseline_periods = references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
-        score_flat(data, fold, cfg, flat)
-        data.flats[key] = flat
-    result = copy.deepcopy(data.flats[key])
+    the fold's marker there (fxray.rl.checkpoint)."""
+    result = FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {})
+    result.baselines, result.baseline_periods = references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
+    score_flat(data, fold, cfg, result)
     result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
     if checkpoint_dir is not None:
         checkpoint.write_marker(checkpoint_dir, fold, cfg, result)
     return result
 
 
-def score_flat(data: DeviceData, fold: Fold, cfg: TrainConfig, *results: FoldResult) -> None:
+def score_flat(data: DeviceData, fold: Fold, cfg: DQNConfig, *results: FoldResult) -> None:
     """Score each of `results` as the flat policy (all its returns 0) on the fold's val and test
     windows, backtested once: abstained."""
     val, test = (
