@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="KEY=VALUE",
         help="override the experiment file, repeatable: a config field (epochs=3, lr=1e-3: the "
-        "algorithm's section) or a dotted key (sweep.grace_folds=2, folds.max_folds=2); YAML values",
+        "dqn section) or a dotted key (sweep.grace_folds=2, folds.max_folds=2); YAML values",
     )
     p.add_argument(
         "--workers-per-gpu", type=positive_int, metavar="K", help="FoldWorkers per GPU (num_gpus = 1/K each)"

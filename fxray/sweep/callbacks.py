@@ -15,10 +15,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import ray
 from ray.tune import Callback
 
-from fxray.sweep.leases import pool_name
 from fxray.sweep.rounds import trial_ends
 from fxray.sweep.search import split_config
 from fxray.track.records import FoldRecord
@@ -52,12 +50,12 @@ class SweepLog(Callback):
     once: the one the trial reported, the moment the driver receives it (a fold trained
     again after a kill was never logged). Also returns a lease to the pool when a trial
     ends or is retried (a trial process that died inside a fold cannot return it itself).
-    Holds only the storage path and the stops: Tune pickles callbacks into its own files,
-    `setup` rebuilds the rest.
+    `pool`: the WorkerPool handle. Tune pickles callbacks into its own files (never read
+    back): only the storage path and the stops go there, `setup` rebuilds the rest.
     """
 
-    def __init__(self, storage: str, stops: list[int] | None = None, reduction_factor: float = 2.0):
-        self.storage, self.stops, self.rf = storage, stops, reduction_factor
+    def __init__(self, storage: str, stops: list[int] | None = None, reduction_factor: float = 2.0, pool=None):
+        self.storage, self.stops, self.rf, self.pool = storage, stops, reduction_factor, pool
 
     def __getstate__(self):  # what `setup` rebuilds stays out of Tune's files
         return {"storage": self.storage, "stops": self.stops, "rf": self.rf}
@@ -72,7 +70,6 @@ class SweepLog(Callback):
         # {trial id: folds done} of the trials ended FINISHED, earlier sessions too (an errored one is retried)
         self.ended = {t: e["folds_done"] for t, e in trial_ends(self.storage).items() if e["status"] == "FINISHED"}
         self.session_folds, self.t0, self.t_first, self.round = 0, time.time(), None, rnd["name"]
-        self.pool = ray.get_actor(pool_name(Path(self.storage)))
 
     def progress(self, trials) -> tuple[int, int, float]:
         """(folds done, folds the round can still reach, folds still expected) of this round."""

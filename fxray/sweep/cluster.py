@@ -89,8 +89,7 @@ REAPERS: list = []  # held for the process's life: a reaper acts when its stdin 
 
 
 def start_ray(args) -> None:
-    """Join a cluster (--address) or start a local one; dashboard off, namespace fixed
-    (the driver's callbacks find the worker pool by name).
+    """Join a cluster (--address) or start a local one; dashboard off.
 
     A local Ray listens on 127.0.0.1 only (GCS, raylet, object manager, every worker and
     agent): Ray 2.60 binds its gRPC servers to all interfaces unless its node IP is the
@@ -110,7 +109,7 @@ def start_ray(args) -> None:
     # Tune's default TensorBoard logger imports tensorboardX, which imports torch into the
     # driver (~10 s on the GPU machines): make_tuner asks for the JSON and CSV loggers only.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    kw = dict(namespace="fxray", include_dashboard=False, log_to_driver=True, configure_logging=False)
+    kw = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if args.address:
         host, _, port = args.address.rpartition(":")
         if host and port.isdigit():  # Ray retries a dead address for minutes: probe it first
@@ -159,12 +158,6 @@ class WorkerPlan:
     n_trials: int  # Tune trials in flight (max_concurrent_trials)
     population: int = 1  # trials a worker trains together (fxray.sweep.gather); 1: one at a time
     cpu_per_trial: float = 0.25  # what each Tune trial reserves (it only waits on a worker)
-
-    @property
-    def expect(self) -> int:
-        """The trials a worker's first population waits for (fxray.sweep.gather's gate): the least
-        share of those in flight it gets (the pool leases the least held worker), at most the population."""
-        return max(1, min(self.population, self.n_trials // self.n_workers)) if self.population > 1 else 1
 
     def describe(self) -> str:
         per = f"{self.num_gpus:g} GPU + " if self.kind == "gpu" else ""

@@ -30,9 +30,9 @@ from fxray.rl import experiment as expmod
 from fxray.rl.overrides import set_overrides
 from fxray.sweep import rundir, vote
 from fxray.sweep.cluster import plan_workers, start_ray
-from fxray.sweep.leases import Workers, pool_name
+from fxray.sweep.leases import Workers
 from fxray.sweep.logs import capture_stdout, known_ray_lines
-from fxray.sweep.rounds import close_orphans, resume_plan, round_state, trials_started
+from fxray.sweep.rounds import resume_plan, round_state, trials_started
 from fxray.sweep.rundir import UsageError
 from fxray.sweep.trial import asha_stops
 from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, debug_log, make_tuner
@@ -91,7 +91,7 @@ def validate(args, import_s: float = 0.0) -> Plan:
     file, storage, sweep = rundir.locate(args, overrides)
     if sweep and args.tracking_uri and os.environ.get("MLFLOW_TRACKING_URI") != sweep["mlflow"]["uri"]:
         raise UsageError(f"--tracking-uri: this sweep logs to {sweep['mlflow']['uri']}; drop --tracking-uri")
-    overrides.update(set_overrides(args.set, file) if args.set else {})
+    overrides.update(set_overrides(args.set) if args.set else {})
     if sweep:  # a resumed or extended sweep is the same sweep: its stored overrides, none changed
         overrides = rundir.reuse_overrides(storage, sweep, overrides, args.resume)
     same = rundir.same_trials(args, storage, sweep, overrides)
@@ -117,9 +117,8 @@ def validate(args, import_s: float = 0.0) -> Plan:
     if data_path and not Path(data_path).exists():
         where = "--data" if args.data else f"{file}: data.path"
         raise UsageError(f"{where}: {data_path} does not exist (build it with `fxray data build`)")
-    # the structure and metadata here (a bad file fails before Ray); the values and the content
-    # hash are checked in a thread while Ray and the workers start (start() waits for it)
-    market = cache.open(data_path, verify="background") if data_path else None
+    # structure, metadata, values and content hash checked here: a bad file fails before Ray
+    market = cache.open(data_path) if data_path else None
     if market is not None:
         rundir.make_fold_dicts(file, exp, market)
         if sweep and sweep["data"]["content_hash"] != market.content_hash:
@@ -164,7 +163,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     exp = expmod.load(plan.file, profile, plan.overrides)
     if plan.market is None:  # the embedded market, now that the profile is known
         plan.data_path = str(synth.ensure_default(exp.synth, log=print))
-        plan.market = cache.open(plan.data_path, verify="background")
+        plan.market = cache.open(plan.data_path)
     market, folds, s = plan.market, rundir.make_fold_dicts(plan.file, exp, plan.market), exp.sweep
     trials = plan.sweep["rounds"][-1]["trials"] if args.resume else s.trials
     wplan = plan_workers(
@@ -190,14 +189,10 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     t0 = time.time()
     arrays_ref = put_market(market)  # ONCE per sweep; the workers get zero-copy views
     with known_ray_lines():  # Ray's false alarm about the constructor's ref (fxray.sweep.logs)
-        workers = start_workers(arrays_ref, wplan, cfg.dtype, pool_name(storage))
+        workers = start_workers(arrays_ref, wplan, cfg.dtype)
     # pays a device process's one-time costs while Tune starts (unordered with the trials' folds)
     warmups = [handle.warmup.remote(cfg.as_dict(), folds) for handle in workers.handles]
     phases["workers_created"] = time.time()
-    # the data proven (values, content hash) before anything is recorded under its hash: the
-    # check ran while Ray and the workers started; a bad file is one line, exit 2, nothing written
-    proof = market.verify()
-    phases.update(data_verified=time.time(), data_verify_wait_s=proof["waited_s"], data_hash_s=proof["hash_s"])
     # while the workers import torch and load the data: the run directory (then the writer
     # opens the store), then Tune starts its trial processes; a first fold waits on its worker
     sweep = rundir.prepare_storage(plan, exp, profile, folds, device=wplan.kind)
@@ -217,8 +212,6 @@ def fit(run: Run) -> int | None:
         return start_failed(f"MLflow store {plan.uri} could not be opened: {MLFLOW_FAILURE[0]}", storage)
     debug_log(os.environ.get("FXRAY_TUNE_DEBUG_LOG"))
     left = resume_plan(storage, sweep)  # what is left of the round, from fxray's records
-    if left.orphans:
-        print(f"{left.orphans} Optuna trial(s) asked for just before a hard kill marked FAIL (none ran)")
     if left.resumed or left.ended:
         print(
             f"resuming: {len(left.resumed)} trial(s) continue after their last logged fold, "
@@ -279,9 +272,6 @@ def finish(run: Run) -> int:
             file=sys.stderr,
         )
         return 130
-    orphans = close_orphans(storage)
-    if orphans:
-        print(f"{orphans} Optuna trial(s) left RUNNING by a hard kill marked FAIL (none ran)")
     # finished: what a later --resume says ("nothing to resume")
     sweep["rounds"][-1].update(done=errors == 0, finished=time.time())
     rundir.write_sweep(storage, sweep)

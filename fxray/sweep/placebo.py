@@ -152,7 +152,7 @@ def ensure_data(path: Path, real: dict, i: int) -> None:
     market_path = real["data"]["path"]
     seed = real["rounds"][0]["seed"]
     if path.exists():
-        meta = cache.open(path, verify="no").meta.get("placebo") or {}
+        meta = cache.open(path, verify=False).meta.get("placebo") or {}
         if meta.get("of") != real["data"]["content_hash"] or meta.get("index") != i or meta.get("seed") != seed:
             raise UsageError(
                 f"{path}: not placebo {i} (seed {seed}) of {market_path}; delete {path.parent} to make it again"

@@ -134,7 +134,6 @@ class ResumePlan:
     resumed: list[tuple[int, str, dict]]  # (study number, trial id, sampled config): to run again
     ended: list[str]  # trials whose records say they are done: ended here, not run again
     n_new: int  # trials still to sample from the study
-    orphans: int  # RUNNING trials with no fxray id (asked, then a kill): marked FAIL
 
 
 def resume_plan(storage: Path, sweep: dict) -> ResumePlan:
@@ -150,8 +149,8 @@ def resume_plan(storage: Path, sweep: dict) -> ResumePlan:
     rnd, n_folds = sweep["rounds"][-1], len(sweep["folds"])
     limits = fold_limits(rnd.get("same_trials"))
     if not (Path(storage) / STUDY_FILE).exists():
-        return ResumePlan([], [], rnd["trials"], 0)
-    plan = ResumePlan([], [], 0, close_orphans(storage))
+        return ResumePlan([], [], rnd["trials"])
+    plan = ResumePlan([], [], 0)
     study = load_study(storage)
     ends = trial_ends(storage)
     mine = round_trials(study, rnd["name"])
@@ -180,16 +179,3 @@ def trials_started(storage: Path) -> int:
 
     waiting = optuna.trial.TrialState.WAITING  # enqueued (--same-trials), not started
     return sum(t.state != waiting for t in load_study(storage).get_trials(deepcopy=False))
-
-
-def close_orphans(storage: Path) -> int:
-    """Mark FAIL the study's RUNNING trials that no fxray trial owns (asked for by the searcher,
-    then a hard kill before it named them): no round will ever run them."""
-    import optuna
-
-    study = load_study(storage)
-    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    orphans = [t for t in running if TRIAL_ATTR not in t.user_attrs]
-    for t in orphans:
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-    return len(orphans)

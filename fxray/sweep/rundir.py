@@ -2,7 +2,7 @@
 
     runs/<name>/sweep.json       experiment, profile, data path + hash, folds, base config,
                                  MLflow ids, rounds (what --resume and extensions run from)
-    runs/<name>/experiment.yaml  the experiment file the sweep started with
+    runs/<name>/experiment.yaml  the experiment file the sweep started with (its base: chain resolved)
 
 Everything here runs before anything is started, and either refuses with one line
 (`UsageError`, exit 2) or writes sweep.json atomically (`prepare_storage`, last of all). One
@@ -16,14 +16,16 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
 import time
 import uuid
 from pathlib import Path
 
+import yaml
+
 from fxray.data.atomic import atomic_path
 from fxray.data.folds import FoldError, make_folds
 from fxray.rl import experiment as expmod
+from fxray.rl.config import make_config
 
 
 class UsageError(ValueError):
@@ -71,8 +73,8 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
         )
     saved = storage / "experiment.yaml"
     if args.experiment:
-        expmod.read_yaml(args.experiment)  # a missing or bad file: its own error first
-        if Path(args.experiment).read_text() != saved.read_text():
+        # a missing or bad file: its own error first; then the same settings, base: chain resolved
+        if expmod.read_yaml(args.experiment) != expmod.read_yaml(saved):
             raise UsageError(
                 f"{args.experiment}: differs from the file this sweep started with ({saved}); "
                 "use --storage DIR for a new sweep"
@@ -149,7 +151,7 @@ def check_same_work(same: dict, exp, folds: list[dict], content_hash: str, data_
         )
     for what, mine, theirs in (
         ("folds", folds, same["folds"]),
-        ("dqn config", exp.config.as_dict(), same["base"]),
+        ("dqn config", exp.config.as_dict(), make_config(same["base"], f"{where}: base_config").as_dict()),
         ("search space", sorted(exp.space()), sorted(same["trials"][0][0])),
     ):
         if mine != theirs:
@@ -234,8 +236,6 @@ def check_record(sweep) -> None:
     if not (isinstance(sweep.get("folds", []), list) and isinstance(sweep.get("base", {}), dict)):
         raise ValueError("folds / base: must be a list / a mapping")
     if "base" in sweep:
-        from fxray.rl.config import make_config
-
         make_config(sweep["base"], "base")  # ConfigError (a ValueError) naming the field
 
 
@@ -304,7 +304,8 @@ def prepare_storage(plan, exp, profile: str, folds: list[dict], device: str | No
     if sweep is None:
         data_path = str(Path(plan.data_path).absolute())
         storage.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(file, storage / "experiment.yaml")
+        # its base: chain resolved: the copy a resume or an extension runs from stands alone
+        (storage / "experiment.yaml").write_text(yaml.safe_dump(expmod.read_yaml(file), sort_keys=False))
         tags = {
             "fxray.experiment": exp.name,
             "fxray.dataset_hash": market.content_hash,
@@ -320,7 +321,7 @@ def prepare_storage(plan, exp, profile: str, folds: list[dict], device: str | No
             "experiment": exp.name,
             "profile": profile,
             "device": device,
-            "experiment_file": str(Path(file).absolute()),
+            "experiment_file": str(storage / "experiment.yaml"),  # the copy above (logged to MLflow)
             "data": {"path": data_path, "content_hash": market.content_hash, "n_bars": market.n_bars},
             "folds": folds,
             "base": exp.config.as_dict(),

@@ -6,9 +6,8 @@ into segments at the reports ASHA can act on (`asha_stops`): inside a segment th
 next fold is queued on the worker while the last one is reported; before a
 segment's last report the worker goes back to the pool, so a trial that ASHA stops
 leaves nothing queued and the trial waiting for the worker trains meanwhile.
-A segment's later folds may also go to a worker no trial is waiting for (the end
-of a sweep: see FoldStream). A --same-trials sweep gives each config its number of
-folds (`limits`). The driver (fxray.tune) builds the trainable from `fold_trial`.
+A --same-trials sweep gives each config its number of folds (`limits`). The driver
+(fxray.tune) builds the trainable from `fold_trial`.
 
 A trial's id is fxray's (in its config: fxray.sweep.search.TRIAL_KEY), not Tune's, and
 what it has done is what the driver logged in folds.jsonl: a trial Tune retries after

@@ -118,7 +118,8 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     asha = ASHAScheduler(time_attr="folds_done", max_t=n_folds, grace_period=grace, reduction_factor=rf)
     tune_dir = storage / rnd["name"]  # Tune's logs, a folder per session of the round; never read back
     session = 1 + len(list(tune_dir.glob("session-*")))
-    callbacks = [SweepLog(str(storage), None if same else job["stops"], rf), JsonLoggerCallback(), CSVLoggerCallback()]
+    log = SweepLog(str(storage), None if same else job["stops"], rf, workers.pool)
+    callbacks = [log, JsonLoggerCallback(), CSVLoggerCallback()]
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(

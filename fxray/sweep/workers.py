@@ -13,7 +13,7 @@ trials after it) reuse networks, replay and the captured CUDA graph. Trials reac
 the workers through fxray.sweep.leases (the pool of leases, and the stream of a trial's
 folds on them); they never import torch nor touch CUDA (a 0-GPU Ray process can see
 every GPU). A worker that dies is restarted by Ray and reloads from the object
-store; the trial that was using it retries its fold there.
+store; Ray runs its queued folds again there (ACTOR_OPTIONS' max_task_retries).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class DeviceWorker:
     `cancel` and `stats` run in their own thread, so they answer while a fold trains.
     """
 
-    def __init__(self, arrays_ref: list, index: int, torch_threads=1, dtype="float32", population=1, expect=1):
+    def __init__(self, arrays_ref: list, index: int, torch_threads=1, dtype="float32", population=1):
         t_init = time.time()  # the process is up and Ray has loaded this class
         import torch
 
@@ -74,8 +74,7 @@ class DeviceWorker:
         from fxray.sweep.gather import Gatherer
 
         # every fold this worker trains: up to `population` trials at once (1: one at a time)
-        # a restarted worker's trials come back at once (those left): no gate for them
-        self.gatherer = Gatherer(self.data, population, expect=1 if self.restarted else expect)
+        self.gatherer = Gatherer(self.data, population)
         self.cancelled: set = set()  # tokens whose queued folds are no longer wanted
         # (trial id, fold k) -> its Request, queued when the searcher asked the trial; CLAIMED: the
         # trial's own call came first (Ray orders no calls across callers), so none is queued
@@ -106,7 +105,7 @@ class DeviceWorker:
             self.running = [t0, token, fold["k"]]
             try:
                 stop = self.cancelled.__contains__
-                result = self.gatherer.train(config, fold, seed, checkpoint_dir, lambda: stop(token), owner=token)
+                result = self.gatherer.train(config, fold, seed, checkpoint_dir, lambda: stop(token))
             finally:
                 self.running = None
         result["worker"] = self.index
@@ -124,9 +123,7 @@ class DeviceWorker:
                 self.n_asked += 1
                 if self.asked.pop((trial_id, fold["k"]), None) is CLAIMED:
                     continue
-                self.asked[(trial_id, fold["k"])] = self.gatherer.submit(
-                    config, fold, seed, checkpoint_dir, owner=trial_id
-                )
+                self.asked[(trial_id, fold["k"])] = self.gatherer.submit(config, fold, seed, checkpoint_dir)
 
     def warmup(self, config: dict, folds: list[dict]) -> None:
         """One short fold of `config` (one epoch of a few steps), so that the one-time
@@ -134,9 +131,7 @@ class DeviceWorker:
         capture: seconds on the H200) are paid while Tune starts its first trials, not
         inside the first trial. Logged as a call with status "warmup". Ray does not order it
         with the trials' folds (they come from other callers): where a fold came first, it
-        has paid those costs, and the warm-up is logged with no training and no length.
-        Then the worker prepares every fold's shared work (fxray.sweep.gather, `prepare`)
-        whenever no trial's fold waits."""
+        has paid those costs, and the warm-up is logged with no training and no length."""
         t0 = time.time()
         if self.n_calls:  # a trial's fold reached this worker first
             self.calls.append([t0, t0, None, folds[0]["k"], "warmup"])
@@ -144,7 +139,6 @@ class DeviceWorker:
             small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
             self.gatherer.train(small, folds[0], 0, warmup=True)  # its trainer is dropped at once
             self.calls.append([t0, time.time(), None, folds[0]["k"], "warmup"])
-        self.gatherer.prepare(config, folds)
 
     def vote(self, results: dict, threads: int = 1) -> dict:
         """The vote of the sweep's full trials on this worker's data (fxray.sweep.vote), once
@@ -154,7 +148,6 @@ class DeviceWorker:
 
         from fxray.sweep.vote import vote_of_full_trials
 
-        self.gatherer.settle()  # no fold preparing on the device thread while the vote sets folds
         before = torch.get_num_threads()
         if self.device == "cpu":
             torch.set_num_threads(max(before, min(threads, os.cpu_count() or 1)))
@@ -204,10 +197,8 @@ def start_workers(arrays_ref, plan: WorkerPlan, dtype: str = "float32", name: st
     threads = {"max_concurrency": 2 * plan.population + 2} if plan.population > 1 else {}
     handles = [
         actor.options(num_cpus=plan.num_cpus, num_gpus=plan.num_gpus, **threads).remote(
-            [arrays_ref], i, plan.torch_threads, dtype, plan.population, expect=plan.expect
+            [arrays_ref], i, plan.torch_threads, dtype, plan.population
         )
         for i in range(plan.n_workers)
     ]
-    # Named (see pool_name), so that the driver's Tune callbacks, rebuilt from pickles on
-    # resume, find it.
     return Workers(WorkerPool.options(name=name).remote(plan.n_workers, plan.population), handles, plan)
