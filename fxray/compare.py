@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fxray.cli import command_parser, write_json
+from fxray.cli import check_file_out, command_parser, fail, run_command
 from fxray.eval import snooping
 from fxray.track.records import FoldRecord
-from fxray.track.report import beside_lines, bp, flat_text, fmt, plot_equity, pyplot, save, share_text, sharpe_line
+from fxray.track.report import fmt, plot_equity, pooled_lines, pyplot, save, share_text, sharpe_line
 from fxray.track.results import DEFAULT_PPY, chosen, judge, trial_label
 from fxray.track.runs import RETURNS_DIR, RETURNS_FIELDS, open_store, search_all
 from fxray.track.verdict import KEYS, add_placebo, json_ready, verdict_png
@@ -71,31 +71,19 @@ def read_folds(client, run_id: str, dst: Path) -> list[dict]:
     return sorted(folds, key=lambda f: f["fold"])
 
 
-def search_space(client, parent, trials: list, dst: Path) -> dict:
-    """Optuna distributions of the searched params: from the sweep's experiment.yaml artifact,
-    else inferred from the values the trials logged (linear ranges, categories)."""
+def search_space(client, parent, dst: Path) -> dict:
+    """Optuna distributions of the searched params, from the sweep's experiment.yaml artifact
+    (logged when the parent run is created: fxray.track.runs.Tracker); {} without a readable one."""
     from fxray.rl import experiment as expmod
 
-    if any(a.path == "experiment.yaml" for a in client.list_artifacts(parent.info.run_id)):
-        dst.mkdir(parents=True)
-        path = client.download_artifacts(parent.info.run_id, "experiment.yaml", str(dst))
-        try:
-            return expmod.load(path, parent.data.tags.get("fxray.profile", "gpu")).space()
-        except expmod.ExperimentError:  # written by another fxray version: infer below
-            pass
-    from optuna.distributions import CategoricalDistribution, FloatDistribution
-
-    space = {}
-    for n in sorted({k for t in trials for k in t["params"]}):
-        values = {t["params"].get(n) for t in trials}
-        if len(values) < 2 or None in values:
-            continue
-        try:
-            nums = [float(v) for v in values]
-            space[n] = FloatDistribution(min(nums), max(nums))
-        except ValueError:
-            space[n] = CategoricalDistribution(sorted(values))
-    return space
+    if not any(a.path == "experiment.yaml" for a in client.list_artifacts(parent.info.run_id)):
+        return {}
+    dst.mkdir(parents=True)
+    path = client.download_artifacts(parent.info.run_id, "experiment.yaml", str(dst))
+    try:
+        return expmod.load(path, parent.data.tags.get("fxray.profile", "gpu")).space()
+    except expmod.ExperimentError:  # written by another fxray version
+        return {}
 
 
 def load_experiment(client, name: str, uri: str) -> dict:
@@ -143,7 +131,7 @@ def load_experiment(client, name: str, uri: str) -> dict:
                     "per_fold": per_fold,
                 }
             )
-        space = search_space(client, parent, trials, Path(tmp) / "space")
+        space = search_space(client, parent, Path(tmp) / "space")
     if not trials:
         raise CompareError(f"experiment {name!r}: sweep run {parent.info.run_id} has no trial with a finished fold")
     return {
@@ -220,7 +208,6 @@ def summarize(exp: dict) -> dict:
 
 def report(s: dict) -> str:
     b = s["best"]
-    test, refs = b["test"], b["baselines"]
     lines = [
         f"== {s['experiment']}: sweep run {s['parent_run_id']}"
         + (f" (latest of {s['n_sweeps']} sweeps)" if s["n_sweeps"] > 1 else ""),
@@ -235,15 +222,7 @@ def report(s: dict) -> str:
         sharpes = " ".join(fmt(r[k], "+7.2f", "    n/a") for k in ("val_sharpe", "test_sharpe", "bh_test_sharpe"))
         turnover = fmt(r["test_turnover"], "8.4f", "     n/a")
         lines.append(f"   {r['fold']:>4} {sharpes} {r['flat_test_sharpe']:+7.2f} {turnover}")
-    lines += [
-        f"   out of sample, pooled over {test['n_days']} test days ({test['n_periods']} hours) at "
-        f"{bp(s['cost'])}: Sharpe {sharpe_line(test)}  PSR(0) {fmt(test['psr'], '.3f')}  DSR {fmt(b['dsr'], '.3f')}",
-        f"     (DSR: N = {b['n_trials_counted']} trials started; the luckiest of N skill-less trials would "
-        f"reach {fmt(b['sr0'], '+.2f')} here)",
-        f"     at 2x cost {test['sharpe_2x']:+.2f}, at 3x {test['sharpe_3x']:+.2f}; break-even cost "
-        f"{bp(test['break_even_cost'])}; {test['n_trades']} trades" + flat_text(test),
-        *("     " + line for line in beside_lines(test, refs, b.get("walk_forward"))),
-    ]
+    lines += ["   " + line for line in pooled_lines(b, s["cost"])]
     vote = s.get("ensemble")
     if vote:  # share_text: its oracle_share (the sweep logged no error of it)
         lines.append(
@@ -254,26 +233,6 @@ def report(s: dict) -> str:
         )
     lines.append(verdict_text(s["verdict"]))  # the sentence, then the evidence
     return "\n".join(lines)
-
-
-def summary_table(sums: list[dict]) -> str:
-    """One row per experiment: the chosen trial's score, pooled test Sharpe, its SE, PSR, DSR, the
-    oracle's test Sharpe and the chosen trial's share of it."""
-    head = (
-        f"{'experiment':<20} {'trials':>6} {'score':>7} {'test SR':>8} {'± se':>6} {'PSR':>6} {'DSR':>6} "
-        f"{'oracle':>7} {'share':>6} {'± se':>5}"
-    )
-    rows = [head, "-" * len(head)]
-    for s in sums:
-        b = s["best"]
-        t, oracle = b["test"], b["baselines"].get("oracle")
-        rows.append(
-            f"{s['experiment'][:20]:<20} {s['n_trials']:>6} {s['best_score']:>+7.2f} {t['sharpe']:>+8.2f} "
-            f"{fmt(t['sharpe_se'], '6.2f', '   n/a')} {fmt(t['psr'], '6.3f', '   n/a')} "
-            f"{fmt(b['dsr'], '6.3f', '   n/a')} {fmt(oracle and oracle['sharpe'], '+7.2f', '    n/a')} "
-            f"{fmt(t.get('oracle_share'), '6.2f', '   n/a')} {fmt(t.get('oracle_share_se'), '5.2f', '  n/a')}"
-        )
-    return "\n".join(rows)
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -394,11 +353,11 @@ def cast(dist, text: str):
 
 
 def run(args) -> dict:
+    check_file_out(args.json, "--json")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise CompareError(f"--out {args.out}: is not a directory; name a directory to write")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one per small download
-    try:
-        client, uri = open_store(args.tracking_uri)
-    except ValueError as e:
-        raise CompareError(str(e)) from None
+    client, uri = open_store(args.tracking_uri)
     names = args.experiments or sweep_experiments(client)
     if not names:
         raise CompareError(f"no fxray sweep in {uri} (run python -m fxray.tune first)")
@@ -406,7 +365,6 @@ def run(args) -> dict:
     sums = [summarize(e) for e in exps]
     for s in sums:
         print(report(s) + "\n")
-    print(summary_table(sums))
     paths = plot_all(exps, sums, Path(args.out))
     print(f"plots: {', '.join(str(p) for p in paths)}")
     if not args.no_log:
@@ -414,15 +372,11 @@ def run(args) -> dict:
             for p in paths:
                 client.log_artifact(e["parent"].info.run_id, str(p), artifact_path="compare")
         print(f"logged to the parent runs under compare/: {', '.join(e['parent'].info.run_id for e in exps)}")
-    result = {
+    return {
         "tracking_uri": uri,
         "experiments": [{**s, "verdict": json_ready(s["verdict"])} for s in sums],
         "plots": [str(p) for p in paths],
     }
-    if args.json:
-        write_json(Path(args.json), result)
-        print(f"wrote {args.json}")
-    return result
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -447,15 +401,9 @@ def main(argv=None) -> int:
     from mlflow.exceptions import MlflowException
 
     try:
-        for flag, path, kind in (("--out", args.out, "directory"), ("--json", args.json, "file")):
-            if path and Path(path).exists() and Path(path).is_dir() != (kind == "directory"):
-                raise CompareError(f"{flag} {path}: is not a {kind}; name a {kind} to write")
-        run(args)
-    except (CompareError, MlflowException) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"fxray.compare: error: {msg}", file=sys.stderr)
-        return 2
-    return 0
+        return run_command(run, args, announce=True)
+    except MlflowException as e:  # the store's refusal, in one line
+        return fail(e)
 
 
 if __name__ == "__main__":

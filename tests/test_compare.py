@@ -54,7 +54,8 @@ def store(tmp_path_factory):
         "fxray.profile": "cpu",
         "fxray.folds": json.dumps(FOLDS_B),
     }
-    tracker = Tracker(uri, "b", sweep_tags=tags, run_name="sweep b")
+    (d / "b.yaml").write_text("name: b\nsearch:\n  lr: {type: loguniform, low: 1.0e-5, high: 1.0e-3}\n")
+    tracker = Tracker(uri, "b", sweep_tags=tags, run_name="sweep b", experiment_file=d / "b.yaml")
     for tid, trial in expected_b()["trials"].items():
         for k, fold in enumerate(trial["folds"]):
             params = {"lr": trial["lr"], "gamma": 0.9, "cost": COST_B}
@@ -109,7 +110,6 @@ def expected_b() -> dict:
                     "val_periods": periods(rng, drift),
                     "test_periods": periods(rng, drift),
                     "baseline_periods": refs,
-                    "test_daily_returns": list(1e-3 * rng.standard_normal(4)),
                 }
             )
         trials[tid] = {"lr": 1e-4 * (i + 1), "folds": folds}
@@ -232,6 +232,14 @@ def test_compare_table_matches_the_runs(store, sweep_t):
         assert (d / "cmp" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_compare_reads_the_search_space_from_the_parent_runs_experiment_yaml(store):
+    """The run directory's experiment file, logged when the parent run was created: the space
+    of importance.png."""
+    _, uri, _ = store
+    exp = compare.load_experiment(MlflowClient(uri), "b", uri)
+    assert list(exp["space"]) == ["lr"] and set(compare.importance(exp)) == {"lr"}
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -273,7 +281,7 @@ def test_from_run_reproduces_per_fold_sharpe_bitwise(store, sweep_t):
     for fold, logged in zip(again["folds"], trial["folds"], strict=True):
         assert fold["val"]["sharpe"] == logged["val"]["sharpe"]  # bitwise: ==, not approx
         assert fold["test"]["sharpe"] == logged["test"]["sharpe"]
-        assert fold["test_daily_returns"] == logged["test_daily_returns"]
+        assert fold["test_periods"] == logged["test_periods"]
     assert any(f["test"]["sharpe"] != 0.0 for f in again["folds"])  # a trial that traded
     assert "reproduced bitwise" in out.stdout
 

@@ -67,8 +67,7 @@ def test_row4b_dsr_or_stepm_is_an_edge():
     # the GPU run of issue 53: SPA p 0.000, StepM keeps the chosen trial, DSR 0.554: an edge, said why
     d = verdict.decide(chosen(dsr=0.554), spa(p=0.0, kept=("t0", "t1")), 0.846, placebo(0.2))
     assert d["answer"] == "edge" and "StepM keeps it" in d["sentence"] and "DSR" not in d["sentence"]
-    assert "the val windows did not pick the better trials (PBO >= 0.5)" in d["sentence"]  # PBO: a reason
-    assert any(r.startswith("PBO 0.846") for r in d["reasons"]) and any("DSR 0.554 <" in r for r in d["reasons"])
+    assert "the val windows did not pick the better trials (PBO >= 0.5)" in d["sentence"]  # PBO: a caveat
 
 
 def test_row4a_an_edge_the_placebos_do_not_confirm_is_inconclusive():

@@ -10,6 +10,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
+from fxray.rl.experiment import read_yaml
 from fxray.track import runs as mlruns
 from fxray.track.records import FoldRecord
 from fxray.track.writer import Writer, append_event
@@ -17,12 +18,17 @@ from fxray.track.writer import Writer, append_event
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 
 
+SEARCH = {"lr": {"type": "uniform", "low": 0.001, "high": 0.01}}
+
+
 def make_sweep(storage, uri: str, **extra) -> dict:
     """A run directory with a sweep.json, as fxray.sweep.rundir.prepare_storage writes it."""
     storage.mkdir(exist_ok=True)
+    (storage / "experiment.yaml").write_text(f"name: m\nsearch: {SEARCH}\n")  # base: chain resolved
     sweep = {
         "id": "sweep-1",
         "experiment": "m",
+        "experiment_file": str(storage / "experiment.yaml"),
         "rounds": [{"seed": 3}],
         "data": {"path": "/data/x.fxcache"},
         "folds": [{"k": 0}, {"k": 1}],
@@ -36,7 +42,7 @@ def make_sweep(storage, uri: str, **extra) -> dict:
 
 def log_fold(storage, trial_id: str, fold: int, val_sharpe, lr=0.001) -> None:
     """A folds.jsonl line, as the driver's SweepLog writes it."""
-    rec = FoldRecord(fold=fold, val={"sharpe": val_sharpe}, test={"sharpe": -0.5}, test_daily_returns=[0.01])
+    rec = FoldRecord(fold=fold, val={"sharpe": val_sharpe}, test={"sharpe": -0.5})
     line = {**rec.flat(), "trial_id": trial_id, "config": {"lr": lr}, "t": time.time()}
     with open(storage / "folds.jsonl", "a") as f:
         f.write(json.dumps(line) + "\n")
@@ -75,6 +81,9 @@ def test_the_writer_logs_what_the_log_holds(tmp_path):
     parent = MlflowClient(uri).get_run(writer.parent_id)
     assert parent.data.metrics["best_mean_val_sharpe"] == 2.0 and parent.info.status == "FINISHED"
     assert parent.data.tags["fxray.sweep_id"] == "sweep-1"
+    # the run directory's experiment file, logged when the parent run was created (fxray compare)
+    logged = MlflowClient(uri).download_artifacts(writer.parent_id, "experiment.yaml", str(tmp_path / "got"))
+    assert read_yaml(logged) == {"name": "m", "search": SEARCH}
 
 
 def test_a_writer_started_again_writes_only_what_the_store_lacks(tmp_path):

@@ -81,7 +81,6 @@ class FoldRecord:
     test: dict = _f(factory=dict)
     val_score: float | None = _f(None, metric=True)  # the kept epoch's selection score on the val window
     bh_test_sharpe: float | None = _f(None, metric=True)  # buy-and-hold on the test window
-    adx: float = _f(0.0)  # mean raw ADX(14) of the train slice
     worker: int = _f(-1)
     population: int = _f(1)  # members of the population the fold trained in (its timings are the population's)
     # seeds > 1 (fxray.rl.trainer): val/test above are the ensemble's; each seed's alone beside it
@@ -94,7 +93,6 @@ class FoldRecord:
     train_s: float = _f(0.0)
     eval_s: float = _f(0.0)
     fold_time_s: float = _f(0.0, metric=True)
-    test_daily_returns: list = _f(factory=list, csv=False)
     val_periods: dict = _f(factory=dict, csv=False)
     test_periods: dict = _f(factory=dict, csv=False)
     baseline_periods: dict = _f(factory=dict, csv=False)
@@ -117,14 +115,12 @@ class FoldRecord:
             **{w: {k: float(r[w][k]) for k in WINDOW_METRICS} if has else {} for w in WINDOWS},
             val_score=r.get("val_score") if has else None,
             bh_test_sharpe=r["baselines"].get("buy_and_hold", {}).get("sharpe"),
-            adx=r["adx"] if math.isfinite(r["adx"]) else 0.0,
             worker=r.get("worker", -1),
             population=r.get("population", 1),
             **seed_fields(r.get("seed_spread") or {}),
             checkpoint=r["checkpoint"] or "",
             fold_time_s=timings.get("total_s", 0.0),
             **{k: timings.get(k, 0.0) for k in ("fold_switch_s", "train_s", "eval_s")},
-            test_daily_returns=list(r["test_daily_returns"]),
             val_periods=r.get("val_periods", {}),
             test_periods=r.get("test_periods", {}),
             baseline_periods=r.get("baseline_periods", {}),

@@ -58,15 +58,29 @@ def linear_line(test: dict) -> str:
     return f"the DQN adds nothing over {where}: {diff}"
 
 
-def beside_lines(test: dict, refs: dict, walk: dict | None) -> list[str]:
-    """What the last screen and fxray compare say after the chosen trial's pooled test line:
-    the references on the same windows, what it adds over the supervised rule, walk-forward selection."""
-    beside = ", ".join(f"{n} {sharpe_line(r)}" for n, r in refs.items())
-    lines = [f"beside it: {beside}, flat 0{share_text(test)}", linear_line(test)]  # linear_line: '' without a rule
-    if walk:
-        why = "each test window's trial chosen on the val windows before it"
-        lines.append(f"walk-forward selection ({why}): {sharpe_line(walk)}")
-    return [line for line in lines if line]
+def pooled_lines(best: dict, cost) -> list[str]:
+    """The pooled out-of-sample block of the last screen, fxray compare and fxray train: `best`'s
+    test windows pooled at the hour at `cost` (its `test`, the references' `baselines` on the same
+    windows; a sweep's chosen trial adds its `dsr`, `sr0`, `n_trials_counted`, `walk_forward`), what
+    it adds over the supervised rule. The first line, then the others indented by two spaces."""
+    test, walk = best["test"], best.get("walk_forward")
+    dsr = f"  DSR {fmt(best['dsr'], '.3f')}" if "dsr" in best else ""
+    beside = ", ".join(f"{n} {sharpe_line(r)}" for n, r in best["baselines"].items())
+    why = "each test window's trial chosen on the val windows before it"
+    lines = [
+        f"out of sample, pooled over {test['n_days']} test days ({test['n_periods']} hours) at {bp(cost)}: "
+        f"Sharpe {sharpe_line(test)}  PSR(0) {fmt(test['psr'], '.3f')}{dsr}",
+        dsr
+        and f"(DSR: N = {best['n_trials_counted']} trials started; the luckiest of N skill-less trials would "
+        f"reach {fmt(best['sr0'], '+.2f')} here)",
+        f"at 2x cost {test['sharpe_2x']:+.2f}, at 3x {test['sharpe_3x']:+.2f}; break-even cost "
+        f"{bp(test['break_even_cost'])}; {test['n_trades']} trades, turnover {test['turnover']:.4f} per bar"
+        + flat_text(test),
+        f"beside it: {beside}, flat 0{share_text(test)}",
+        linear_line(test),  # '' without a rule
+        walk and f"walk-forward selection ({why}): {sharpe_line(walk)}",
+    ]
+    return [lines[0], *("  " + line for line in lines[1:] if line)]
 
 
 def ranked(trials: list, n_folds: int) -> list:
@@ -96,19 +110,12 @@ def print_last_screen(results: dict, names: list, n_folds: int, top: int = 10) -
             f"  {'trial-' + t['trial_id']:<20} {t['folds_done']:>5} {score:>7} {val:>14} {test:>14}  "
             + "  ".join(f"{fmt_value(t['sampled'].get(n)):>10}" for n in names)
         )
-    b = results["best"]
-    test, refs, cost = b["test"], b["baselines"], results["base_config"]["cost"]
+    b, base = results["best"], results["base_config"]
     which = "of the trials that ran every fold" if b["folds_done"] >= n_folds else "(no trial ran every fold)"
     lines += [
-        f"\nchosen trial-{b['trial_id']} (the highest score {which}) out of sample: {b['folds_done']} test windows, "
-        f"{test['n_days']} days, {test['n_periods']} hours; cost {bp(cost)} per unit traded, "
-        f"fill {results['base_config'].get('fill')}",
-        f"  pooled test Sharpe {sharpe_line(test)}  PSR {fmt(test['psr'], '.3f')}  DSR {fmt(b.get('dsr'), '.3f')} "
-        f"(N = {b.get('n_trials_counted')} trials started)",
-        f"  at 2x cost {test['sharpe_2x']:+.2f}, 3x cost {test['sharpe_3x']:+.2f}; break-even cost "
-        f"{bp(test['break_even_cost'])}; {test['n_trades']} trades, turnover {test['turnover']:.4f} per bar"
-        + flat_text(test),
-        *("  " + line for line in beside_lines(test, refs, b.get("walk_forward"))),
+        f"\nchosen trial-{b['trial_id']} (the highest score {which}): {b['folds_done']} test windows, "
+        f"fill {base.get('fill')}",
+        *("  " + line for line in pooled_lines(b, base["cost"])),
     ]
     spread = b.get("seed_spread")
     if spread:
@@ -133,7 +140,7 @@ def market_info(path) -> dict:
     if not path:
         return {}
     try:
-        meta = cache.open(path, verify="no").meta
+        meta = cache.open(path, verify=False).meta
     except cache.CacheError:
         return {}
     out = {k: meta.get(k) for k in ("instrument", "bar", "source")}

@@ -143,7 +143,7 @@ def write_results(
     trials = trials_table(records)
     if not trials:
         print("no trial finished a fold")
-        return {"mlflow_summary": {}, "artifacts": [(None, storage / "experiment.yaml")]}
+        return {"mlflow_summary": {}, "artifacts": []}
     cost = sweep["base"]["cost"]
     ppy = periods_per_year or sweep.get("calendar", {}).get("periods_per_year", DEFAULT_PPY)
     best = chosen(trials.values(), n_folds)
@@ -178,7 +178,7 @@ def write_results(
     if best is None:  # every trial diverged: results.json says so (no chosen trial, no verdict)
         write_json(storage, json_path, results)
         print(f"\nno chosen trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
-        return {"mlflow_summary": {"n_trials": len(trials)}, "artifacts": [(None, storage / "experiment.yaml")]}
+        return {"mlflow_summary": {"n_trials": len(trials)}, "artifacts": []}
     names = sorted({k for t in trials.values() for k in t["config"]})
     # --- fold table: one row per trial x fold -------------------------------------
     with open(storage / "folds.csv", "w", newline="") as f:
@@ -224,7 +224,7 @@ def write_results(
     print(verdict_text(verdict, with_sentence=False))  # the evidence; the sentence closes the screen
     print("\n" + "\n".join(closing_lines(results, sentence(verdict))))
     ckpt = max((f for f in best_folds if f.ok and f.checkpoint), key=lambda f: f.val_score, default=None)
-    artifacts = [(None, storage / "experiment.yaml"), (None, storage / "folds.csv"), (None, equity)]
+    artifacts = [(None, storage / "folds.csv"), (None, equity)]
     if ckpt is not None:  # a seed ensemble's fold: every member's
         weights = fold_checkpoints(Path(ckpt.checkpoint).parent, ckpt.fold) or [Path(ckpt.checkpoint)]
         artifacts += [("best_checkpoint", f) for w in weights for f in (w, w.with_suffix(".json"))]
@@ -239,7 +239,6 @@ def write_results(
         "walk_forward_test_sharpe": (judged["walk_forward"] or {}).get("sharpe"),
         "wall_s": wall_s,
         "periods_per_year": ppy,
-        "trial_id": best["trial_id"],
     }
     summary.update({f"{name}_test_sharpe": s["sharpe"] for name, s in judged["baselines"].items()})
     vote = results.get("ensemble") or {}

@@ -9,7 +9,8 @@ feeds it from the run directory's log; the driver never imports mlflow.
 
     experiment (from the experiment file's `name`)
       parent run "sweep <name>"     tags: dataset hash, experiment, git commit, fold ranges, sweep id
-        |                           artifacts: experiment.yaml, folds.csv, equity.png, best_checkpoint/
+        |                           artifacts: experiment.yaml (at its creation), folds.csv, equity.png,
+        |                           best_checkpoint/
         +- child run per trial      tag mlflow.parentRunId, fxray.trial_id; params: the full config
                                     metrics per fold (step = fold k): FoldRecord.mlflow_metrics()
                                     summary: the last points of mean_val_sharpe / mean_test_sharpe
@@ -175,7 +176,11 @@ class Tracker:
         sweep_tags: dict | None = None,
         run_name: str | None = None,
         sweep_id: str | None = None,
+        experiment_file: str | None = None,
     ):
+        """`experiment_file` (the run directory's copy, its base: chain resolved: fxray.sweep.rundir):
+        logged to a parent run created here as experiment.yaml (fxray compare reads the search space
+        from it)."""
         global Metric, Param, RunTag, MlflowClient
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
@@ -201,6 +206,8 @@ class Tracker:
             tags = {**(sweep_tags or {}), **({"fxray.sweep_id": sweep_id} if sweep_id else {})}
             run = self.client.create_run(self.experiment_id, tags=tags, run_name=run_name)
             parent_run_id = run.info.run_id
+            if experiment_file:
+                self.client.log_text(parent_run_id, Path(experiment_file).read_text(), "experiment.yaml")
         else:
             self.client.update_run(parent_run_id, status="RUNNING")
         self.parent_run_id = parent_run_id
@@ -287,11 +294,7 @@ class Tracker:
 
         run_id, top, md, now = self.parent_run_id, [], None, int(time.time() * 1000)
         if summary:
-            self.client.log_batch(
-                run_id,
-                metrics=[Metric(k, float(v), now, 0) for k, v in summary.items() if isinstance(v, (int, float))],
-                tags=[RunTag(f"fxray.best.{k}", str(v)) for k, v in summary.items() if not isinstance(v, (int, float))],
-            )
+            self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in summary.items()])
         if report:
             ranking = [tid for tid in report.get("ranking", []) if tid in self.children]
             pooled = report.get("pooled", {})
@@ -317,7 +320,8 @@ def open_sweep(sweep: dict) -> Tracker:
     """The Tracker of a sweep described by its sweep.json (parent run created on first use)."""
     m = sweep["mlflow"]
     name = m.get("run_name") or f"sweep {sweep['experiment']}"
-    tracker = Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"), name, sweep.get("id"))
+    file = sweep.get("experiment_file")
+    tracker = Tracker(m["uri"], m["experiment"], m.get("parent_run_id"), m.get("tags"), name, sweep.get("id"), file)
     # what `python -m fxray.train --from-run` needs to retrain a trial: its round's training
     # seed (an extension round may have another) and the data file the sweep read
     tracker.trial_tags = {"fxray.seed": str(sweep["rounds"][-1]["seed"]), "fxray.data_path": sweep["data"]["path"]}
@@ -326,10 +330,9 @@ def open_sweep(sweep: dict) -> Tracker:
 
 def fold_returns(record) -> dict:
     """A fold's returns as a child run's artifact: the hourly returns of its val and test
-    windows, the references' on them, and the test window's daily returns."""
+    windows and the references' on them."""
     return {
         "fold": record.fold,
         "status": record.status,
         **{key: getattr(record, name) for key, name in RETURNS_FIELDS.items()},
-        "test_daily_returns": list(record.test_daily_returns),
     }

@@ -126,7 +126,7 @@ def days_to_decide(c: dict) -> float | None:
 
 
 def decide(c: dict | None, spa: dict | None, pbo: float | None, placebo: dict | None) -> dict:
-    """The answer, its sentence, the days that would decide it and the reasons, from the chosen
+    """The answer, its sentence and the days that would decide it, from the chosen
     trial's pooled test statistics and DSR (`c`, chosen_inputs), SPA / StepM against flat on the
     test hours of the trials that ran every fold (`spa`), PBO, and the placebo sweeps. The
     table (docs/metrics.md, "One verdict"), first row that applies:
@@ -143,32 +143,16 @@ def decide(c: dict | None, spa: dict | None, pbo: float | None, placebo: dict | 
        b. SPA finds trials that beat flat (StepM keeps some), not it    inconclusive
        c. else                                                           no_edge
     PBO never decides: it says whether the val windows' choice carries over, which a family of
-    equally good trials does not need; it is a reason."""
-    out = {"answer": None, "sentence": "verdict: n/a (no chosen trial)", "days_needed": None, "reasons": []}
+    equally good trials does not need; an edge's sentence notes it (`overfit`)."""
+    out = {"answer": None, "sentence": "verdict: n/a (no chosen trial)", "days_needed": None}
     if c is None:
         return out
-    reasons = out["reasons"]
     s, se, days, n = c["sharpe"], c.get("sharpe_se"), c.get("n_days") or 0, c.get("n_trials_counted")
     record = f"{s:+.2f} ± {_p(se, '.2f')} over {days} test days"
     kept, spa_p = list((spa or {}).get("stepm_kept") or []), (spa or {}).get("spa_pvalue")
     by_stepm = c.get("trial_id") in kept
     dsr, overfit = c.get("dsr"), pbo is not None and pbo >= 0.5  # overfit: the val windows' choice does not carry
-    if dsr is not None:
-        reasons.append(
-            f"DSR {dsr:.3f} {'>=' if dsr >= DSR_LEVEL else '<'} {DSR_LEVEL}: "
-            f"the chosen trial's Sharpe is {'above' if dsr >= DSR_LEVEL else 'within'} what the luckiest "
-            f"of {n} skill-less trials would show"
-        )
-    if spa_p is not None:
-        reasons.append(
-            f"SPA p {spa_p:.3f}: {'some' if spa_p <= ALPHA else 'no'} trial beats flat out of sample; "
-            f"StepM keeps {len(kept)}" + (", the chosen one among them" if by_stepm else "")
-        )
-    if pbo is not None:
-        reasons.append(f"PBO {pbo:.3f}: the val windows' choice {'does not carry' if overfit else 'carries'} over")
     pl_p, pl_n = (placebo or {}).get("pvalue"), (placebo or {}).get("n") or 0
-    if pl_p is not None:
-        reasons.append(f"placebo p {pl_p:.3f}: rank {placebo['rank']} of {pl_n + 1} sweeps")
 
     def done(answer, sentence, days_needed=None):
         out.update(answer=answer, sentence=sentence, days_needed=days_needed)
