@@ -5,9 +5,9 @@
     python -m fxray.export runs/ckpt/seed0 --data eurusd.fxcache --out policy/   # fxray.train --checkpoint-dir
     python -m fxray.export runs/ckpt/seed0/fold1.safetensors --data eurusd.fxcache --out policy/
 
-RUN_ID: the trial's fold checkpoints (<storage>/checkpoints/<trial_id>/fold<k>.safetensors),
-its val scores and its data file come from the run's tags and metrics (the data's content
-hash is checked against the run's). CHECKPOINT: a fold<k>.safetensors (that fold), or a
+RUN_ID: the trial's fold checkpoints (<storage>/checkpoints/<trial_id>/fold<k>.safetensors)
+and its data file come from the run's tags (the data's content hash is checked against the
+run's). CHECKPOINT: a fold<k>.safetensors (that fold), or a
 directory of them (--model picks); --data names the fxcache it was trained on.
 Every failure is one line on stderr and exit 2, and nothing at --out.
 """
@@ -28,27 +28,17 @@ from fxray.track.results import fmt_s
 
 
 def run_candidates(run_id: str, tracking_uri: str | None) -> tuple[list, dict, tuple]:
-    """(candidates, source, abstained folds) of an MLflow trial run: its fold checkpoints with
-    their val scores, and the folds it abstained on."""
+    """(candidates, source, abstained folds) of an MLflow trial run: its fold checkpoints and the
+    folds it abstained on."""
     from fxray.track.runs import trial_run
 
     needed = ("fxray.trial_id", "fxray.storage", "fxray.dataset_hash")
-    client, run, uri = trial_run(run_id, tracking_uri, needed, run_id)  # ValueError: one line, main's
+    _, run, uri = trial_run(run_id, tracking_uri, needed, run_id)  # ValueError: one line, main's
     tags = run.data.tags
-    scores = {m.step: m.value for m in client.get_metric_history(run_id, "val_score")}
     folder = Path(tags["fxray.storage"]) / "checkpoints" / tags["fxray.trial_id"]
     candidates, abstained = load_folder(folder)
-    seeds = int(float(run.data.params.get("seeds", 1) or 1))
-    if not candidates and seeds > 1 and not abstained:
-        raise ExportError(
-            f"run {run_id}: a seed ensemble (seeds = {seeds}) whose members wrote no checkpoints (a sweep "
-            "from before fxray kept them); train its config again (fxray train --set seeds="
-            f"{seeds} and its other values, --checkpoint-dir DIR) and export DIR/seed<S>"
-        )
     if not candidates and not abstained:
         raise ExportError(f"{folder}: no fold checkpoints of run {run_id} (the sweep's run directory moved?)")
-    for c in candidates:
-        c.val_score = scores.get(c.k, c.val_score)
     source = {
         "kind": "mlflow run",
         "run_id": run_id,
@@ -123,11 +113,8 @@ def export(args) -> dict:
             eta = f"; ETA ~{fmt_s(spent / done * (n - done))}" if done < n else ""
             print(f"fxray.export: member {done}/{n} written and checked ({fmt_s(spent)}{eta})", flush=True)
 
-    manifest = export_bundle(
-        members, market, args.out, model=args.model, source=source, force=args.force, progress=progress
-    )
-    scores = {m["name"]: "n/a" if m["val_score"] is None else f"{m['val_score']:+.2f}" for m in manifest["members"]}
-    names = ", ".join(f"{name} (val score {score})" for name, score in scores.items())
+    manifest = export_bundle(members, market, args.out, model=args.model, source=source, progress=progress)
+    names = ", ".join(f"{m['name']} (val score {m['val_score']:+.2f})" for m in manifest["members"])
     net, graph, read = manifest["network"], manifest["onnx"], manifest["inputs"]["ofi_read"]
     print(
         f"wrote {args.out}: {args.model} = {names}; {net['hidden']}x{net['depth']} QNetwork, ONNX opset "

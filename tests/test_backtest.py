@@ -1,7 +1,5 @@
 """fxray.eval.backtest: the parallel scan against a plain loop over bars, on every device we have."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -186,33 +184,10 @@ def test_buy_and_hold(device):
     assert hold.hit_rate == pytest.approx((net > 0).mean())
 
 
-def test_wrong_counts_are_detected():
-    q, returns, day, cost = random_window(5, 3000, ties=False)
-    w = window("cpu", returns, day, periods_of(5, day))
-    assert w.n_days == len(np.unique(day))
-    assert bt.backtest(torch.as_tensor(q), w, cost).metrics.n_days == w.n_days
-    for wrong in (w.n_days - 1, w.n_days + 1):
-        with pytest.raises(ValueError, match="distinct days"):
-            bt.backtest(torch.as_tensor(q), dataclasses.replace(w, n_days=wrong), cost)
-    with pytest.raises(ValueError, match="distinct periods"):
-        bt.backtest(torch.as_tensor(q), dataclasses.replace(w, n_periods=w.n_periods + 1), cost)
-
-
-def test_bad_input_is_a_clear_error():
-    q, returns, day = torch.zeros(10, 3, 3), torch.zeros(10), torch.zeros(10, dtype=torch.int64)
-    w = window_of(returns, day)
-    with pytest.raises(ValueError, match=r"\(T, 3, 3\)"):
-        bt.backtest(torch.zeros(10, 3), w, 0.0)
-    with pytest.raises(ValueError, match=r"returns must be \(9,\)|day must be \(9,\)"):
-        bt.backtest(q[:9], w, 0.0)
+def test_an_empty_window_is_a_clear_error():
+    day = torch.zeros(0, dtype=torch.int64)
     with pytest.raises(ValueError, match="empty"):
-        bt.backtest(q[:0], bt.Window(returns[:0], day[:0], 1, day[:0], 1, np.zeros(1)), 0.0)
-    with pytest.raises(ValueError, match="cost"):
-        bt.backtest(q, w, -1e-4)
-    with pytest.raises(ValueError, match="non-decreasing"):
-        bt.backtest(q, bt.Window(returns, torch.arange(10, 0, -1), 10, day, 1, np.zeros(1)), 0.0)
-    with pytest.raises(ValueError, match="float"):
-        bt.backtest(q, bt.Window(day, day, 1, day, 1, np.zeros(1)), 0.0)
+        bt.backtest(torch.zeros(0, 3, 3), bt.Window(torch.zeros(0), day, 1, day, 1, np.zeros(1)), 0.0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="sync debug mode needs CUDA")

@@ -61,28 +61,6 @@ def test_train_cli_with_seeds_reports_the_ensemble_and_its_seeds(tmp_path, synth
     assert out["as_trained"]["equal"] and out["as_trained"]["trained"] == fold["test"]  # the ensemble's, not a member's
 
 
-def test_export_of_an_ensemble_run_says_why_in_one_line(tmp_path):
-    """A seed ensemble's trial run from before its members were checkpointed: export stops with
-    one line that says how to get them, and writes nothing."""
-    from mlflow.tracking import MlflowClient
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("t")
-    parent = client.create_run(exp)
-    tags = {"fxray.trial_id": "0000", "fxray.storage": str(tmp_path / "run"), "fxray.dataset_hash": "0" * 32}
-    run = client.create_run(exp, tags={**tags, "mlflow.parentRunId": parent.info.run_id})
-    client.log_param(run.info.run_id, "seeds", "3")
-    client.set_terminated(run.info.run_id)
-    cmd = [sys.executable, "-m", "fxray.export", run.info.run_id, "--tracking-uri", uri, "--out", str(tmp_path / "o")]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1, p.stderr
-    assert "a seed ensemble (seeds = 3) whose members wrote no checkpoints" in lines[0]
-    assert "--checkpoint-dir DIR" in lines[0]
-    assert not (tmp_path / "o").exists()
-
-
 def test_the_summary_reports_the_seeds_of_the_best_trials_ensemble():
     from fxray.track.report import seed_spread
 

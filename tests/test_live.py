@@ -146,7 +146,7 @@ def test_a_bundle_of_other_features_is_refused(bundle_dirs, tmp_path):
     names[3], names[4] = names[4], names[3]
     (tmp_path / "b/manifest.json").write_text(json.dumps(manifest))
     bundle = load(tmp_path / "b")  # the manifest is not hashed: its own content is checked
-    with pytest.raises(BundleError, match="differ from this fxray's streaming features at column 3"):
+    with pytest.raises(BundleError, match="streaming features: feature names differ from the policy's at column 3"):
         Policy(bundle)
 
 

@@ -27,7 +27,6 @@ import math
 import numpy as np
 
 N_BLOCKS = 16  # S: the paper's suggestion; C(16, 8) = 12,870 splits
-HIST_BINS = np.linspace(-6.0, 6.0, 25)  # logit histogram edges kept in results.json
 
 
 def splits(n_blocks: int) -> np.ndarray:
@@ -55,19 +54,13 @@ def _sharpe(total: np.ndarray, total_sq: np.ndarray, count: np.ndarray) -> np.nd
     return np.where(tiny, 0.0, mean / np.where(tiny, 1.0, std))
 
 
-def average_rank(values: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """(C,) rank (1 = worst, N = best, ties averaged) of values[c, chosen[c]] within row c."""
-    v = values[np.arange(values.shape[0]), chosen][:, None]
-    below = (values < v).sum(axis=1)
-    equal = (values == v).sum(axis=1)
-    return below + (equal + 1) / 2.0
-
-
 def pbo(returns: np.ndarray, n_blocks: int = N_BLOCKS, periods_per_year: float = 1.0) -> dict | None:
     """PBO of the N trials (columns) of `returns` (T, N) by CSCV with S = blocks_for(T,
     n_blocks) blocks; None with fewer than 2 trials or 4 hours, or when every trial's returns
     are the same (no search to overfit: ties averaged, each split's pick would sit at the
     median, logit 0, and PBO would read 1; seen when every trial of a sweep stayed flat)."""
+    from scipy.stats import rankdata  # here: the sweep driver's start-up imports this module
+
     returns = np.asarray(returns, dtype=np.float64)
     t, n = returns.shape
     s = blocks_for(t, n_blocks)
@@ -82,26 +75,22 @@ def pbo(returns: np.ndarray, n_blocks: int = N_BLOCKS, periods_per_year: float =
     is_sr = _sharpe(ins @ block_sum, ins @ block_sq, count)  # (C, N)
     oos_sr = _sharpe(outs @ block_sum, outs @ block_sq, count)
     pick = np.argmax(is_sr, axis=1)  # (C,) the in-sample best (first on ties)
-    w = average_rank(oos_sr, pick) / (n + 1)
-    logits = np.log(w / (1.0 - w))
     rows = np.arange(len(pick))
+    w = rankdata(oos_sr, axis=1)[rows, pick] / (n + 1)  # its rank out of sample: 1 = worst, ties averaged
+    logits = np.log(w / (1.0 - w))
     ann = math.sqrt(periods_per_year)
     is_best, oos_best = is_sr[rows, pick] * ann, oos_sr[rows, pick] * ann
     slope = intercept = r2 = None  # the line is undefined when every split's pick has one in-sample Sharpe
     if np.ptp(is_best) > 0:
         slope, intercept = (float(v) for v in np.polyfit(is_best, oos_best, 1))
         r2 = float(np.corrcoef(is_best, oos_best)[0, 1] ** 2)
-    counts, _ = np.histogram(np.clip(logits, HIST_BINS[0], HIST_BINS[-1]), bins=HIST_BINS)
     return {
         "pbo": float(np.mean(logits <= 0)),
         "n_trials": n,
         "n_periods": t,
-        "n_periods_used": size * s,
         "n_blocks": s,
         "n_splits": len(pick),
         "logits": logits,
-        "logit_median": float(np.median(logits)),
-        "logit_hist": {"edges": HIST_BINS.tolist(), "counts": counts.tolist()},
         "degradation": {
             "slope": slope,
             "intercept": intercept,

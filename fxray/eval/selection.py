@@ -78,7 +78,7 @@ def deflated(best: dict, trials: list[dict], n_trials: int) -> dict:
     trial's standard error. N = every trial started (n_trials), not only those scored."""
     zs = [t["sharpe"] / t["sharpe_se"] for t in trials if t.get("sharpe_se")]
     if not best.get("sharpe_se") or len(zs) < 2:
-        return {"dsr": None, "sr0": None, "var_z": None, "n_trials_counted": n_trials, "n_trials_in_variance": len(zs)}
+        return {"dsr": None, "sr0": None, "n_trials_counted": n_trials}
     mean = sum(zs) / len(zs)
     var_z = sum((z - mean) ** 2 for z in zs) / (len(zs) - 1)
     z0 = expected_max_sharpe(max(n_trials, 1), var_z)
@@ -86,9 +86,7 @@ def deflated(best: dict, trials: list[dict], n_trials: int) -> dict:
     return {
         "dsr": pooled.normal_cdf(z_best - z0),
         "sr0": z0 * best["sharpe_se"],
-        "var_z": var_z,
         "n_trials_counted": n_trials,
-        "n_trials_in_variance": len(zs),
         "z": z_best,
         "z0": z0,
         "significant": pooled.normal_cdf(z_best - z0) >= 0.95 if math.isfinite(z0) else None,
@@ -100,11 +98,8 @@ def spearman(x: list[float], y: list[float]) -> float | None:
     scipy.stats.spearmanr computes; None with fewer than 3 pairs or a list of equal values."""
     if len(x) != len(y):
         raise ValueError(f"{len(x)} values against {len(y)}")
-    if len(x) < 3:
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
         return None
-    from scipy.stats import rankdata  # ties: the mean of the ranks they span
+    from scipy.stats import spearmanr
 
-    rx, ry = (rankdata(np.asarray(v, dtype=np.float64)) for v in (x, y))
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    norm = math.sqrt(float(rx @ rx) * float(ry @ ry))
-    return float(rx @ ry) / norm if norm > 0 else None
+    return float(spearmanr(x, y).statistic)

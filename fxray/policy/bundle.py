@@ -135,40 +135,37 @@ def load(path) -> Bundle:
     missing = [k for k in REQUIRED if k not in manifest]
     if missing:
         raise BundleError(f"{manifest_path}: lacks {', '.join(missing)}; export the bundle again")
+    where = manifest_path  # the file an error is about
     try:
         check_manifest(manifest)
-    except (KeyError, TypeError, ValueError) as e:
-        says = f"lacks {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
-        raise BundleError(f"{manifest_path}: {says}; export the bundle again") from None
-    check_files(root, manifest["files"])
-    n_inputs = manifest["network"]["n_inputs"]
-    try:
-        norm = load_file(str(root / NORMALISATION))
+        check_files(root, manifest["files"])
+        inputs, trading, n_inputs = manifest["inputs"], manifest["trading"], manifest["network"]["n_inputs"]
+        names = inputs["feature_names"], inputs["ofi_names"]
+        dtype = manifest["network"].get("input_dtype", "float32")
+        facts = float(trading["cost"]), trading["fill"], inputs["warmup_bars"], dtype, manifest["data"]["content_hash"]
+        listed = [(m["name"], m["fold"], m["weights"], m["onnx"]) for m in manifest["members"]]
+        where = root / NORMALISATION
+        norm = load_file(str(where))
         members = []
-        for m in manifest["members"]:
-            weights = load_file(str(root / m["weights"]))
-            mean, inv_std = norm[f"{m['name']}.mean"], norm[f"{m['name']}.inv_std"]
-            if mean.shape != (n_inputs,) or inv_std.shape != (n_inputs,):
-                raise BundleError(f"{root / NORMALISATION}: {m['name']} statistics are not ({n_inputs},)")
+        for name, fold, file, onnx in listed:
+            where = root / NORMALISATION
+            mean, inv_std = norm[f"{name}.mean"], norm[f"{name}.inv_std"]
+            if mean.shape != (n_inputs,) or inv_std.shape != (n_inputs,) or not np.isfinite([mean, inv_std]).all():
+                raise ValueError(f"{name} mean and inv_std are not {n_inputs} finite numbers each")
+            where = root / file
+            weights = load_file(str(where))
             if weights["market_in.weight"].shape[1] != n_inputs:
-                raise BundleError(f"{root / m['weights']}: the network does not take {n_inputs} inputs")
-            named = {"mean": mean, "inv_std": inv_std, **weights}  # the statistics, then the network's tensors
-            bad = next((k for k, a in named.items() if not np.all(np.isfinite(a))), None)
+                raise ValueError(f"the network does not take {n_inputs} inputs")
+            bad = next((k for k, a in weights.items() if not np.all(np.isfinite(a))), None)
             if bad is not None:
-                where = root / (NORMALISATION if bad in ("mean", "inv_std") else m["weights"])
-                raise BundleError(f"{where}: {m['name']} {bad} holds NaN or Inf; export the bundle again")
-            members.append(Member(m["name"], m["fold"], weights, mean, inv_std, root / m["onnx"]))
-    except (KeyError, SafetensorError, OSError) as e:
-        raise BundleError(f"{root}: a tensor file lacks {e} or is unreadable; export the bundle again") from None
-    inputs, trading = manifest["inputs"], manifest["trading"]
-    names = inputs["feature_names"], inputs["ofi_names"]
-    dtype = manifest["network"].get("input_dtype", "float32")
-    facts = float(trading["cost"]), trading["fill"], int(inputs["warmup_bars"]), dtype, manifest["data"]["content_hash"]
+                raise ValueError(f"{bad} holds NaN or Inf")
+            members.append(Member(name, fold, weights, mean, inv_std, root / onnx))
+    except BundleError:  # check_files's, naming its file
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, SafetensorError, OSError) as e:
+        says = f"lacks {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise BundleError(f"{where}: {says}; export the bundle again") from None
     read = reads_ofi([(m.weights["market_in.weight"], m.mean, m.inv_std) for m in members], len(names[0]), names[1])
-    if inputs.get("ofi_read", read) != read:
-        raise BundleError(
-            f"{manifest_path}: inputs.ofi_read differs from the members' weights'; export the bundle again"
-        )
     return Bundle(root, manifest, members, *names, *facts, read)
 
 
@@ -188,36 +185,27 @@ def reads_ofi(members, n_features: int, ofi_names) -> list[str]:
 
 
 def check_manifest(m: dict) -> None:
-    """The manifest's values, typed (ValueError/TypeError/KeyError naming the key)."""
+    """The manifest's values the policy runs on (ValueError/TypeError/KeyError naming the key)."""
 
     def need(ok: bool, key: str, what: str) -> None:
         if not ok:
             raise ValueError(f"{key}: {what}")
 
     net, inputs, trading = m["network"], m["inputs"], m["trading"]
-    need(isinstance(m["files"], dict) and all(isinstance(v, str) for v in m["files"].values()), "files",
-         "must map each file to its sha256")  # fmt: skip
+    need(isinstance(m["files"], dict), "files", "must map each file to its sha256")
     need(isinstance(m["members"], list) and len(m["members"]) > 0, "members", "must be a non-empty list")
     for i, mem in enumerate(m["members"]):
-        need(isinstance(mem, dict) and all(isinstance(mem.get(k), str) for k in ("name", "weights", "onnx")),
-             f"members[{i}]", "needs name, weights and onnx (strings)")  # fmt: skip
         for k in ("weights", "onnx"):
             need(mem[k] in m["files"], f"members[{i}].{k}", f"{mem[k]!r} is not among the manifest's files")
-    need(isinstance(net, dict) and isinstance(net.get("n_inputs"), int) and net["n_inputs"] > 0, "network.n_inputs",
-         "must be a positive integer")  # fmt: skip
     need(net.get("input_dtype", "float32") in INPUT_DTYPES, "network.input_dtype",
          f"{net.get('input_dtype')!r} is not one of {', '.join(INPUT_DTYPES)}")  # fmt: skip
-    for k in ("feature_names", "ofi_names"):
-        listed = isinstance(inputs[k], list) and all(isinstance(n, str) for n in inputs[k])
-        need(listed, f"inputs.{k}", "must be a list of names")
     n_names = len(inputs["feature_names"]) + len(inputs["ofi_names"])
-    need(n_names == net["n_inputs"], "inputs", f"{n_names} input names for a network of {net['n_inputs']} inputs")
+    need(n_names == net["n_inputs"], "inputs", f"{n_names} input names for a network of {net['n_inputs']!r} inputs")
     warm, cost = inputs["warmup_bars"], trading["cost"]  # JSON's numbers: int or float (a bool is neither here)
     need(type(warm) is int and warm >= 0, "inputs.warmup_bars", f"{warm!r} is not a count of bars")
     need(type(cost) in (int, float) and 0 <= cost < MAX_COST, "trading.cost",
          f"{cost!r} is not a cost in [0, {MAX_COST})")  # fmt: skip
     need(trading["fill"] in FILLS, "trading.fill", f"{trading['fill']!r} is not one of {', '.join(FILLS)}")
-    need(isinstance(m["data"].get("content_hash"), str), "data.content_hash", "missing")
 
 
 def check_files(root: Path, files: dict) -> None:

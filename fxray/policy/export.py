@@ -25,10 +25,8 @@ fold's S networks, their mean Q, the policy that fold scored), and its val score
 ensemble's.
 
 The normalisation of a member is the checkpoint's (fxray.rl.checkpoint.write_checkpoint stores
-the fold's train-slice mean and 1/std); a checkpoint written before it did gets them
-recomputed from the data on the CPU, exactly as DeviceData.set_fold computed them
-(bit-equal to a CPU training's; a GPU's reduction order may differ in the last bits). A
-stored one is checked against the data's, which catches a wrong data file.
+the fold's train-slice mean and 1/std), checked against the data's, which catches a wrong data
+file.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ import numpy as np
 import torch
 
 import fxray
+from fxray.cli import check_file_out
 from fxray.data.cache import Market, first_line
 from fxray.data.calendar import Calendar
 from fxray.data.features import MAX_LOOKBACK
@@ -57,7 +56,7 @@ from fxray.rl.config import make_config
 from fxray.rl.device import DeviceData
 
 MODELS = ("last", "best", "ensemble", "fold:K")
-NETWORK_KEYS = ("hidden", "depth", "cost", "fill", "dtype", "algo")  # members must agree on these
+NETWORK_KEYS = ("hidden", "depth", "cost", "fill", "dtype")  # members must agree on these
 STATS_RTOL = 1e-4  # stored vs recomputed normalisation: rounding, not another file
 
 
@@ -67,12 +66,12 @@ class ExportError(ValueError):
 
 @dataclass
 class Candidate:
-    """A fold checkpoint: its tensors, its JSON sidecar, its val score (None: unknown) and its fold."""
+    """A fold checkpoint: its tensors, its JSON sidecar, its val score and its fold."""
 
     path: Path
     tensors: dict
     meta: dict
-    val_score: float | None
+    val_score: float
     k: int  # its fold
 
 
@@ -89,12 +88,11 @@ def load_candidate(path) -> Candidate:
         tensors, meta = load_checkpoint(path)
     except Exception as e:  # safetensors' and json's own errors: a damaged file either way
         raise ExportError(f"{path}: unreadable checkpoint ({first_line(e)})") from None
-    missing = [k for k in ("config", "fold", "n_inputs") if k not in meta]
+    missing = [k for k in ("config", "fold", "n_inputs", "val_score", "normalisation") if k not in meta]
     if missing:
         raise ExportError(f"{path.with_suffix('.json')}: lacks {', '.join(missing)}; not an fxray checkpoint")
     # a seed ensemble's member: the ensemble's val score
-    stored = meta.get("ensemble", meta).get("val_score")
-    return Candidate(path, tensors, meta, None if stored is None else float(stored), int(meta["fold"]["k"]))
+    return Candidate(path, tensors, meta, float(meta.get("ensemble", meta)["val_score"]), int(meta["fold"]["k"]))
 
 
 def load_folder(folder: Path) -> tuple[list[Candidate], tuple[int, ...]]:
@@ -129,12 +127,6 @@ def choose(candidates: list[Candidate], model: str, abstained: tuple[int, ...] =
     if model == "ensemble":
         return ordered
     if model == "best":
-        unknown = [c.path.name for c in ordered if c.val_score is None]
-        if unknown:
-            raise ExportError(
-                f"--model best: {', '.join(unknown)} has no val score (a checkpoint from before fxray stored it); "
-                "use --model last, ensemble or fold:K, or export from the MLflow run"
-            )
         return fold(max(ordered, key=lambda c: c.val_score).k)
     if model.startswith("fold:") and model[5:].isdigit():
         chosen = fold(int(model[5:]))
@@ -144,23 +136,20 @@ def choose(candidates: list[Candidate], model: str, abstained: tuple[int, ...] =
     raise ExportError(f"--model {model!r}: use one of {', '.join(MODELS)}")
 
 
-def _statistics(c: Candidate, data: DeviceData) -> tuple[np.ndarray, np.ndarray, str]:
-    """(mean, inv_std, where they came from) of the member's train slice."""
+def _statistics(c: Candidate, data: DeviceData) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, inv_std) of the member's train slice: the checkpoint's, checked against the data's."""
     fold = Fold.from_dict(c.meta["fold"])
     if not 0 <= fold.train[0] < fold.train[1] <= data.n_bars:
         raise ExportError(f"{c.path}: its fold's train range {fold.train} is outside the data's {data.n_bars} bars")
     data.set_fold(fold)
     mean, inv_std = data.mean.cpu().numpy().copy(), data.inv_std.cpu().numpy().copy()
-    stored = c.meta.get("normalisation")
-    if stored is None:
-        return mean, inv_std, "recomputed from the data (the checkpoint has none)"
-    s_mean, s_inv = (np.asarray(stored[k], dtype=np.float32) for k in ("mean", "inv_std"))
+    s_mean, s_inv = (np.asarray(c.meta["normalisation"][k], dtype=np.float32) for k in ("mean", "inv_std"))
     if not (np.allclose(s_mean, mean, rtol=STATS_RTOL, atol=1e-6) and np.allclose(s_inv, inv_std, rtol=STATS_RTOL)):
         raise ExportError(
             f"{c.path}: the data's train-slice statistics differ from the checkpoint's: "
             "not the file it was trained on; pass --data with that file"
         )
-    return s_mean, s_inv, "the checkpoint's"
+    return s_mean, s_inv
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -169,11 +158,7 @@ def check_out(out: Path, force: bool) -> None:
     deleting is not a side effect of an export."""
     out = Path(out)
     if not (out.exists() or out.is_symlink()):
-        parent = out.absolute().parent
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise ExportError(f"--out {out}: {parent} is not a writable directory")
+        check_file_out(out, "--out")  # ValueError unless it can be made
         return
     if not force:
         raise ExportError(f"--out {out}: exists; pass --force to replace the bundle there, or another --out")
@@ -203,13 +188,12 @@ def _agree(members: list[Candidate]) -> dict:
 
 
 def export_bundle(
-    members: list[Candidate], market: Market, out, *, model: str, source: dict, force=False, progress=lambda i, n: None
+    members: list[Candidate], market: Market, out, *, model: str, source: dict, progress=lambda i, n: None
 ) -> dict:
     """Write the bundle of `members` (trained on `market`) at `out`; returns its manifest.
-    Nothing is left at `out` if anything fails; an existing `out` is replaced only with `force`.
+    Nothing is left at `out` if anything fails; what is at `out` is replaced (check_out first).
     `progress(done, n)` is called as each member is written and checked."""
     out = Path(out)
-    check_out(out, force)
     config = _agree(members)
     cfg = make_config(config)
     n_inputs, have = int(members[0].meta["n_inputs"]), market.features.shape[1] + market.ofi.shape[1]
@@ -223,7 +207,7 @@ def export_bundle(
         norm, entries, worst, read_by = {}, [], 0.0, []
         for i, c in enumerate(members):
             name = f"fold{c.k}" if sum(m.k == c.k for m in members) == 1 else f"fold{c.k}_{i}"
-            mean, inv_std, origin = _statistics(c, data)
+            mean, inv_std = _statistics(c, data)
             norm[f"{name}.mean"], norm[f"{name}.inv_std"] = mean, inv_std
             read_by.append((c.tensors["market_in.weight"].numpy(), mean, inv_std))
             weights, graph = f"members/{name}.safetensors", f"members/{name}.onnx"
@@ -243,7 +227,7 @@ def export_bundle(
                     # the fold's policy's, as val_score: a seed ensemble's member holds the ensemble's
                     "val": c.meta.get("ensemble", c.meta).get("val", {}),
                     "test": c.meta.get("ensemble", c.meta).get("test", {}),
-                    "normalisation_from": origin,
+                    "normalisation_from": "the checkpoint's",
                 }
             )
             progress(i + 1, len(members))

@@ -33,7 +33,7 @@ import numpy as np
 
 from fxray.data.features import FEATURE_NAMES, MAX_LOOKBACK
 from fxray.data.stream import FeatureStream, StreamError
-from fxray.policy.bundle import Bundle, BundleError, check_engine, load
+from fxray.policy.bundle import Bundle, check_engine, check_features, load
 
 ENGINES = ("numpy", "onnxruntime")
 
@@ -97,15 +97,7 @@ class Policy:
     def __init__(self, bundle: Bundle | str, engine: str = "numpy"):
         self.bundle = bundle = bundle if isinstance(bundle, Bundle) else load(bundle)
         check_engine(engine, ENGINES)
-        if list(bundle.feature_names) != list(FEATURE_NAMES):
-            j = next((i for i, (a, b) in enumerate(zip(bundle.feature_names, FEATURE_NAMES)) if a != b), None)
-            raise BundleError(
-                f"{bundle.path}: the policy's features differ from this fxray's streaming features"
-                + (f" at column {j}" if j is not None else " in number")
-                + "; run it with the fxray that made it"
-            )
-        if bundle.warmup_bars != MAX_LOOKBACK:
-            raise BundleError(f"{bundle.path}: warm-up {bundle.warmup_bars} bars, this fxray's {MAX_LOOKBACK}")
+        check_features(bundle, FEATURE_NAMES, f"{bundle.path}: this fxray's streaming features")
         self.members = [
             (m.mean, m.inv_std, _NumpyQ(m.weights) if engine == "numpy" else _onnx_q(m.onnx)) for m in bundle.members
         ]
