@@ -121,6 +121,7 @@ def run(args) -> list[dict]:
                     torch.cuda.reset_peak_memory_stats(dev)
                 t_build = time.perf_counter()
                 pop = Trainer(data, members(k, batch, envs, args.hidden, args.steps))
+                pop.dqn.q_network.split_k &= not args.no_split_k
                 pop._begin(fold, list(range(k)))
                 if pop.use_graph:
                     pop._capture()
@@ -202,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("tf32", "fp32"),
         default="tf32",
         help="CUDA matmul precision (dqn.matmul; default tf32, as a sweep trains)",
+    )
+    p.add_argument(
+        "--no-split-k", action="store_true", help="weight gradients by autograd's own bmm backward (before the split)"
     )
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON here")
     return p

@@ -111,7 +111,7 @@ def test_cpu_and_gpu_evaluate_the_same_weights_alike(synth_cache):
 
 def test_cpu_and_gpu_td_loss_and_gradients_alike(synth_cache):
     """The same replay rows and the same batch on both devices: the same loss, |Q| max and gradients
-    (to float rounding: bmm on CUDA, per-member mm on the CPU)."""
+    (to float rounding: bmm / split-K on CUDA, per-member mm on the CPU)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     market = cache.open(synth_cache)
     fold = make_folds(market.ts, FoldSpec())[0]

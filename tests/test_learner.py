@@ -23,7 +23,7 @@ from fxray.rl.checkpoint import load_checkpoint
 from fxray.rl.config import ConfigError, DQNConfig, make_config
 from fxray.rl.device import DeviceData
 from fxray.rl.dqn import DQN, check_members
-from fxray.rl.network import QNetwork, initial_weights
+from fxray.rl.network import QNetwork, SplitKMatmul, initial_weights, split_chunks
 from fxray.rl.optim import Adam
 from fxray.rl.trainer import Trainer, q_bound, selection_score
 from fxray.track.records import FoldRecord
@@ -260,16 +260,43 @@ def test_adam_is_torch_adamw_per_member_on_cpu_and_the_stacked_formula_agrees():
             torch.testing.assert_close(a[k], b.detach(), rtol=0, atol=1e-7)
 
 
+@pytest.mark.parametrize("k, n", [(1, 4096), (2, 4096), (3, 1536), (64, 1024), (2, 1000)])
+def test_split_k_weight_gradient_is_autograds(k, n):
+    """The CUDA path's SplitKMatmul (the weight gradient summed over row chunks) against autograd's
+    own baddbmm / bmm backward, in float64: the same gradients to rounding, with and without a bias."""
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(k, n, 7, dtype=torch.float64, generator=gen)
+    w = torch.randn(k, 5, 7, dtype=torch.float64, generator=gen)
+    b = torch.randn(k, 5, dtype=torch.float64, generator=gen)
+    g = torch.randn(k, n, 5, dtype=torch.float64, generator=gen)
+    for bias in (b, None):
+        grads = []
+        for fast in (False, True):
+            leaves = [t.clone().requires_grad_(True) for t in (x, w) + ((bias,) if bias is not None else ())]
+            xb, wb, bb = leaves[0], leaves[1], leaves[2] if bias is not None else None
+            if fast:
+                y = SplitKMatmul.apply(xb, wb, bb)
+            elif bb is None:
+                y = torch.bmm(xb, wb.transpose(1, 2))
+            else:
+                y = torch.baddbmm(bb.unsqueeze(1), xb, wb.transpose(1, 2))
+            y.backward(g)
+            grads.append([y.detach()] + [t.grad for t in leaves])
+        for plain, split in zip(*grads):
+            torch.testing.assert_close(split, plain, rtol=1e-12, atol=1e-12)
+    assert split_chunks(4096, 2) == 8 and split_chunks(1000, 2) == 1 and split_chunks(1024, 64) == 1
+
+
 def test_the_batched_paths_cuda_runs_agree_with_the_per_member_ones(market_data):
-    """CUDA's stacked path (one bmm a layer, the front end over every member's batch) forced on
-    the CPU: the same Q and, after a fold, the same weights to rounding."""
+    """CUDA's stacked path (one bmm a layer, the front end over every member's batch, split-K
+    weight gradients) forced on the CPU: the same Q and, after a fold, the same weights to rounding."""
     data, fold = market_data
     cfgs = [BASE.replace(inputs="ridge", lr=1e-3), BASE.replace(inputs="ridge", lr=3e-3, gamma=0.9)]
     weights = []
     for batched in (False, True):
         trainer = Trainer(data, cfgs)
         net = trainer.dqn.q_network
-        net.per_member = not batched
+        net.per_member, net.split_k = not batched, batched
         trainer.run_fold(fold, [0, 1])
         weights.append([p.detach().clone() for p in trainer.dqn.params])
         t = torch.arange(fold.val[0], fold.val[0] + 64)
@@ -277,7 +304,7 @@ def test_the_batched_paths_cuda_runs_agree_with_the_per_member_ones(market_data)
         position = torch.tensor([-1, 0, 1]).repeat(22)[:64].expand(2, -1)
         q = (net(market, position), net.q_all(market))
         if batched:
-            net.per_member = True
+            net.per_member, net.split_k = True, False
             for a, b in zip(q, (net(market, position), net.q_all(market))):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     for a, b in zip(*weights):

@@ -73,11 +73,12 @@ class QNetwork:
         self.params = [torch.zeros((k, *s), device=device) for s in shapes]
         self.depth, self.width = depth, width
         self.positions = torch.tensor([-1, 0, 1], device=device)
-        # CUDA: one bmm a layer for all members. The CPU runs each member through the kernels one
-        # member's network runs (addmm, mm and their autograd backward), so a member computes bit
-        # for bit what it computes alone, whatever K: a bmm's reduction order is its own (on an
-        # AVX-512 CPU the (K, in, N) x (K, N, out) weight gradient differs from mm's in the last
-        # bit), and a CPU step is bound by flops, not launches
+        # CUDA: weight gradients by SplitKMatmul (float rounding apart, the same maths). The CPU runs
+        # each member through the kernels one member's network runs (addmm, mm and their autograd
+        # backward), so a member computes bit for bit what it computes alone, whatever K: a bmm's
+        # reduction order is its own (on an AVX-512 CPU the (K, in, N) x (K, N, out) weight
+        # gradient differs from mm's in the last bit), and a CPU step is bound by flops, not launches
+        self.split_k = torch.device(device).type == "cuda"
         self.per_member = torch.device(device).type == "cpu"
 
     @classmethod
@@ -114,13 +115,12 @@ class QNetwork:
 
     # --- the forward ---------------------------------------------------------------------
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        """x (K, N, in) @ w (K, out, in)^T (+ b (K, out)) -> (K, N, out): addmm per member on the CPU,
-        as nn.Linear computes it; else one batched GEMM."""
+        """x (K, N, in) -> (K, N, out): addmm per member on the CPU, as nn.Linear computes it."""
         if self.per_member:
             return torch.stack([F.linear(x[k], w[k], None if b is None else b[k]) for k in range(w.shape[0])])
-        if b is None:
-            return torch.bmm(x, w.transpose(1, 2))
-        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        if self.split_k and torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            return SplitKMatmul.apply(x, w, b)
+        return bmm(x, w, b)
 
     def _q(self, h: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
         """h (K, N, H) pre-activation of the first layer -> Q (K, N, 3), the dueling head."""
@@ -176,3 +176,55 @@ class Member(nn.Module):
 
     def forward(self, market: torch.Tensor) -> torch.Tensor:
         return self.net.q_all(market.unsqueeze(0), [self.k])[0]
+
+
+def bmm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x (K, N, in) @ w (K, out, in)^T (+ b (K, out)) -> (K, N, out), one batched GEMM."""
+    if b is None:
+        return torch.bmm(x, w.transpose(1, 2))
+    return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+
+
+# --- the weight gradient, split along the batch (CUDA) ----------------------------------
+
+SPLIT_TARGET = 64  # members x chunks to aim for: enough independent GEMMs to fill an H200's 132 SMs
+MIN_CHUNK = 512  # rows per chunk at least
+
+
+def split_chunks(n: int, k: int) -> int:
+    """Chunks to cut a weight gradient's n-row reduction into, for k members: powers of two while
+    k x chunks < SPLIT_TARGET, each chunk >= MIN_CHUNK rows and n divisible."""
+    c = 1
+    while k * c < SPLIT_TARGET and n % (2 * c) == 0 and n // (2 * c) >= MIN_CHUNK:
+        c *= 2
+    return c
+
+
+class SplitKMatmul(torch.autograd.Function):
+    """y = x @ w^T (+ b) per member, x (K, N, in), w (K, out, in), b (K, out) or None.
+
+    The weight gradient g^T x sums over the N = 2 x batch rows. cuBLAS's batched GEMM does that
+    sum in one pass per output tile when K is small (at K = 2..4, batch 8192, hidden 256, a
+    32x32-tile kernel of ~0.6 ms a layer on an H200). Here the rows are cut into `split_chunks`
+    chunks, each chunk's product is one more batch of the bmm, and the chunks are summed: the
+    same gradient to float rounding."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return bmm(x, w, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        grad_x = torch.bmm(g, w) if ctx.needs_input_grad[0] else None
+        grad_w = grad_b = None
+        if ctx.needs_input_grad[1]:
+            k, n, _ = x.shape
+            c = split_chunks(n, k)
+            gc = g.reshape(k * c, n // c, g.shape[2]).transpose(1, 2)
+            grad_w = torch.bmm(gc, x.reshape(k * c, n // c, x.shape[2])).view(k, c, *w.shape[1:]).sum(1)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(1)
+        return grad_x, grad_w, grad_b
