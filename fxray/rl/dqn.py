@@ -10,9 +10,9 @@ population the trials in flight times their seeds. Every per-member tensor carri
 member axis K: the Q-network's weights are (K, out, in) (fxray.rl.network), the target
 network, Adam's moments, the replay ring (K, S, E), the agents (K, E), the epsilon schedule
 and the epoch accumulators (K,) likewise. Members may differ in every field that leaves the
-shapes alone (lr, gamma, tau, eps schedule, huber_delta, reward_scale, cost, episode_len,
-n_step up to the largest via masks, input_noise, weight_decay, grad_clip, demo, seed;
-patience and select_from are the trainer's).
+shapes alone and is not a SHAPE_FIELD (lr, gamma, tau, eps schedule, huber_delta,
+reward_scale, episode_len, n_step up to the largest via masks, input_noise, weight_decay,
+grad_clip, demo, seed; patience and select_from are the trainer's).
 
 Member k draws its random numbers from its own torch.Generator (`draw_seed`), so what it
 learns does not depend on the other members: on the CPU a member is bit-identical whatever
