@@ -18,7 +18,6 @@ Reports carry no Tune checkpoint (nothing of Tune's is read back).
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import time
@@ -38,7 +37,6 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
     """Train the sampled config on every fold, in time order, reporting after each; a fold
     that diverged ends the trial (its score is DIVERGED: no config that diverges can win)."""
     started = time.time()  # when Tune's trial process got to us (the report's trial_start)
-    logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" per fold is noise
     trial_id, config = split_config(config)
     cfg = {**job["base"], **config}
     make_config(cfg)  # a sampled combination the config rejects fails here, not on a worker
