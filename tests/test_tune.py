@@ -637,6 +637,24 @@ def test_bad_input_through_the_real_cli(tmp_path):
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_process_ending_inside_a_callback_is_not_a_traceback(quiet):
+    """A SIGTERM that Ray's handler turns into SystemExit inside a callback Python cannot raise
+    from (a weakref's, a __del__: here a __del__) prints "Exception ignored ... Traceback", which
+    Ray forwards to the sweep's stderr; quiet_exit (trial and worker processes) drops that one
+    case, and any other unraisable exception is still printed."""
+    code = (
+        "import sys\nfrom fxray.sweep.logs import quiet_exit\n"
+        f"if {quiet}: quiet_exit()\n"
+        "class Ending:\n    def __del__(self): raise SystemExit(1)\n"
+        "class Broken:\n    def __del__(self): raise ValueError('a real bug')\n"
+        "Ending(); Broken(); print('alive')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "alive\n", out.stderr
+    assert ("Ending.__del__" in out.stderr) is not quiet and "ValueError: a real bug" in out.stderr
+
+
 @pytest.mark.parametrize("kept_out", [True, False])
 def test_tunes_callback_telemetry_does_not_import_mlflow_into_the_driver(kept_out):
     """Tuner.fit counts the run's callbacks by class, importing Ray's MLflow integration,

@@ -39,6 +39,13 @@ What each piece was, and why this is the way to silence it (Ray 2.60, Optuna 5.0
   when Ray's processes end ("Unhandled error ...": a failed trial's result, never fetched since
   the trial failed): RAY_IGNORE_UNHANDLED_ERRORS=1, read by the processes ray.init starts.
 
+- A Ray worker process told to end (Tune ending its trial processes, Ray its workers) gets a
+  SIGTERM, and Ray's handler raises SystemExit wherever Python is. Inside a callback Python
+  cannot raise from (a weakref's, a `__del__`), it prints "Exception ignored in: ..." and the
+  traceback instead, which Ray forwards to the driver's stderr: seen at random at the end of a
+  sweep. `quiet_exit` (in the trial and worker processes) drops exactly that: an unraisable
+  SystemExit (the process is ending anyway); any other unraisable exception is printed as before.
+
 --verbose (FXRAY_VERBOSE=1) keeps the rest.
 """
 
@@ -71,6 +78,17 @@ def quiet(verbose_flag: bool = False) -> None:
     import optuna  # the driver imports it anyway (OptunaSearch); its logger exists once imported
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def quiet_exit() -> None:
+    """This process's unraisable SystemExit (a SIGTERM met inside a callback) unprinted (module doc)."""
+    if sys.unraisablehook is sys.__unraisablehook__:
+
+        def hook(unraisable):
+            if not issubclass(unraisable.exc_type, SystemExit):
+                sys.__unraisablehook__(unraisable)
+
+        sys.unraisablehook = hook
 
 
 def local_ray_env() -> None:

@@ -28,6 +28,7 @@ from ray import tune
 from fxray.eval import pooled
 from fxray.rl.config import make_config
 from fxray.sweep.leases import Workers
+from fxray.sweep.logs import quiet_exit
 from fxray.sweep.rounds import config_key, done_folds
 from fxray.sweep.search import split_config
 from fxray.track.records import FoldRecord
@@ -37,6 +38,7 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
     """Train the sampled config on every fold, in time order, reporting after each; a fold
     that diverged ends the trial (its score is DIVERGED: no config that diverges can win)."""
     started = time.time()  # when Tune's trial process got to us (the report's trial_start)
+    quiet_exit()  # its end, when Tune ends the process, says nothing (fxray.sweep.logs)
     trial_id, config = split_config(config)
     cfg = {**job["base"], **config}
     make_config(cfg)  # a sampled combination the config rejects fails here, not on a worker

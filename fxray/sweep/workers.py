@@ -30,6 +30,7 @@ import ray
 from fxray.data.arrays import host_arrays
 from fxray.sweep.cluster import WorkerPlan, check_object_store
 from fxray.sweep.leases import WorkerPool, Workers
+from fxray.sweep.logs import quiet_exit
 
 
 def put_market(market) -> ray.ObjectRef:
@@ -54,6 +55,7 @@ class DeviceWorker:
 
     def __init__(self, arrays_ref: list, index: int, torch_threads=1, dtype="float32", population=1):
         t_init = time.time()  # the process is up and Ray has loaded this class
+        quiet_exit()  # its end, when Ray ends the process, says nothing (fxray.sweep.logs)
         import torch
 
         from fxray.rl.device import DeviceData
