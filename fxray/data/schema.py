@@ -6,7 +6,7 @@ itself (Arrow types, metadata) in fxray.data.cache.
 
 N_FEATURES = 42  # width of `features`
 N_OFI = 8  # width of `ofi`
-ADX_INDEX = 40  # features[:, 40] = ADX(14), the fold's "difficulty" in reports
+ADX_INDEX = 40  # features[:, 40] = ADX(14)
 # features[:, 34:38] = tod_sin, tod_cos, dow_sin, dow_cos: the clock (with dqn.inputs: ridge the
 # only inputs training noise reaches: the front end's predictions read clean; fxray.rl.frontend)
 CALENDAR_INDICES = (34, 35, 36, 37)
