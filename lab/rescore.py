@@ -68,7 +68,7 @@ def main(argv=None) -> int:
                 windows[w].append(trainer.evaluate(getattr(fold, w)).periods.as_dict())
             periods = trainer._references(fold)[1]
         elif abstained(ckpts, fold.k):  # not trained, flat (dqn.abstain): its zero returns count too
-            flat = flat_fold(data, fold, cfg, 0.0)
+            (flat,) = flat_fold(data, fold, [cfg], 0.0)
             windows["val"].append(flat.val_periods)
             windows["test"].append(flat.test_periods)
             periods = flat.baseline_periods

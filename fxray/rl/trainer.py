@@ -188,7 +188,7 @@ class Trainer:
         torch.backends.cuda.matmul.allow_tf32 = self.cfgs[0].matmul == "tf32"
         t_start = time.perf_counter()
         if abstains(self.data, fold, self.cfgs[0]):  # screen_t and abstain are shared by shape
-            return [flat_fold(self.data, fold, c, t_start, d) for c, d in zip(self.cfgs, dirs)]
+            return flat_fold(self.data, fold, self.cfgs, t_start, dirs)
         trial_of = [j for j, c in enumerate(self.cfgs) for _ in range(c.seeds)]
         mseeds = [seed + i * SEED_STRIDE for c, seed in zip(self.cfgs, seeds) for i in range(c.seeds)]
         members = self._train(fold, mseeds, log, None if stop is None else (lambda m: stop(trial_of[m])), t_start)
@@ -403,18 +403,22 @@ def window_bars(data: DeviceData, window: tuple[int, int], chunk: int = EVAL_CHU
 # --- a fold the learner abstains on ----------------------------------------------------
 
 
-def flat_fold(data: DeviceData, fold: Fold, cfg: DQNConfig, t_start: float, checkpoint_dir=None) -> FoldResult:
-    """The FoldResult of a fold the learner abstains on (not trained): no epoch (best_epoch -1, epochs_run 0,
-    no weights), the flat policy scored on val and test as any policy is (its hourly returns,
-    all 0, enter the pooled statistics), the fold's references beside it; with `checkpoint_dir`,
-    the fold's marker there (fxray.rl.checkpoint)."""
-    result = FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {})
-    result.baselines, result.baseline_periods = references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
-    score_flat(data, fold, cfg, result)
-    result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
-    if checkpoint_dir is not None:
-        checkpoint.write_marker(checkpoint_dir, fold, cfg, result)
-    return result
+def flat_fold(data: DeviceData, fold: Fold, cfgs: list[DQNConfig], t_start: float, checkpoint_dirs=None) -> list:
+    """The FoldResult of each config on a fold the learner abstains on (not trained): no epoch
+    (best_epoch -1, epochs_run 0, no weights), the flat policy scored on val and test as any
+    policy is (its hourly returns, all 0, enter the pooled statistics), the fold's references
+    beside it; with a checkpoint dir, the fold's marker there (fxray.rl.checkpoint). The configs
+    share cost, fill and screen (a population's shape): the flat policy is backtested once for all."""
+    cfg, dirs = cfgs[0], checkpoint_dirs or [None] * len(cfgs)
+    results = [FoldResult(fold.as_dict(), "ok", -1, 0, {}, {}, {}) for _ in cfgs]
+    refs, ref_periods = references(data, fold, cfg.cost, cfg.fill, cfg.screen_t)
+    score_flat(data, fold, cfg, *results)
+    for c, d, result in zip(cfgs, dirs, results):
+        result.baselines, result.baseline_periods = refs, ref_periods
+        result.timings = {"fold_switch_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "total_s": time.perf_counter() - t_start}
+        if d is not None:
+            checkpoint.write_marker(d, fold, c, result)
+    return results
 
 
 def score_flat(data: DeviceData, fold: Fold, cfg: DQNConfig, *results: FoldResult) -> None:
