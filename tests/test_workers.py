@@ -272,7 +272,7 @@ def test_folds_queued_as_a_trial_is_asked_are_what_its_own_calls_get(pool):
     workers, ref, folds, _ = pool
     gathering = gathering_worker(ref, 8)
     configs = {"a": {**TINY, "lr": 1e-3}, "b": {**TINY, "lr": 2e-4, "gamma": 0.9, "n_step": 2}}
-    ray.get([gathering.queue_asked.remote(c, folds, 4, None, tid) for tid, c in configs.items()])
+    ray.get(gathering.queue_asked.remote([(tid, c, None) for tid, c in configs.items()], folds, 4))
     asked = {tid: list(FoldStream(gathering, c, folds, seed=4, trial_id=tid)) for tid, c in configs.items()}
     stats = ray.get(gathering.stats.remote())
     assert stats["n_asked"] == stats["n_asked_collected"] == stats["n_calls"] == 2 * len(folds)
@@ -283,9 +283,38 @@ def test_folds_queued_as_a_trial_is_asked_are_what_its_own_calls_get(pool):
             assert [(r["val"], r["test"]) for r in asked[tid]] == [(r["val"], r["test"]) for r in alone]
     # trial c's calls first, its first fold twice (as a retried trial process asks again), then its queue
     late = list(FoldStream(gathering, configs["a"], folds[:1] * 2, seed=4, trial_id="c"))
-    ray.get(gathering.queue_asked.remote(configs["a"], folds[:1], 4, None, "c"))
+    ray.get(gathering.queue_asked.remote([("c", configs["a"], None)], folds[:1], 4))
     assert [(r["val"], r["test"]) for r in late] == [(asked["a"][0]["val"], asked["a"][0]["test"])] * 2
     stats = ray.get(gathering.stats.remote())
     assert stats["n_asked"] - 1 == stats["n_asked_collected"] == 2 * len(folds)  # c's fold asked, not queued
     assert sum(stats["populations"]) == 2 * len(folds) + 2  # c's two calls, nothing more
+    ray.kill(gathering, no_restart=True)
+
+
+def test_trials_are_handed_to_tune_in_the_order_the_worker_trains_them(pool, tmp_path):
+    """The searcher asks a population's trials at once and queues their folds on the worker in one
+    call; the worker says which population will train each trial's last fold (`pending`), and the
+    searcher hands Tune the trials trained first, first (StudySearch.soonest), not in the order it
+    sampled them: Tune's few processes never wait on a trial trained last."""
+    import optuna
+
+    from fxray.sweep.leases import FoldStream
+    from fxray.sweep.search import TRIAL_KEY, StudySearch
+    from fxray.sweep.tuner import Ahead
+
+    workers, ref, folds, _ = pool
+    gathering = FoldWorker.options(num_cpus=0.1, num_gpus=0, max_concurrency=10).remote([ref], 9, 1, "float32", 4)
+    job = {"base": TINY, "folds": folds, "seed": 4, "checkpoints": str(tmp_path / "checkpoints")}
+    space = {"hidden": optuna.distributions.CategoricalDistribution([16, 24])}
+    searcher = StudySearch(tmp_path, space, 0, "round-1", [], 4, Ahead(gathering, job, 4))
+    handed = [searcher.suggest(f"tune-{i}") for i in range(4)]
+    # seed 0 samples hidden 24, 16, 24, 24: the worker trains the three 24s (the first asked's shape)
+    # fold by fold, then the 16; Tune gets them in that order
+    assert [searcher.live[f"tune-{i}"] for i in range(4)] == [0, 2, 3, 1]  # study numbers = ask order
+    assert [h["hidden"] for h in handed] == [24, 24, 24, 16]
+    for h in handed:  # every fold collected: what each trial's process does
+        cfg = {**TINY, "hidden": h["hidden"]}
+        assert len(list(FoldStream(gathering, cfg, folds, seed=4, trial_id=h[TRIAL_KEY]))) == len(folds)
+    assert ray.get(gathering.pending.remote()) == {}
+    assert ray.get(gathering.stats.remote())["populations"] == [3] * len(folds) + [1] * len(folds)
     ray.kill(gathering, no_restart=True)

@@ -101,6 +101,18 @@ class Gatherer:
             raise req.error
         return req.result
 
+    def due(self) -> dict:
+        """{queued request: the population that will train it, 1 the next one, 2 the one after, ...}:
+        `_take`'s order over the queue as it stands (the oldest request's shape and fold first)."""
+        with self.cond:
+            queue, due, n = list(self.queue), {}, 0
+        while queue:
+            n += 1
+            batch = [r for r in queue if r.key == queue[0].key][: self.k_max]
+            due.update(dict.fromkeys(batch, n))
+            queue = [r for r in queue if r not in due]
+        return due
+
     def _loop(self) -> None:
         """The device thread: train the next population, forever.
         On CUDA all of it runs on a stream of its own: nothing fxray does is queued on the legacy

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+import ray
 from ray import tune
 
 from fxray.sweep.cluster import trial_resources
@@ -65,6 +66,24 @@ def keep_mlflow_out_of_tune() -> None:
         sys.modules["mlflow"] = saved
 
 
+class Ahead:
+    """The searcher's trials trained ahead of Tune on the one worker: `size` asked at a time, their
+    folds queued there in one call (`queue`), and when the worker will have trained each (`pending`)."""
+
+    def __init__(self, worker, job: dict, size: int):
+        self.worker, self.job, self.size, self.queued = worker, job, size, None
+
+    def queue(self, trials: list[tuple[str, dict]]) -> None:
+        """(trial id, sampled config) of each new trial: its folds, as fold_trial would send them."""
+        batch = [(tid, {**self.job["base"], **p}, os.path.join(self.job["checkpoints"], tid)) for tid, p in trials]
+        self.queued = self.worker.queue_asked.remote(batch, self.job["folds"], self.job["seed"])
+
+    def pending(self) -> dict[str, tuple[int, int]]:
+        """fxray.sweep.workers.DeviceWorker.pending, after the last `queue` is in."""
+        ray.get(self.queued, timeout=30)  # (a threaded actor may run a caller's calls out of order)
+        return ray.get(self.worker.pending.remote(), timeout=30)
+
+
 def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_per_year: float) -> tune.Tuner:
     """A fresh Tuner over the round: StudySearch (seeded TPE on the RDB study; first the trials
     `plan` resumes, then `plan.n_new` new ones) + ASHA over folds (its time is `folds_done`, so a
@@ -72,7 +91,6 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     in the study (once) and trains each for its fixed number of folds (fold_trial's `limits`),
     with no scheduler stopping anything. A resumed round trains with what it started with
     (sweep.json's folds, base config and seed), whatever the flags say now."""
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from fxray.sweep.callbacks import SweepLog
@@ -96,19 +114,12 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     trainable = tune.with_resources(
         tune.with_parameters(fold_trial, job=job, workers=workers), trial_resources(workers.plan.cpu_per_trial)
     )  # on the head if multi-node
-    asked, ahead, in_flight = None, 1, workers.plan.n_trials
+    ahead, in_flight = None, workers.plan.n_trials
     if len(workers.handles) == 1 and workers.plan.population > 1 and job["stops"] == [n_folds] and not same:
-        # one worker training populations, no rung before the last fold: a new trial's folds are
-        # queued on the worker as the searcher asks it, while Tune starts the trial's process
-        def asked(trial_id: str, sampled: dict) -> None:
-            checkpoint_dir = os.path.join(job["checkpoints"], trial_id)  # as fold_trial's
-            cfg = {**job["base"], **sampled}
-            workers.handles[0].queue_asked.remote(cfg, job["folds"], job["seed"], checkpoint_dir, trial_id)
-
-        # a population's trials asked at once, their folds queued; a process per core of this (head)
-        # node collects their results in turn (Tune reuses it for the next trial): not a process per
-        # trial, started at once beside the worker's own start (each imports ray.tune: ~2 CPU-s)
-        ahead, in_flight = workers.plan.population, min(in_flight, os.cpu_count() or 1)
+        # one worker training populations, no rung before the last fold: a population's trials are
+        # asked at once and their folds queued on the worker; Tune is handed a trial when they are
+        # trained, and a process per core of this (head) node collects it (Tune reuses the process)
+        ahead, in_flight = Ahead(workers.handles[0], job, workers.plan.population), min(in_flight, os.cpu_count() or 1)
 
     study = load_study(storage)
     if same and not study.get_trials(deepcopy=False):  # the first session of the round: enqueue once
@@ -119,13 +130,12 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     tune_dir = storage / rnd["name"]  # Tune's logs, a folder per session of the round; never read back
     session = 1 + len(list(tune_dir.glob("session-*")))
     log = SweepLog(str(storage), None if same else job["stops"], rf, workers.pool)
-    callbacks = [log, JsonLoggerCallback(), CSVLoggerCallback()]
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
             metric="score",
             mode="max",
-            search_alg=StudySearch(storage, exp.space(), seed, rnd["name"], plan.resumed, plan.n_new, asked, ahead),
+            search_alg=StudySearch(storage, exp.space(), seed, rnd["name"], plan.resumed, plan.n_new, ahead),
             scheduler=FIFOScheduler() if same else asha,
             num_samples=len(plan.resumed) + plan.n_new,
             max_concurrent_trials=in_flight,
@@ -136,7 +146,8 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
             storage_path=str(tune_dir),
             verbose=0,
             stop=StartFailed(),
-            callbacks=callbacks,
+            callbacks=[log],  # no Tune loggers: its result.json / progress.csv copies of every
+            # fold (each ~0.1 MB of returns) cost the controller ~25 ms a report, and nothing read them
             # a dead trial process is run again by Tune; it continues after its last logged fold
             failure_config=tune.FailureConfig(max_failures=2),
         ),

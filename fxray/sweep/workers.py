@@ -115,17 +115,36 @@ class DeviceWorker:
         return result
 
     @ray.method(concurrency_group="control")
-    def queue_asked(self, config: dict, folds: list[dict], seed: int, checkpoint_dir: str, trial_id: str) -> None:
-        """Queue a trial's folds when the searcher asks it (fxray.sweep.search), before Tune has
-        started its process: the populations train while the trial processes come up, and
-        each trial's train_fold then collects its fold. A fold its config cannot train is left
-        for the trial's own call, which reports why."""
-        for fold in folds:
-            with self.asked_lock, contextlib.suppress(Exception):
-                self.n_asked += 1
-                if self.asked.pop((trial_id, fold["k"]), None) is CLAIMED:
-                    continue
-                self.asked[(trial_id, fold["k"])] = self.gatherer.submit(config, fold, seed, checkpoint_dir)
+    def queue_asked(self, trials: list[tuple[str, dict, str]], folds: list[dict], seed: int) -> None:
+        """Queue the folds of trials (trial id, config, checkpoint dir) as the searcher asks them
+        (fxray.sweep.search), before Tune has started their processes: the populations train
+        while no trial process waits, and each trial's train_fold then collects its fold. One call
+        for a batch: the first population is all of the batch's trials of its shape, not those whose
+        call came first. A fold its config cannot train is left for the trial's own call, which
+        reports why."""
+        with self.gatherer.cond:  # (the Gatherer's lock: it takes the next population after, not during)
+            self._queue(trials, folds, seed)
+
+    def _queue(self, trials: list[tuple[str, dict, str]], folds: list[dict], seed: int) -> None:
+        for trial_id, config, checkpoint_dir in trials:
+            for fold in folds:
+                with self.asked_lock, contextlib.suppress(Exception):
+                    self.n_asked += 1
+                    if self.asked.pop((trial_id, fold["k"]), None) is CLAIMED:
+                        continue
+                    self.asked[(trial_id, fold["k"])] = self.gatherer.submit(config, fold, seed, checkpoint_dir)
+
+    @ray.method(concurrency_group="control")
+    def pending(self) -> dict[str, tuple[int, int]]:
+        """{trial id: (the population that trains its last fold `queue_asked` queued and not trained
+        yet: 0 the one training now, 1 the next, ...; how many it has)} of the trials with one."""
+        due, out = self.gatherer.due(), {}
+        with self.asked_lock:
+            waiting = [(tid, due.get(r, 0)) for (tid, _), r in self.asked.items() if r is not CLAIMED and not r.done]
+        for tid, rank in waiting:
+            last, n = out.get(tid, (0, 0))
+            out[tid] = (max(last, rank), n + 1)
+        return out
 
     def warmup(self, config: dict, folds: list[dict]) -> None:
         """One short fold of `config` (one epoch of a few steps), so that the one-time
