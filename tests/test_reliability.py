@@ -406,6 +406,31 @@ def test_item4_a_torn_last_line_is_dropped_and_a_garbage_line_refused(tmp_path):
         check_logs(tmp_path)
 
 
+def test_a_missing_or_broken_baselines_file_is_one_line_naming_it(tmp_path):
+    """folds.jsonl names each fold's references' returns by their file in the run directory
+    (fxray.track.records.put_baselines); one gone, not JSON, or named outside baselines/ is refused
+    before anything runs, naming the file."""
+    from fxray.sweep.rundir import UsageError, check_logs
+
+    name = "baselines/" + "ab" * 12 + ".json"
+    rec = {"trial_id": "0000", "fold": 0, "status": "ok", "baselines_file": name}
+    (tmp_path / "folds.jsonl").write_text(json.dumps(rec) + "\n")
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / name).write_text('{"oracle": {}}')
+    check_logs(tmp_path)
+    for broken in ("{not json", None):
+        if broken is None:
+            (tmp_path / name).unlink()
+        else:
+            (tmp_path / name).write_text(broken)
+        with pytest.raises(UsageError, match=rf"{name}: missing or not the JSON .*folds.jsonl names"):
+            check_logs(tmp_path)
+    (tmp_path / "folds.jsonl").write_text(json.dumps({**rec, "baselines_file": "../sweep.json"}) + "\n")
+    (tmp_path / "sweep.json").write_text("{}")
+    with pytest.raises(UsageError, match="missing or not the JSON"):
+        check_logs(tmp_path)
+
+
 def test_a_torn_last_line_of_the_study_is_dropped_before_the_study_is_read(tmp_path):
     """Optuna's journal cannot be asked again after a torn last line (a kill in mid-append);
     the run directory's torn-line cut, under the lock before the driver reads anything, gives

@@ -232,3 +232,40 @@ def test_a_store_whose_maker_is_killed_mid_tables_is_absent_not_broken(tmp_path)
     assert not db.exists()  # killed while its tables were being made: nothing in the store's place
     tracker = mlruns.Tracker(f"sqlite:///{db}", "m")
     assert MlflowClient(f"sqlite:///{db}").get_run(tracker.parent_run_id).info.status == "RUNNING"
+
+
+def test_a_folds_baselines_are_kept_once_apart_and_reach_mlflow_and_results_whole(tmp_path):
+    """Every trial of a fold reports the same references' returns (~0.1 MB): the trial moves them
+    into one file of the run directory, named by their content, and folds.jsonl names it; the
+    MLflow writer and results.json read them back whole, as if they had been in the line."""
+    from fxray.track.records import put_baselines
+    from fxray.track.results import load_records
+
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    make_sweep(storage, uri)
+    hours = list(range(500))
+    periods = {"oracle": {"test": {"net": [0.001 * h for h in hours], "hours": hours, "n_days": 21}}}
+    for tid in ("t1", "t2"):
+        rec = FoldRecord(
+            fold=0, val={"sharpe": 1.0}, test={"sharpe": 0.5}, baseline_periods=json.loads(json.dumps(periods))
+        )
+        put_baselines(storage, rec)
+        line = {**rec.flat(), "trial_id": tid, "config": {"lr": 0.001}, "t": time.time()}
+        with open(storage / "folds.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+    (kept,) = (storage / "baselines").iterdir()  # one file for both trials
+    lines = [json.loads(x) for x in (storage / "folds.jsonl").read_text().splitlines()]
+    assert {x["baselines_file"] for x in lines} == {f"baselines/{kept.name}"}
+    assert all(x["baseline_periods"] == {} for x in lines) and len(json.dumps(lines[0])) < 2000
+    assert all(r["baseline_periods"] == periods for r in load_records(storage).values())
+    with Writer(storage, uri) as writer:
+        assert writer.wait_open(timeout=120), writer.error
+        for tid in ("t1", "t2"):
+            append_event(storage, kind="trial_end", trial_id=tid, status="FINISHED", folds_done=1)
+        assert writer.finish("FINISHED", {}) == 0
+    client = MlflowClient(uri)
+    for run in child_runs(uri, writer.parent_id).values():
+        path = client.download_artifacts(
+            run.info.run_id, f"{mlruns.RETURNS_DIR}/fold0.json", str(tmp_path / run.info.run_id)
+        )
+        assert json.loads(open(path).read())["baselines"] == periods

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -256,15 +257,30 @@ def check_logs(storage: Path) -> None:
             lines = path.read_bytes().split(b"\n")[:-1]  # the last piece is torn (or empty)
         except OSError as e:
             raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
+        files = set()  # folds.jsonl's baselines files (fxray.track.records.put_baselines)
         for number, line in enumerate(lines, start=1):
             try:  # a blank line passes
-                ok = not line.strip() or set(keys) <= json.loads(line).keys()
+                rec = json.loads(line) if line.strip() else {k: None for k in keys}
+                ok = set(keys) <= rec.keys()
+                files |= {rec["baselines_file"]} if rec.get("baselines_file") else set()
             except (ValueError, AttributeError):  # not JSON, or not a JSON object
                 ok = False
             if not ok:
                 raise UsageError(
                     f"{path} line {number}: not a record of the sweep's log (needs a JSON object with "
                     f"{', '.join(keys)}); a crash cannot leave one: restore the file, or pass --storage DIR"
+                )
+        for name in files:
+            try:
+                ok = bool(re.fullmatch(r"baselines/[0-9a-f]{24}\.json", name)) and isinstance(
+                    json.loads((storage / name).read_text()), dict
+                )
+            except (OSError, ValueError, TypeError):
+                ok = False
+            if not ok:
+                raise UsageError(
+                    f"{storage / str(name)}: missing or not the JSON {path} names (baselines_file); "
+                    "restore the run directory, or pass --storage DIR"
                 )
 
 

@@ -31,7 +31,7 @@ from fxray.sweep.leases import Workers
 from fxray.sweep.logs import quiet_exit
 from fxray.sweep.rounds import config_key, done_folds
 from fxray.sweep.search import split_config
-from fxray.track.records import FoldRecord
+from fxray.track.records import FoldRecord, put_baselines
 
 
 def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
@@ -70,6 +70,7 @@ def fold_trial(config: dict, *, job: dict, workers: Workers) -> None:
                 ok = [d for d in done if d.ok]
                 record.mean_val_sharpe = mean(d.val.get("sharpe") for d in ok)
                 record.mean_test_sharpe = mean(d.test.get("sharpe") for d in ok)
+                put_baselines(job["storage"], record)
                 tune.report(record.flat())
                 if diverged:
                     return

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fxray.data.atomic import atomic_path
 from fxray.eval import pooled, selection
-from fxray.track.records import CSV_COLUMNS, FoldRecord, fold_checkpoints
+from fxray.track.records import CSV_COLUMNS, FoldRecord, fold_checkpoints, with_baselines
 from fxray.track.report import closing_lines, equity_png, market_info, print_last_screen, seed_spread
 from fxray.track.timing import time_breakdown
 from fxray.track.verdict import eval_trials, json_ready, sentence, snooping_verdict
@@ -46,9 +46,9 @@ def fmt_s(s: float) -> str:
 
 def load_records(storage) -> dict:
     """{(trial_id, fold): record} from folds.jsonl; a fold logged twice keeps its last line."""
-    path = Path(storage) / "folds.jsonl"
+    path, cache = Path(storage) / "folds.jsonl", {}
     records = [json.loads(line) for line in (path.read_text().splitlines() if path.exists() else []) if line.strip()]
-    return {(r["trial_id"], r["fold"]): r for r in records}
+    return {(r["trial_id"], r["fold"]): with_baselines(storage, r, cache) for r in records}
 
 
 def trials_table(records: dict) -> dict:

@@ -238,7 +238,7 @@ def serve(storage: str, uri: str, session: str, wait: str = "") -> int:
     base, n_folds, failed, top = sweep["base"], len(sweep["folds"]), 0, []
     if sweep.get("device") == "cpu":  # switches that do nothing without CUDA are not the trial's params
         base = {k: v for k, v in base.items() if k not in CUDA_ONLY}
-    folds, events = Tail(storage / FOLDS), Tail(storage / EVENTS)
+    folds, events, baselines = Tail(storage / FOLDS), Tail(storage / EVENTS), {}
 
     def write(call, *args):
         nonlocal failed
@@ -250,7 +250,7 @@ def serve(storage: str, uri: str, session: str, wait: str = "") -> int:
 
     def catch_up() -> bool:
         """Everything the files hold now; True when this session's sweep_end was among it."""
-        from fxray.track.records import FoldRecord
+        from fxray.track.records import FoldRecord, with_baselines
         from fxray.track.results import trial_label
 
         # events first: the driver writes a trial's folds before its end, so every fold that
@@ -258,7 +258,7 @@ def serve(storage: str, uri: str, session: str, wait: str = "") -> int:
         # would drop its last folds: a finished run is never written again)
         new_events = events.lines()
         for line in folds.lines():
-            rec = json.loads(line)
+            rec = with_baselines(storage, json.loads(line), baselines)
             tid = rec["trial_id"]
             write(tracker.log_fold, tid, trial_label(tid), {**base, **rec["config"]}, FoldRecord.from_flat(rec))
         for line in new_events:
