@@ -306,8 +306,11 @@ def test_trials_are_handed_to_tune_in_the_order_the_worker_trains_them(pool, tmp
     gathering = FoldWorker.options(num_cpus=0.1, num_gpus=0, max_concurrency=10).remote([ref], 9, 1, "float32", 4)
     job = {"base": TINY, "folds": folds, "seed": 4, "checkpoints": str(tmp_path / "checkpoints")}
     space = {"hidden": optuna.distributions.CategoricalDistribution([16, 24])}
-    searcher = StudySearch(tmp_path, space, 0, "round-1", [], 4, Ahead(gathering, job, 4))
-    handed = [searcher.suggest(f"tune-{i}") for i in range(4)]
+    ahead = Ahead(gathering, job, 4)
+    searcher = StudySearch(tmp_path, space, 0, "round-1", [], 4, ahead)
+    handed = [searcher.suggest("tune-0")]  # the first in ask order: the worker may still be starting
+    ray.get(ahead.queued)  # the worker has the batch: it can say when each trains
+    handed += [searcher.suggest(f"tune-{i}") for i in range(1, 4)]
     # seed 0 samples hidden 24, 16, 24, 24: the worker trains the three 24s (the first asked's shape)
     # fold by fold, then the 16; Tune gets them in that order
     assert [searcher.live[f"tune-{i}"] for i in range(4)] == [0, 2, 3, 1]  # study numbers = ask order

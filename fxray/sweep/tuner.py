@@ -79,8 +79,10 @@ class Ahead:
         self.queued = self.worker.queue_asked.remote(batch, self.job["folds"], self.job["seed"])
 
     def pending(self) -> dict[str, tuple[int, int]]:
-        """fxray.sweep.workers.DeviceWorker.pending, after the last `queue` is in."""
-        ray.get(self.queued, timeout=30)  # (a threaded actor may run a caller's calls out of order)
+        """fxray.sweep.workers.DeviceWorker.pending once the last `queue` is in; {} (ask order)
+        while the worker is still starting: Tune's first processes start beside it, not after."""
+        if not ray.wait([self.queued], timeout=0)[0]:  # (a threaded actor may run a caller's calls out of order)
+            return {}
         return ray.get(self.worker.pending.remote(), timeout=30)
 
 
