@@ -14,7 +14,7 @@ for r in "${rs[@]}"; do
   IFS=: read -r name tree flags <<< "$r"; i=$((i + 1))
   o="$out/$i-$name"; runs=$(mktemp -d); mkdir -p "$o"
   tree=$(cd "$tree" && pwd)
-  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$o/smi.csv" &
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$o/smi.csv" &
   smi=$!
   t0=$(date +%s.%N)
   (cd "$tree" && PYTHONPATH="$here/.site:$tree" FXRAY_TUNE_DEBUG_LOG="$o/debug.log" timeout "${TUNE_TIMEOUT:-200}" \
@@ -25,12 +25,22 @@ for r in "${rs[@]}"; do
   python3 - "$o" <<'PY'
 import json, sys
 o = sys.argv[1]
-u = [float(l.split(",")[0]) for l in open(f"{o}/smi.csv") if l.strip()]
+from datetime import datetime
+smi = [(datetime.strptime(l.split(",")[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp(), float(l.split(",")[1]))
+       for l in open(f"{o}/smi.csv") if l.strip()]
+u = [x for _, x in smi]
 print(f"  GPU busy mean {sum(u) / max(len(u), 1):.0f} % over {len(u)} s")
 try:
     r = json.load(open(f"{o}/results.json"))
 except (OSError, ValueError) as e:
     sys.exit(f"  no results.json ({e})")
+def busy(a, b):
+    xs = [x for t, x in smi if a <= t <= b]
+    return f"{sum(xs) / max(len(xs), 1):.0f} % over {len(xs)} s"
+ph, runs = r.get("phases") or {}, [x for w in r["workers"] for x in w["population_runs"]]
+if runs and "workers_ready" in ph and "tune_done" in ph:
+    print(f"  GPU busy: worker ready -> Tune done {busy(ph['workers_ready'], ph['tune_done'])}; first -> last population "
+          f"{busy(min(a for a, *_ in runs), max(b for _, b, *_ in runs))}; Tune started -> done {busy(ph['tune_started'], ph['tune_done'])}")
 t, v, tb = r["best"]["test"], r["verdict"], r.get("time_breakdown") or {}
 print(f"  wall_s {r['wall_s']:.1f}; chosen {r['best']['trial_id']} {t['sharpe'] or 0:+.2f} ± {t['sharpe_se'] or float('nan'):.2f} over {t['n_days']} days, "
       f"share {t.get('oracle_share') or float('nan'):.2f} ± {t.get('oracle_share_se') or float('nan'):.2f}; {v.get('answer')}")
