@@ -119,8 +119,8 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
     ahead, in_flight = None, workers.plan.n_trials
     if len(workers.handles) == 1 and workers.plan.population > 1 and job["stops"] == [n_folds] and not same:
         # one worker training populations, no rung before the last fold: a population's trials are
-        # asked at once and their folds queued on the worker; Tune is handed a trial when they are
-        # trained, and a process per core of this (head) node collects it (Tune reuses the process)
+        # asked at once and their folds queued on the worker; Tune gets them in the order they train,
+        # and a process per core of this (head) node collects each in turn (Tune reuses the process)
         ahead, in_flight = Ahead(workers.handles[0], job, workers.plan.population), min(in_flight, os.cpu_count() or 1)
 
     study = load_study(storage)
