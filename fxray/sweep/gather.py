@@ -35,7 +35,7 @@ from fxray.rl.trainer import CaptureError, Trainer
 
 WAIT_S = 0.05  # longest wait for a population to fill (a GPU fold takes 0.4-0.7 s)
 TRAINER_CACHE = 2  # Trainers (stacked networks + graph) kept, by shape and size
-PAD = 8  # on CUDA a population's slots are a multiple of this (at most k_max)
+PAD = 8  # on CUDA a population's slots: a power of two up to this, a multiple of it above
 
 
 @dataclass(eq=False)  # by identity: two trials may send equal requests, and each is trained
@@ -56,13 +56,14 @@ class Gatherer:
     """The queue of one worker's fold requests and the populations trained from it."""
 
     def __init__(self, data, k_max: int, wait_s: float = WAIT_S, pad: bool | None = None):
-        """`pad` (default: on CUDA): a population of n requests takes the slots of the next multiple
-        of PAD (at most k_max), the spare slots masked from the first step. Their compute is wasted
-        (< PAD members), but only k_max / PAD sizes exist, so the worker keeps one captured graph
-        per size instead of capturing again whenever the size changes (seconds each on a GPU)."""
+        """`pad` (default: on CUDA): a population of n requests takes the slots of the next power of
+        two up to PAD, of the next multiple of PAD above it (at most k_max), the spare slots masked
+        from the first step. Their compute is wasted (< PAD members), but few sizes exist, so the
+        worker keeps one captured graph per size instead of capturing again whenever the size
+        changes (seconds each on a GPU)."""
         self.data, self.k_max, self.wait_s = data, k_max, wait_s
         self.pad = data.device.type == "cuda" if pad is None else pad
-        self.cache = -(-k_max // PAD) + 1 if self.pad else TRAINER_CACHE
+        self.cache = PAD.bit_length() + k_max // PAD if self.pad else TRAINER_CACHE
         self.cond = threading.Condition()
         self.queue: list[Request] = []
         self.trainers: OrderedDict = OrderedDict()  # touched by the device thread only
@@ -182,7 +183,7 @@ class Gatherer:
         """The FoldResults of `batch` (trials of one shape, on one fold), trained together on the
         cached trainer of their shape and size; spare slots (`pad`) are stopped before the first step."""
         n, first = len(batch), batch[0]
-        slots = min(self.k_max, -(-n // PAD) * PAD) if self.pad else n
+        slots = min(self.k_max, 1 << (n - 1).bit_length() if n <= PAD else -(-n // PAD) * PAD) if self.pad else n
         cfgs = [r.cfg for r in batch] + [first.cfg] * (slots - n)
         return self._trainer((first.key[0], slots), cfgs).run_fold(
             Fold.from_dict(first.fold),
