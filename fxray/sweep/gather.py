@@ -110,8 +110,7 @@ class Gatherer:
             queue, due, n = list(self.queue), {}, 0
         while queue:
             n += 1
-            batch = [r for r in queue if r.key == queue[0].key][: self.k_max]
-            due.update(dict.fromkeys(batch, n))
+            due.update(dict.fromkeys(self._batch(queue, queue[0].key), n))
             queue = [r for r in queue if r not in due]
         return due
 
@@ -140,9 +139,13 @@ class Gatherer:
         waits for them)."""
         key = next((r for r in self.queue if r.warmup), self.queue[0]).key
         self.cond.wait_for(lambda: sum(r.key == key for r in self.queue) >= self.k_max, self.wait_s)
-        batch = [r for r in self.queue if r.key == key][: self.k_max]
+        batch = self._batch(self.queue, key)
         self.queue = [r for r in self.queue if r not in batch]
         return batch
+
+    def _batch(self, queue: list[Request], key: tuple) -> list[Request]:
+        """The population `key`'s requests in `queue` make: the oldest k_max of them."""
+        return [r for r in queue if r.key == key][: self.k_max]
 
     def _run(self, batch: list[Request]) -> None:
         """Train `batch` as one population; every request gets its result (or the error). A failed

@@ -262,7 +262,8 @@ def check_logs(storage: Path) -> None:
             try:  # a blank line passes
                 rec = json.loads(line) if line.strip() else {k: None for k in keys}
                 ok = set(keys) <= rec.keys()
-                files |= {rec["baselines_file"]} if rec.get("baselines_file") else set()
+                if rec.get("baselines_file"):
+                    files.add(rec["baselines_file"])
             except (ValueError, AttributeError):  # not JSON, or not a JSON object
                 ok = False
             if not ok:
