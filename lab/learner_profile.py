@@ -33,11 +33,20 @@ from fxray.rl.device import DeviceData  # noqa: E402
 from fxray.rl.trainer import Trainer  # noqa: E402
 
 
-def configs(k, batch, envs, hidden, graphs):
+def configs(k, batch, envs, hidden, graphs, noise=0.0):
     base = DQNConfig(
         num_envs=envs, batch_size=batch, hidden=hidden, inputs="ridge", demo=1.0, screen_t=0.0, graphs=graphs
     )
-    return [base.replace(lr=5e-4 * (1 + i % 4), gamma=0.95 + 0.01 * (i % 3), n_step=3 + i % 5) for i in range(k)]
+    return [
+        base.replace(lr=5e-4 * (1 + i % 4), gamma=0.95 + 0.01 * (i % 3), n_step=3 + i % 5, input_noise=noise)
+        for i in range(k)
+    ]
+
+
+GROUPS = {  # kernel name fragments -> what they do (the summary after each table)
+    "random": ("philox", "distribution", "random", "normal", "uniform"),
+    "matmul": ("gemm", "xmma", "cutlass", "splitk", "sm80", "sm90"),
+}
 
 
 def main():
@@ -46,10 +55,13 @@ def main():
     p.add_argument("--ks", default="3,24")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch", type=int, default=8192)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--noise", type=float, default=0.0, help="input_noise of every member (a sweep's: 0.5-2)")
     a = p.parse_args()
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
-    bars, batch, envs, hidden = (20_000, 64, 16, 32) if a.quick else (1_000_000, 8192, 2048, 256)
+    bars, batch, envs, hidden = (20_000, 64, 16, 32) if a.quick else (1_000_000, a.batch, 2048, a.hidden)
     sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
     data = DeviceData(bp.random_market(bars), dev)
     vb = bars // 10
@@ -59,14 +71,14 @@ def main():
         if cuda:
             for name in ("tf32", "fp32"):
                 torch.backends.cuda.matmul.allow_tf32 = name != "fp32"  # as Trainer.run_fold sets it
-                tr = Trainer(data, [c.replace(matmul=name) for c in configs(k, batch, envs, hidden, True)])
+                tr = Trainer(data, [c.replace(matmul=name) for c in configs(k, batch, envs, hidden, True, a.noise)])
                 tr._begin(fold, list(range(k)))
                 tr._capture()
                 row[f"graph_{name}"] = bp.timed_steps(tr.graph.replay, a.steps, sync) * 1e3
                 del tr
                 torch.cuda.empty_cache()
         torch.backends.cuda.matmul.allow_tf32 = True
-        tr = Trainer(data, configs(k, batch, envs, hidden, False))
+        tr = Trainer(data, configs(k, batch, envs, hidden, False, a.noise))
         tr._begin(fold, list(range(k)))
         row["eager"] = bp.timed_steps(tr.dqn.step, a.steps, sync) * 1e3
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -96,6 +108,17 @@ def main():
         for e in kernels[:28]:
             t = getattr(e, attr) / n / 1e3
             print(f"{t:8.3f} {t / total:6.1%} {e.count / n:6.1f}  {e.key[:110]}")
+        groups = dict.fromkeys([*GROUPS, "other"], 0.0)
+        calls = dict.fromkeys(groups, 0.0)
+        for e in kernels:
+            name = e.key.lower()
+            g = next((g for g, frags in GROUPS.items() if any(f in name for f in frags)), "other")
+            groups[g] += getattr(e, attr) / n / 1e3
+            calls[g] += e.count / n
+        print(
+            "by group: "
+            + ", ".join(f"{g} {t:.3f} ms ({t / total:.0%}, {calls[g]:.0f} calls)" for g, t in groups.items())
+        )
         del tr
         if cuda:
             torch.cuda.empty_cache()
