@@ -722,25 +722,3 @@ def test_a_population_sweep_logs_every_config_once_with_what_it_trains_alone(tmp
     assert sum(split["population_sizes"]) == 4 * 2
     plain = plain_replay(tmp_path, env)  # each config trained alone by a plain loop: the same val Sharpe
     assert plain["folds"] == 8 and plain["val_sharpe_matched"] == 8 and plain["val_sharpe_max_abs_diff"] == 0.0
-
-
-@pytest.mark.slow
-def test_a_population_sweep_with_a_rung_queues_the_folds_before_it(tmp_path):
-    """--population 6 on one CPU worker, 3 folds, ASHA's rung at fold 2: the searcher queues the
-    6 trials' first two folds on the worker (no trial can stop before them) and no later fold (a
-    trial the rung stops must leave nothing trained or cancelled); the trials that pass ask for
-    their third fold themselves. Every fold's val Sharpe is what the plain loop gives, to the bit."""
-    exp, env = setup(tmp_path, trials=6, folds=3, bars=26000)
-    args = ["--experiment", exp, "--num-cpus", 2, "--cpu-workers", 1, "--population", 6, "--json", "out.json"]
-    out = cli(args, env, tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())
-    done = [t["folds_done"] for t in results["trials"]]
-    assert len(done) == 6 and set(done) <= {2, 3} and results["asha"]["rungs"] == [2], done
-    assert results["asha"]["stopped_per_rung"] == [sum(t["stopped_early"] for t in results["trials"])]
-    (w,) = results["workers"]
-    assert w["n_asked"] == 6 * 2 and 0 <= w["n_asked_collected"] <= 6 * 2
-    calls = [c for c in w["calls"] if c[4] != "warmup"]
-    assert len(calls) == sum(done) and [c[4] for c in calls].count("cancelled") == 0
-    plain = plain_replay(tmp_path, env)
-    assert plain["folds"] == sum(done) == plain["val_sharpe_matched"] and plain["val_sharpe_max_abs_diff"] == 0.0

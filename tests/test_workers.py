@@ -304,7 +304,7 @@ def test_trials_are_handed_to_tune_in_the_order_the_worker_trains_them(pool, tmp
 
     workers, ref, folds, _ = pool
     gathering = FoldWorker.options(num_cpus=0.1, num_gpus=0, max_concurrency=10).remote([ref], 9, 1, "float32", 4)
-    job = {"base": TINY, "folds": folds, "seed": 4, "checkpoints": str(tmp_path / "checkpoints"), "stops": [len(folds)]}
+    job = {"base": TINY, "folds": folds, "seed": 4, "checkpoints": str(tmp_path / "checkpoints")}
     space = {"hidden": optuna.distributions.CategoricalDistribution([16, 24])}
     ahead = Ahead(gathering, job, 4)
     searcher = StudySearch(tmp_path, space, 0, "round-1", [], 4, ahead)

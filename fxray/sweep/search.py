@@ -12,10 +12,10 @@ trial told so far). Nothing of it is ever saved by or restored from Tune.
 
 A trial that errors stays RUNNING (not told): `--resume` runs it again under its id.
 
-With `ahead` (one worker training populations) new trials are asked a population at a time,
-their folds up to ASHA's first rung queued on the worker in one call, and handed to Tune in the
-order the worker trains them (`soonest`): Tune's trial processes collect trials as they are
-trained, and trained trials do not queue behind one that is trained last.
+With `ahead` (one worker training populations, no ASHA rung before the last fold) new trials
+are asked a population at a time, their folds queued on the worker in one call, and handed to
+Tune in the order the worker trains them (`soonest`): Tune's few trial processes collect trials
+as they are trained, and trained trials do not queue behind one that is trained last.
 """
 
 from __future__ import annotations

@@ -68,17 +68,15 @@ def keep_mlflow_out_of_tune() -> None:
 
 class Ahead:
     """The searcher's trials trained ahead of Tune on the one worker: `size` asked at a time, their
-    folds up to ASHA's first rung (every fold without one: no trial can stop before) queued there in
-    one call (`queue`), and when the worker will have trained each (`pending`)."""
+    folds queued there in one call (`queue`), and when the worker will have trained each (`pending`)."""
 
     def __init__(self, worker, job: dict, size: int):
         self.worker, self.job, self.size, self.queued = worker, job, size, None
 
     def queue(self, trials: list[tuple[str, dict]]) -> None:
-        """(trial id, sampled config) of each new trial: its first segment's folds, as fold_trial would send them."""
+        """(trial id, sampled config) of each new trial: its folds, as fold_trial would send them."""
         batch = [(tid, {**self.job["base"], **p}, os.path.join(self.job["checkpoints"], tid)) for tid, p in trials]
-        folds = self.job["folds"][: self.job["stops"][0]]
-        self.queued = self.worker.queue_asked.remote(batch, folds, self.job["seed"])
+        self.queued = self.worker.queue_asked.remote(batch, self.job["folds"], self.job["seed"])
 
     def pending(self) -> dict[str, tuple[int, int]]:
         """fxray.sweep.workers.DeviceWorker.pending once the last `queue` is in; {} (ask order)
@@ -119,15 +117,11 @@ def make_tuner(storage: Path, sweep: dict, exp, workers: Workers, plan, periods_
         tune.with_parameters(fold_trial, job=job, workers=workers), trial_resources(workers.plan.cpu_per_trial)
     )  # on the head if multi-node
     ahead, in_flight = None, workers.plan.n_trials
-    if len(workers.handles) == 1 and workers.plan.population > 1 and not same:
-        # one worker training populations: a population's trials are asked at once and their folds up
-        # to the first rung queued on the worker; Tune gets them in the order they train. With no rung
-        # before the last fold a process per core of this (head) node collects each in turn (Tune
-        # reuses the process); with one, every trial keeps its process, so that the trials a rung
-        # lets pass ask for their next folds together (one population, not one per process)
-        ahead = Ahead(workers.handles[0], job, workers.plan.population)
-        if job["stops"] == [n_folds]:
-            in_flight = min(in_flight, os.cpu_count() or 1)
+    if len(workers.handles) == 1 and workers.plan.population > 1 and job["stops"] == [n_folds] and not same:
+        # one worker training populations, no rung before the last fold: a population's trials are
+        # asked at once and their folds queued on the worker; Tune gets them in the order they train,
+        # and a process per core of this (head) node collects each in turn (Tune reuses the process)
+        ahead, in_flight = Ahead(workers.handles[0], job, workers.plan.population), min(in_flight, os.cpu_count() or 1)
 
     study = load_study(storage)
     if same and not study.get_trials(deepcopy=False):  # the first session of the round: enqueue once
