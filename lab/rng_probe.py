@@ -76,6 +76,8 @@ def main():
                     fn()
                 torch.cuda.current_stream().wait_stream(s)
                 g = torch.cuda.CUDAGraph()
+                for gen in gens if fn is old else ():  # as fxray.rl.trainer captures: each member's generator
+                    g.register_generator_state(gen)
                 with torch.cuda.graph(g):
                     fn()
                 run = g.replay
