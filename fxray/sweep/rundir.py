@@ -16,7 +16,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +26,7 @@ from fxray.data.atomic import atomic_path
 from fxray.data.folds import FoldError, make_folds
 from fxray.rl import experiment as expmod
 from fxray.rl.config import make_config
+from fxray.track.records import BASELINES_NAME
 
 
 class UsageError(ValueError):
@@ -259,11 +259,11 @@ def check_logs(storage: Path) -> None:
             raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
         files = set()  # folds.jsonl's baselines files (fxray.track.records.put_baselines)
         for number, line in enumerate(lines, start=1):
-            try:  # a blank line passes
-                rec = json.loads(line) if line.strip() else {k: None for k in keys}
+            if not line.strip():  # a blank line passes
+                continue
+            try:
+                rec = json.loads(line)
                 ok = set(keys) <= rec.keys()
-                if rec.get("baselines_file"):
-                    files.add(rec["baselines_file"])
             except (ValueError, AttributeError):  # not JSON, or not a JSON object
                 ok = False
             if not ok:
@@ -271,11 +271,11 @@ def check_logs(storage: Path) -> None:
                     f"{path} line {number}: not a record of the sweep's log (needs a JSON object with "
                     f"{', '.join(keys)}); a crash cannot leave one: restore the file, or pass --storage DIR"
                 )
+            if rec.get("baselines_file"):
+                files.add(rec["baselines_file"])
         for name in files:
             try:
-                ok = bool(re.fullmatch(r"baselines/[0-9a-f]{24}\.json", name)) and isinstance(
-                    json.loads((storage / name).read_text()), dict
-                )
+                ok = bool(BASELINES_NAME.fullmatch(name)) and isinstance(json.loads((storage / name).read_text()), dict)
             except (OSError, ValueError, TypeError):
                 ok = False
             if not ok:

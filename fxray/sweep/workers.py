@@ -123,16 +123,13 @@ class DeviceWorker:
         call came first. A fold its config cannot train is left for the trial's own call, which
         reports why."""
         with self.gatherer.cond:  # (the Gatherer's lock: it takes the next population after, not during)
-            self._queue(trials, folds, seed)
-
-    def _queue(self, trials: list[tuple[str, dict, str]], folds: list[dict], seed: int) -> None:
-        for trial_id, config, checkpoint_dir in trials:
-            for fold in folds:
-                with self.asked_lock, contextlib.suppress(Exception):
-                    self.n_asked += 1
-                    if self.asked.pop((trial_id, fold["k"]), None) is CLAIMED:
-                        continue
-                    self.asked[(trial_id, fold["k"])] = self.gatherer.submit(config, fold, seed, checkpoint_dir)
+            for trial_id, config, checkpoint_dir in trials:
+                for fold in folds:
+                    with self.asked_lock, contextlib.suppress(Exception):
+                        self.n_asked += 1
+                        if self.asked.pop((trial_id, fold["k"]), None) is CLAIMED:
+                            continue
+                        self.asked[(trial_id, fold["k"])] = self.gatherer.submit(config, fold, seed, checkpoint_dir)
 
     @ray.method(concurrency_group="control")
     def pending(self) -> dict[str, tuple[int, int]]:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,6 +191,9 @@ class FoldRecord:
         if self.status != "ok":  # a diverged fold's trial has no score (the run's tag fxray.status says why)
             out["score"] = None
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
+
+
+BASELINES_NAME = re.compile(r"baselines/[0-9a-f]{24}\.json")  # put_baselines' files, relative to the run directory
 
 
 def put_baselines(storage, record: FoldRecord) -> None:
