@@ -288,8 +288,9 @@ def test_split_k_weight_gradient_is_autograds(k, n):
 
 
 def test_the_batched_paths_cuda_runs_agree_with_the_per_member_ones(market_data):
-    """CUDA's stacked path (one bmm a layer, the front end over every member's batch, split-K
-    weight gradients) forced on the CPU: the same Q and, after a fold, the same weights to rounding."""
+    """CUDA's stacked path (one bmm a layer, the position embedding inside the first layer's GEMM,
+    the front end over every member's batch, split-K weight gradients) forced on the CPU: the same Q
+    and, after a fold, the same weights to rounding."""
     data, fold = market_data
     cfgs = [BASE.replace(inputs="ridge", lr=1e-3), BASE.replace(inputs="ridge", lr=3e-3, gamma=0.9)]
     weights = []

@@ -149,9 +149,13 @@ class QNetwork:
         """market (K, N, n_inputs), position (K, N) in {-1,0,1} -> Q (K, N, 3)."""
         # (not F.one_hot: its bounds check reads a value back to the host on CUDA)
         one_hot = (position.unsqueeze(-1) == self.positions).to(market.dtype)  # (K, N, 3)
-        return self._q(
-            self._linear(self._front(market), self.params[1], self.params[2]) + self._embed(one_hot), self.params
-        )
+        x, (embed, w1, b1) = self._front(market), self.params[:3]
+        if self.per_member:  # as one member's network computes it (bit for bit)
+            return self._q(self._linear(x, w1, b1) + self._embed(one_hot), self.params)
+        # batched: one GEMM [x, one_hot] @ [W1, E^T]^T, the same sum: a (K, N, H) pass over the
+        # activations is the step's cost at K x batch in the 10^6 (memory-bound), and this saves the
+        # embedding's product and the add in each forward, and one pass of the weight gradient
+        return self._q(self._linear(torch.cat([x, one_hot], -1), torch.cat([w1, embed.mT], -1), b1), self.params)
 
     def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
         """market (M, T, n_inputs) -> (M, T, 3 previous positions, 3 actions) of `members` (M of
