@@ -38,7 +38,7 @@ import torch
 
 from fxray.data.folds import Fold
 from fxray.eval import pooled
-from fxray.eval.backtest import BacktestResult, backtest, backtest_many, evaluate
+from fxray.eval.backtest import BacktestResult, backtest_many, evaluate
 from fxray.eval.selection import keeps
 from fxray.rl import checkpoint
 from fxray.rl.config import ConfigError, DQNConfig
@@ -192,12 +192,12 @@ class Trainer:
         trial_of = [j for j, c in enumerate(self.cfgs) for _ in range(c.seeds)]
         mseeds = [seed + i * SEED_STRIDE for c, seed in zip(self.cfgs, seeds) for i in range(c.seeds)]
         members = self._train(fold, mseeds, log, None if stop is None else (lambda m: stop(trial_of[m])), t_start)
+        # seeds is a shape field: every trial here is a seed ensemble, or none is
+        ensembles = self._ensembles(fold, mseeds, members, t_start) if self.cfgs[0].seeds > 1 else None
         results = []
         for j, cfg in enumerate(self.cfgs):
             lo, hi = self.offsets[j], self.offsets[j + 1]
-            result = (
-                members[lo] if cfg.seeds == 1 else self._ensemble(cfg, fold, mseeds[lo:hi], members[lo:hi], lo, t_start)
-            )
+            result = members[lo] if ensembles is None else ensembles[j]
             if dirs[j] is not None:
                 result.checkpoint = self._save_trial(dirs[j], fold, cfg, lo, result, members[lo:hi], mseeds[lo:hi])
             results.append(result)
@@ -326,35 +326,56 @@ class Trainer:
         return results
 
     # --- seed ensembles and checkpoints -------------------------------------------------
-    def _ensemble(self, cfg, fold: Fold, seeds: list[int], members: list[FoldResult], lo: int, t0: float):
-        """One FoldResult for the mean-Q policy of a trial's "ok" members (slots lo, lo + 1, ...)."""
-        spread = {
-            "seeds": seeds,
-            "status": [m.status for m in members],
-            "val_sharpe": [m.val.get("sharpe") for m in members],
-            "test_sharpe": [m.test.get("sharpe") for m in members],
-        }
-        ok = [i for i, m in enumerate(members) if m.status == "ok"]
-        kept = [i for i in ok if not members[i].abstained]
-        first = members[(kept or ok or [0])[0]]
-        result = FoldResult(**{**first.as_dict(), "seed_spread": spread, "checkpoint": None})
-        if not kept:  # no member kept an epoch (flat), or none is "ok": the fold is what that member's was
-            return result
-        result.epochs_run = max(m.epochs_run for m in members)
-        slots = [lo + i for i in kept]
-
-        def mean_q(window) -> BacktestResult:
-            return backtest(self.q_all(window, slots).mean(0), self.data.window(window, cfg.fill), cfg.cost)
-
-        chosen = mean_q(fold.chooser)
-        if cfg.keep == "best" or keeps(chosen, selection_score(self.data, chosen, cfg.cost)):
-            val = chosen if fold.holdout is None else mean_q(fold.val)
-            result.scored(val, mean_q(fold.test), selection_score(self.data, val, cfg.cost))
-        else:  # its members won there, their mean did not: flat
+    def _ensembles(self, fold: Fold, seeds: list[int], members: list[FoldResult], t0: float) -> list[FoldResult]:
+        """Per trial, one FoldResult for the mean-Q policy of its "ok" members that kept an epoch
+        (slots offsets[j] ...); every trial's mean Q on a window is backtested in one pass."""
+        results, slots = [], {}
+        for j in range(len(self.cfgs)):
+            lo, hi = self.offsets[j], self.offsets[j + 1]
+            mine = members[lo:hi]
+            spread = {
+                "seeds": seeds[lo:hi],
+                "status": [m.status for m in mine],
+                "val_sharpe": [m.val.get("sharpe") for m in mine],
+                "test_sharpe": [m.test.get("sharpe") for m in mine],
+            }
+            ok = [i for i, m in enumerate(mine) if m.status == "ok"]
+            kept = [i for i in ok if not mine[i].abstained]
+            first = mine[(kept or ok or [0])[0]]
+            results.append(FoldResult(**{**first.as_dict(), "seed_spread": spread, "checkpoint": None}))
+            if kept:  # else the fold is what that member's was (flat, or none is "ok")
+                results[j].epochs_run = max(m.epochs_run for m in mine)
+                slots[j] = [lo + i for i in kept]
+        if not slots:
+            return results
+        cfg = self.cfgs[0]  # cost and fill are shape fields
+        chosen = self._mean_backtests(fold.chooser, slots)
+        won = {j: s for j, s in slots.items() if cfg.keep == "best" or keeps(chosen[j], self._score(chosen[j]))}
+        if won:
+            tests = self._mean_backtests(fold.test, won)
+            vals = chosen if fold.holdout is None else self._mean_backtests(fold.val, won)
+            for j in won:
+                results[j].scored(vals[j], tests[j], self._score(vals[j]))
+        lost = [results[j] for j in slots if j not in won]  # its members won there, their mean did not: flat
+        for result in lost:
             result.best_epoch = -1
-            score_flat(self.data, fold, cfg, result)
-        result.timings = {**first.timings, "total_s": time.perf_counter() - t0}
-        return result
+        if lost:
+            score_flat(self.data, fold, cfg, *lost)
+        for j in slots:
+            results[j].timings = {**results[j].timings, "total_s": time.perf_counter() - t0}
+        return results
+
+    def _score(self, result: BacktestResult) -> float:
+        return selection_score(self.data, result, self.cfgs[0].cost)
+
+    def _mean_backtests(self, window: tuple[int, int], slots: dict[int, list[int]]) -> dict[int, BacktestResult]:
+        """{trial: the backtest over `window` of the mean Q of its members `slots[trial]`}, in one pass."""
+        q, at, means = self.q_all(window, [s for group in slots.values() for s in group]), 0, []
+        for group in slots.values():
+            means.append(q[at : at + len(group)].mean(0))
+            at += len(group)
+        costs = [self.cfgs[0].cost] * len(means)
+        return dict(zip(slots, backtest_many(torch.stack(means), self.data.window(window, self.cfgs[0].fill), costs)))
 
     def _save_trial(self, folder, fold: Fold, cfg, lo: int, result: FoldResult, members, seeds) -> str | None:
         """A trial's kept weights: fold<k> of a single seed, or each "ok" member's as fold<k>.m<i>
