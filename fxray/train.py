@@ -109,12 +109,6 @@ def fold_table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def pooled_report(pooled: dict, cost: float, fill: str) -> str:
-    """The numbers to judge by: val and test windows pooled, with errors and the references."""
-    val = f"val windows pooled: Sharpe {sharpe_line(pooled['val'])}; fill {fill}"
-    return "\n".join([val, *pooled_lines(pooled, cost)])
-
-
 def run(args) -> dict:
     if args.from_run and (args.set or args.epochs is not None or args.experiment or args.synth_bars):
         raise ValueError("--from-run takes its config from the run: drop --set/--epochs/--experiment/--synth-bars")
@@ -160,7 +154,9 @@ def run(args) -> dict:
     print(fold_table(results))
     records = [FoldRecord.from_result(r).flat() for r in results]
     pooled = pooled_stats({"folds": records}, cfg.cost, data.calendar.periods_per_year)
-    print(pooled_report(pooled, cfg.cost, cfg.fill))
+    # the numbers to judge by: val and test windows pooled, with errors and the references
+    print(f"val windows pooled: Sharpe {sharpe_line(pooled['val'])}; fill {cfg.fill}")
+    print(*pooled_lines(pooled, cfg.cost), sep="\n")
     out = {
         "experiment": name,
         "data": str(data_path),

@@ -76,7 +76,7 @@ def test_the_end_of_a_sweep_ranks_its_trials_and_summarises_it(tmp_path):
     pooled = {
         t: {"pooled_val_sharpe": v, "pooled_test_sharpe": -v, "pooled_test_sharpe_se": None} for t, v in V.items()
     }
-    with Writer(storage, uri) as writer:
+    with Writer(storage) as writer:
         assert writer.wait_open(timeout=120), writer.error
         report = {"screen": screen, "ranking": ["t2", "t3", "t1"], "top": 2, "pooled": pooled, "params": ["lr"]}
         assert writer.finish("FINISHED", {"best_test_dsr": 0.1}, report=report) == 0

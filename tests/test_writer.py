@@ -66,7 +66,7 @@ def test_the_writer_logs_what_the_log_holds(tmp_path):
     log_fold(storage, "t1", 0, 1.5)
     log_fold(storage, "t1", 0, 9.9)  # a fold logged twice reaches MLflow once
     opened = []
-    with Writer(storage, uri, on_open=opened.append) as writer:
+    with Writer(storage, on_open=opened.append) as writer:
         assert writer.wait_open(timeout=120), writer.error
         log_fold(storage, "t1", 1, 2.5)  # appended while it runs
         append_event(storage, kind="trial_end", trial_id="t1", status="FINISHED", folds_done=2)
@@ -93,11 +93,11 @@ def test_a_writer_started_again_writes_only_what_the_store_lacks(tmp_path):
     make_sweep(storage, uri)
     for k in range(2):
         log_fold(storage, "t1", k, k + 0.5)  # (a Sharpe of exactly 0.0 is undefined: not logged)
-    with Writer(storage, uri) as first:
+    with Writer(storage) as first:
         assert first.wait_open(timeout=120)
         assert first.finish("KILLED") == 0
     log_fold(storage, "t2", 0, 5.0)
-    with Writer(storage, uri) as again:  # sweep.json still has no parent_run_id
+    with Writer(storage) as again:  # sweep.json still has no parent_run_id
         assert again.wait_open(timeout=120)
         assert again.finish("FINISHED") == 0
     assert again.parent_id == first.parent_id
@@ -115,14 +115,14 @@ def test_a_child_run_created_by_a_writer_killed_before_its_params_gets_them(tmp_
     showed it): the writer started again finds the run, logs its params once, then its folds."""
     uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
     make_sweep(storage, uri)
-    with Writer(storage, uri) as first:
+    with Writer(storage) as first:
         assert first.wait_open(timeout=120)
         assert first.finish("KILLED") == 0
     client = MlflowClient(uri)
     exp_id = client.get_experiment_by_name("m").experiment_id
     bare = client.create_run(exp_id, tags={"mlflow.parentRunId": first.parent_id, "fxray.trial_id": "t1"})
     log_fold(storage, "t1", 0, 0.5, lr=0.002)
-    with Writer(storage, uri) as again:
+    with Writer(storage) as again:
         assert again.wait_open(timeout=120)
         assert again.finish("FINISHED") == 0
     children = child_runs(uri, first.parent_id)
@@ -134,7 +134,7 @@ def test_a_child_run_created_by_a_writer_killed_before_its_params_gets_them(tmp_
 def test_a_writer_that_died_is_started_again_by_finish(tmp_path, capsys):
     uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
     make_sweep(storage, uri)
-    with Writer(storage, uri) as writer:
+    with Writer(storage) as writer:
         assert writer.wait_open(timeout=120)
         os.kill(writer.proc.pid, signal.SIGKILL)
         writer.proc.wait()
@@ -153,7 +153,7 @@ def test_a_writer_whose_driver_was_killed_writes_the_log_and_exits_quietly(tmp_p
     make_sweep(storage, uri)
     for k in range(2):
         log_fold(storage, "t1", k, k + 0.5)
-    cmd = [sys.executable, "-m", "fxray.track.writer", str(storage), uri, "s"]
+    cmd = [sys.executable, "-m", "fxray.track.writer", str(storage), "s"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdout.close()  # the driver is gone: nobody reads
     proc.stdin.close()
@@ -169,7 +169,7 @@ def test_the_writer_ignores_ctrl_c_and_reports_a_bad_store(tmp_path):
     (tmp_path / "mlflow.db").write_bytes(b"not a sqlite file" * 100)
     uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
     errors = []
-    with Writer(storage, uri, on_error=errors.append) as writer:
+    with Writer(storage, on_error=errors.append) as writer:
         assert os.getpgid(writer.proc.pid) != os.getpgid(0)  # a terminal's Ctrl+C does not reach it
         time.sleep(1.0)
         os.kill(writer.proc.pid, signal.SIGINT)  # nor does a direct one end it
@@ -181,8 +181,7 @@ def test_the_writer_ignores_ctrl_c_and_reports_a_bad_store(tmp_path):
 
 def test_a_writer_never_given_a_sweep_leaves_no_store(tmp_path):
     """A sweep that stops before writing sweep.json: the writer only waited; nothing is created."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    with Writer(tmp_path / "run", uri) as writer:
+    with Writer(tmp_path / "run") as writer:
         time.sleep(3)  # long enough to have imported mlflow
     assert writer.proc.returncode == 0 and list(tmp_path.iterdir()) == []
 
@@ -192,7 +191,7 @@ def test_failed_writes_are_counted_and_the_rest_still_written(tmp_path):
     make_sweep(storage, uri)
     log_fold(storage, "t1", 0, "not a number")
     log_fold(storage, "t2", 0, 1.0)
-    with Writer(storage, uri) as writer:
+    with Writer(storage) as writer:
         assert writer.wait_open(timeout=120)
         assert writer.finish("FINISHED") == 1
     assert val_points(uri, child_runs(uri, writer.parent_id)["t2"]) == [(0, 1.0)]
@@ -258,7 +257,7 @@ def test_a_folds_baselines_are_kept_once_apart_and_reach_mlflow_and_results_whol
     assert {x["baselines_file"] for x in lines} == {f"baselines/{kept.name}"}
     assert all(x["baseline_periods"] == {} for x in lines) and len(json.dumps(lines[0])) < 2000
     assert all(r["baseline_periods"] == periods for r in load_records(storage).values())
-    with Writer(storage, uri) as writer:
+    with Writer(storage) as writer:
         assert writer.wait_open(timeout=120), writer.error
         for tid in ("t1", "t2"):
             append_event(storage, kind="trial_end", trial_id=tid, status="FINISHED", folds_done=1)

@@ -152,9 +152,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
         phases["mlflow_ready"] = time.time()
 
     # first, so that importing mlflow overlaps Ray's start; it opens the store once sweep.json exists
-    writer = stack.enter_context(
-        Writer(storage, plan.uri, on_open=opened, on_error=MLFLOW_FAILURE.append, wait_for_go=True)
-    )
+    writer = stack.enter_context(Writer(storage, on_open=opened, on_error=MLFLOW_FAILURE.append, wait_for_go=True))
     start_ray(args)  # a local session's Ray processes end with us, however we end (its reaper)
     phases["ray_up"] = time.time()
     resources = ray.cluster_resources()
@@ -180,7 +178,7 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
     cfg = exp.config
     print(
         f"{profile.upper()} profile: {trials} trials x {len(folds)} folds x {cfg.epochs} epochs "
-        f"x {cfg.steps_per_epoch} steps ({cfg.num_envs} envs, batch {getattr(cfg, 'batch_size', '-')}) "
+        f"x {cfg.steps_per_epoch} steps ({cfg.num_envs} envs, batch {cfg.batch_size}) "
         f"on {wplan.describe()}; data {plan.data_path} ({market.n_bars:,} bars)"
         + (" -- resuming" if args.resume else "")
         + (f" -- the trials of {plan.same['from']}, each for as many folds as there" if plan.same else ""),

@@ -184,7 +184,7 @@ def conclude(args, storage: Path, real: dict, sweeps: list) -> int:
     print(text(verdict))
     png = verdict_png(storage / "verdict.png", [(real["experiment"], verdict)])
     summary = {**{k: v for k, v in metrics(verdict).items() if k == "placebo_pvalue"}, "placebo_n": len(bests)}
-    with Writer(storage, real["mlflow"]["uri"]) as writer:  # the finished parent run gets the verdict
+    with Writer(storage) as writer:  # the finished parent run gets the verdict
         lost = writer.finish("FINISHED", summary, [("verdict", png)])
     if lost:
         why = f"the store did not open: {writer.error}" if lost < 0 else f"{lost} write(s) failed"

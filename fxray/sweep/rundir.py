@@ -67,7 +67,7 @@ def locate(args, overrides) -> tuple[str, Path, dict | None]:
             "cannot resume or extend: start a new sweep with --storage DIR"
         )
     check_logs(storage)
-    if args.resume and sweep["rounds"][-1]["done"] and not getattr(args, "same_trials", None):  # before Ray starts
+    if args.resume and sweep["rounds"][-1]["done"] and not args.same_trials:  # before Ray starts
         raise NothingToResume(
             f"nothing to resume: the sweep in {storage} finished at {finished_at(storage, sweep['rounds'][-1])} "
             f"(results: {storage / 'results.json'}; run without --resume to extend it)"

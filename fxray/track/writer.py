@@ -1,11 +1,11 @@
 """MLflow fed from the sweep's own log: a process that tails the run directory's
 folds.jsonl and events.jsonl and writes them to the store, idempotently.
 
-    driver:  writer = Writer(storage, uri)        # at once: mlflow imports while Ray starts
+    driver:  writer = Writer(storage)             # at once: mlflow imports while Ray starts
              writer.wait_open(timeout)            # True once the parent run is open (servers)
              append_event(storage, kind="trial_end", trial_id=..., status=..., folds_done=...)
              failed = writer.finish(status, summary, artifacts)   # caught up, parent run ended
-    process: python -m fxray.track.writer STORAGE URI SESSION
+    process: python -m fxray.track.writer STORAGE SESSION      (the store: sweep.json's mlflow.uri)
 
 The log is the truth: folds.jsonl holds every fold exactly once, in order, written by the
 driver; the writer only reads it. Runs are found again by tag (fxray.Tracker), so a
@@ -49,11 +49,11 @@ class Writer(contextlib.AbstractContextManager):
     """The driver's handle on the writer process (stdlib only: no mlflow here); closed at the
     end of a `with` block."""
 
-    def __init__(self, storage, uri: str, on_open=None, on_error=None, wait_for_go: bool = False):
+    def __init__(self, storage, on_open=None, on_error=None, wait_for_go: bool = False):
         """`wait_for_go`: the process opens the store only after `go()` (the driver says so once
         the sweep is checked and recorded: a sweep refused after the writer started leaves the
         store untouched); else as soon as sweep.json exists."""
-        self.storage, self.uri, self.session = Path(storage), uri, uuid.uuid4().hex
+        self.storage, self.session = Path(storage), uuid.uuid4().hex
         self.on_open, self.on_error = on_open, on_error
         self.wait_for_go, self.went = wait_for_go, False
         self.parent_id: str | None = None
@@ -68,7 +68,7 @@ class Writer(contextlib.AbstractContextManager):
     def _start(self) -> None:
         root = str(Path(__file__).resolve().parents[2])  # fxray importable however the driver started
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        cmd = [sys.executable, "-m", "fxray.track.writer", str(self.storage), self.uri, self.session]
+        cmd = [sys.executable, "-m", "fxray.track.writer", str(self.storage), self.session]
         cmd += ["wait-for-go"] if self.wait_for_go and not self.went else []
         # its own session: the terminal's Ctrl+C goes to the driver, which still has runs to end
         self.proc = subprocess.Popen(
@@ -206,7 +206,7 @@ def say(**msg) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def serve(storage: str, uri: str, session: str, wait: str = "") -> int:
+def serve(storage: str, session: str, wait: str = "") -> int:
     """Open the store once told to ("go" on stdin, with `wait`) and sweep.json exists, then write
     what the log holds until the sweep ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -285,4 +285,4 @@ def serve(storage: str, uri: str, session: str, wait: str = "") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(*sys.argv[1:5]))
+    sys.exit(serve(*sys.argv[1:4]))
