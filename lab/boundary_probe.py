@@ -14,7 +14,6 @@ A probe: its numbers go to the note, not to a test.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import tempfile
 import time
@@ -22,11 +21,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-spec = importlib.util.spec_from_file_location("learner_profile", ROOT / "lab" / "learner_profile.py")
-lp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(lp)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import learner_profile as lp  # noqa: E402  (its market, configs and imports of fxray)
 
 
 def main():
