@@ -245,10 +245,11 @@ class DQN:
         market = self.data.states(torch.cat([t, next_t], 1))  # (K, 2B, n_inputs)
         if noise is not None:
             market = market + noise
-        q_both = self.q_network(market, torch.cat([position, next_position], 1))  # (K, 2B, 3)
-        q = q_both[:, :B]
+        # the online network's Q of the next states only picks an action: computed without a graph,
+        # so the backward runs over the B rows the loss reads, not 2B (half of them zero gradient)
+        q = self.q_network(market[:, :B], position)  # (K, B, 3)
         with torch.no_grad():
-            next_action = q_both[:, B:].argmax(2, keepdim=True)
+            next_action = self.q_network(market[:, B:], next_position).argmax(2, keepdim=True)
             next_q = self.target_network(market[:, B:], next_position).gather(2, next_action).squeeze(2)
             td_target = return_n * self.reward_scale + discount * next_q
         q_sa = q.gather(2, action.unsqueeze(2)).squeeze(2)  # (K, B)

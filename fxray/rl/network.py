@@ -207,7 +207,7 @@ def split_chunks(n: int, k: int) -> int:
 class SplitKMatmul(torch.autograd.Function):
     """y = x @ w^T (+ b) per member, x (K, N, in), w (K, out, in), b (K, out) or None.
 
-    The weight gradient g^T x sums over the N = 2 x batch rows. cuBLAS's batched GEMM does that
+    The weight gradient g^T x sums over the N = batch rows. cuBLAS's batched GEMM does that
     sum in one pass per output tile when K is small (at K = 2..4, batch 8192, hidden 256, a
     32x32-tile kernel of ~0.6 ms a layer on an H200). Here the rows are cut into `split_chunks`
     chunks, each chunk's product is one more batch of the bmm, and the chunks are summed: the
