@@ -152,10 +152,13 @@ class QNetwork:
         x, (embed, w1, b1) = self._front(market), self.params[:3]
         if self.per_member:  # as one member's network computes it (bit for bit)
             return self._q(self._linear(x, w1, b1) + self._embed(one_hot), self.params)
-        # batched: one GEMM [x, one_hot] @ [W1, E^T]^T, the same sum: a (K, N, H) pass over the
-        # activations is the step's cost at K x batch in the 10^6 (memory-bound), and this saves the
-        # embedding's product and the add in each forward, and one pass of the weight gradient
-        return self._q(self._linear(torch.cat([x, one_hot], -1), torch.cat([w1, embed.mT], -1), b1), self.params)
+        # batched: one GEMM [x, one_hot, 1] @ [W1, E^T, b1]^T, the same sum: a (K, N, H) pass over
+        # the activations is the step's cost at K x batch in the 10^6 (memory-bound), and this saves
+        # the embedding's product and its add, and the bias's broadcast copy into the output that
+        # baddbmm makes and reads back, in each forward; and the bias gradient's reduction
+        ones = one_hot.new_ones(*one_hot.shape[:-1], 1)
+        first = torch.cat([w1, embed.mT, b1.unsqueeze(-1)], -1)
+        return self._q(self._linear(torch.cat([x, one_hot, ones], -1), first, None), self.params)
 
     def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
         """market (M, T, n_inputs) -> (M, T, 3 previous positions, 3 actions) of `members` (M of
