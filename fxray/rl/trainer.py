@@ -31,7 +31,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
@@ -72,7 +72,10 @@ class FoldResult:
     abstained: bool = False  # flat: not trained (dqn.abstain), or no epoch kept (selection.keeps)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Its fields, not copied: a population's results share their fold's references, and a deep
+        copy of each (dataclasses.asdict: their hourly returns, object by object) ran in a worker's
+        device thread while the GPU waited. Ray's return and the JSON writers copy them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def scored(self, val: BacktestResult, test: BacktestResult, val_score: float) -> None:
         """The policy's backtests on val and test (metrics, hourly returns), its score."""
