@@ -22,9 +22,9 @@ for r in "${rs[@]}"; do
     --tracking-uri "sqlite:///$runs/mlflow.db" --json "$o/results.json" > "$o/tune.log" 2>&1)
   rc=$?; t1=$(date +%s.%N); kill $smi
   echo "=== $i $name ($tree $flags): exit $rc, wall $(python3 -c "print(round($t1-$t0,1))") s"
-  python3 - "$o" <<'PY'
+  python3 - "$o" "$t0" "$t1" <<'PY'
 import json, sys
-o = sys.argv[1]
+o, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 from datetime import datetime
 smi = [(datetime.strptime(l.split(",")[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp(), float(l.split(",")[1]))
        for l in open(f"{o}/smi.csv") if l.strip()]
@@ -42,6 +42,7 @@ if runs and "workers_ready" in ph and "tune_done" in ph:
     print(f"  GPU busy: worker ready -> Tune done {busy(ph['workers_ready'], ph['tune_done'])}; first -> last population "
           f"{busy(min(a for a, *_ in runs), max(b for _, b, *_ in runs))}; Tune started -> done {busy(ph['tune_started'], ph['tune_done'])}")
 t, v, tb = r["best"]["test"], r["verdict"], r.get("time_breakdown") or {}
+print(f"  before the clock {r['started'] - t0:.1f} s, after wall_s {t1 - r['started'] - r['wall_s']:.1f} s")
 print(f"  wall_s {r['wall_s']:.1f}; chosen {r['best']['trial_id']} {t['sharpe'] or 0:+.2f} ± {t['sharpe_se'] or float('nan'):.2f} over {t['n_days']} days, "
       f"share {t.get('oracle_share') or float('nan'):.2f} ± {t.get('oracle_share_se') or float('nan'):.2f}; {v.get('answer')}")
 print("  " + ", ".join(f"{k} {tb[k]:.1f}" for k in ("startup_s", "fold_setup_s", "learner_s", "backtest_s", "overhead_s", "idle_s") if k in tb))
