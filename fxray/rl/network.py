@@ -105,6 +105,14 @@ class QNetwork:
         weights[1], weights[2] = self._plain_first(weights[1], weights[2])  # market_in.weight, market_in.bias
         return dict(zip(names(self.depth), weights))
 
+    def host_states(self, members: list[int]) -> list[dict[str, torch.Tensor]]:
+        """`state` of each of `members`, on the host: one device-to-host copy a weight for all of them."""
+        states = [self.state(k) for k in members]
+        if not states:
+            return []
+        stacked = {name: torch.stack([s[name] for s in states]).cpu() for name in names(self.depth)}
+        return [{name: w[i] for name, w in stacked.items()} for i in range(len(members))]
+
     def _plain_first(self, w1: torch.Tensor, b1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One member's first layer (H, width), (H,) as the plain network's: with a front end,
         (W1 A, W1 c + b1). The one place the map is folded: `state` and `q_all` both call it, so

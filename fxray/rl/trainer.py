@@ -197,12 +197,17 @@ class Trainer:
         members = self._train(fold, mseeds, log, None if stop is None else (lambda m: stop(trial_of[m])), t_start)
         # seeds is a shape field: every trial here is a seed ensemble, or none is
         ensembles = self._ensembles(fold, mseeds, members, t_start) if self.cfgs[0].seeds > 1 else None
+        # the checkpoints' weights and normalisation on the host in one copy each, not one a member
+        saved = [k for j, d in enumerate(dirs) if d is not None for k in range(self.offsets[j], self.offsets[j + 1])]
+        host = (dict(zip(saved, self.dqn.q_network.host_states(saved))), self.data.mean.cpu(), self.data.inv_std.cpu())
         results = []
         for j, cfg in enumerate(self.cfgs):
             lo, hi = self.offsets[j], self.offsets[j + 1]
             result = members[lo] if ensembles is None else ensembles[j]
             if dirs[j] is not None:
-                result.checkpoint = self._save_trial(dirs[j], fold, cfg, lo, result, members[lo:hi], mseeds[lo:hi])
+                result.checkpoint = self._save_trial(
+                    dirs[j], fold, cfg, lo, result, members[lo:hi], mseeds[lo:hi], host
+                )
             results.append(result)
         return results
 
@@ -380,23 +385,26 @@ class Trainer:
         costs = [self.cfgs[0].cost] * len(means)
         return dict(zip(slots, backtest_many(torch.stack(means), self.data.window(window, self.cfgs[0].fill), costs)))
 
-    def _save_trial(self, folder, fold: Fold, cfg, lo: int, result: FoldResult, members, seeds) -> str | None:
+    def _save_trial(self, folder, fold: Fold, cfg, lo: int, result: FoldResult, members, seeds, host) -> str | None:
         """A trial's kept weights: fold<k> of a single seed, or each "ok" member's as fold<k>.m<i>
-        with the ensemble's scores (fxray export takes them together: its policy is their mean Q)."""
+        with the ensemble's scores (fxray export takes them together: its policy is their mean Q).
+        `host`: ({slot: its weights on the host}, the normalisation's mean, inv_std on the host)."""
         if result.abstained:  # flat: no weights
             return checkpoint.write_marker(folder, fold, cfg, result)
         if cfg.seeds == 1:
             ok = result.status == "ok" and result.best_epoch >= 0
-            return str(self._save(folder, f"fold{fold.k}", lo, fold, result)) if ok else None
+            return str(self._save(folder, f"fold{fold.k}", lo, fold, result, host)) if ok else None
         scores = {"seeds": cfg.seeds, "val_score": result.val_score, "val": result.val, "test": result.test}
         paths = [
-            self._save(folder, f"fold{fold.k}.m{i}", lo + i, fold, m, {**scores, "member": i, "member_seed": seed})
+            self._save(
+                folder, f"fold{fold.k}.m{i}", lo + i, fold, m, host, {**scores, "member": i, "member_seed": seed}
+            )
             for i, (m, seed) in enumerate(zip(members, seeds))
             if m.status == "ok" and not m.abstained
         ]
         return str(paths[0]) if paths else None
 
-    def _save(self, folder, name: str, slot: int, fold: Fold, result: FoldResult, ensemble=None):
+    def _save(self, folder, name: str, slot: int, fold: Fold, result: FoldResult, host, ensemble=None):
         """Member `slot`'s kept weights as <folder>/<name>; `ensemble`: its seed ensemble's scores."""
         meta = {
             "config": self.members[slot].as_dict(),
@@ -408,8 +416,8 @@ class Trainer:
             "val_score": result.val_score,
             **({"ensemble": ensemble} if ensemble else {}),
         }
-        state = self.dqn.q_network.state(slot)
-        return checkpoint.write_checkpoint(folder, name, state, meta, self.data.mean, self.data.inv_std)
+        weights, mean, inv_std = host
+        return checkpoint.write_checkpoint(folder, name, weights[slot], meta, mean, inv_std)
 
 
 def selection_score(data: DeviceData, result: BacktestResult, cost: float) -> float:
