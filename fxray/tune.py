@@ -29,7 +29,7 @@ import sys
 import time
 
 _T_IMPORT = time.time()
-import ray  # noqa: E402, F401  (before the clock: Ray and Tune's import is not the run's)
+import ray  # noqa: E402, F401  (before the clock: Ray's import is not the run's; Tune's overlaps Ray's start)
 
 from fxray.cli import command_parser, nonnegative_int, positive_int, seed  # noqa: E402
 from fxray.data.cache import CacheError, first_line  # noqa: E402
@@ -42,7 +42,7 @@ from fxray.sweep.logs import quiet  # noqa: E402
 from fxray.sweep.rundir import NothingToResume, UsageError  # noqa: E402
 from fxray.track.runs import sqlite_path  # noqa: E402
 
-IMPORT_S = time.time() - _T_IMPORT  # importing Ray and Tune: before a run's clock starts
+IMPORT_S = time.time() - _T_IMPORT  # importing Ray and fxray: before a run's clock starts
 USER_ERRORS = (expmod.ExperimentError, UsageError, CacheError, FoldError, ConfigError, ObjectStoreError, ClusterError)
 
 

@@ -14,6 +14,7 @@ cannot load or a store that cannot open stops the sweep (StartFailed).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -34,14 +35,15 @@ from fxray.sweep.leases import Workers
 from fxray.sweep.logs import capture_stdout, known_ray_lines
 from fxray.sweep.rounds import resume_plan, round_state, trials_started
 from fxray.sweep.rundir import UsageError
-from fxray.sweep.trial import asha_stops
-from fxray.sweep.tuner import MLFLOW_FAILURE, WORKER_FAILURE, debug_log, make_tuner
 from fxray.sweep.workers import put_market, start_workers
 from fxray.track import results
 from fxray.track import runs as mlruns
 from fxray.track.links import next_steps
 from fxray.track.report import mlflow_report, next_commands
 from fxray.track.writer import Writer
+
+WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by fxray.sweep.tuner.StartFailed
+MLFLOW_FAILURE: list[str] = []  # set by the MLflow writer's reader thread; read by StartFailed
 
 
 @dataclass
@@ -153,6 +155,9 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
 
     # first, so that importing mlflow overlaps Ray's start; it opens the store once sweep.json exists
     writer = stack.enter_context(Writer(storage, on_open=opened, on_error=MLFLOW_FAILURE.append, wait_for_go=True))
+    # Tune's and Optuna's import too (seconds on the GPU machines): this process mostly waits on
+    # Ray's while they start; fit() imports the tuner (done by then, or it waits for this thread)
+    threading.Thread(target=importlib.import_module, args=("fxray.sweep.tuner",), daemon=True).start()
     start_ray(args)  # a local session's Ray processes end with us, however we end (its reaper)
     phases["ray_up"] = time.time()
     resources = ray.cluster_resources()
@@ -202,6 +207,8 @@ def start(plan: Plan, stack: contextlib.ExitStack) -> Run:
 
 def fit(run: Run) -> int | None:
     """Tune over the round's trials; None when it ran, else the exit code of a sweep that stopped."""
+    from fxray.sweep.tuner import debug_log, make_tuner
+
     plan, storage, sweep = run.plan, run.plan.storage, run.sweep
     # A sqlite store fails at once if it fails, seconds before a first fold could be
     # reported. A tracking server can take minutes to fail (MLflow retries): folds
@@ -299,6 +306,8 @@ def finish(run: Run) -> int:
 def asha_rungs(exp, n_folds: int) -> dict:
     """results.json's asha block (less its counts): ASHA's settings and the folds done at each
     rung it may stop a trial at (fxray.sweep.trial.asha_stops, less the last fold)."""
+    from fxray.sweep.trial import asha_stops
+
     grace, rf = min(exp.sweep.grace_folds, n_folds), exp.sweep.reduction_factor
     rungs = [s for s in asha_stops(n_folds, grace, rf) if s < n_folds]
     return {"grace_folds": grace, "reduction_factor": rf, "rungs": rungs}

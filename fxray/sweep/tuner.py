@@ -20,19 +20,19 @@ from fxray.sweep.leases import Workers
 from fxray.sweep.rounds import fold_limits
 from fxray.sweep.trial import asha_stops, fold_trial
 
-WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by StartFailed
-MLFLOW_FAILURE: list[str] = []  # set by the MLflow writer's reader thread; read by StartFailed
-
 
 class StartFailed(tune.Stopper):
     """Ends the whole sweep as soon as a FoldWorker failed to load or the MLflow store
-    failed to open (module state, so the stopper itself pickles into Tune's experiment state)."""
+    failed to open (the driver's module state, so the stopper itself pickles into Tune's
+    experiment state)."""
 
     def __call__(self, trial_id, result) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return bool(WORKER_FAILURE or MLFLOW_FAILURE)
+        from fxray.sweep import driver
+
+        return bool(driver.WORKER_FAILURE or driver.MLFLOW_FAILURE)
 
 
 def debug_log(path: str | None) -> None:
