@@ -88,6 +88,12 @@ LOCAL_IP = "127.0.0.1"
 REAPERS: list = []  # held for the process's life: a reaper acts when its stdin pipe closes
 
 
+# a sweep that cannot start: set by the driver's threads (a FoldWorker that could not load, the
+# MLflow writer's store that could not open), read by the driver and fxray.sweep.tuner.StartFailed
+WORKER_FAILURE: list[str] = []
+MLFLOW_FAILURE: list[str] = []
+
+
 def start_ray(args) -> None:
     """Join a cluster (--address) or start a local one; dashboard off.
 

@@ -30,7 +30,7 @@ from fxray.data.calendar import Calendar
 from fxray.rl import experiment as expmod
 from fxray.rl.overrides import set_overrides
 from fxray.sweep import rundir, vote
-from fxray.sweep.cluster import plan_workers, start_ray
+from fxray.sweep.cluster import MLFLOW_FAILURE, WORKER_FAILURE, plan_workers, start_ray
 from fxray.sweep.leases import Workers
 from fxray.sweep.logs import capture_stdout, known_ray_lines
 from fxray.sweep.rounds import resume_plan, round_state, trials_started
@@ -41,9 +41,6 @@ from fxray.track import runs as mlruns
 from fxray.track.links import next_steps
 from fxray.track.report import mlflow_report, next_commands
 from fxray.track.writer import Writer
-
-WORKER_FAILURE: list[str] = []  # set by watch_workers' thread; read by fxray.sweep.tuner.StartFailed
-MLFLOW_FAILURE: list[str] = []  # set by the MLflow writer's reader thread; read by StartFailed
 
 
 @dataclass

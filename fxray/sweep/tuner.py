@@ -15,7 +15,7 @@ from pathlib import Path
 import ray
 from ray import tune
 
-from fxray.sweep.cluster import trial_resources
+from fxray.sweep.cluster import MLFLOW_FAILURE, WORKER_FAILURE, trial_resources
 from fxray.sweep.leases import Workers
 from fxray.sweep.rounds import fold_limits
 from fxray.sweep.trial import asha_stops, fold_trial
@@ -23,16 +23,13 @@ from fxray.sweep.trial import asha_stops, fold_trial
 
 class StartFailed(tune.Stopper):
     """Ends the whole sweep as soon as a FoldWorker failed to load or the MLflow store
-    failed to open (the driver's module state, so the stopper itself pickles into Tune's
-    experiment state)."""
+    failed to open (module state, so the stopper itself pickles into Tune's experiment state)."""
 
     def __call__(self, trial_id, result) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        from fxray.sweep import driver
-
-        return bool(driver.WORKER_FAILURE or driver.MLFLOW_FAILURE)
+        return bool(WORKER_FAILURE or MLFLOW_FAILURE)
 
 
 def debug_log(path: str | None) -> None:
