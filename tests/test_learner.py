@@ -288,7 +288,7 @@ def test_split_k_weight_gradient_is_autograds(k, n):
 
 
 def test_the_batched_paths_cuda_runs_agree_with_the_per_member_ones(market_data):
-    """CUDA's stacked path (one bmm a layer, the position embedding inside the first layer's GEMM,
+    """CUDA's stacked path (one bmm a layer, the position embedding and the bias inside the first layer's GEMM,
     the front end over every member's batch, split-K weight gradients) forced on the CPU: the same Q
     and, after a fold, the same weights to rounding."""
     data, fold = market_data
@@ -310,6 +310,37 @@ def test_the_batched_paths_cuda_runs_agree_with_the_per_member_ones(market_data)
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     for a, b in zip(*weights):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_bfloat16_storage_keeps_a_steps_loss_and_gradients_within_tolerance_of_float32(synth_cache):
+    """Mixed precision on the CPU (dqn.dtype bfloat16: the features stored in 8 bits of mantissa,
+    computed in float32): the same weights, replay rows and batch as float32 storage give the
+    same TD loss and |Q| max within 2 % and gradients within 2 % of their norm, per weight."""
+    market = cache.open(synth_cache)
+    fold = make_folds(market.ts, FOLDS)[0]
+    cfgs = [TINY.replace(inputs="ridge"), TINY.replace(inputs="ridge", lr=1e-3, gamma=0.9, n_step=3)]
+    dqns = {}
+    for dtype in ("float32", "bfloat16"):
+        data = DeviceData(market, dtype=dtype)
+        data.set_fold(fold)
+        dqns[dtype] = DQN(data, [c.replace(dtype=dtype) for c in cfgs])
+        dqns[dtype].begin([3, 4])
+    full, half = dqns["float32"], dqns["bfloat16"]
+    for _ in range(20):
+        full.collect()
+    for name in ("replay_t", "replay_position", "replay_action", "replay_reward", "replay_done", "replay_steps"):
+        getattr(half, name).copy_(getattr(full, name))
+    step, env = full.sample_indices()
+    out = {}
+    for dtype, dqn in dqns.items():
+        loss, q_max = dqn.td_loss(step, env, None)
+        loss.sum().backward()
+        out[dtype] = (loss.detach(), q_max, [p.grad for p in dqn.params])
+    assert not torch.equal(out["bfloat16"][0], out["float32"][0])  # the storage did change the numbers
+    torch.testing.assert_close(out["bfloat16"][0], out["float32"][0], rtol=2e-2, atol=0)
+    torch.testing.assert_close(out["bfloat16"][1], out["float32"][1], rtol=2e-2, atol=0)
+    for a, b in zip(out["bfloat16"][2], out["float32"][2]):
+        assert float((a - b).norm() / b.norm()) < 2e-2
 
 
 # --- a member is what its config trains alone -------------------------------------------------------
