@@ -163,3 +163,23 @@ def eurusd_trained(tmp_path_factory, shared_data) -> dict:
         "checkpoints": d / "ckpt" / "seed0",
         "train": json.loads((d / "train.json").read_text()),
     }
+
+
+def one_batch(dqns: dict, first) -> dict:
+    """{key: (TD loss, |Q| max, gradients), on the CPU} of one batch for each DQN of `dqns` (begun):
+    20 collect steps of dqns[first], its replay rows copied into the others, a batch sampled there
+    (the same rows and weights for all: what differs is each one's device or precision)."""
+    source = dqns[first]
+    for _ in range(20):
+        source.collect()
+    for dqn in dqns.values():
+        for name in ("replay_t", "replay_position", "replay_action", "replay_reward", "replay_done", "replay_steps"):
+            if dqn is not source:
+                getattr(dqn, name).copy_(getattr(source, name))
+    step, env = source.sample_indices()
+    out = {}
+    for key, dqn in dqns.items():
+        loss, q_max = dqn.td_loss(step.to(dqn.data.device), env.to(dqn.data.device), None)
+        loss.sum().backward()
+        out[key] = (loss.detach().cpu(), q_max.cpu(), [p.grad.cpu() for p in dqn.params])
+    return out

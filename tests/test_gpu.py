@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import one_batch
 
 from fxray.data import cache
 from fxray.data.folds import FoldSpec, make_folds
@@ -121,17 +122,7 @@ def test_cpu_and_gpu_td_loss_and_gradients_alike(synth_cache):
         data.set_fold(fold)
         dqns[dev] = DQN(data, POP)
         dqns[dev].begin([3, 4])
-    cpu, gpu = dqns["cpu"], dqns["cuda"]
-    for _ in range(20):
-        cpu.collect()
-    for name in ("replay_t", "replay_position", "replay_action", "replay_reward", "replay_done", "replay_steps"):
-        getattr(gpu, name).copy_(getattr(cpu, name))
-    step, env = cpu.sample_indices()
-    out = {}
-    for dev, dqn in dqns.items():
-        loss, q_max = dqn.td_loss(step.to(dev), env.to(dev), None)
-        loss.sum().backward()
-        out[dev] = (loss.detach().cpu(), q_max.cpu(), [p.grad.cpu() for p in dqn.params])
+    out = one_batch(dqns, "cpu")
     torch.testing.assert_close(out["cuda"][0], out["cpu"][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out["cuda"][1], out["cpu"][1], rtol=1e-4, atol=1e-5)
     for a, b in zip(out["cuda"][2], out["cpu"][2]):

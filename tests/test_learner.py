@@ -14,6 +14,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 import torch
+from conftest import one_batch
 
 from fxray.data import cache
 from fxray.data.folds import Fold, FoldSpec, make_folds
@@ -325,17 +326,7 @@ def test_bfloat16_storage_keeps_a_steps_loss_and_gradients_within_tolerance_of_f
         data.set_fold(fold)
         dqns[dtype] = DQN(data, [c.replace(dtype=dtype) for c in cfgs])
         dqns[dtype].begin([3, 4])
-    full, half = dqns["float32"], dqns["bfloat16"]
-    for _ in range(20):
-        full.collect()
-    for name in ("replay_t", "replay_position", "replay_action", "replay_reward", "replay_done", "replay_steps"):
-        getattr(half, name).copy_(getattr(full, name))
-    step, env = full.sample_indices()
-    out = {}
-    for dtype, dqn in dqns.items():
-        loss, q_max = dqn.td_loss(step, env, None)
-        loss.sum().backward()
-        out[dtype] = (loss.detach(), q_max, [p.grad for p in dqn.params])
+    out = one_batch(dqns, "float32")
     assert not torch.equal(out["bfloat16"][0], out["float32"][0])  # the storage did change the numbers
     torch.testing.assert_close(out["bfloat16"][0], out["float32"][0], rtol=2e-2, atol=0)
     torch.testing.assert_close(out["bfloat16"][1], out["float32"][1], rtol=2e-2, atol=0)
