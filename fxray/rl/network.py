@@ -108,8 +108,6 @@ class QNetwork:
     def host_states(self, members: list[int]) -> list[dict[str, torch.Tensor]]:
         """`state` of each of `members`, on the host: one device-to-host copy a weight for all of them."""
         states = [self.state(k) for k in members]
-        if not states:
-            return []
         stacked = {name: torch.stack([s[name] for s in states]).cpu() for name in names(self.depth)}
         return [{name: w[i] for name, w in stacked.items()} for i in range(len(members))]
 

@@ -199,7 +199,10 @@ class Trainer:
         ensembles = self._ensembles(fold, mseeds, members, t_start) if self.cfgs[0].seeds > 1 else None
         # the checkpoints' weights and normalisation on the host in one copy each, not one a member
         saved = [k for j, d in enumerate(dirs) if d is not None for k in range(self.offsets[j], self.offsets[j + 1])]
-        host = (dict(zip(saved, self.dqn.q_network.host_states(saved))), self.data.mean.cpu(), self.data.inv_std.cpu())
+        host = None  # no host sync where nothing is saved
+        if saved:
+            weights = dict(zip(saved, self.dqn.q_network.host_states(saved)))
+            host = (weights, self.data.mean.cpu(), self.data.inv_std.cpu())
         results = []
         for j, cfg in enumerate(self.cfgs):
             lo, hi = self.offsets[j], self.offsets[j + 1]
