@@ -34,25 +34,28 @@ def np_hysteresis(s: np.ndarray, enter: float, exit: float) -> np.ndarray:
     return out
 
 
-def np_net(pos: np.ndarray, fresh: np.ndarray, cost: float) -> np.ndarray:
+def np_net(pos: np.ndarray, fresh: np.ndarray, cost: float, carry=None) -> np.ndarray:
     prev = np.concatenate([[0.0], pos[:-1].astype(float)])
-    return pos * fresh - cost * np.abs(pos - prev)
+    return pos * fresh - cost * np.abs(pos - prev) + (0.0 if carry is None else prev * carry)
 
 
-def np_fit(x: np.ndarray, fresh: np.ndarray, cost: float):
-    """(weights, enter, exit, horizon, train Sharpe) chosen as the docstring says."""
-    n, k = x.shape
-    gram = x.T @ x + RIDGE * n * np.eye(k)
+def np_fit(x: np.ndarray, fresh: np.ndarray, cost: float, carry=None, gate=None):
+    """(weights, enter, exit, horizon, train Sharpe) chosen as the docstring says, one
+    candidate at a time; with `gate` fitted on those bars, the signal 0 elsewhere."""
+    n = len(x)
+    gate = np.ones(n, dtype=bool) if gate is None else gate
+    xg = x[gate]
+    gram = xg.T @ xg + RIDGE * len(xg) * np.eye(x.shape[1])
     best = None
     for h in HORIZONS:
         c = np.concatenate([[0.0], np.cumsum(fresh)])
-        y = c[np.minimum(np.arange(n) + h, n)] - c[:n]
-        w = np.linalg.solve(gram, x.T @ y)
-        s = x @ w
+        y = (c[np.minimum(np.arange(n) + h, n)] - c[:n])[gate]
+        w = np.linalg.solve(gram, xg.T @ y)
+        s = np.where(gate, x @ w, 0.0)
         for q in ENTER_QUANTILES:
-            enter = float(np.quantile(np.abs(s).astype(np.float32), q))
+            enter = float(np.quantile(np.abs(s[gate]).astype(np.float32), q))
             for share in EXIT_SHARES:
-                r = np_net(np_hysteresis(s, enter, share * enter), fresh, cost)
+                r = np_net(np_hysteresis(s, enter, share * enter), fresh, cost, carry)
                 sd = r.std(ddof=1)
                 sharpe = r.mean() / sd if sd > 0 else -math.inf
                 if best is None or sharpe > best[4]:
@@ -102,6 +105,26 @@ def test_the_fitted_rule_is_the_numpy_reference(seed):
     x2, _ = small_market(n=1500, seed=seed + 10)
     got = rule.positions(torch.from_numpy(x2)).numpy()
     assert np.array_equal(got, np_hysteresis(x2 @ w, enter, exit))
+    assert 0.05 < np.mean(got != 0) < 0.95  # it trades: the comparison is not of two flat paths
+
+
+def test_a_gated_rule_with_carry_is_the_numpy_reference():
+    """The grid run as batches of paths (fit_rule) against the one-at-a-time reference, with the
+    two arguments the oracle and a carry market add: an hour gate and a carry per bar."""
+    x, fresh = small_market(seed=6)
+    rng = np.random.default_rng(7)
+    gate = (np.arange(len(x)) // 60) % 3 != 0  # two hours in three
+    carry = rng.standard_normal(len(x)) * 2e-6
+    rule = fit_rule(
+        torch.from_numpy(x), torch.from_numpy(fresh), 2e-5, carry=torch.from_numpy(carry), gate=torch.from_numpy(gate)
+    )
+    w, enter, exit, h, sharpe = np_fit(x, fresh, 2e-5, carry, gate)
+    assert sharpe > 0
+    assert (rule.horizon, rule.enter, rule.exit) == (h, pytest.approx(enter, rel=1e-6), pytest.approx(exit, rel=1e-6))
+    np.testing.assert_allclose(rule.weights.numpy(), w, rtol=1e-9, atol=1e-15)
+    assert rule.train_sharpe == pytest.approx(sharpe, rel=1e-9)
+    got = rule.positions(torch.from_numpy(x), torch.from_numpy(gate)).numpy()
+    assert np.array_equal(got, np_hysteresis(np.where(gate, x @ w, 0.0), enter, exit))
     assert 0.05 < np.mean(got != 0) < 0.95  # it trades: the comparison is not of two flat paths
 
 

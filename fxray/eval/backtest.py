@@ -93,14 +93,19 @@ def greedy_positions(q_all: torch.Tensor) -> torch.Tensor:
     so after ceil(log2 T) rounds table[t] = step[t] o ... o step[0] and the
     position is table[t, 1] - 1 (start flat, index 1).
     """
-    table = q_all.argmax(dim=-1)  # (..., T, 3) int64: previous index -> new index
+    return compose(q_all.argmax(dim=-1))
+
+
+def compose(table: torch.Tensor) -> torch.Tensor:
+    """(..., T) int8 positions from flat of step maps table (..., T, 3): bar t's new position
+    index from each previous one (greedy_positions' step, the hysteresis rule's moves)."""
     n_bars = table.shape[-2]
     shift = 1
     while shift < n_bars:  # ~log2(T) rounds (19 for 500K); T is host-known
-        spare = table.clone()  # prefixes shorter than the shift are complete
-        # spare[t, i] = table[t, table[t - shift, i]]: apply the earlier block first
-        spare[..., shift:, :] = torch.gather(table[..., shift:, :], -1, table[..., :-shift, :])
-        table = spare
+        # table[t, i] <- table[t, table[t - shift, i]]: the earlier block first; the prefixes
+        # shorter than the shift are complete
+        later = torch.gather(table[..., shift:, :], -1, table[..., :-shift, :])
+        table = torch.cat((table[..., :shift, :], later), -2)
         shift *= 2
     return (table[..., 1] - 1).to(torch.int8)
 

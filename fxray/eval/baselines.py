@@ -20,8 +20,9 @@ next-bar t passes, so that an edge which is a product of two inputs, a sign set 
 input, or a level of |x| (an even function: x squared) has a term a ridge can weigh.
 
 The hysteresis path is sequential in the position, so it is run as the greedy
-backtest runs a policy: each bar maps the previous position to the next, encoded as
-a one-hot (T, 3, 3) "Q" and composed by fxray.eval.backtest.greedy_positions.
+backtest runs a policy: each bar maps the previous position to the next (hysteresis_moves),
+and the maps are composed in a log-depth scan (fxray.eval.backtest.compose); fit_rule runs the
+whole threshold grid of a horizon as one batch of paths.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fxray.eval.backtest import greedy_positions
+from fxray.eval.backtest import compose
 
 RIDGE = 0.1  # ridge penalty per row, on normalised inputs (XtX / n is near a correlation matrix)
 HORIZONS = (5, 20, 60)  # bars ahead the regression predicts
@@ -126,16 +127,16 @@ class Rule:
         return hysteresis(s, self.enter, self.exit)
 
 
-def hysteresis(signal: torch.Tensor, enter: float, exit: float) -> torch.Tensor:
-    """(T,) int8: long from signal > enter until signal <= exit, short mirrored, else flat; from flat."""
-    one_hot = torch.nn.functional.one_hot(hysteresis_moves(signal, enter, exit), 3)  # (T, 3, 3): the move wins
-    return greedy_positions(one_hot.float())
+def hysteresis(signal: torch.Tensor, enter, exit) -> torch.Tensor:
+    """(T,) int8: long from signal > enter until signal <= exit, short mirrored, else flat; from flat.
+    With enter and exit tensors (R, 1): (R, T), the R rules' paths in one scan."""
+    return compose(hysteresis_moves(signal, enter, exit))
 
 
 def net_returns(position: torch.Tensor, fresh: torch.Tensor, cost: float, carry=None) -> torch.Tensor:
-    """Per-bar net returns of a path (the backtest's convention, without its bookkeeping)."""
+    """Per-bar net returns of a path (..., T) (the backtest's convention, without its bookkeeping)."""
     pos = position.to(torch.float64)
-    prev = torch.cat((pos.new_zeros(1), pos[:-1]))
+    prev = torch.cat((pos.new_zeros(*pos.shape[:-1], 1), pos[..., :-1]), -1)
     out = pos * fresh.double() - cost * (pos - prev).abs()
     return out if carry is None else out + prev * carry.double()
 
@@ -267,15 +268,15 @@ def checked_screen(
     return screen_terms(x, fresh, t_min, candidates)
 
 
-def hysteresis_moves(signal: torch.Tensor, enter: float, exit: float) -> torch.Tensor:
-    """(T, 3) int64: the rule's new position index (0 short, 1 flat, 2 long) at each bar from
+def hysteresis_moves(signal: torch.Tensor, enter, exit) -> torch.Tensor:
+    """(..., T, 3) int64: the rule's new position index (0 short, 1 flat, 2 long) at each bar from
     each previous one: enter beyond +-enter, hold while beyond +-exit, else flat."""
     up, down = signal > enter, signal < -enter
     hold_long, hold_short = signal > exit, signal < -exit
     flat_to = torch.where(up, 2, torch.where(down, 0, 1))
     long_to = torch.where(down, 0, torch.where(hold_long, 2, 1))
     short_to = torch.where(up, 2, torch.where(hold_short, 0, 1))
-    return torch.stack((short_to, flat_to, long_to), dim=1)
+    return torch.stack((short_to, flat_to, long_to), dim=-1)
 
 
 def fit_rule(
@@ -293,23 +294,31 @@ def fit_rule(
     rows = gate if gate is not None else torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
     Xg = X[rows]
     gram = ridge_gram(Xg)
-    best = None
+    # every (horizon, enter quantile, exit share) candidate on the device, then one host sync
+    q = torch.tensor(ENTER_QUANTILES, device=X.device)
+    share = torch.tensor(EXIT_SHARES, dtype=torch.float64, device=X.device)
+    weights, enters, sharpes = [], [], []
     for h in HORIZONS:
         y = forward_sum(fresh, h)[rows]
         w = torch.linalg.solve(gram, Xg.T @ y)
         s = X @ w
         if gate is not None:
             s = torch.where(gate, s, torch.zeros_like(s))
-        mags = s[rows].abs()
-        for q in ENTER_QUANTILES:
-            enter = float(torch.quantile(mags.float(), q)) if mags.numel() else 0.0
-            for share in EXIT_SHARES:
-                pos = hysteresis(s, enter, share * enter)
-                r = net_returns(pos, fresh, cost, carry)
-                sd = float(r.std())
-                sharpe = float(r.mean()) / sd if sd > 0 else -math.inf
-                if best is None or sharpe > best.train_sharpe:
-                    best = Rule(w, columns, enter, share * enter, h, sharpe, form)
+        mags = s[rows].abs().float()
+        enter = torch.quantile(mags, q).double() if mags.numel() else q.new_zeros(len(q), dtype=torch.float64)
+        enter = enter.repeat_interleave(len(share))  # (R,): each quantile's with every exit share
+        r = net_returns(hysteresis(s, enter[:, None], (enter * share.repeat(len(q)))[:, None]), fresh, cost, carry)
+        mean, sd = r.mean(-1), r.std(-1)
+        weights.append(w)
+        enters.append(enter)
+        sharpes.append(torch.where(sd > 0, mean / sd, -math.inf))
+    enters, sharpes = torch.stack(enters).tolist(), torch.stack(sharpes).tolist()
+    best = None
+    for i, h in enumerate(HORIZONS):  # the first best in grid order, as a loop over the grid would keep
+        for j, (enter, sharpe) in enumerate(zip(enters[i], sharpes[i])):
+            if best is None or sharpe > best.train_sharpe:
+                exit = EXIT_SHARES[j % len(EXIT_SHARES)] * enter
+                best = Rule(weights[i], columns, enter, exit, h, sharpe, form)
     if not best.train_sharpe > 0:  # nothing pays on train: stay flat
         return Rule(X.new_zeros(X.shape[1]), columns, math.inf, math.inf, 1, 0.0, form)
     return best
