@@ -165,10 +165,11 @@ def eurusd_trained(tmp_path_factory, shared_data) -> dict:
     }
 
 
-def one_batch(dqns: dict, first) -> dict:
+def one_batch(dqns: dict, first, before=lambda key: None) -> dict:
     """{key: (TD loss, |Q| max, gradients), on the CPU} of one batch for each DQN of `dqns` (begun):
     20 collect steps of dqns[first], its replay rows copied into the others, a batch sampled there
-    (the same rows and weights for all: what differs is each one's device or precision)."""
+    (the same rows and weights for all: what differs is each one's device or precision).
+    `before(key)` runs before each one's loss (a process-wide switch such as TF32)."""
     source = dqns[first]
     for _ in range(20):
         source.collect()
@@ -179,6 +180,7 @@ def one_batch(dqns: dict, first) -> dict:
     step, env = source.sample_indices()
     out = {}
     for key, dqn in dqns.items():
+        before(key)
         loss, q_max = dqn.td_loss(step.to(dqn.data.device), env.to(dqn.data.device), None)
         loss.sum().backward()
         out[key] = (loss.detach().cpu(), q_max.cpu(), [p.grad.cpu() for p in dqn.params])

@@ -129,6 +129,33 @@ def test_cpu_and_gpu_td_loss_and_gradients_alike(synth_cache):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
+def test_tf32_keeps_a_steps_loss_and_gradients_within_tolerance_of_fp32(synth_cache):
+    """Mixed precision on CUDA (dqn.matmul tf32, the default: tensor-core matmuls on inputs rounded
+    to 10 bits of mantissa) against fp32 on the same weights, replay rows and batch: the TD loss
+    and |Q| max within 1 %, each weight's gradient within 2 % of its norm."""
+    market = cache.open(synth_cache)
+    fold = make_folds(market.ts, FoldSpec())[0]
+    dqns = {}
+    for matmul in ("fp32", "tf32"):
+        data = DeviceData(market, "cuda")
+        data.set_fold(fold)
+        dqns[matmul] = DQN(data, [c.replace(matmul=matmul) for c in POP])
+        dqns[matmul].begin([3, 4])
+
+    def precision(matmul):  # process-wide in torch: Trainer.run_fold sets it so for each fold
+        torch.backends.cuda.matmul.allow_tf32 = matmul == "tf32"
+
+    try:
+        out = one_batch(dqns, "fp32", precision)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    assert not torch.equal(out["tf32"][0], out["fp32"][0])  # the precision did change the numbers
+    torch.testing.assert_close(out["tf32"][0], out["fp32"][0], rtol=1e-2, atol=0)
+    torch.testing.assert_close(out["tf32"][1], out["fp32"][1], rtol=1e-2, atol=0)
+    for a, b in zip(out["tf32"][2], out["fp32"][2]):
+        assert float((a - b).norm() / b.norm()) < 2e-2
+
+
 def test_gpu_fold_learns_like_cpu(strong_cache):
     """Different RNG streams, same problem: both devices find the planted signal. The median of
     three GPU seeds: one seed can keep an early, half-trained epoch (lab/gpu_learning_check.py)."""
