@@ -34,10 +34,12 @@ try:
     r = json.load(open(f"{o}/results.json"))
 except (OSError, ValueError) as e:
     sys.exit(f"  no results.json ({e})")
+small = lambda x: {k: small(v) for k, v in x.items()} if isinstance(x, dict) else ([small(v) for v in x] if isinstance(x, list) and len(x) <= 64 else (f"<{len(x)}>" if isinstance(x, list) else x))
+json.dump(small(r), open(f"{o}/small.json", "w"), indent=1)  # first: an older tree's results may lack a key below
 def busy(a, b):
     xs = [x for t, x in smi if a <= t <= b]
     return f"{sum(xs) / max(len(xs), 1):.0f} % over {len(xs)} s"
-ph, runs = r.get("phases") or {}, [x for w in r["workers"] for x in w["population_runs"]]
+ph, runs = r.get("phases") or {}, [x for w in r["workers"] for x in w.get("population_runs", [])]
 if runs and "workers_ready" in ph and "tune_done" in ph:
     print(f"  GPU busy: worker ready -> Tune done {busy(ph['workers_ready'], ph['tune_done'])}; first -> last population "
           f"{busy(min(a for a, *_ in runs), max(b for _, b, *_ in runs))}; Tune started -> done {busy(ph['tune_started'], ph['tune_done'])}")
@@ -50,10 +52,8 @@ for k in ("startup_parts", "fold_setup_parts", "overhead_parts"):
     print(f"  {k}: " + ", ".join(f"{n} {x:.1f}" for n, x in (tb.get(k) or {}).items()))
 print("  phases: " + ", ".join(f"{n} {x - r['started']:+.1f}" for n, x in (r.get("phases") or {}).items() if isinstance(x, (int, float)) and not n.endswith("_s")))
 for w in r["workers"]:
-    print(f"  worker {w['index']}: populations {w['populations']}; folds asked ahead {w.get('n_asked')}, queued and collected {w.get('n_asked_collected')}")
-    print("  runs: " + ", ".join(f"{a - r['started']:.1f}-{b - r['started']:.1f}/{n}{k[0]}" for a, b, n, k in w["population_runs"]))
-small = lambda x: {k: small(v) for k, v in x.items()} if isinstance(x, dict) else ([small(v) for v in x] if isinstance(x, list) and len(x) <= 64 else (f"<{len(x)}>" if isinstance(x, list) else x))
-json.dump(small(r), open(f"{o}/small.json", "w"), indent=1)
+    print(f"  worker {w['index']}: populations {w.get('populations')}; folds asked ahead {w.get('n_asked')}, queued and collected {w.get('n_asked_collected')}")
+    print("  runs: " + ", ".join(f"{a - r['started']:.1f}-{b - r['started']:.1f}/{n}{k[0]}" for a, b, n, k in w.get("population_runs", [])))
 PY
   grep "^@@" "$o/tune.log" | tr '\n' ' ' | sed 's/@@ /| /g'; echo
   python3 - "$o/debug.log" "$t0" <<'PY'
