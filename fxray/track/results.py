@@ -182,15 +182,6 @@ def write_results(
         write_json(storage, json_path, results)
         print(f"\nno chosen trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
         return {"mlflow_summary": {"n_trials": len(trials)}, "artifacts": []}
-    names = sorted({k for t in trials.values() for k in t["config"]})
-    # --- fold table: one row per trial x fold -------------------------------------
-    with open(storage / "folds.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["trial", *CSV_COLUMNS, *names])
-        for t in trials.values():
-            for r in t["folds"]:
-                row = FoldRecord.from_flat(r).csv_row()
-                w.writerow([trial_label(t["trial_id"]), *row, *(t["config"].get(n, "") for n in names)])
     # --- each trial pooled; the vote started on its worker while the verdict is computed here
     n_started = max(n_trials_started or 0, len(trials))
     stats = {tid: pooled_stats(t, cost, ppy) for tid, t in trials.items()}
@@ -205,6 +196,15 @@ def write_results(
         pool = ThreadPoolExecutor(1, thread_name_prefix="fxray-vote")
         voting = pool.submit(run_ensemble, ensemble, seen)
         pool.shutdown(wait=False)  # its one thread ends with the vote
+    names = sorted({k for t in trials.values() for k in t["config"]})
+    # --- fold table: one row per trial x fold -------------------------------------
+    with open(storage / "folds.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["trial", *CSV_COLUMNS, *names])
+        for t in trials.values():
+            for r in t["folds"]:
+                row = FoldRecord.from_flat(r).csv_row()
+                w.writerow([trial_label(t["trial_id"]), *row, *(t["config"].get(n, "") for n in names)])
     # --- the verdict: the best trial out of sample, deflated, and choosing in real time ----
     _, judged, verdict = judge(list(trials.values()), best, n_folds, cost, ppy, n_started, stats)
     best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
