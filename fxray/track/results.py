@@ -16,7 +16,6 @@ import json
 import math
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fxray.data.atomic import atomic_path
@@ -107,13 +106,13 @@ def pooled_stats(trial: dict, cost: float, periods_per_year: float) -> dict:
     return out
 
 
-def judge(trials: list, best: dict, n_folds: int, cost: float, ppy: float, n_started: int, stats=None):
-    """The trials' pooled statistics (`stats`, computed here if not given), and the chosen trial
-    out of sample: its test Sharpe deflated by the N trials started, the walk-forward selection
-    (each test window's trial chosen on the val windows before it) and the verdict in one answer
-    (docs/metrics.md). Returns (stats {trial id: pooled_stats}, the chosen trial's block: its
-    pooled_stats with fxray.eval.selection.deflated's keys and "walk_forward", verdict)."""
-    stats = stats or {t["trial_id"]: pooled_stats(t, cost, ppy) for t in trials}
+def judge(trials: list, best: dict, n_folds: int, cost: float, ppy: float, n_started: int):
+    """The trials' pooled statistics, and the chosen trial out of sample: its test Sharpe
+    deflated by the N trials started, the walk-forward selection (each test window's trial
+    chosen on the val windows before it) and the verdict in one answer (docs/metrics.md).
+    Returns (stats {trial id: pooled_stats}, the chosen trial's block: its pooled_stats with
+    fxray.eval.selection.deflated's keys and "walk_forward", verdict)."""
+    stats = {t["trial_id"]: pooled_stats(t, cost, ppy) for t in trials}
     b = stats[best["trial_id"]]
     deflated = selection.deflated(b["test"], [s["test"] for s in stats.values()], n_started)
     walk = selection.walk_forward(eval_trials([t for t in trials if t["status"] == "ok"])[0], n_folds, cost, ppy)
@@ -137,9 +136,7 @@ def write_results(
 ) -> dict:
     """folds.csv, equity.png and results.json in the run directory (and --json), the last
     screen on stdout; returns the parent run's summary metrics and artifacts.
-    `ensemble(results) -> dict`, if given, fills results["ensemble"] (fxray.sweep.vote); it runs
-    in a thread of its own while the verdict's statistics are computed here (a sweep's vote waits
-    on its worker's device)
+    `ensemble(results) -> dict`, if given, fills results["ensemble"] (fxray.sweep.vote).
     `asha` ({"grace_folds", "reduction_factor", "rungs": folds done at each rung}, None where no
     scheduler stopped trials) fills results["asha"] with the trials stopped at each rung."""
     storage, n_folds, phases = Path(storage), len(sweep["folds"]), phases or {}
@@ -182,20 +179,6 @@ def write_results(
         write_json(storage, json_path, results)
         print(f"\nno chosen trial: all {len(trials)} trials diverged (see {storage / 'results.json'})")
         return {"mlflow_summary": {"n_trials": len(trials)}, "artifacts": []}
-    # --- each trial pooled; the vote started on its worker while the verdict is computed here
-    n_started = max(n_trials_started or 0, len(trials))
-    stats = {tid: pooled_stats(t, cost, ppy) for tid, t in trials.items()}
-    results.update(n_trials_started=n_started, periods_per_year=ppy)
-    for row, (tid, t) in zip(results["trials"], trials.items()):
-        row["stopped_early"] = t["folds_done"] < n_folds and t["status"] == "ok"
-        row.update({k: t[k] for k in ("mean_val_sharpe", "mean_test_sharpe")}, val=stats[tid]["val"])
-        row["test"] = stats[tid]["test"]
-    voting = None
-    if ensemble is not None:  # what it reads (the rows, the chosen trial's references) is final here
-        seen = {**results, "best": {"baselines": stats[best["trial_id"]]["baselines"]}}
-        pool = ThreadPoolExecutor(1, thread_name_prefix="fxray-vote")
-        voting = pool.submit(run_ensemble, ensemble, seen)
-        pool.shutdown(wait=False)  # its one thread ends with the vote
     names = sorted({k for t in trials.values() for k in t["config"]})
     # --- fold table: one row per trial x fold -------------------------------------
     with open(storage / "folds.csv", "w", newline="") as f:
@@ -206,11 +189,17 @@ def write_results(
                 row = FoldRecord.from_flat(r).csv_row()
                 w.writerow([trial_label(t["trial_id"]), *row, *(t["config"].get(n, "") for n in names)])
     # --- the verdict: the best trial out of sample, deflated, and choosing in real time ----
-    _, judged, verdict = judge(list(trials.values()), best, n_folds, cost, ppy, n_started, stats)
+    n_started = max(n_trials_started or 0, len(trials))
+    stats, judged, verdict = judge(list(trials.values()), best, n_folds, cost, ppy, n_started)
     best_folds = [FoldRecord.from_flat(r) for r in best["folds"]]
     title = f"{sweep['experiment']}: chosen {trial_label(best['trial_id'])}, test windows (out of sample)"
     equity = equity_png(storage / "equity.png", best_folds, title)
     # --- results.json -------------------------------------------------------------------
+    results.update(n_trials_started=n_started, periods_per_year=ppy)
+    for row, (tid, t) in zip(results["trials"], trials.items()):
+        row["stopped_early"] = t["folds_done"] < n_folds and t["status"] == "ok"
+        row.update({k: t[k] for k in ("mean_val_sharpe", "mean_test_sharpe")}, val=stats[tid]["val"])
+        row["test"] = stats[tid]["test"]
     if asha is not None:
         results["asha"] = {**asha, "stopped_per_rung": stopped_per_rung(results["trials"], asha["rungs"])}
     results["best"] = {
@@ -222,8 +211,8 @@ def write_results(
     }
     results["verdict"] = json_ready(verdict)  # fxray.sweep.placebo adds the placebo sweeps' p-value
     results["selection"] = val_test_ranks(results["trials"], n_folds)
-    if voting is not None:
-        results["ensemble"] = voting.result()
+    if ensemble is not None:
+        results["ensemble"] = run_ensemble(ensemble, results)
         if "test" in results["ensemble"]:  # deflated as the best trial is: see below
             d = selection.deflated(results["ensemble"]["test"], [s["test"] for s in stats.values()], n_started)
             results["ensemble"].update({k: d[k] for k in ("dsr", "sr0", "n_trials_counted")})
