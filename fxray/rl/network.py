@@ -105,7 +105,7 @@ class QNetwork:
         weights[1], weights[2] = self._plain_first(weights[1], weights[2])  # market_in.weight, market_in.bias
         return dict(zip(names(self.depth), weights))
 
-    def host_states(self, members: list[int]) -> list[dict[str, torch.Tensor]]:
+    def host_states(self, members) -> list[dict[str, torch.Tensor]]:
         """`state` of each of `members`, on the host: one device-to-host copy a weight for all of them."""
         states = [self.state(k) for k in members]
         stacked = {name: torch.stack([s[name] for s in states]).cpu() for name in names(self.depth)}

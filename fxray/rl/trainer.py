@@ -197,11 +197,11 @@ class Trainer:
         members = self._train(fold, mseeds, log, None if stop is None else (lambda m: stop(trial_of[m])), t_start)
         # seeds is a shape field: every trial here is a seed ensemble, or none is
         ensembles = self._ensembles(fold, mseeds, members, t_start) if self.cfgs[0].seeds > 1 else None
-        # the checkpoints' weights and normalisation on the host in one copy each, not one a member
-        saved = [k for j, d in enumerate(dirs) if d is not None for k in range(self.offsets[j], self.offsets[j + 1])]
-        host = None  # no host sync where nothing is saved
-        if saved:
-            weights = dict(zip(saved, self.dqn.q_network.host_states(saved)))
+        # the checkpoints' weights and normalisation on the host in one copy each, not one a member;
+        # no host sync where nothing is saved
+        host = None
+        if any(d is not None for d in dirs):
+            weights = self.dqn.q_network.host_states(range(len(self.members)))
             host = (weights, self.data.mean.cpu(), self.data.inv_std.cpu())
         results = []
         for j, cfg in enumerate(self.cfgs):
@@ -391,7 +391,7 @@ class Trainer:
     def _save_trial(self, folder, fold: Fold, cfg, lo: int, result: FoldResult, members, seeds, host) -> str | None:
         """A trial's kept weights: fold<k> of a single seed, or each "ok" member's as fold<k>.m<i>
         with the ensemble's scores (fxray export takes them together: its policy is their mean Q).
-        `host`: ({slot: its weights on the host}, the normalisation's mean, inv_std on the host)."""
+        `host`: (every slot's weights on the host, the normalisation's mean, inv_std on the host)."""
         if result.abstained:  # flat: no weights
             return checkpoint.write_marker(folder, fold, cfg, result)
         if cfg.seeds == 1:
