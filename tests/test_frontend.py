@@ -12,7 +12,7 @@ from fxray.data.schema import CALENDAR_INDICES
 from fxray.rl import frontend
 from fxray.rl.config import ConfigError, DQNConfig
 from fxray.rl.device import DeviceData
-from fxray.rl.network import QNetwork, initial_weights
+from fxray.rl.network import QNetwork, initial_weights, names
 from fxray.rl.trainer import Trainer
 
 
@@ -80,19 +80,29 @@ def test_the_front_end_sees_nothing_after_its_train_slice(synth_cache):
         assert torch.equal(A0, A1) and torch.equal(c0, c1)
 
 
-def test_the_network_with_its_front_is_the_plain_network_it_folds_into():
-    net = QNetwork(2, 50, 32, 2, "cpu", front=frontend.N_FRONT)
-    for k in range(2):
-        net.load_member(k, initial_weights(frontend.N_FRONT, 32, 2, k))
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_network_with_its_front_is_the_plain_network_it_folds_into(batched):
+    """The CPU's member-by-member fold and CUDA's one product for every slot (forced here): the
+    checkpoint's plain network scores what the evaluation scored, bit for bit, and any subset of
+    members folds to the same numbers as all of them."""
+    net = QNetwork(3, 50, 32, 2, "cpu", front=frontend.N_FRONT)
+    net.per_member = not batched
+    net.load_members([initial_weights(frontend.N_FRONT, 32, 2, k) for k in range(3)])
     g = torch.Generator().manual_seed(0)
     net.front_w.copy_(torch.randn(net.front_w.shape, generator=g))
     net.front_b.copy_(torch.randn(net.front_b.shape, generator=g))
-    plain = QNetwork.from_states([net.state(0), net.state(1)])
-    market, position = torch.randn(2, 64, 50), torch.randint(-1, 2, (2, 64))
-    assert torch.allclose(plain(market, position), net(market, position), atol=1e-5)  # training's forward: 2 maps
-    assert torch.equal(plain.q_all(market), net.q_all(market))  # evaluation's: the plain network's, bit for bit
+    plain = QNetwork.from_states(net.host_states([0, 2]))
+    plain.per_member = net.per_member
+    market, position = torch.randn(3, 64, 50), torch.randint(-1, 2, (3, 64))
+    trained = net(market, position)[[0, 2]]  # training's forward: the two maps
+    market, position = market[[0, 2]], position[[0, 2]]
+    assert torch.allclose(plain(market, position), trained, atol=1e-5)
+    assert torch.equal(plain.q_all(market), net.q_all(market, [0, 2]))  # evaluation's: the plain network's
+    for a, b in zip(net.plain([2, 0]), net.plain()):
+        assert torch.equal(a, b[[2, 0]])
+    assert all(torch.equal(net.state(1)[name], w[1]) for name, w in zip(names(2), net.plain()))
     # the front is applied: a network reading the raw inputs into the same first layer differs
-    assert not torch.allclose(net.q_all(market), net.q_all(market + 1.0))
+    assert not torch.allclose(net.q_all(market, [0, 2]), net.q_all(market + 1.0, [0, 2]))
 
 
 def test_a_ridge_fold_trains_checkpoints_a_plain_network_and_reads_its_predictions_clean(fold_data):

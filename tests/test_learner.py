@@ -209,8 +209,7 @@ def test_epsilon_schedule_decays_linearly_then_holds():
 
 def test_q_all_equals_forward_for_each_position_and_the_onnx_member():
     net = QNetwork(2, 50, 32, 3, "cpu")
-    for k, seed in enumerate((0, 1)):
-        net.load_member(k, initial_weights(50, 32, 3, seed))
+    net.load_members([initial_weights(50, 32, 3, seed) for seed in (0, 1)])
     x = torch.randn(2, 100, 50)
     qa = net.q_all(x)
     for p in (-1, 0, 1):

@@ -289,11 +289,11 @@ class DQN:
         all members active, with inputs: ridge the fold's front end (fitted on its train slice, one
         for all members); then each member's n_k + 1 warm-up collect steps."""
         dev = self.data.device
-        for k, (g, seed) in enumerate(zip(self.generators, seeds)):
+        for g, seed in zip(self.generators, seeds):
             g.manual_seed(draw_seed(seed, dev))
-            fresh = initial_weights(self.q_network.width, self.cfg.hidden, self.cfg.depth, seed)
-            self.q_network.load_member(k, fresh)
-            self.target_network.load_member(k, fresh)
+        fresh = [initial_weights(self.q_network.width, self.cfg.hidden, self.cfg.depth, seed) for seed in seeds]
+        self.q_network.load_members(fresh)
+        self.target_network.load_members(fresh)
         if self.q_network.front:  # the fold's, in place (a captured CUDA graph keeps reading the same tensors)
             weight, bias = frontend.fit(
                 self.data, self.data.fold, self.cfg.fill, screen_t=self.cfg.screen_t, cost=self.cfg.cost

@@ -92,32 +92,42 @@ class QNetwork:
             net.params[i].copy_(torch.stack([torch.as_tensor(s[name], dtype=torch.float32) for s in states]))
         return net
 
-    def load_member(self, k: int, weights: list[torch.Tensor]) -> None:
-        """Member k's weights (in parameter order), in place."""
+    def load_members(self, weights: list[list[torch.Tensor]]) -> None:
+        """Every member's weights (member k's in parameter order: weights[k]), in place: one copy a
+        weight for all of them (from the host: one transfer, not one a member)."""
         with torch.no_grad():
-            for p, w in zip(self.params, weights):
-                p[k].copy_(w)
+            for i, p in enumerate(self.params):
+                p.copy_(torch.stack([w[i] for w in weights]))
 
     def state(self, k: int) -> dict[str, torch.Tensor]:
-        """Member k's weights as a plain network's, by checkpoint name: with a front end, the map
-        folded into the first layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1)."""
-        weights = [p[k].detach().clone() for p in self.params]
-        weights[1], weights[2] = self._plain_first(weights[1], weights[2])  # market_in.weight, market_in.bias
-        return dict(zip(names(self.depth), weights))
+        """Member k's weights as a plain network's, by checkpoint name (`plain`)."""
+        return dict(zip(names(self.depth), (w[0] for w in self.plain([k]))))
 
     def host_states(self, members) -> list[dict[str, torch.Tensor]]:
         """`state` of each of `members`, on the host: one device-to-host copy a weight for all of them."""
-        states = [self.state(k) for k in members]
-        stacked = {name: torch.stack([s[name] for s in states]).cpu() for name in names(self.depth)}
-        return [{name: w[i] for name, w in stacked.items()} for i in range(len(members))]
+        stacked = [w.cpu() for w in self.plain(members)]
+        return [dict(zip(names(self.depth), (w[i] for w in stacked))) for i in range(len(stacked[0]))]
 
-    def _plain_first(self, w1: torch.Tensor, b1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One member's first layer (H, width), (H,) as the plain network's: with a front end,
-        (W1 A, W1 c + b1). The one place the map is folded: `state` and `q_all` both call it, so
-        the evaluation and the checkpoint hold the same float32 numbers."""
-        if not self.front:
-            return w1, b1
-        return w1 @ self.front_w, w1 @ self.front_b + b1
+    @torch.no_grad()
+    def plain(self, members=None) -> list[torch.Tensor]:
+        """The weights of `members` (default all K, then not copied where there is no front end)
+        stacked (M, ...) as the plain networks they checkpoint: with a front end, the map folded
+        into the first layer, W1 (A z + c) + b1 = (W1 A) z + (W1 c + b1). The one place the map is
+        folded: the checkpoints (`host_states`) and the evaluation (`q_all`) hold the same float32
+        numbers. The CPU folds member by member (one network's mm and mv: bit for bit whatever K),
+        CUDA every slot in one product and then takes the members (the same numbers for any subset)."""
+        if members is None and not self.front:
+            return self.params
+        idx = list(range(self.params[0].shape[0]) if members is None else members)
+        params = [p[idx] for p in self.params]
+        if self.front:
+            w1, b1 = self.params[1], self.params[2]
+            if self.per_member:
+                folded = [(w1[k] @ self.front_w, w1[k] @ self.front_b + b1[k]) for k in idx]
+                params[1], params[2] = torch.stack([w for w, _ in folded]), torch.stack([b for _, b in folded])
+            else:
+                params[1], params[2] = (w1 @ self.front_w)[idx], (w1 @ self.front_b + b1)[idx]
+        return params
 
     # --- the forward ---------------------------------------------------------------------
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -168,12 +178,12 @@ class QNetwork:
 
     def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
         """market (M, T, n_inputs) -> (M, T, 3 previous positions, 3 actions) of `members` (M of
-        them; default all K), by the plain network each member checkpoints (`state`)."""
-        params = self.params if members is None else [p[members] for p in self.params]
+        them; default all K), by the plain network each member checkpoints (`plain`)."""
+        return self.q_plain(market, self.plain(members))
+
+    def q_plain(self, market: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+        """`q_all` of the weights `plain` gave (an evaluation folds them once, not once a chunk of bars)."""
         k, t = market.shape[:2]
-        if self.front:  # the plain network the checkpoint stores (module doc), not the training's two maps
-            firsts = [self._plain_first(w, b) for w, b in zip(params[1], params[2])]
-            params = [params[0], torch.stack([w for w, _ in firsts]), torch.stack([b for _, b in firsts]), *params[3:]]
         h = self._linear(market, params[1], params[2])  # (M, T, H)
         h = (h.unsqueeze(2) + params[0].unsqueeze(1)).reshape(k, 3 * t, -1)  # (M, 3T, H)
         return self._q(h, params).view(k, t, 3, -1)

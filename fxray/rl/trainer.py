@@ -163,10 +163,10 @@ class Trainer:
     @torch.no_grad()
     def q_all(self, window: tuple[int, int], members: list[int]) -> torch.Tensor:
         """(M, T, 3, 3) Q-values of `members` for bars [start, end-1) of a window."""
-        chunk = max(1, EVAL_CHUNK // len(members))
-        return torch.cat(
-            [self.dqn.q_all(self.data.states(t), members) for t in window_bars(self.data, window, chunk)], 1
-        )
+        chunk, net = max(1, EVAL_CHUNK // len(members)), self.dqn.q_network
+        params = net.plain(members)  # folded once for the window's chunks
+        bars = window_bars(self.data, window, chunk)
+        return torch.cat([net.q_plain(self.data.states(t).expand(len(members), -1, -1), params) for t in bars], 1)
 
     def evaluate(self, window: tuple[int, int], members: list[int]) -> dict[int, BacktestResult]:
         """The greedy backtest of each of `members` over `window`, in one pass."""
@@ -268,6 +268,7 @@ class Trainer:
                     log(f"{tag(k)}fold {fold.k} epoch {epoch}: diverged (loss {loss:.3g}, |Q| max {q_max:.3g})")
             vals = self.evaluate(fold.chooser, scoring) if scoring else {}
             t2 = time.perf_counter()
+            better = []  # the members whose weights this epoch are their best yet
             for k in scoring:
                 (loss, q_max, eps), val = stats[k], vals[k]
                 score = selection_score(self.data, val, cfgs[k].cost)
@@ -282,12 +283,15 @@ class Trainer:
                     continue
                 if score > best_score[k] and (cfgs[k].keep == "best" or keeps(val, score)):
                     best_score[k], best_epoch[k], best_val[k], bad_epochs[k] = score, epoch, val, 0
-                    for b, p in zip(self.best_params, self.dqn.params):
-                        b[k].copy_(p[k])
+                    better.append(k)
                 else:
                     bad_epochs[k] += 1
                     if bad_epochs[k] >= cfgs[k].patience:
                         running.discard(k)
+            if better:  # kept: one copy a weight for all of them
+                with torch.no_grad():
+                    for b, p in zip(self.best_params, self.dqn.params):
+                        b[better] = p[better]
             self._mask(running)  # stopped members are masked from here on
         return self._finish(
             fold, curves, status, best_epoch, best_val, best_score, (train_s, eval_s, t_switch, t_start)
