@@ -25,8 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxray.data import cache, synth
 from fxray.data.folds import make_folds
+from fxray.rl import demo, experiment, frontend
 from fxray.rl import dqn as dqn_mod
-from fxray.rl import experiment
 from fxray.rl import network as net_mod
 from fxray.rl import trainer as tr_mod
 from fxray.rl.device import DeviceData
@@ -51,11 +51,12 @@ class Count(TorchDispatchMode):
 
 
 def labelled(counter, owner, attr, label):
-    """`owner.attr` counted under `label` (and what it calls, unless labelled itself)."""
+    """`owner.attr` counted under `label` (and what it calls, unless labelled itself), but inside
+    the learner step, which counts as a whole."""
     f = getattr(owner, attr)
 
     def g(*a, **k):
-        counter.phase.append(label)
+        counter.phase.append(counter.phase[-1] if counter.phase[-1] == "learner step" else label)
         try:
             return f(*a, **k)
         finally:
@@ -73,7 +74,12 @@ def main():
     a = p.parse_args()
     count = Count()
     for owner, attr, label in (
-        (tr_mod.Trainer, "_begin", "fold switch + begin"),
+        (tr_mod.Trainer, "_begin", "begin: the rest"),
+        (DeviceData, "set_fold", "fold switch"),
+        (frontend, "fit", "begin: front end"),
+        (demo, "fit", "begin: demonstrator"),
+        (dqn_mod.DQN, "collect", "begin: warm-up collects"),
+        (dqn_mod, "initial_weights", "begin: host init"),
         (tr_mod.Trainer, "evaluate", "evaluation"),
         (tr_mod.Trainer, "_ensembles", "seed ensembles"),
         (tr_mod, "abstains", "screen"),
