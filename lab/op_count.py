@@ -9,9 +9,10 @@ experiment's last two folds per run, `--trials` trials of `--seeds` seeds, a tin
     python lab/op_count.py --trials 41 --seeds 3 --hidden 128     # the default sweep's first shape: ~2 min
     python lab/op_count.py --trials 4 --seeds 2 --hidden 16       # the script itself
 
-Syncs: ops that read a value back (item, nonzero, ...); on the CPU these include the host's own
-draws (initial_weights), so they bound a card's syncs from above. A probe: its numbers go to the
-note, not to a test.
+Views (select, slice, view, detach, ...: `OpOverload.is_view`) launch no kernel but pass through
+the dispatcher: the table gives the ops, and of them the views. Syncs: ops that read a value back
+(item, nonzero, ...); on the CPU these include the host's own draws (initial_weights), so they
+bound a card's syncs from above. A probe: its numbers go to the note, not to a test.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Count(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.phase = ["other"]
-        self.ops, self.syncs = collections.Counter(), collections.Counter()
+        self.ops, self.syncs, self.views = collections.Counter(), collections.Counter(), collections.Counter()
         self.names = collections.defaultdict(collections.Counter)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -47,6 +48,7 @@ class Count(TorchDispatchMode):
         self.ops[phase] += 1
         self.names[phase][name] += 1
         self.syncs[phase] += name in SYNCS
+        self.views[phase] += func.is_view
         return func(*args, **(kwargs or {}))
 
 
@@ -100,7 +102,7 @@ def main():
     cfgs = [exp.config.replace(seeds=a.seeds, lr=1e-3 * (1 + i % 3), hidden=a.hidden) for i in range(a.trials)]
     trainer = tr_mod.Trainer(data, cfgs)
     for fold in make_folds(market.ts, exp.folds)[-2:]:
-        for c in (count.ops, count.syncs, count.names):
+        for c in (count.ops, count.syncs, count.views, count.names):
             c.clear()
         with tempfile.TemporaryDirectory() as tmp, count:
             t0 = time.perf_counter()
@@ -109,11 +111,12 @@ def main():
             wall = time.perf_counter() - t0
         trained = sum(not r.abstained for r in results)
         print(f"fold {fold.k}: {a.trials} trials x {a.seeds} seeds, {trained} trained, wall {wall:.1f} s (CPU)")
-        print(f"  {'part':>20} {'ops':>7} {'syncs':>6}  most dispatched")
+        print(f"  {'part':>23} {'ops':>7} {'views':>6} {'syncs':>6}  most dispatched")
         for phase, n in count.ops.most_common():
             top = ", ".join(f"{k} {v}" for k, v in count.names[phase].most_common(4))
-            print(f"  {phase:>20} {n:>7} {count.syncs[phase]:>6}  {top}")
-        print(f"  {'all but the step':>20} {sum(count.ops.values()) - count.ops['learner step']:>7}")
+            print(f"  {phase:>23} {n:>7} {count.views[phase]:>6} {count.syncs[phase]:>6}  {top}")
+        rest = [p for p in count.ops if p != "learner step"]
+        print(f"  {'all but the step':>23} {sum(count.ops[p] for p in rest):>7} {sum(count.views[p] for p in rest):>6}")
 
 
 if __name__ == "__main__":
