@@ -96,17 +96,23 @@ def test_graphed_fold_equals_eager_fold(synth_cache, demo):
     )
 
 
-def test_cpu_and_gpu_evaluate_the_same_weights_alike(synth_cache):
-    """Same weights (drawn on the CPU from the seed) -> the same Q on both devices."""
+@pytest.mark.parametrize("inputs", ["raw", "ridge"])
+def test_cpu_and_gpu_evaluate_the_same_weights_alike(synth_cache, inputs):
+    """Same weights (drawn on the CPU from the seed) -> the same Q on both devices; with the front
+    end, CUDA's fold of every slot in one product gives any subset of members, and the checkpoints'
+    host copy, the numbers it gives all of them."""
     market = cache.open(synth_cache)
     fold = make_folds(market.ts, FoldSpec())[1]
     q = {}
     for dev in ("cpu", "cuda"):
         data = DeviceData(market, dev)
         data.set_fold(fold)
-        dqn = DQN(data, [CFG])
-        dqn.begin([11])
+        dqn = DQN(data, [CFG.replace(inputs=inputs)] * 3)
+        dqn.begin([11, 12, 13])
         q[dev] = dqn.q_all(data.states(torch.arange(*fold.val, device=data.device))).cpu()
+    net = dqn.q_network
+    for sub, every, host in zip(net.plain([2, 0]), net.plain(), zip(*[s.values() for s in net.host_states([2, 0])])):
+        assert torch.equal(sub, every[[2, 0]]) and torch.equal(torch.stack(host), sub.cpu())
     torch.testing.assert_close(q["cuda"], q["cpu"], rtol=1e-4, atol=1e-4)
 
 
