@@ -119,15 +119,15 @@ class QNetwork:
         if members is None and not self.front:
             return self.params
         idx = list(range(self.params[0].shape[0]) if members is None else members)
-        params = [p[idx] for p in self.params]
-        if self.front:
-            w1, b1 = self.params[1], self.params[2]
-            if self.per_member:
-                folded = [(w1[k] @ self.front_w, w1[k] @ self.front_b + b1[k]) for k in idx]
-                params[1], params[2] = torch.stack([w for w, _ in folded]), torch.stack([b for _, b in folded])
-            else:
-                params[1], params[2] = (w1 @ self.front_w)[idx], (w1 @ self.front_b + b1)[idx]
-        return params
+        if not self.front:
+            return [p[idx] for p in self.params]
+        embed, w1, b1, *rest = self.params
+        if self.per_member:
+            folded = [(w1[k] @ self.front_w, w1[k] @ self.front_b + b1[k]) for k in idx]
+            w, b = torch.stack([w for w, _ in folded]), torch.stack([b for _, b in folded])
+        else:
+            w, b = (w1 @ self.front_w)[idx], (w1 @ self.front_b + b1)[idx]
+        return [embed[idx], w, b, *(p[idx] for p in rest)]
 
     # --- the forward ---------------------------------------------------------------------
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
