@@ -60,6 +60,32 @@ def write_checkpoint(folder, name: str, state: dict, meta: dict, mean, inv_std) 
     return Path(f"{stem}.safetensors")
 
 
+def write_fold(folder, fold, cfg, result, members, seeds, weights, mean, inv_std, n_inputs) -> str | None:
+    """A trial's fold (its FoldResult `result`, of a trial of `cfg`): the marker where it is flat;
+    fold<k> of a single seed; or each "ok" member's (`members`: their FoldResults, `seeds`, host
+    `weights` as `write_checkpoint` takes them) as fold<k>.m<i> with the ensemble's scores (fxray
+    export takes them together: its policy is their mean Q). Returns the first weights' path."""
+    if result.abstained:  # flat: no weights
+        return write_marker(folder, fold, cfg, result)
+    member_cfg = cfg.replace(seeds=1).as_dict()
+
+    def save(name, i, member, ensemble=None):
+        meta = {"config": member_cfg, "fold": fold.as_dict(), "best_epoch": member.best_epoch, "val": member.val}
+        meta |= {"test": member.test, "n_inputs": n_inputs, "val_score": member.val_score}
+        meta |= {"ensemble": ensemble} if ensemble else {}
+        return write_checkpoint(folder, name, weights[i], meta, mean, inv_std)
+
+    if cfg.seeds == 1:
+        return str(save(f"fold{fold.k}", 0, result)) if result.status == "ok" and result.best_epoch >= 0 else None
+    scores = {"seeds": cfg.seeds, "val_score": result.val_score, "val": result.val, "test": result.test}
+    paths = [
+        save(f"fold{fold.k}.m{i}", i, m, {**scores, "member": i, "member_seed": seed})
+        for i, (m, seed) in enumerate(zip(members, seeds))
+        if m.status == "ok" and not m.abstained
+    ]
+    return str(paths[0]) if paths else None
+
+
 def load_checkpoint(path) -> tuple[dict, dict]:
     """(state tensors, sidecar metadata) of a checkpoint written by write_checkpoint."""
     from safetensors.torch import load_file

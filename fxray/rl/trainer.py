@@ -199,18 +199,16 @@ class Trainer:
         ensembles = self._ensembles(fold, mseeds, members, t_start) if self.cfgs[0].seeds > 1 else None
         # the checkpoints' weights and normalisation on the host in one copy each, not one a member;
         # no host sync where nothing is saved
-        host = None
         if any(d is not None for d in dirs):
             weights = self.dqn.q_network.host_states(range(len(self.members)))
-            host = (weights, self.data.mean.cpu(), self.data.inv_std.cpu())
+            norm = (self.data.mean.cpu(), self.data.inv_std.cpu(), self.data.n_inputs)
         results = []
         for j, cfg in enumerate(self.cfgs):
             lo, hi = self.offsets[j], self.offsets[j + 1]
             result = members[lo] if ensembles is None else ensembles[j]
             if dirs[j] is not None:
-                result.checkpoint = self._save_trial(
-                    dirs[j], fold, cfg, lo, result, members[lo:hi], mseeds[lo:hi], host
-                )
+                mine = (members[lo:hi], mseeds[lo:hi], weights[lo:hi])
+                result.checkpoint = checkpoint.write_fold(dirs[j], fold, cfg, result, *mine, *norm)
             results.append(result)
         return results
 
@@ -391,40 +389,6 @@ class Trainer:
             at += len(group)
         costs = [self.cfgs[0].cost] * len(means)
         return dict(zip(slots, backtest_many(torch.stack(means), self.data.window(window, self.cfgs[0].fill), costs)))
-
-    def _save_trial(self, folder, fold: Fold, cfg, lo: int, result: FoldResult, members, seeds, host) -> str | None:
-        """A trial's kept weights: fold<k> of a single seed, or each "ok" member's as fold<k>.m<i>
-        with the ensemble's scores (fxray export takes them together: its policy is their mean Q).
-        `host`: (every slot's weights on the host, the normalisation's mean, inv_std on the host)."""
-        if result.abstained:  # flat: no weights
-            return checkpoint.write_marker(folder, fold, cfg, result)
-        if cfg.seeds == 1:
-            ok = result.status == "ok" and result.best_epoch >= 0
-            return str(self._save(folder, f"fold{fold.k}", lo, fold, result, host)) if ok else None
-        scores = {"seeds": cfg.seeds, "val_score": result.val_score, "val": result.val, "test": result.test}
-        paths = [
-            self._save(
-                folder, f"fold{fold.k}.m{i}", lo + i, fold, m, host, {**scores, "member": i, "member_seed": seed}
-            )
-            for i, (m, seed) in enumerate(zip(members, seeds))
-            if m.status == "ok" and not m.abstained
-        ]
-        return str(paths[0]) if paths else None
-
-    def _save(self, folder, name: str, slot: int, fold: Fold, result: FoldResult, host, ensemble=None):
-        """Member `slot`'s kept weights as <folder>/<name>; `ensemble`: its seed ensemble's scores."""
-        meta = {
-            "config": self.members[slot].as_dict(),
-            "fold": fold.as_dict(),
-            "best_epoch": result.best_epoch,
-            "val": result.val,
-            "test": result.test,
-            "n_inputs": self.data.n_inputs,
-            "val_score": result.val_score,
-            **({"ensemble": ensemble} if ensemble else {}),
-        }
-        weights, mean, inv_std = host
-        return checkpoint.write_checkpoint(folder, name, weights[slot], meta, mean, inv_std)
 
 
 def selection_score(data: DeviceData, result: BacktestResult, cost: float) -> float:
