@@ -194,13 +194,19 @@ def test_plan_counts_the_trials_in_flight():
 
 
 def test_warmup_runs_a_short_fold_and_logs_it(pool):
+    """The warm-up trains one epoch of its config even where the experiment's own settings would
+    not: epoch 0 not selectable (the shipped select_from 1) and a fold the screen keeps nothing on
+    (screen_t 100 with abstain). One that cannot run is kept as the worker's warmup_error."""
     _, ref, folds, _ = pool
     fresh = FoldWorker.options(num_cpus=0, num_gpus=0).remote([ref], 7)
-    ray.get(fresh.warmup.remote({**TINY, "steps_per_epoch": 500}, folds[:1]))
+    shipped = {**TINY, "steps_per_epoch": 500, "select_from": 1, "screen_t": 100.0, "abstain": True}
+    assert ray.get(fresh.warmup.remote(shipped, folds[:1])) == {"status": "ok", "epochs_run": 1}
     stats = ray.get(fresh.stats.remote())
     (call,) = stats["calls"]
-    assert call[2:] == [None, folds[0]["k"], "warmup"] and call[1] > call[0]
+    assert call[2:] == [None, folds[0]["k"], "warmup"] and call[1] > call[0] and stats["warmup_error"] is None
     assert stats["n_trainers"] == 1 and stats["n_calls"] == 0  # it trained, and is not a trial's fold
+    assert ray.get(fresh.warmup.remote({**shipped, "dtype": "bfloat16"}, folds[:1])) is None
+    assert "dqn.dtype 'bfloat16' differs from the worker's data" in ray.get(fresh.stats.remote())["warmup_error"]
     ray.kill(fresh)
 
 

@@ -28,6 +28,7 @@ import warnings
 import ray
 
 from fxray.data.arrays import host_arrays
+from fxray.data.cache import first_line
 from fxray.sweep.cluster import WorkerPlan, check_object_store
 from fxray.sweep.leases import WorkerPool, Workers
 from fxray.sweep.logs import quiet_exit
@@ -38,6 +39,14 @@ def put_market(market) -> ray.ObjectRef:
     arrays = host_arrays(market)
     check_object_store(arrays, market.path)  # every node's store must hold a copy: fail now, not hang
     return ray.put(arrays)
+
+
+def warmup_config(config: dict) -> dict:
+    """A worker's warm-up fold of `config`: one epoch of at most 20 steps, every epoch selectable,
+    trained even where the fold's screen keeps nothing (the default market's first folds), so
+    that the learner's kernels really run."""
+    steps = min(int(config.get("steps_per_epoch", 20)), 20)
+    return {**config, "epochs": 1, "steps_per_epoch": steps, "select_from": 0, "abstain": False}
 
 
 # --- the actor -----------------------------------------------------------------------
@@ -85,6 +94,7 @@ class DeviceWorker:
         self.n_asked = self.n_asked_collected = 0  # folds the searcher asked for; those queued and collected
         self.calls: list = []  # per call: [start, end (unix s), token, fold k, status]
         self.running: list | None = None  # [start, token, fold k] of the fold training now
+        self.warmup_error: str | None = None
 
     def train_fold(self, config: dict, fold: dict, seed: int, checkpoint_dir=None, token=None, trial_id=None) -> dict:
         """Train `config` on `fold`. A fold whose `token` was cancelled returns status
@@ -143,20 +153,26 @@ class DeviceWorker:
             out[tid] = (max(last, rank), n + 1)
         return out
 
-    def warmup(self, config: dict, folds: list[dict]) -> None:
-        """One short fold of `config` (one epoch of a few steps), so that the one-time
-        costs of a fresh device process (kernel loading, cuBLAS handles, the first graph
-        capture: seconds on the H200) are paid while Tune starts its first trials, not
-        inside the first trial. Logged as a call with status "warmup". Ray does not order it
-        with the trials' folds (they come from other callers): where a fold came first, it
-        has paid those costs, and the warm-up is logged with no training and no length."""
+    def warmup(self, config: dict, folds: list[dict]) -> dict | None:
+        """One short fold of `config` (`warmup_config`: one epoch of a few steps), so that the
+        one-time costs of a fresh device process (kernel loading, cuBLAS and cuSOLVER handles,
+        the first graph capture: seconds on a GPU) are paid while Tune starts its first trials,
+        not inside the first population. Logged as a call with status "warmup"; returns its
+        fold's status and epochs_run. Ray does not order it with the trials' folds (they come
+        from other callers): where a fold came first, it has paid those costs, and the warm-up is
+        logged with no training and no length. A warm-up that fails does not stop the sweep (its
+        first population pays the costs): its error's first line is the worker's `warmup_error`."""
         t0 = time.time()
         if self.n_calls:  # a trial's fold reached this worker first
             self.calls.append([t0, t0, None, folds[0]["k"], "warmup"])
-        else:
-            small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
-            self.gatherer.train(small, folds[0], 0, warmup=True)  # its trainer is dropped at once
-            self.calls.append([t0, time.time(), None, folds[0]["k"], "warmup"])
+            return None
+        result = None
+        try:  # its trainer is dropped at once
+            result = self.gatherer.train(warmup_config(config), folds[0], 0, warmup=True)
+        except Exception as e:  # noqa: BLE001 - kept, not raised: nothing waits for a warm-up's result
+            self.warmup_error = first_line(e)
+        self.calls.append([t0, time.time(), None, folds[0]["k"], "warmup"])
+        return result and {k: result[k] for k in ("status", "epochs_run")}
 
     def vote(self, results: dict, threads: int = 1) -> dict:
         """The vote of the sweep's full trials on this worker's data (fxray.sweep.vote), once
@@ -188,7 +204,7 @@ class DeviceWorker:
             "population_runs": list(self.gatherer.runs),
             "capture_retries": self.gatherer.capture_retries,
             "calls": list(self.calls),
-            **{k: getattr(self, k) for k in ("running", "restarted", "device", "load_s", "timeline")},
+            **{k: getattr(self, k) for k in ("running", "restarted", "device", "load_s", "timeline", "warmup_error")},
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "pid": os.getpid(),
             "node": ray.get_runtime_context().get_node_id(),
