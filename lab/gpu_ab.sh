@@ -40,9 +40,17 @@ def busy(a, b):
     xs = [x for t, x in smi if a <= t <= b]
     return f"{sum(xs) / max(len(xs), 1):.0f} % over {len(xs)} s"
 ph, runs = r.get("phases") or {}, [x for w in r["workers"] for x in w.get("population_runs", [])]
-if runs and "workers_ready" in ph and "tune_done" in ph:
+folds = [x for x in runs if x[3] != "warmup"]  # the folds' populations (a warm-up is start-up: fxray.track.timing)
+if folds and "workers_ready" in ph and "tune_done" in ph:
     print(f"  GPU busy: worker ready -> Tune done {busy(ph['workers_ready'], ph['tune_done'])}; first -> last population "
-          f"{busy(min(a for a, *_ in runs), max(b for _, b, *_ in runs))}; Tune started -> done {busy(ph['tune_started'], ph['tune_done'])}")
+          f"{busy(min(a for a, *_ in runs), max(b for _, b, *_ in runs))}; first -> last fold population "
+          f"{busy(min(a for a, *_ in folds), max(b for _, b, *_ in folds))}; Tune started -> done {busy(ph['tune_started'], ph['tune_done'])}")
+print("  warm-ups: " + "; ".join(f"worker {w['index']}: " + ", ".join(f"{a - r['started']:+.1f}..{b - r['started']:+.1f}" for a, b, _, k in w.get("population_runs", []) if k == "warmup")
+                                  + (f" ERROR {w['warmup_error']}" if w.get("warmup_error") else "") for w in r["workers"]))
+sec = {}  # each second's busy beside the populations that ran in it
+for t, x in smi:
+    sec[round(t - r["started"])] = x
+print("  busy a second (+s from the clock): " + " ".join(f"{s}:{x:.0f}" for s, x in sorted(sec.items()) if folds and min(a for a, *_ in runs) - 1 <= s + r["started"] <= max(b for _, b, *_ in runs) + 1))
 t, v, tb = r["best"]["test"], r["verdict"], r.get("time_breakdown") or {}
 print(f"  before the clock {r['started'] - t0:.1f} s, after wall_s {t1 - r['started'] - r['wall_s']:.1f} s")
 print(f"  wall_s {r['wall_s']:.1f}; chosen {r['best']['trial_id']} {t['sharpe'] or 0:+.2f} ± {t['sharpe_se'] or float('nan'):.2f} over {t['n_days']} days, "
