@@ -156,12 +156,13 @@ class DeviceWorker:
     def warmup(self, config: dict, folds: list[dict]) -> dict | None:
         """One short fold of `config` (`warmup_config`: one epoch of a few steps), so that the
         one-time costs of a fresh device process (kernel loading, cuBLAS and cuSOLVER handles,
-        the first graph capture: seconds on a GPU) are paid while Tune starts its first trials,
-        not inside the first population. Logged as a call with status "warmup"; returns its
-        fold's status and epochs_run. Ray does not order it with the trials' folds (they come
-        from other callers): where a fold came first, it has paid those costs, and the warm-up is
-        logged with no training and no length. A warm-up that fails does not stop the sweep (its
-        first population pays the costs): its error's first line is the worker's `warmup_error`."""
+        the first graph capture: seconds on a GPU) are paid while Tune starts its first trials.
+        Logged as a call with status "warmup"; returns its fold's status and epochs_run. Ray does
+        not order it with the trials' folds (they come from other callers): where a trial's call
+        came first, the warm-up is logged with no training and no length, and the first fold pays
+        those costs. On a population worker, whose calls run in threads, the trials' calls come
+        first (every default GPU sweep on the H100): there the first population pays them. A
+        warm-up that fails does not stop the sweep: its error's first line is `warmup_error`."""
         t0 = time.time()
         if self.n_calls:  # a trial's fold reached this worker first
             self.calls.append([t0, t0, None, folds[0]["k"], "warmup"])
