@@ -4,6 +4,7 @@
 #   device:  bash lab/issue50_call.sh 1     test_gpu.py, the default sweep interleaved base / this / base / this,
 #                                           the equal work (137d152's: 3 seeds, 12 folds of 60d / 5d / 5d, no
 #                                           rung) this / base (~8 min)
+#                                           (with .cand/, a candidate tree, beside both, and no test_gpu: ~8 min)
 #            bash lab/issue50_call.sh 2     137d152's default (the issue's base: the equal work there) beside
 #                                           this tree's equal work and default, in one call (~9.5 min;
 #                                           .t/old from `git archive 137d152 fxray experiments scripts`)
@@ -19,8 +20,9 @@ python3 -c "$market"
 F="--set seeds=3 --set folds.val=5d --set folds.test=5d --set folds.max_folds=12 --set sweep.grace_folds=12"
 if [ "$part" = 1 ]; then
   [ -d .base/fxray ] || { echo ".base/ is missing: git archive REV fxray experiments lab scripts | tar -x -C .base"; exit 2; }
-  python3 -m pytest -q tests/test_gpu.py 2>&1 | tail -2
   RUNS="base:.base:;new:.:;base:.base:;new:.:;new:.:$F;base:.base:$F"
+  [ -d .cand/fxray ] && RUNS="base:.base:;new:.:;cand:.cand:;new:.:;cand:.cand:;new:.:$F;cand:.cand:$F;base:.base:$F"
+  [ -d .cand/fxray ] || python3 -m pytest -q tests/test_gpu.py 2>&1 | tail -2
 else
   [ -d .t/old/fxray ] || { echo ".t/old is missing: git archive 137d152 fxray experiments scripts | tar -x -C .t/old"; exit 2; }
   (cd .t/old && PYTHONPATH=$here/.site:$PWD python3 -c "$market")  # its own generator's market
