@@ -118,7 +118,9 @@ def test_a_ridge_fold_trains_checkpoints_a_plain_network_and_reads_its_predictio
     assert torch.equal(dqn.q_network.front_w, A) and torch.equal(dqn.target_network.front_b, c)
     plain = QNetwork.from_states([dqn.q_network.state(0)])
     x = data.states(torch.arange(*fold.test))
-    assert torch.equal(plain.q_all(x.unsqueeze(0))[0], dqn.q_all(x, [0])[0])  # what the fold scored
+    assert torch.equal(
+        plain.q_all(x.unsqueeze(0))[0], dqn.q_network.q_all(x.unsqueeze(0), [0])[0]
+    )  # what the fold scored
     keep = dqn.noise_std[0, 0] > 0  # input noise reaches the clock only
     assert keep.sum() == len(CALENDAR_INDICES) and bool(keep[list(CALENDAR_INDICES)].all())
 

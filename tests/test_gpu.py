@@ -109,7 +109,8 @@ def test_cpu_and_gpu_evaluate_the_same_weights_alike(synth_cache, inputs):
         data.set_fold(fold)
         dqn = DQN(data, [CFG.replace(inputs=inputs)] * 3)
         dqn.begin([11, 12, 13])
-        q[dev] = dqn.q_all(data.states(torch.arange(*fold.val, device=data.device))).cpu()
+        market = data.states(torch.arange(*fold.val, device=data.device))
+        q[dev] = dqn.q_network.q_all(market.expand(dqn.K, -1, -1)).cpu()
     net = dqn.q_network
     for sub, every, host in zip(net.plain([2, 0]), net.plain(), zip(*[s.values() for s in net.host_states([2, 0])])):
         assert torch.equal(sub, every[[2, 0]]) and torch.equal(torch.stack(host), sub.cpu())

@@ -377,7 +377,7 @@ def test_members_with_the_front_end_train_what_they_train_alone_and_checkpoint_a
     assert state["market_in.weight"].shape[1] == data.n_inputs
     plain = QNetwork.from_states([state])
     x = data.states(torch.arange(*fold.val)).unsqueeze(0)
-    torch.testing.assert_close(plain.q_all(x)[0], trainer.dqn.q_all(x[0], [0])[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(plain.q_all(x)[0], trainer.dqn.q_network.q_all(x, [0])[0], rtol=1e-4, atol=1e-4)
     raw = alone(data, MEMBERS[0], fold, SEEDS[0])  # the front end is used: raw inputs train another policy
     assert without_timings(raw.curve) != without_timings(results[0].curve)
 

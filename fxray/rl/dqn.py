@@ -3,7 +3,7 @@
     dqn = DQN(data, [cfg_a, cfg_b, ...])   # K members; shapes equal (SHAPE_FIELDS)
     dqn.begin([seed_a, seed_b, ...])       # fresh weights, replay, agents per member
     dqn.step()                              # one collect + learn of every member (no host sync)
-    dqn.q_all(market)                       # (K, T, 3, 3): the val backtest of all members at once
+    dqn.q_network.q_all(market)             # (K, T, n_inputs) -> (K, T, 3, 3): every member's Q-values
 
 This is fxray's one learner: a solo trial is K = 1, a seed ensemble K = seeds, a sweep's
 population the trials in flight times their seeds. Every per-member tensor carries a leading
@@ -319,13 +319,6 @@ class DQN:
         for _ in range(self.cfg.updates_per_step):
             self.learn()
         self.global_step.add_(self.active.to(torch.int64))
-
-    def q_all(self, market: torch.Tensor, members: list[int] | None = None) -> torch.Tensor:
-        """market (T, n_inputs), shared by all members (the fold's normalisation) -> (M, T, 3, 3)
-        of `members` (default all K)."""
-        m = self.K if members is None else len(members)
-        with torch.no_grad():
-            return self.q_network.q_all(market.unsqueeze(0).expand(m, -1, -1), members)
 
     def epoch_stats(self) -> torch.Tensor:
         """(K, 3): summed loss, max |Q|, epsilon of each member."""

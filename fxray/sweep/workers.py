@@ -41,14 +41,6 @@ def put_market(market) -> ray.ObjectRef:
     return ray.put(arrays)
 
 
-def warmup_config(config: dict) -> dict:
-    """A worker's warm-up fold of `config`: one epoch of at most 20 steps, every epoch selectable,
-    trained even where the fold's screen keeps nothing (the default market's first folds), so
-    that the learner's kernels really run."""
-    steps = min(int(config.get("steps_per_epoch", 20)), 20)
-    return {**config, "epochs": 1, "steps_per_epoch": steps, "select_from": 0, "abstain": False}
-
-
 # --- the actor -----------------------------------------------------------------------
 
 CLAIMED = "claimed"  # an asked fold its trial's own call trains (see DeviceWorker.asked)
@@ -154,7 +146,8 @@ class DeviceWorker:
         return out
 
     def warmup(self, config: dict, folds: list[dict]) -> dict | None:
-        """One short fold of `config` (`warmup_config`: one epoch of a few steps), so that the
+        """One short fold of `config` (one epoch of at most 20 steps, every epoch selectable, trained
+        even where the fold's screen keeps nothing: the default market's first folds), so that the
         one-time costs of a fresh device process (kernel loading, cuBLAS and cuSOLVER handles,
         the first graph capture: seconds on a GPU) are paid while Tune starts its first trials.
         Logged as a call with status "warmup"; returns its fold's status and epochs_run. Ray does
@@ -167,9 +160,10 @@ class DeviceWorker:
         if self.n_calls:  # a trial's fold reached this worker first
             self.calls.append([t0, t0, None, folds[0]["k"], "warmup"])
             return None
+        small = {**config, "epochs": 1, "steps_per_epoch": min(int(config.get("steps_per_epoch", 20)), 20)}
         result = None
         try:  # its trainer is dropped at once
-            result = self.gatherer.train(warmup_config(config), folds[0], 0, warmup=True)
+            result = self.gatherer.train(small | {"select_from": 0, "abstain": False}, folds[0], 0, warmup=True)
         except Exception as e:  # noqa: BLE001 - kept, not raised: nothing waits for a warm-up's result
             self.warmup_error = first_line(e)
         self.calls.append([t0, time.time(), None, folds[0]["k"], "warmup"])
